@@ -1,0 +1,72 @@
+"""The BlockDevice protocol: what every backend (and every remote namespace) offers.
+
+A device declares its geometry and capabilities once, in `Capabilities`; callers
+(the target's I/O handlers, later the copy planner) decide from those, never by
+probing the device type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+Buffer = bytes | bytearray | memoryview
+
+
+class BlockRangeError(ValueError):
+    """An LBA range that does not lie inside the device."""
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    block_size: int
+    num_blocks: int
+    # A write is only durable after flush() unless it was written with fua=True.
+    volatile_write_cache: bool = False
+    # Native support; a device without them gets the operation emulated by the caller.
+    write_zeroes: bool = True
+    deallocate: bool = True
+    # Reads of deallocated blocks return zeroes (NVMe DLFEAT bits 2:0 = 001b).
+    deallocated_reads_zero: bool = True
+
+    @property
+    def size(self) -> int:
+        return self.block_size * self.num_blocks
+
+
+@runtime_checkable
+class BlockDevice(Protocol):
+    """All ranges are in logical blocks of `capabilities.block_size` bytes.
+
+    Every method raises BlockRangeError for a range that is not entirely inside
+    the device, before touching any data, and OSError for a backend failure.
+    """
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    async def read(self, lba: int, buf: memoryview) -> None:
+        """Fill `buf` (a whole number of blocks long) from `lba` onwards."""
+        ...
+
+    async def write(self, lba: int, data: Buffer, *, fua: bool = False) -> None:
+        """Write `data` (a whole number of blocks) at `lba`; with fua it is durable on return."""
+        ...
+
+    async def flush(self) -> None:
+        """Make every completed write durable."""
+        ...
+
+    async def write_zeroes(self, lba: int, nblocks: int, *, fua: bool = False) -> None: ...
+
+    async def deallocate(self, lba: int, nblocks: int) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def check_range(caps: Capabilities, lba: int, nblocks: int) -> None:
+    """Raise BlockRangeError unless [lba, lba + nblocks) lies inside the device."""
+    if lba < 0 or nblocks < 0 or lba + nblocks > caps.num_blocks:
+        raise BlockRangeError(
+            f"blocks {lba}..{lba + nblocks} outside device of {caps.num_blocks} blocks"
+        )

@@ -1,0 +1,148 @@
+"""MemoryDevice: a RAM-backed block device (the benchmarks' hot path).
+
+The storage is one private anonymous mapping, so an untouched (or deallocated)
+page costs no memory and reads back as zeroes.  Note that it must be
+MAP_PRIVATE: `mmap.mmap(-1, n)` defaults to MAP_SHARED, which is shmem-backed,
+and MADV_DONTNEED on a shared mapping only drops the page-table entries (the data
+comes back on the next access) instead of discarding the pages.
+
+Every method is `async def` but never suspends (there is no await inside), so a
+caller may drive one synchronously with `coro.send(None)`, which raises
+StopIteration on completion, instead of a round trip through the event loop.
+"""
+
+from __future__ import annotations
+
+import mmap
+
+from pynvmf.block.device import Buffer, Capabilities, check_range
+
+_PAGE = mmap.PAGESIZE
+_PAGE_MASK = _PAGE - 1
+# Partial-page edges of a zeroed range are shorter than a page; a range that
+# contains no whole page is shorter than two.  Untouched anonymous memory maps the
+# shared zero page, so this buffer costs nothing resident.
+_ZEROS = mmap.mmap(-1, 2 * _PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ)
+_ZERO_VIEW = memoryview(_ZEROS)
+
+
+def _block_shift(block_size: int) -> int:
+    if not isinstance(block_size, int) or block_size < 512 or block_size & (block_size - 1):
+        raise ValueError(f"block size {block_size!r} is not a power of two >= 512")
+    return block_size.bit_length() - 1
+
+
+class MemoryDevice:
+    """`size_bytes` of zeroed memory in blocks of `block_size` (a power of two >= 512)."""
+
+    __slots__ = ("_caps", "_map", "_mask", "_shift", "_size", "_view")
+
+    def __init__(self, size_bytes: int, block_size: int = 512) -> None:
+        shift = _block_shift(block_size)
+        if not isinstance(size_bytes, int) or size_bytes <= 0 or size_bytes % block_size:
+            raise ValueError(
+                f"size {size_bytes!r} is not a positive multiple of the block size {block_size}"
+            )
+        self._shift = shift
+        self._mask = block_size - 1
+        self._size = size_bytes
+        self._caps = Capabilities(
+            block_size=block_size,
+            num_blocks=size_bytes >> shift,
+            volatile_write_cache=False,
+            write_zeroes=True,
+            deallocate=True,
+            deallocated_reads_zero=True,
+        )
+        self._map = mmap.mmap(-1, size_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self._view = memoryview(self._map)
+
+    def __repr__(self) -> str:
+        c = self._caps
+        return f"MemoryDevice({c.size}, block_size={c.block_size})"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._caps
+
+    @property
+    def closed(self) -> bool:
+        return self._map.closed
+
+    # -- I/O ---------------------------------------------------------------------
+
+    async def read(self, lba: int, buf: memoryview) -> None:
+        try:
+            n = buf.nbytes
+        except AttributeError:  # a bytearray
+            n = len(buf)
+        if n & self._mask:
+            raise ValueError(f"buffer of {n} bytes is not a whole number of blocks")
+        off = lba << self._shift
+        end = off + n
+        if lba < 0 or end > self._size:
+            check_range(self._caps, lba, n >> self._shift)
+        try:
+            buf[:] = self._view[off:end]
+        except (TypeError, ValueError):
+            # A memoryview whose format is not "B": copy into a byte view of it.
+            # (A released view, i.e. a closed device, fails here again.)
+            memoryview(buf).cast("B")[:] = self._view[off:end]
+
+    async def write(self, lba: int, data: Buffer, *, fua: bool = False) -> None:
+        n = data.nbytes if type(data) is memoryview else len(data)
+        if n & self._mask:
+            raise ValueError(f"buffer of {n} bytes is not a whole number of blocks")
+        off = lba << self._shift
+        end = off + n
+        if lba < 0 or end > self._size:
+            check_range(self._caps, lba, n >> self._shift)
+        # mmap slice assignment takes any contiguous buffer and does one memcpy.
+        self._map[off:end] = data
+
+    async def flush(self) -> None:
+        if self._map.closed:
+            raise ValueError("device is closed")
+
+    async def write_zeroes(self, lba: int, nblocks: int, *, fua: bool = False) -> None:
+        check_range(self._caps, lba, nblocks)
+        self._zero(lba << self._shift, (lba + nblocks) << self._shift)
+
+    async def deallocate(self, lba: int, nblocks: int) -> None:
+        check_range(self._caps, lba, nblocks)
+        self._zero(lba << self._shift, (lba + nblocks) << self._shift)
+
+    async def close(self) -> None:
+        self.close_sync()
+
+    def close_sync(self) -> None:
+        """Unmap the memory (its contents are gone); idempotent."""
+        if not self._map.closed:
+            self._view.release()
+            self._map.close()
+
+    async def __aenter__(self) -> MemoryDevice:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close_sync()
+
+    # -- internals ---------------------------------------------------------------
+
+    def _zero(self, off: int, end: int) -> None:
+        """Zero bytes [off, end): whole pages are given back to the kernel
+        (MADV_DONTNEED on a private anonymous mapping: they read back as zeroes
+        and stop counting as resident), the partial-page edges are memset."""
+        lo = (off + _PAGE_MASK) & ~_PAGE_MASK
+        hi = end & ~_PAGE_MASK
+        view = self._view
+        if lo < hi:
+            if off < lo:
+                view[off:lo] = _ZERO_VIEW[: lo - off]
+            self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            if hi < end:
+                view[hi:end] = _ZERO_VIEW[: end - hi]
+        elif off < end:
+            view[off:end] = _ZERO_VIEW[: end - off]
+        elif self._map.closed:  # an empty range on a closed device
+            raise ValueError("device is closed")
