@@ -1,0 +1,949 @@
+"""Identify data structures (NVMe Base 2.0, Identify command, CNS values 00h-03h).
+
+Pure wire formats: each structure packs to the exact 4096 bytes a controller returns and
+unpacks from them, so the target builds replies and the host parses them with the same code.
+Reserved and vendor specific areas pack as zeros and are ignored on unpack.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import IntEnum, IntFlag
+from typing import Any, Protocol, Self
+
+Buffer = bytes | bytearray | memoryview
+
+IDENTIFY_DATA_SIZE = 4096
+
+
+class Cns(IntEnum):
+    """Controller or Namespace Structure selector (Identify CDW10 bits 7:0)."""
+
+    NS = 0x00
+    CTRL = 0x01
+    NS_ACTIVE_LIST = 0x02
+    NS_DESC_LIST = 0x03
+    NVMSET_LIST = 0x04
+    CS_NS = 0x05
+    CS_CTRL = 0x06
+    CS_NS_ACTIVE_LIST = 0x07
+    CS_INDEP_NS = 0x08
+    NS_ALLOCATED_LIST = 0x10
+    NS_ALLOCATED = 0x11
+    CTRL_NS_LIST = 0x12
+    CTRL_LIST = 0x13
+    PRIMARY_CTRL_CAPS = 0x14
+    SECONDARY_CTRL_LIST = 0x15
+    NS_GRANULARITY = 0x16
+    UUID_LIST = 0x17
+    DOMAIN_LIST = 0x18
+    ENDGRP_LIST = 0x19
+    CS_NS_ALLOCATED_LIST = 0x1A
+    CS_NS_ALLOCATED = 0x1B
+    IOCS = 0x1C
+
+
+class Csi(IntEnum):
+    """Command Set Identifier."""
+
+    NVM = 0x00
+    KV = 0x01
+    ZNS = 0x02
+
+
+class CtrlType(IntEnum):
+    """Identify Controller CNTRLTYPE. 0 means "not reported" (pre-1.4 controllers)."""
+
+    IO = 1
+    DISCOVERY = 2
+    ADMIN = 3
+
+
+class Cmic(IntFlag):
+    MULTI_PORT = 1 << 0
+    MULTI_CTRL = 1 << 1
+    SRIOV = 1 << 2
+    ANA = 1 << 3
+
+
+class Oaes(IntFlag):
+    """Optional Asynchronous Events Supported."""
+
+    NS_ATTR = 1 << 8
+    FW_ACTIVATION = 1 << 9
+    ANA_CHANGE = 1 << 11
+    PLEA_CHANGE = 1 << 12
+    LBA_STATUS = 1 << 13
+    EG_EVENT_CHANGE = 1 << 14
+    NORMAL_SHUTDOWN = 1 << 15
+    ZONE_DESC_CHANGE = 1 << 27
+    DISCOVERY_CHANGE = 1 << 31
+
+
+class Ctratt(IntFlag):
+    HOST_ID_128 = 1 << 0
+    NON_OP_PSP = 1 << 1
+    NVM_SETS = 1 << 2
+    READ_RECOVERY = 1 << 3
+    ENDURANCE_GROUPS = 1 << 4
+    PREDICTABLE_LATENCY = 1 << 5
+    TBKAS = 1 << 6
+    NS_GRANULARITY = 1 << 7
+    SQ_ASSOCIATIONS = 1 << 8
+    UUID_LIST = 1 << 9
+    ELBAS = 1 << 15
+
+
+class Oacs(IntFlag):
+    """Optional Admin Command Support."""
+
+    SECURITY = 1 << 0
+    FORMAT = 1 << 1
+    FW = 1 << 2
+    NS_MGMT = 1 << 3
+    SELF_TEST = 1 << 4
+    DIRECTIVES = 1 << 5
+    NVME_MI = 1 << 6
+    VIRT_MGMT = 1 << 7
+    DBBUF = 1 << 8
+    LBA_STATUS = 1 << 9
+
+
+class Frmw(IntFlag):
+    """Firmware Updates. The slot count lives in bits 3:1; use frmw_slots()."""
+
+    SLOT1_RO = 1 << 0
+    ACTIVATE_NO_RESET = 1 << 4
+
+
+def frmw_slots(count: int) -> int:
+    """FRMW bits for `count` firmware slots (1..7)."""
+    if not 1 <= count <= 7:
+        raise ValueError(f"firmware slot count {count} not in 1..7")
+    return count << 1
+
+
+class Lpa(IntFlag):
+    """Log Page Attributes."""
+
+    SMART_PER_NS = 1 << 0
+    CMD_EFFECTS = 1 << 1
+    EXTENDED_DATA = 1 << 2  # LPO, NUMDU and RAE are honoured
+    TELEMETRY = 1 << 3
+    PERSISTENT_EVENT = 1 << 4
+
+
+class Oncs(IntFlag):
+    """Optional NVM Command Support."""
+
+    COMPARE = 1 << 0
+    WRITE_UNCORRECTABLE = 1 << 1
+    DSM = 1 << 2
+    WRITE_ZEROES = 1 << 3
+    SAVE_FEATURES = 1 << 4
+    RESERVATIONS = 1 << 5
+    TIMESTAMP = 1 << 6
+    VERIFY = 1 << 7
+    COPY = 1 << 8
+
+
+class Vwc(IntFlag):
+    """Volatile Write Cache. Bits 2:1 say how Flush with NSID FFFFFFFFh behaves."""
+
+    PRESENT = 1 << 0
+    FLUSH_BROADCAST_UNSUPPORTED = 0b10 << 1
+    FLUSH_BROADCAST_SUPPORTED = 0b11 << 1
+
+
+class Sgls(IntFlag):
+    """SGL Support. Bits 1:0 are a value: 01b no alignment needed, 10b dword aligned."""
+
+    SUPPORTED = 0b01
+    SUPPORTED_DWORD_ALIGNED = 0b10
+    KEYED = 1 << 2
+    BIT_BUCKET = 1 << 16
+    MPTR_BYTE_ALIGNED = 1 << 17
+    OVERSIZE = 1 << 18
+    MPTR_SGL = 1 << 19
+    OFFSET = 1 << 20  # address field may be an offset (needed for in-capsule data)
+    TRANSPORT_DATA_BLOCK = 1 << 21
+
+
+class Fcatt(IntFlag):
+    """Fabrics Controller Attributes: cleared means the dynamic controller model."""
+
+    STATIC = 1 << 0
+
+
+class Ofcs(IntFlag):
+    """Optional Fabrics Commands Support."""
+
+    DISCONNECT = 1 << 0
+
+
+# SQES/CQES: required size in bits 3:0, maximum in bits 7:4, both log2 of bytes.
+SQES_NVM = (6 << 4) | 6
+CQES_NVM = (4 << 4) | 4
+
+
+class NsFeat(IntFlag):
+    THIN = 1 << 0
+    NS_ATOMICS = 1 << 1  # NAWUN/NAWUPF/NACWU are valid
+    DULBE = 1 << 2
+    ID_REUSE = 1 << 3
+    OPT_PERF = 1 << 4  # NPWG/NPWA/NPDG/NPDA/NOWS are valid
+
+
+class Dlfeat(IntFlag):
+    """Deallocate Logical Block Features. Bits 2:0 are the value read back."""
+
+    READ_ZEROES = 0b001
+    READ_ONES = 0b010
+    WRITE_ZEROES_DEALLOC = 1 << 3
+    GUARD_CRC = 1 << 4
+
+
+NMIC_SHARED = 1 << 0
+NSATTR_WRITE_PROTECTED = 1 << 0
+FLBAS_EXTENDED_METADATA = 1 << 4
+
+
+class Nidt(IntEnum):
+    """Namespace Identifier Type in a CNS 03h descriptor."""
+
+    EUI64 = 0x01
+    NGUID = 0x02
+    UUID = 0x03
+    CSI = 0x04
+
+
+NIDT_LENGTHS: dict[int, int] = {Nidt.EUI64: 8, Nidt.NGUID: 16, Nidt.UUID: 16, Nidt.CSI: 1}
+
+
+# ---------------------------------------------------------------------------------------
+# Field codecs. Layouts are tables of (attribute, byte offset, codec) so that a single
+# table drives both pack and unpack and cannot drift between the two directions.
+
+
+class _Codec(Protocol):
+    size: int
+
+    def put(self, buf: bytearray, offset: int, value: Any) -> None: ...
+
+    def get(self, data: Buffer, offset: int) -> Any: ...
+
+
+class _Int:
+    __slots__ = ("_st", "size")
+
+    def __init__(self, fmt: str) -> None:
+        self._st = struct.Struct("<" + fmt)
+        self.size = self._st.size
+
+    def put(self, buf: bytearray, offset: int, value: int) -> None:
+        self._st.pack_into(buf, offset, value)
+
+    def get(self, data: Buffer, offset: int) -> int:
+        value: int = self._st.unpack_from(data, offset)[0]
+        return value
+
+
+class _U24:
+    """The IEEE OUI: a 24-bit value stored least significant byte first."""
+
+    size = 3
+    _st = struct.Struct("<HB")
+
+    def put(self, buf: bytearray, offset: int, value: int) -> None:
+        if not 0 <= value < 1 << 24:
+            raise ValueError(f"{value:#x} does not fit in 24 bits")
+        self._st.pack_into(buf, offset, value & 0xFFFF, value >> 16)
+
+    def get(self, data: Buffer, offset: int) -> int:
+        lo, hi = self._st.unpack_from(data, offset)
+        return lo | hi << 16
+
+
+class _U128:
+    """Capacities and counters the spec sizes at 128 bits; struct has no such format."""
+
+    size = 16
+    _st = struct.Struct("<QQ")
+
+    def put(self, buf: bytearray, offset: int, value: int) -> None:
+        if not 0 <= value < 1 << 128:
+            raise ValueError(f"{value} does not fit in 128 bits")
+        self._st.pack_into(buf, offset, value & 0xFFFF_FFFF_FFFF_FFFF, value >> 64)
+
+    def get(self, data: Buffer, offset: int) -> int:
+        lo, hi = self._st.unpack_from(data, offset)
+        return lo | hi << 64
+
+
+class _Ascii:
+    """An NVMe "ASCII string": left justified, space padded, not terminated."""
+
+    __slots__ = ("_st", "size")
+
+    def __init__(self, size: int) -> None:
+        self._st = struct.Struct(f"{size}s")
+        self.size = size
+
+    def put(self, buf: bytearray, offset: int, value: str) -> None:
+        raw = value.encode("ascii")
+        if len(raw) > self.size:
+            raise ValueError(f"{value!r} is longer than {self.size} bytes")
+        self._st.pack_into(buf, offset, raw.ljust(self.size, b" "))
+
+    def get(self, data: Buffer, offset: int) -> str:
+        raw: bytes = self._st.unpack_from(data, offset)[0]
+        # Some controllers NUL-pad these despite the spec; accept either padding.
+        return raw.rstrip(b" \x00").decode("ascii", errors="replace")
+
+
+class _Nqn:
+    """An NQN field: NUL terminated UTF-8 in a fixed-size field."""
+
+    __slots__ = ("_st", "size")
+
+    def __init__(self, size: int = 256) -> None:
+        self._st = struct.Struct(f"{size}s")
+        self.size = size
+
+    def put(self, buf: bytearray, offset: int, value: str) -> None:
+        raw = value.encode("utf-8")
+        # Keep room for the terminator: hosts copy these with C string functions.
+        if len(raw) >= self.size:
+            raise ValueError(f"NQN is {len(raw)} bytes, at most {self.size - 1} fit")
+        self._st.pack_into(buf, offset, raw)
+
+    def get(self, data: Buffer, offset: int) -> str:
+        raw: bytes = self._st.unpack_from(data, offset)[0]
+        return raw.split(b"\x00", 1)[0].decode("utf-8", errors="replace")
+
+
+class _Raw:
+    """Opaque identifiers (GUIDs, EUI-64) that must be exactly `size` bytes."""
+
+    __slots__ = ("_st", "size")
+
+    def __init__(self, size: int) -> None:
+        self._st = struct.Struct(f"{size}s")
+        self.size = size
+
+    def put(self, buf: bytearray, offset: int, value: bytes) -> None:
+        if len(value) != self.size:
+            raise ValueError(f"expected {self.size} bytes, got {len(value)}")
+        self._st.pack_into(buf, offset, bytes(value))
+
+    def get(self, data: Buffer, offset: int) -> bytes:
+        raw: bytes = self._st.unpack_from(data, offset)[0]
+        return raw
+
+
+_U8 = _Int("B")
+_U16 = _Int("H")
+_U32 = _Int("I")
+_U64 = _Int("Q")
+_U24_CODEC = _U24()
+_U128_CODEC = _U128()
+
+_Layout = tuple[tuple[str, int, _Codec], ...]
+
+
+def _put_fields(obj: object, buf: bytearray, layout: _Layout) -> None:
+    for name, offset, codec in layout:
+        try:
+            codec.put(buf, offset, getattr(obj, name))
+        except (struct.error, ValueError, TypeError) as exc:
+            raise ValueError(f"{type(obj).__name__}.{name}: {exc}") from exc
+
+
+def _get_fields(data: Buffer, layout: _Layout) -> dict[str, Any]:
+    return {name: codec.get(data, offset) for name, offset, codec in layout}
+
+
+def _require(data: Buffer, size: int, what: str) -> None:
+    if len(data) < size:
+        raise ValueError(f"{what} needs {size} bytes, got {len(data)}")
+
+
+# ---------------------------------------------------------------------------------------
+# Identify Controller (CNS 01h)
+
+_PSD = struct.Struct("<HxBIIBBBBHBxHB9x")
+PSD_SIZE = 32
+PSD_OFFSET = 2048
+PSD_MAX = 32
+
+
+@dataclass(slots=True)
+class PowerStateDescriptor:
+    """One 32-byte power state descriptor. Powers are in units set by the scale bits."""
+
+    max_power: int = 0  # MP, centiwatts (or 0.0001 W when flags bit 0, MXPS, is set)
+    flags: int = 0  # bit 0 MXPS, bit 1 NOPS (non-operational state)
+    entry_lat: int = 0  # ENLAT, microseconds
+    exit_lat: int = 0  # EXLAT, microseconds
+    read_tput: int = 0  # RRT
+    read_lat: int = 0  # RRL
+    write_tput: int = 0  # RWT
+    write_lat: int = 0  # RWL
+    idle_power: int = 0  # IDLP
+    idle_scale: int = 0  # IPS in bits 7:6
+    active_power: int = 0  # ACTP
+    active_work_scale: int = 0  # APW in bits 2:0, APS in bits 7:6
+
+    def pack(self) -> bytes:
+        buf = bytearray(PSD_SIZE)
+        self.pack_into(buf, 0)
+        return bytes(buf)
+
+    def pack_into(self, buf: bytearray, offset: int) -> None:
+        _PSD.pack_into(
+            buf, offset, self.max_power, self.flags, self.entry_lat, self.exit_lat,
+            self.read_tput, self.read_lat, self.write_tput, self.write_lat, self.idle_power,
+            self.idle_scale, self.active_power, self.active_work_scale,
+        )
+
+    @classmethod
+    def unpack(cls, data: Buffer, offset: int = 0) -> Self:
+        return cls(*_PSD.unpack_from(data, offset))
+
+
+_CTRL_LAYOUT: _Layout = (
+    ("vid", 0, _U16),
+    ("ssvid", 2, _U16),
+    ("sn", 4, _Ascii(20)),
+    ("mn", 24, _Ascii(40)),
+    ("fr", 64, _Ascii(8)),
+    ("rab", 72, _U8),
+    ("ieee", 73, _U24_CODEC),
+    ("cmic", 76, _U8),
+    ("mdts", 77, _U8),
+    ("cntlid", 78, _U16),
+    ("ver", 80, _U32),
+    ("rtd3r", 84, _U32),
+    ("rtd3e", 88, _U32),
+    ("oaes", 92, _U32),
+    ("ctratt", 96, _U32),
+    ("rrls", 100, _U16),
+    ("cntrltype", 111, _U8),
+    ("fguid", 112, _Raw(16)),
+    ("crdt1", 128, _U16),
+    ("crdt2", 130, _U16),
+    ("crdt3", 132, _U16),
+    ("nvmsr", 253, _U8),
+    ("vwci", 254, _U8),
+    ("mec", 255, _U8),
+    ("oacs", 256, _U16),
+    ("acl", 258, _U8),
+    ("aerl", 259, _U8),
+    ("frmw", 260, _U8),
+    ("lpa", 261, _U8),
+    ("elpe", 262, _U8),
+    # NPSS (263) is derived from len(psd) and written by pack().
+    ("avscc", 264, _U8),
+    ("apsta", 265, _U8),
+    ("wctemp", 266, _U16),
+    ("cctemp", 268, _U16),
+    ("mtfa", 270, _U16),
+    ("hmpre", 272, _U32),
+    ("hmmin", 276, _U32),
+    ("tnvmcap", 280, _U128_CODEC),
+    ("unvmcap", 296, _U128_CODEC),
+    ("rpmbs", 312, _U32),
+    ("edstt", 316, _U16),
+    ("dsto", 318, _U8),
+    ("fwug", 319, _U8),
+    ("kas", 320, _U16),
+    ("hctma", 322, _U16),
+    ("mntmt", 324, _U16),
+    ("mxtmt", 326, _U16),
+    ("sanicap", 328, _U32),
+    ("hmminds", 332, _U32),
+    ("hmmaxd", 336, _U16),
+    ("nsetidmax", 338, _U16),
+    ("endgidmax", 340, _U16),
+    ("anatt", 342, _U8),
+    ("anacap", 343, _U8),
+    ("anagrpmax", 344, _U32),
+    ("nanagrpid", 348, _U32),
+    ("pels", 352, _U32),
+    ("domainid", 356, _U16),
+    ("megcap", 368, _U128_CODEC),
+    ("sqes", 512, _U8),
+    ("cqes", 513, _U8),
+    ("maxcmd", 514, _U16),
+    ("nn", 516, _U32),
+    ("oncs", 520, _U16),
+    ("fuses", 522, _U16),
+    ("fna", 524, _U8),
+    ("vwc", 525, _U8),
+    ("awun", 526, _U16),
+    ("awupf", 528, _U16),
+    ("icsvscc", 530, _U8),
+    ("nwpc", 531, _U8),
+    ("acwu", 532, _U16),
+    ("ocfs", 534, _U16),
+    ("sgls", 536, _U32),
+    ("mnan", 540, _U32),
+    ("maxdna", 544, _U128_CODEC),
+    ("maxcna", 560, _U32),
+    ("subnqn", 768, _Nqn(256)),
+    # NVMe over Fabrics area (1792..2047)
+    ("ioccsz", 1792, _U32),
+    ("iorcsz", 1796, _U32),
+    ("icdoff", 1800, _U16),
+    ("fcatt", 1802, _U8),
+    ("msdbd", 1803, _U8),
+    ("ofcs", 1804, _U16),
+    ("dctype", 1806, _U8),
+)
+_NPSS_OFFSET = 263
+
+
+def _one_psd() -> list[PowerStateDescriptor]:
+    return [PowerStateDescriptor()]
+
+
+@dataclass(slots=True)
+class IdentifyController:
+    """Identify Controller data structure (4096 bytes).
+
+    Every field defaults to zero/empty so a target fills in only what it supports.
+    NPSS is not a field: it is derived from ``psd`` (1..32 descriptors), and unpack
+    returns NPSS + 1 descriptors.
+    """
+
+    vid: int = 0
+    ssvid: int = 0
+    sn: str = ""
+    mn: str = ""
+    fr: str = ""
+    rab: int = 0
+    ieee: int = 0  # 24-bit OUI
+    cmic: int = 0
+    mdts: int = 0  # log2 of max transfer in units of CAP.MPSMIN; 0 = no limit
+    cntlid: int = 0
+    ver: int = 0  # (major << 16) | (minor << 8) | tertiary
+    rtd3r: int = 0
+    rtd3e: int = 0
+    oaes: int = 0
+    ctratt: int = 0
+    rrls: int = 0
+    cntrltype: int = 0
+    fguid: bytes = bytes(16)
+    crdt1: int = 0
+    crdt2: int = 0
+    crdt3: int = 0
+    nvmsr: int = 0
+    vwci: int = 0
+    mec: int = 0
+    oacs: int = 0
+    acl: int = 0
+    aerl: int = 0
+    frmw: int = 0
+    lpa: int = 0
+    elpe: int = 0
+    avscc: int = 0
+    apsta: int = 0
+    wctemp: int = 0
+    cctemp: int = 0
+    mtfa: int = 0
+    hmpre: int = 0
+    hmmin: int = 0
+    tnvmcap: int = 0
+    unvmcap: int = 0
+    rpmbs: int = 0
+    edstt: int = 0
+    dsto: int = 0
+    fwug: int = 0
+    kas: int = 0  # keep alive granularity, 100 ms units
+    hctma: int = 0
+    mntmt: int = 0
+    mxtmt: int = 0
+    sanicap: int = 0
+    hmminds: int = 0
+    hmmaxd: int = 0
+    nsetidmax: int = 0
+    endgidmax: int = 0
+    anatt: int = 0
+    anacap: int = 0
+    anagrpmax: int = 0
+    nanagrpid: int = 0
+    pels: int = 0
+    domainid: int = 0
+    megcap: int = 0
+    sqes: int = 0
+    cqes: int = 0
+    maxcmd: int = 0
+    nn: int = 0
+    oncs: int = 0
+    fuses: int = 0
+    fna: int = 0
+    vwc: int = 0
+    awun: int = 0
+    awupf: int = 0
+    icsvscc: int = 0
+    nwpc: int = 0
+    acwu: int = 0
+    ocfs: int = 0
+    sgls: int = 0
+    mnan: int = 0
+    maxdna: int = 0
+    maxcna: int = 0
+    subnqn: str = ""
+    ioccsz: int = 0  # 16-byte units, SQE included
+    iorcsz: int = 0  # 16-byte units
+    icdoff: int = 0  # 16-byte units
+    fcatt: int = 0
+    msdbd: int = 0
+    ofcs: int = 0
+    dctype: int = 0
+    psd: list[PowerStateDescriptor] = field(default_factory=_one_psd)
+
+    SIZE = IDENTIFY_DATA_SIZE
+
+    @property
+    def npss(self) -> int:
+        """Number of Power States Support, a 0's based value."""
+        return len(self.psd) - 1
+
+    def pack(self) -> bytes:
+        if not 1 <= len(self.psd) <= PSD_MAX:
+            raise ValueError(f"IdentifyController.psd needs 1..{PSD_MAX} entries")
+        buf = bytearray(IDENTIFY_DATA_SIZE)
+        _put_fields(self, buf, _CTRL_LAYOUT)
+        _U8.put(buf, _NPSS_OFFSET, len(self.psd) - 1)
+        for i, desc in enumerate(self.psd):
+            try:
+                desc.pack_into(buf, PSD_OFFSET + i * PSD_SIZE)
+            except struct.error as exc:
+                raise ValueError(f"IdentifyController.psd[{i}]: {exc}") from exc
+        return bytes(buf)
+
+    @classmethod
+    def unpack(cls, data: Buffer) -> Self:
+        _require(data, IDENTIFY_DATA_SIZE, "Identify Controller")
+        values = _get_fields(data, _CTRL_LAYOUT)
+        npss = _U8.get(data, _NPSS_OFFSET)
+        # NPSS is an 8-bit field but only 32 descriptors exist.
+        count = min(npss + 1, PSD_MAX)
+        values["psd"] = [
+            PowerStateDescriptor.unpack(data, PSD_OFFSET + i * PSD_SIZE) for i in range(count)
+        ]
+        return cls(**values)
+
+
+# ---------------------------------------------------------------------------------------
+# Identify Namespace (CNS 00h), NVM command set
+
+_LBAF = struct.Struct("<HBB")
+LBAF_OFFSET = 128
+LBAF_SIZE = 4
+LBAF_MAX = 64
+_NLBAF_OFFSET = 25
+
+
+@dataclass(slots=True)
+class LbaFormat:
+    """One LBA Format entry."""
+
+    ms: int = 0  # metadata bytes per LBA
+    lbads: int = 9  # log2 of the LBA data size; 9 = 512 bytes
+    rp: int = 0  # relative performance, bits 1:0 (0 best .. 3 degraded)
+
+    @property
+    def block_size(self) -> int:
+        return 1 << self.lbads
+
+    def pack(self) -> bytes:
+        return _LBAF.pack(self.ms, self.lbads, self.rp)
+
+    def pack_into(self, buf: bytearray, offset: int) -> None:
+        _LBAF.pack_into(buf, offset, self.ms, self.lbads, self.rp)
+
+    @classmethod
+    def unpack(cls, data: Buffer, offset: int = 0) -> Self:
+        return cls(*_LBAF.unpack_from(data, offset))
+
+
+_NS_LAYOUT: _Layout = (
+    ("nsze", 0, _U64),
+    ("ncap", 8, _U64),
+    ("nuse", 16, _U64),
+    ("nsfeat", 24, _U8),
+    # NLBAF (25) is derived from len(lbaf) and written by pack().
+    ("flbas", 26, _U8),
+    ("mc", 27, _U8),
+    ("dpc", 28, _U8),
+    ("dps", 29, _U8),
+    ("nmic", 30, _U8),
+    ("rescap", 31, _U8),
+    ("fpi", 32, _U8),
+    ("dlfeat", 33, _U8),
+    ("nawun", 34, _U16),
+    ("nawupf", 36, _U16),
+    ("nacwu", 38, _U16),
+    ("nabsn", 40, _U16),
+    ("nabo", 42, _U16),
+    ("nabspf", 44, _U16),
+    ("noiob", 46, _U16),
+    ("nvmcap", 48, _U128_CODEC),
+    ("npwg", 64, _U16),
+    ("npwa", 66, _U16),
+    ("npdg", 68, _U16),
+    ("npda", 70, _U16),
+    ("nows", 72, _U16),
+    ("mssrl", 74, _U16),
+    ("mcl", 76, _U32),
+    ("msrc", 80, _U8),
+    ("nulbaf", 82, _U8),
+    ("anagrpid", 92, _U32),
+    ("nsattr", 99, _U8),
+    ("nvmsetid", 100, _U16),
+    ("endgid", 102, _U16),
+    ("nguid", 104, _Raw(16)),
+    ("eui64", 120, _Raw(8)),
+)
+
+
+def _one_lbaf() -> list[LbaFormat]:
+    return [LbaFormat()]
+
+
+def flbas_for_index(index: int, *, extended_metadata: bool = False) -> int:
+    """FLBAS value selecting LBA format `index` (bits 3:0 low, bits 6:5 high)."""
+    if not 0 <= index < LBAF_MAX:
+        raise ValueError(f"LBA format index {index} not in 0..{LBAF_MAX - 1}")
+    value = (index & 0xF) | (index >> 4) << 5
+    if extended_metadata:
+        value |= FLBAS_EXTENDED_METADATA
+    return value
+
+
+@dataclass(slots=True)
+class IdentifyNamespace:
+    """Identify Namespace data structure for the NVM command set (4096 bytes).
+
+    NLBAF is not a field: it is derived from ``lbaf`` (1..64 formats), and unpack returns
+    NLBAF + 1 formats. An inactive NSID is answered with ``bytes(IDENTIFY_DATA_SIZE)``
+    rather than with this structure.
+    """
+
+    nsze: int = 0
+    ncap: int = 0
+    nuse: int = 0
+    nsfeat: int = 0
+    flbas: int = 0
+    mc: int = 0
+    dpc: int = 0
+    dps: int = 0
+    nmic: int = 0
+    rescap: int = 0
+    fpi: int = 0
+    dlfeat: int = 0
+    nawun: int = 0
+    nawupf: int = 0
+    nacwu: int = 0
+    nabsn: int = 0
+    nabo: int = 0
+    nabspf: int = 0
+    noiob: int = 0
+    nvmcap: int = 0
+    npwg: int = 0
+    npwa: int = 0
+    npdg: int = 0
+    npda: int = 0
+    nows: int = 0
+    mssrl: int = 0
+    mcl: int = 0
+    msrc: int = 0
+    nulbaf: int = 0
+    anagrpid: int = 0
+    nsattr: int = 0
+    nvmsetid: int = 0
+    endgid: int = 0
+    nguid: bytes = bytes(16)
+    eui64: bytes = bytes(8)
+    lbaf: list[LbaFormat] = field(default_factory=_one_lbaf)
+
+    SIZE = IDENTIFY_DATA_SIZE
+
+    @property
+    def nlbaf(self) -> int:
+        """Number of LBA Formats, a 0's based value."""
+        return len(self.lbaf) - 1
+
+    @property
+    def lbaf_index(self) -> int:
+        """Index of the LBA format in use, from FLBAS bits 3:0 and 6:5."""
+        return (self.flbas & 0xF) | ((self.flbas >> 5) & 0x3) << 4
+
+    @property
+    def current_format(self) -> LbaFormat:
+        index = self.lbaf_index
+        if index >= len(self.lbaf):
+            raise ValueError(f"FLBAS selects format {index}, only {len(self.lbaf)} exist")
+        return self.lbaf[index]
+
+    @property
+    def block_size(self) -> int:
+        """Logical block data size in bytes of the formatted LBA size."""
+        return self.current_format.block_size
+
+    @property
+    def metadata_size(self) -> int:
+        return self.current_format.ms
+
+    def pack(self) -> bytes:
+        if not 1 <= len(self.lbaf) <= LBAF_MAX:
+            raise ValueError(f"IdentifyNamespace.lbaf needs 1..{LBAF_MAX} entries")
+        buf = bytearray(IDENTIFY_DATA_SIZE)
+        _put_fields(self, buf, _NS_LAYOUT)
+        _U8.put(buf, _NLBAF_OFFSET, len(self.lbaf) - 1)
+        for i, fmt in enumerate(self.lbaf):
+            try:
+                fmt.pack_into(buf, LBAF_OFFSET + i * LBAF_SIZE)
+            except struct.error as exc:
+                raise ValueError(f"IdentifyNamespace.lbaf[{i}]: {exc}") from exc
+        return bytes(buf)
+
+    @classmethod
+    def unpack(cls, data: Buffer) -> Self:
+        _require(data, IDENTIFY_DATA_SIZE, "Identify Namespace")
+        values = _get_fields(data, _NS_LAYOUT)
+        count = min(_U8.get(data, _NLBAF_OFFSET) + 1, LBAF_MAX)
+        values["lbaf"] = [
+            LbaFormat.unpack(data, LBAF_OFFSET + i * LBAF_SIZE) for i in range(count)
+        ]
+        return cls(**values)
+
+
+# ---------------------------------------------------------------------------------------
+# Namespace Identification Descriptor list (CNS 03h)
+
+_DESC_HEADER = struct.Struct("<BBxx")  # NIDT, NIDL, reserved
+
+
+@dataclass(slots=True)
+class NsIdDescriptor:
+    nidt: int
+    nid: bytes
+
+    @classmethod
+    def eui64(cls, value: bytes) -> Self:
+        return cls(Nidt.EUI64, bytes(value))
+
+    @classmethod
+    def nguid(cls, value: bytes) -> Self:
+        return cls(Nidt.NGUID, bytes(value))
+
+    @classmethod
+    def uuid(cls, value: bytes) -> Self:
+        """`value` is the 16 bytes of the UUID in RFC 4122 order (``uuid.UUID.bytes``)."""
+        return cls(Nidt.UUID, bytes(value))
+
+    @classmethod
+    def csi(cls, value: int = Csi.NVM) -> Self:
+        return cls(Nidt.CSI, bytes([value]))
+
+
+@dataclass(slots=True)
+class NsIdDescriptorList:
+    """The CNS 03h page: descriptors back to back, the rest of the 4096 bytes zero."""
+
+    descriptors: list[NsIdDescriptor] = field(default_factory=list)
+
+    SIZE = IDENTIFY_DATA_SIZE
+
+    def pack(self) -> bytes:
+        buf = bytearray(IDENTIFY_DATA_SIZE)
+        pos = 0
+        for desc in self.descriptors:
+            nidl = len(desc.nid)
+            expected = NIDT_LENGTHS.get(desc.nidt)
+            if expected is not None and nidl != expected:
+                raise ValueError(f"NIDT {desc.nidt} needs {expected} bytes, got {nidl}")
+            # A zero NIDL is what terminates the list, so a real descriptor cannot have it.
+            if not 1 <= nidl <= 0xFF or not 1 <= desc.nidt <= 0xFF:
+                raise ValueError(f"invalid descriptor NIDT {desc.nidt} NIDL {nidl}")
+            end = pos + _DESC_HEADER.size + nidl
+            if end > IDENTIFY_DATA_SIZE:
+                raise ValueError("namespace identification descriptors exceed 4096 bytes")
+            _DESC_HEADER.pack_into(buf, pos, desc.nidt, nidl)
+            buf[pos + _DESC_HEADER.size : end] = desc.nid
+            pos = end
+        return bytes(buf)
+
+    @classmethod
+    def unpack(cls, data: Buffer) -> Self:
+        size = min(len(data), IDENTIFY_DATA_SIZE)
+        descriptors: list[NsIdDescriptor] = []
+        pos = 0
+        while pos + _DESC_HEADER.size <= size:
+            nidt, nidl = _DESC_HEADER.unpack_from(data, pos)
+            if nidl == 0:
+                break
+            start = pos + _DESC_HEADER.size
+            if start + nidl > size:
+                raise ValueError(f"descriptor at offset {pos} runs past the end of the page")
+            descriptors.append(NsIdDescriptor(nidt, bytes(data[start : start + nidl])))
+            pos = start + nidl
+        return cls(descriptors)
+
+    def get(self, nidt: int) -> bytes | None:
+        """The identifier of the first descriptor of type `nidt`, if any."""
+        for desc in self.descriptors:
+            if desc.nidt == nidt:
+                return desc.nid
+        return None
+
+
+# ---------------------------------------------------------------------------------------
+# Active Namespace ID list (CNS 02h)
+
+NSID_LIST_MAX = IDENTIFY_DATA_SIZE // 4
+_NSID_LIST = struct.Struct(f"<{NSID_LIST_MAX}I")
+
+
+@dataclass(slots=True)
+class NsIdList:
+    """A list of up to 1024 NSIDs in increasing order, zero filled (CNS 02h and kin)."""
+
+    nsids: list[int] = field(default_factory=list)
+
+    SIZE = IDENTIFY_DATA_SIZE
+
+    @classmethod
+    def active(cls, nsids: Iterable[int], start_nsid: int = 0) -> Self:
+        """The CNS 02h answer: active NSIDs greater than the command's NSID, ascending.
+
+        The target must reject NSID FFFFFFFEh/FFFFFFFFh itself (Invalid Namespace).
+        """
+        selected = sorted({n for n in nsids if n > start_nsid})
+        return cls(selected[:NSID_LIST_MAX])
+
+    def pack(self) -> bytes:
+        count = len(self.nsids)
+        if count > NSID_LIST_MAX:
+            raise ValueError(f"{count} NSIDs do not fit in one list of {NSID_LIST_MAX}")
+        if 0 in self.nsids:
+            raise ValueError("NSID 0 would terminate the list early")
+        try:
+            return _NSID_LIST.pack(*self.nsids, *([0] * (NSID_LIST_MAX - count)))
+        except struct.error as exc:
+            raise ValueError(f"NsIdList: {exc}") from exc
+
+    @classmethod
+    def unpack(cls, data: Buffer) -> Self:
+        _require(data, IDENTIFY_DATA_SIZE, "Namespace ID list")
+        nsids: list[int] = []
+        for nsid in _NSID_LIST.unpack_from(data, 0):
+            if nsid == 0:
+                break
+            nsids.append(nsid)
+        return cls(nsids)
