@@ -403,9 +403,20 @@ class PowerStateDescriptor:
 
     def pack_into(self, buf: bytearray, offset: int) -> None:
         _PSD.pack_into(
-            buf, offset, self.max_power, self.flags, self.entry_lat, self.exit_lat,
-            self.read_tput, self.read_lat, self.write_tput, self.write_lat, self.idle_power,
-            self.idle_scale, self.active_power, self.active_work_scale,
+            buf,
+            offset,
+            self.max_power,
+            self.flags,
+            self.entry_lat,
+            self.exit_lat,
+            self.read_tput,
+            self.read_lat,
+            self.write_tput,
+            self.write_lat,
+            self.idle_power,
+            self.idle_scale,
+            self.active_power,
+            self.active_work_scale,
         )
 
     @classmethod
@@ -817,9 +828,7 @@ class IdentifyNamespace:
         _require(data, IDENTIFY_DATA_SIZE, "Identify Namespace")
         values = _get_fields(data, _NS_LAYOUT)
         count = min(_U8.get(data, _NLBAF_OFFSET) + 1, LBAF_MAX)
-        values["lbaf"] = [
-            LbaFormat.unpack(data, LBAF_OFFSET + i * LBAF_SIZE) for i in range(count)
-        ]
+        values["lbaf"] = [LbaFormat.unpack(data, LBAF_OFFSET + i * LBAF_SIZE) for i in range(count)]
         return cls(**values)
 
 

@@ -123,9 +123,20 @@ class ErrorLogEntry:
     def pack(self) -> bytes:
         try:
             return _ERROR_ENTRY.pack(
-                self.error_count, self.sqid, self.cid, self.status,
-                self.param_error_location, self.lba, self.nsid, self.vs, self.trtype,
-                self.csi, self.opcode, self.cs, self.trtype_specific, self.log_page_version,
+                self.error_count,
+                self.sqid,
+                self.cid,
+                self.status,
+                self.param_error_location,
+                self.lba,
+                self.nsid,
+                self.vs,
+                self.trtype,
+                self.csi,
+                self.opcode,
+                self.cs,
+                self.trtype_specific,
+                self.log_page_version,
             )
         except struct.error as exc:
             raise ValueError(f"ErrorLogEntry: {exc}") from exc
@@ -238,13 +249,25 @@ class SmartLog:
         buf = bytearray(SMART_LOG_SIZE)
         try:
             _SMART_HEAD.pack_into(
-                buf, 0, self.critical_warning, self.composite_temp, self.avail_spare,
-                self.spare_thresh, self.percent_used, self.eg_crit_warning_summary,
+                buf,
+                0,
+                self.critical_warning,
+                self.composite_temp,
+                self.avail_spare,
+                self.spare_thresh,
+                self.percent_used,
+                self.eg_crit_warning_summary,
             )
             _SMART_TAIL.pack_into(
-                buf, _SMART_TAIL_OFFSET, self.warning_temp_time, self.critical_temp_time,
-                *self.temp_sensors, self.thm_temp1_trans_count, self.thm_temp2_trans_count,
-                self.thm_temp1_total_time, self.thm_temp2_total_time,
+                buf,
+                _SMART_TAIL_OFFSET,
+                self.warning_temp_time,
+                self.critical_temp_time,
+                *self.temp_sensors,
+                self.thm_temp1_trans_count,
+                self.thm_temp2_trans_count,
+                self.thm_temp1_total_time,
+                self.thm_temp2_total_time,
             )
         except struct.error as exc:
             raise ValueError(f"SmartLog: {exc}") from exc
@@ -531,9 +554,20 @@ class DiscoveryLogEntry:
             raise ValueError("DiscoveryLogEntry.tsas is at most 256 bytes")
         try:
             _DISC_ENTRY.pack_into(
-                buf, offset, self.trtype, self.adrfam, self.subtype, self.treq, self.portid,
-                self.cntlid, self.asqsz, self.eflags, _ascii(self.trsvcid, 32, "trsvcid"),
-                _nqn(self.subnqn), _ascii(self.traddr, 256, "traddr"), bytes(self.tsas),
+                buf,
+                offset,
+                self.trtype,
+                self.adrfam,
+                self.subtype,
+                self.treq,
+                self.portid,
+                self.cntlid,
+                self.asqsz,
+                self.eflags,
+                _ascii(self.trsvcid, 32, "trsvcid"),
+                _nqn(self.subnqn),
+                _ascii(self.traddr, 256, "traddr"),
+                bytes(self.tsas),
             )
         except struct.error as exc:
             raise ValueError(f"DiscoveryLogEntry: {exc}") from exc

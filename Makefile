@@ -1,0 +1,35 @@
+# pynvmf: `make run` sets up and runs the target on its in-memory default;
+# `make test` sets up (Debian packages included) and runs the whole test suite.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+ARGS ?=
+
+.PHONY: run test setup system-deps lint bench clean
+
+$(BIN)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || bash scripts/install-system-deps.sh --python
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+setup: $(BIN)/.installed
+
+run: setup
+	$(BIN)/pynvmf target $(ARGS)
+
+system-deps:
+	bash scripts/install-system-deps.sh
+
+lint: setup
+	$(BIN)/ruff check pynvmf tests benchmarks
+
+test: system-deps setup lint
+	$(BIN)/python -m pytest
+
+bench: setup
+	$(BIN)/python benchmarks/target_core.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

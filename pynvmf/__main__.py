@@ -1,0 +1,5 @@
+import sys
+
+from pynvmf.cli import main
+
+sys.exit(main())

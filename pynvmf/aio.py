@@ -1,0 +1,58 @@
+"""Small asyncio helpers shared by the target and the host."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import types
+from collections.abc import Coroutine, Generator
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_background: set[asyncio.Task[Any]] = set()
+
+
+def start_eager(coro: Coroutine[Any, Any, Any]) -> None:
+    """Run `coro` now, up to its first real suspension; a Task takes over only then.
+
+    Most commands on an in-memory or page-cached namespace never suspend, so this
+    saves the Task and the event-loop round trip that create_task would cost per
+    I/O (Python 3.12's eager task factory does the same). The coroutine must
+    handle its own exceptions; anything escaping is logged.
+    """
+    try:
+        yielded = coro.send(None)
+    except StopIteration:
+        return
+    except Exception:
+        log.exception("command handler failed")
+        return
+    task = asyncio.ensure_future(_continue(coro, yielded))
+    _background.add(task)
+    task.add_done_callback(_finished)
+
+
+def _finished(task: asyncio.Task[Any]) -> None:
+    _background.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.error("command handler failed", exc_info=task.exception())
+
+
+@types.coroutine
+def _continue(coro: Coroutine[Any, Any, Any], yielded: Any) -> Generator[Any, Any, Any]:
+    # Hand the awaitable the coroutine is blocked on to the Task driving us, and
+    # pass whatever the Task sends or throws back into the coroutine.
+    while True:
+        try:
+            sent = yield yielded
+        except BaseException as exc:
+            try:
+                yielded = coro.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+        else:
+            try:
+                yielded = coro.send(sent)
+            except StopIteration as stop:
+                return stop.value

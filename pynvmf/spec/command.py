@@ -1,0 +1,228 @@
+"""Submission and completion queue entries, SGL descriptors, and the Fabrics
+command layouts (Connect, Property Get/Set). Pure data: parse and build bytes."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+SQE_SIZE = 64
+CQE_SIZE = 16
+
+# opcode, flags, cid, nsid, (cdw2, cdw3, mptr skipped), sgl addr, sgl length, sgl type,
+# cdw10..cdw15
+_SQE = struct.Struct("<BBHI16xQI3xB6I")
+_CQE = struct.Struct("<IIHHHH")
+
+# SGL descriptor type byte: (descriptor type << 4) | sub type
+SGL_DATA_BLOCK_OFFSET = 0x01  # in-capsule data: address is an offset into the capsule
+SGL_TRANSPORT_DATA_BLOCK = 0x5A  # data moved by the transport (R2T/H2CData, C2HData)
+
+# Command flags byte: PSDT in bits 7:6; 01b or 10b select SGLs (fabrics require them).
+FLAG_PSDT_MASK = 0xC0
+FUSE_MASK = 0x03
+
+
+@dataclass(slots=True)
+class Sqe:
+    """A decoded submission queue entry. `cdw` holds CDW10..CDW15."""
+
+    opcode: int
+    flags: int
+    cid: int
+    nsid: int
+    sgl_addr: int
+    sgl_length: int
+    sgl_type: int
+    cdw10: int
+    cdw11: int
+    cdw12: int
+    cdw13: int
+    cdw14: int
+    cdw15: int
+
+    @classmethod
+    def unpack(cls, data: bytes | bytearray | memoryview, offset: int = 0) -> Sqe:
+        return cls(*_SQE.unpack_from(data, offset))
+
+    def pack(self) -> bytes:
+        return _SQE.pack(
+            self.opcode,
+            self.flags,
+            self.cid,
+            self.nsid,
+            self.sgl_addr,
+            self.sgl_length,
+            self.sgl_type,
+            self.cdw10,
+            self.cdw11,
+            self.cdw12,
+            self.cdw13,
+            self.cdw14,
+            self.cdw15,
+        )
+
+    @property
+    def fctype(self) -> int:
+        """Fabrics command type: byte 4, where other commands have the NSID."""
+        return self.nsid & 0xFF
+
+
+def build_sqe(
+    opcode: int,
+    cid: int,
+    nsid: int = 0,
+    cdw10: int = 0,
+    cdw11: int = 0,
+    cdw12: int = 0,
+    cdw13: int = 0,
+    cdw14: int = 0,
+    cdw15: int = 0,
+    *,
+    sgl_type: int = SGL_TRANSPORT_DATA_BLOCK,
+    sgl_addr: int = 0,
+    sgl_length: int = 0,
+    flags: int = 0x40,
+) -> bytes:
+    return _SQE.pack(
+        opcode,
+        flags,
+        cid,
+        nsid,
+        sgl_addr,
+        sgl_length,
+        sgl_type,
+        cdw10,
+        cdw11,
+        cdw12,
+        cdw13,
+        cdw14,
+        cdw15,
+    )
+
+
+@dataclass(slots=True)
+class Cqe:
+    result: int  # DW0 | DW1 << 32
+    sq_head: int
+    sq_id: int
+    cid: int
+    status: int  # the status value (see spec.status), without the phase bit
+
+    @classmethod
+    def unpack(cls, data: bytes | bytearray | memoryview, offset: int = 0) -> Cqe:
+        dw0, dw1, sqhd, sqid, cid, sf = _CQE.unpack_from(data, offset)
+        return cls(dw0 | dw1 << 32, sqhd, sqid, cid, sf >> 1)
+
+    def pack(self) -> bytes:
+        return _CQE.pack(
+            self.result & 0xFFFFFFFF,
+            self.result >> 32,
+            self.sq_head,
+            self.sq_id,
+            self.cid,
+            (self.status << 1) & 0xFFFF,
+        )
+
+
+# ---- Fabrics: Connect ----------------------------------------------------------
+
+# Connect SQE fields live in CDW10..CDW12: RECFMT u16, QID u16, SQSIZE u16, CATTR u8, KATO u32.
+CONNECT_DATA_SIZE = 1024
+CATTR_DISABLE_SQ_FLOW = 0x04
+CNTLID_DYNAMIC = 0xFFFF
+
+_CONNECT_DATA = struct.Struct("<16sH238x256s256s256x")
+
+
+@dataclass(slots=True)
+class ConnectCommand:
+    recfmt: int
+    qid: int
+    sqsize: int  # 0's based
+    cattr: int
+    kato: int  # milliseconds
+
+    @classmethod
+    def from_sqe(cls, sqe: Sqe) -> ConnectCommand:
+        return cls(
+            recfmt=sqe.cdw10 & 0xFFFF,
+            qid=sqe.cdw10 >> 16,
+            sqsize=sqe.cdw11 & 0xFFFF,
+            cattr=(sqe.cdw11 >> 16) & 0xFF,
+            kato=sqe.cdw12,
+        )
+
+    def cdws(self) -> tuple[int, int, int]:
+        return (
+            self.recfmt | self.qid << 16,
+            self.sqsize | (self.cattr & 0xFF) << 16,
+            self.kato,
+        )
+
+
+# Byte offsets reported in a Connect error's IATTR/IPO result.
+CONNECT_SQE_OFFSET_QID = 42
+CONNECT_SQE_OFFSET_SQSIZE = 44
+CONNECT_SQE_OFFSET_CATTR = 46
+CONNECT_DATA_OFFSET_CNTLID = 16
+CONNECT_DATA_OFFSET_SUBNQN = 256
+CONNECT_DATA_OFFSET_HOSTNQN = 512
+
+
+def connect_invalid_param_result(offset: int, *, in_data: bool) -> int:
+    """Result DW0 of a Connect Invalid Parameters status: IATTR bit 16, IPO bits 15:0."""
+    return (1 << 16 if in_data else 0) | offset
+
+
+def _nqn(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+@dataclass(slots=True)
+class ConnectData:
+    hostid: bytes
+    cntlid: int
+    subnqn: str
+    hostnqn: str
+
+    @classmethod
+    def unpack(cls, data: bytes | bytearray | memoryview) -> ConnectData:
+        hostid, cntlid, subnqn, hostnqn = _CONNECT_DATA.unpack_from(data)
+        return cls(bytes(hostid), cntlid, _nqn(subnqn), _nqn(hostnqn))
+
+    def pack(self) -> bytes:
+        return _CONNECT_DATA.pack(
+            self.hostid, self.cntlid, self.subnqn.encode(), self.hostnqn.encode()
+        )
+
+
+# ---- Fabrics: properties (the controller registers, over the wire) -----------------
+
+PROP_CAP = 0x00
+PROP_VS = 0x08
+PROP_INTMS = 0x0C
+PROP_INTMC = 0x10
+PROP_CC = 0x14
+PROP_CSTS = 0x1C
+PROP_NSSR = 0x20
+
+CC_EN = 1 << 0
+CC_SHN_SHIFT = 14
+CC_SHN_MASK = 0x3 << CC_SHN_SHIFT
+CC_IOSQES_SHIFT = 16
+CC_IOCQES_SHIFT = 20
+
+CSTS_RDY = 1 << 0
+CSTS_CFS = 1 << 1
+CSTS_SHST_COMPLETE = 0x2 << 2
+CSTS_SHST_MASK = 0x3 << 2
+
+
+def property_size(attrib: int) -> int:
+    """Property Get/Set ATTRIB bits 2:0: 0 = 4 bytes, 1 = 8 bytes."""
+    return 8 if attrib & 0x7 == 1 else 4
+
+
+def nvme_version(major: int, minor: int, tertiary: int = 0) -> int:
+    return major << 16 | minor << 8 | tertiary

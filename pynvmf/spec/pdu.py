@@ -1,0 +1,118 @@
+"""NVMe/TCP PDU layouts (NVMe/TCP Transport Specification). Pure data."""
+
+from __future__ import annotations
+
+import struct
+from enum import IntEnum
+
+
+class PduType(IntEnum):
+    ICREQ = 0x00
+    ICRESP = 0x01
+    H2C_TERM_REQ = 0x02
+    C2H_TERM_REQ = 0x03
+    CAPSULE_CMD = 0x04
+    CAPSULE_RESP = 0x05
+    H2C_DATA = 0x06
+    C2H_DATA = 0x07
+    R2T = 0x09
+
+
+FLAG_HDGST = 0x01
+FLAG_DDGST = 0x02
+FLAG_DATA_LAST = 0x04
+FLAG_DATA_SUCCESS = 0x08
+
+DIGEST_HEADER = 0x01  # ICReq/ICResp DGST field
+DIGEST_DATA = 0x02
+DIGEST_LEN = 4
+
+PFV_1_0 = 0
+
+
+class FatalError(IntEnum):
+    """Fatal Error Status (FES) of a TermReq."""
+
+    INVALID_HEADER_FIELD = 0x01
+    PDU_SEQUENCE_ERROR = 0x02
+    HEADER_DIGEST_ERROR = 0x03
+    DATA_OUT_OF_RANGE = 0x04
+    DATA_LIMIT_EXCEEDED = 0x05
+    UNSUPPORTED_PARAMETER = 0x06
+
+
+COMMON_HEADER = struct.Struct("<BBBBI")  # type, flags, hlen, pdo, plen
+CH_LEN = COMMON_HEADER.size
+
+ICREQ_LEN = 128
+ICRESP_LEN = 128
+TERM_REQ_HLEN = 24
+CAPSULE_CMD_HLEN = 72
+CAPSULE_RESP_HLEN = 24
+DATA_HLEN = 24  # H2CData and C2HData
+R2T_HLEN = 24
+# A TermReq carries the offending PDU header, up to this many bytes of it.
+TERM_REQ_MAX_DATA = 152
+
+# The header length each PDU type must carry.
+EXPECTED_HLEN = {
+    PduType.ICREQ: ICREQ_LEN,
+    PduType.ICRESP: ICRESP_LEN,
+    PduType.H2C_TERM_REQ: TERM_REQ_HLEN,
+    PduType.C2H_TERM_REQ: TERM_REQ_HLEN,
+    PduType.CAPSULE_CMD: CAPSULE_CMD_HLEN,
+    PduType.CAPSULE_RESP: CAPSULE_RESP_HLEN,
+    PduType.H2C_DATA: DATA_HLEN,
+    PduType.C2H_DATA: DATA_HLEN,
+    PduType.R2T: R2T_HLEN,
+}
+
+# Byte offsets of header fields, for the FEI of an Invalid PDU Header Field TermReq.
+OFFSET_TYPE = 0
+OFFSET_FLAGS = 1
+OFFSET_HLEN = 2
+OFFSET_PDO = 3
+OFFSET_PLEN = 4
+OFFSET_PFV = 8
+OFFSET_HPDA = 10
+OFFSET_DGST = 11
+OFFSET_MAXR2T = 12
+OFFSET_DATA_CCCID = 8
+OFFSET_DATA_TTAG = 10
+OFFSET_DATA_DATAO = 12
+OFFSET_DATA_DATAL = 16
+
+# ICReq: pfv, hpda, dgst, maxr2t ; ICResp: pfv, cpda, dgst, maxh2cdata
+IC_BODY = struct.Struct("<HBBI")
+# H2CData / C2HData / R2T: cccid, ttag, offset, length
+DATA_BODY = struct.Struct("<HHII")
+# TermReq: fes, fei
+TERM_BODY = struct.Struct("<HI")
+
+# Whole fixed-size headers, for one pack call per PDU on the hot path.
+DATA_HEADER = struct.Struct("<BBBBIHHII4x")
+CAPSULE_RESP = struct.Struct("<BBBBIIIHHHH")
+
+
+def pack_ic(pdu_type: int, pfv: int, pda: int, dgst: int, value: int) -> bytes:
+    """ICReq (value = MAXR2T) or ICResp (value = MAXH2CDATA)."""
+    out = bytearray(ICREQ_LEN)
+    COMMON_HEADER.pack_into(out, 0, pdu_type, 0, ICREQ_LEN, 0, ICREQ_LEN)
+    IC_BODY.pack_into(out, CH_LEN, pfv, pda, dgst, value)
+    return bytes(out)
+
+
+def pack_term_req(pdu_type: int, fes: int, fei: int, offending: bytes = b"") -> bytes:
+    data = bytes(offending[:TERM_REQ_MAX_DATA])
+    plen = TERM_REQ_HLEN + len(data)
+    out = bytearray(TERM_REQ_HLEN)
+    COMMON_HEADER.pack_into(out, 0, pdu_type, 0, TERM_REQ_HLEN, 0, plen)
+    TERM_BODY.pack_into(out, CH_LEN, fes, fei)
+    return bytes(out) + data
+
+
+def data_offset(hlen: int, hdgst: bool, pda: int) -> int:
+    """PDO for a PDU whose data must start on a (pda + 1) * 4 byte boundary."""
+    start = hlen + (DIGEST_LEN if hdgst else 0)
+    align = (pda + 1) * 4
+    return -(-start // align) * align

@@ -1,0 +1,150 @@
+"""A controller: one host's association with a subsystem (dynamic controller model).
+
+It owns the controller registers that Property Get/Set reach, the features,
+the outstanding Asynchronous Event Requests, the keep-alive timer, and the
+queues connected to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+from pynvmf.spec import command as C
+from pynvmf.spec.logpages import ErrorLogEntry
+from pynvmf.spec.opcodes import FeatureId
+
+if TYPE_CHECKING:
+    from pynvmf.target.queue import TargetQueue
+    from pynvmf.target.server import Port, Target
+    from pynvmf.target.subsystem import Subsystem
+    from pynvmf.tcp.target import Request
+
+log = logging.getLogger(__name__)
+
+VERSION = C.nvme_version(2, 0)
+QUEUE_ENTRIES = 1024  # MQES + 1
+MAX_IO_QUEUES = 64
+AERL = 3  # 0's based: four Asynchronous Event Requests may be outstanding
+ERROR_LOG_ENTRIES = 64
+KAS_100MS = 10  # keep-alive granularity reported in Identify, 100 ms units
+
+# CAP: MQES, CQR (contiguous queues required), TO = 15 (7.5 s), CSS NVM (bit 37)
+CAP = (QUEUE_ENTRIES - 1) | 1 << 16 | 15 << 24 | 1 << 37
+
+
+class Controller:
+    def __init__(
+        self,
+        target: Target,
+        subsystem: Subsystem,
+        cntlid: int,
+        hostnqn: str,
+        hostid: bytes,
+        kato_ms: int,
+        port: Port,
+    ) -> None:
+        self.target = target
+        self.subsystem = subsystem
+        self.cntlid = cntlid
+        self.hostnqn = hostnqn
+        self.hostid = hostid
+        self.port = port
+        self.cc = 0
+        self.csts = 0
+        self.queues: dict[int, TargetQueue] = {}
+        self.io_queues = MAX_IO_QUEUES
+        self.aer: list[tuple[TargetQueue, Request]] = []
+        self.aen_config = 0
+        self.volatile_write_cache = True
+        self.features: dict[int, int] = {
+            FeatureId.ARBITRATION: 0,
+            FeatureId.POWER_MGMT: 0,
+            FeatureId.TEMP_THRESHOLD: 343,  # 70 degrees C, in Kelvin
+            FeatureId.ERROR_RECOVERY: 0,
+            FeatureId.IRQ_COALESCE: 0,
+            FeatureId.WRITE_ATOMIC: 0,
+        }
+        self.errors: deque[ErrorLogEntry] = deque(maxlen=ERROR_LOG_ENTRIES)
+        self.error_count = 0
+        self.created = time.monotonic()
+        self.kato_ms = kato_ms
+        # Set by every command; the keep-alive check clears it (traffic based keep alive).
+        self.traffic = True
+        self._ka_handle: asyncio.TimerHandle | None = None
+        self.destroyed = False
+
+    @property
+    def is_discovery(self) -> bool:
+        return self.subsystem.is_discovery
+
+    # -- keep alive -------------------------------------------------------------------
+
+    def start_keep_alive(self) -> None:
+        self._cancel_keep_alive()
+        if self.kato_ms and not self.destroyed:
+            loop = asyncio.get_running_loop()
+            self._ka_handle = loop.call_later(self.kato_ms / 1000, self._keep_alive_check)
+
+    def _cancel_keep_alive(self) -> None:
+        if self._ka_handle is not None:
+            self._ka_handle.cancel()
+            self._ka_handle = None
+
+    def _keep_alive_check(self) -> None:
+        self._ka_handle = None
+        if self.traffic:
+            self.traffic = False
+            self.start_keep_alive()
+            return
+        log.warning(
+            "controller %d of %s: no keep alive from %s within %d ms, tearing it down",
+            self.cntlid,
+            self.subsystem.nqn,
+            self.hostnqn,
+            self.kato_ms,
+        )
+        self.destroy("keep-alive timeout")
+
+    # -- errors -----------------------------------------------------------------------
+
+    def record_error(self, sqid: int, req: Request, status: int) -> None:
+        self.error_count += 1
+        sqe = req.sqe
+        self.errors.appendleft(
+            ErrorLogEntry(
+                error_count=self.error_count,
+                sqid=sqid,
+                cid=sqe.cid,
+                status=(status << 1) & 0xFFFF,
+                param_error_location=0xFFFF,
+                nsid=sqe.nsid if sqe.opcode != 0x7F else 0,
+                trtype=3,
+                opcode=sqe.opcode,
+            )
+        )
+
+    # -- teardown ------------------------------------------------------------------------
+
+    def remove_queue(self, qid: int, queue: TargetQueue) -> None:
+        if self.queues.get(qid) is queue:
+            del self.queues[qid]
+        if qid == 0:
+            # The admin queue going away ends the association.
+            self.destroy("admin queue closed")
+
+    def destroy(self, reason: str) -> None:
+        if self.destroyed:
+            return
+        self.destroyed = True
+        self._cancel_keep_alive()
+        log.info("controller %d of %s destroyed: %s", self.cntlid, self.subsystem.nqn, reason)
+        if self.subsystem.controllers.get(self.cntlid) is self:
+            del self.subsystem.controllers[self.cntlid]
+        self.aer.clear()
+        for queue in list(self.queues.values()):
+            queue.close(reason)
+        self.queues.clear()

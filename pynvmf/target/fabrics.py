@@ -1,0 +1,148 @@
+"""Fabrics commands: Connect (creates controllers and binds queues), Property Get/Set."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from pynvmf.spec import command as C
+from pynvmf.spec.opcodes import FabricsType
+from pynvmf.spec.status import DNR, Status
+from pynvmf.target.controller import CAP, QUEUE_ENTRIES, VERSION, Controller
+
+if TYPE_CHECKING:
+    from pynvmf.target.queue import TargetQueue
+    from pynvmf.tcp.target import Request
+
+log = logging.getLogger(__name__)
+
+Result = tuple[int, int]  # (status, result DW0/DW1)
+
+_IOSQES = 6
+_IOCQES = 4
+
+
+async def connect(queue: TargetQueue, req: Request) -> Result:
+    sqe = req.sqe
+    if req.length != C.CONNECT_DATA_SIZE:
+        return Status.SGL_INVALID_DATA | DNR, 0
+    data = req.data if req.data is not None else await queue.fetch_data(req)
+    cmd = C.ConnectCommand.from_sqe(sqe)
+    cdata = C.ConnectData.unpack(data)
+    if cmd.recfmt != 0:
+        return Status.CONNECT_INCOMPATIBLE_FORMAT | DNR, 0
+    target = queue.target
+    subsystem = target.find_subsystem(cdata.subnqn, queue.port)
+    if subsystem is None:
+        log.info("connect from %s to unknown subsystem %r", cdata.hostnqn, cdata.subnqn)
+        return _invalid_data(C.CONNECT_DATA_OFFSET_SUBNQN)
+    if not subsystem.host_allowed(cdata.hostnqn):
+        log.info("host %r is not allowed on %s", cdata.hostnqn, subsystem.nqn)
+        return Status.CONNECT_INVALID_HOST | DNR, C.connect_invalid_param_result(
+            C.CONNECT_DATA_OFFSET_HOSTNQN, in_data=True
+        )
+    if cmd.sqsize == 0 or cmd.sqsize >= QUEUE_ENTRIES:
+        return Status.CONNECT_INVALID_PARAM | DNR, C.connect_invalid_param_result(
+            C.CONNECT_SQE_OFFSET_SQSIZE, in_data=False
+        )
+    if cmd.qid == 0:
+        if cdata.cntlid != C.CNTLID_DYNAMIC:
+            return _invalid_data(C.CONNECT_DATA_OFFSET_CNTLID)
+        cntlid = subsystem.allocate_cntlid()
+        if cntlid is None:
+            return Status.CONNECT_CTRL_BUSY | DNR, 0
+        ctrl = Controller(
+            target, subsystem, cntlid, cdata.hostnqn, cdata.hostid, cmd.kato, queue.port
+        )
+        subsystem.controllers[cntlid] = ctrl
+        ctrl.start_keep_alive()
+        log.info(
+            "controller %d of %s created for %s (kato %d ms)",
+            cntlid,
+            subsystem.nqn,
+            cdata.hostnqn,
+            cmd.kato,
+        )
+    else:
+        found = subsystem.controllers.get(cdata.cntlid)
+        if found is None or found.destroyed:
+            return _invalid_data(C.CONNECT_DATA_OFFSET_CNTLID)
+        ctrl = found
+        if cdata.hostnqn != ctrl.hostnqn:
+            return _invalid_data(C.CONNECT_DATA_OFFSET_HOSTNQN)
+        if cdata.hostid != ctrl.hostid:
+            return Status.HOST_ID_INCONSISTENT | DNR, 0
+        if ctrl.is_discovery or cmd.qid > ctrl.io_queues:
+            return Status.CONNECT_INVALID_PARAM | DNR, C.connect_invalid_param_result(
+                C.CONNECT_SQE_OFFSET_QID, in_data=False
+            )
+        if not ctrl.csts & C.CSTS_RDY:
+            return Status.CMD_SEQ_ERROR | DNR, 0
+        if cmd.qid in ctrl.queues:
+            return Status.CMD_SEQ_ERROR | DNR, 0
+    queue.bind(ctrl, cmd.qid, cmd.sqsize + 1, bool(cmd.cattr & C.CATTR_DISABLE_SQ_FLOW))
+    return Status.SUCCESS, ctrl.cntlid
+
+
+def _invalid_data(offset: int) -> Result:
+    return Status.CONNECT_INVALID_PARAM | DNR, C.connect_invalid_param_result(offset, in_data=True)
+
+
+async def execute(queue: TargetQueue, req: Request) -> Result:
+    """A Fabrics command on a connected queue."""
+    sqe = req.sqe
+    fctype = sqe.fctype
+    ctrl = queue.controller
+    assert ctrl is not None
+    if fctype == FabricsType.CONNECT:
+        return Status.CMD_SEQ_ERROR | DNR, 0
+    if queue.qid != 0:
+        return Status.INVALID_OPCODE | DNR, 0
+    if fctype == FabricsType.PROPERTY_GET:
+        return property_get(ctrl, sqe.cdw10 & 0xFF, sqe.cdw11)
+    if fctype == FabricsType.PROPERTY_SET:
+        return await property_set(ctrl, sqe.cdw10 & 0xFF, sqe.cdw11, sqe.cdw12 | sqe.cdw13 << 32)
+    return Status.INVALID_OPCODE | DNR, 0
+
+
+def property_get(ctrl: Controller, attrib: int, offset: int) -> Result:
+    if C.property_size(attrib) == 8:
+        if offset == C.PROP_CAP:
+            return Status.SUCCESS, CAP
+        return Status.INVALID_FIELD | DNR, 0
+    values = {
+        C.PROP_VS: VERSION,
+        C.PROP_CC: ctrl.cc,
+        C.PROP_CSTS: ctrl.csts,
+        C.PROP_NSSR: 0,
+        C.PROP_CAP: CAP & 0xFFFFFFFF,
+        C.PROP_CAP + 4: CAP >> 32,
+    }
+    if offset not in values:
+        return Status.INVALID_FIELD | DNR, 0
+    return Status.SUCCESS, values[offset]
+
+
+async def property_set(ctrl: Controller, attrib: int, offset: int, value: int) -> Result:
+    if offset != C.PROP_CC or C.property_size(attrib) != 4:
+        return Status.INVALID_FIELD | DNR, 0
+    old, new = ctrl.cc, value & 0xFFFFFFFF
+    ctrl.cc = new
+    if new & C.CC_EN and not old & C.CC_EN:
+        iosqes = (new >> C.CC_IOSQES_SHIFT) & 0xF
+        iocqes = (new >> C.CC_IOCQES_SHIFT) & 0xF
+        mps = (new >> 7) & 0xF
+        css = (new >> 4) & 0x7
+        valid = mps == 0 and css == 0
+        if not ctrl.is_discovery:
+            valid = valid and iosqes == _IOSQES and iocqes == _IOCQES
+        ctrl.csts = C.CSTS_RDY if valid else C.CSTS_CFS
+    elif old & C.CC_EN and not new & C.CC_EN:
+        ctrl.csts &= ~(C.CSTS_RDY | C.CSTS_CFS)
+    if new & C.CC_SHN_MASK and not old & C.CC_SHN_MASK:
+        for ns in ctrl.subsystem.namespaces.values():
+            await ns.device.flush()
+        ctrl.csts = (ctrl.csts & ~C.CSTS_SHST_MASK) | C.CSTS_SHST_COMPLETE
+    elif not new & C.CC_SHN_MASK:
+        ctrl.csts &= ~C.CSTS_SHST_MASK
+    return Status.SUCCESS, 0

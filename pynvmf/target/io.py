@@ -1,0 +1,164 @@
+"""The NVM command set on an I/O queue: Read, Write, Flush, Write Zeroes, Dataset Management.
+
+Every command is validated completely (namespace, LBA range, transfer length)
+before any data moves: a write that would fail never triggers an R2T, and a
+range past the end of the namespace touches nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from typing import TYPE_CHECKING
+
+from pynvmf.block.device import BlockRangeError
+from pynvmf.spec.opcodes import NSID_ALL, IoOpcode
+from pynvmf.spec.status import DNR, Status
+from pynvmf.target.admin import MAX_TRANSFER
+
+if TYPE_CHECKING:
+    from pynvmf.target.controller import Controller
+    from pynvmf.target.queue import TargetQueue
+    from pynvmf.target.subsystem import Namespace
+    from pynvmf.tcp.target import Request
+
+log = logging.getLogger(__name__)
+
+_FUA = 1 << 30
+_DEAC = 1 << 25
+_DSM_AD = 1 << 2
+_DSM_RANGE = struct.Struct("<IIQ")  # context attributes, length in LBAs, starting LBA
+_DSM_MAX_RANGES = 256
+
+Outcome = tuple[int, bytes | bytearray | memoryview | None]
+
+
+class IoHandler:
+    """Executes I/O commands for one queue of one controller."""
+
+    def __init__(self, ctrl: Controller, queue: TargetQueue) -> None:
+        self.ctrl = ctrl
+        self.queue = queue
+        self.namespaces = ctrl.subsystem.namespaces
+        self.stats = ctrl.subsystem.stats
+
+    async def execute(self, req: Request) -> None:
+        sqe = req.sqe
+        opcode = sqe.opcode
+        try:
+            if opcode == IoOpcode.READ:
+                status, data = await self.read(req)
+            elif opcode == IoOpcode.WRITE:
+                status, data = await self.write(req)
+            elif opcode == IoOpcode.FLUSH:
+                status, data = await self.flush(req)
+            elif opcode == IoOpcode.WRITE_ZEROES:
+                status, data = await self.write_zeroes(req)
+            elif opcode == IoOpcode.DATASET_MANAGEMENT:
+                status, data = await self.dataset_management(req)
+            else:
+                status, data = Status.INVALID_OPCODE | DNR, None
+        except BlockRangeError:
+            status, data = Status.LBA_OUT_OF_RANGE | DNR, None
+        except ConnectionError:
+            return  # the queue went away while the command waited for data
+        except OSError as exc:
+            log.error("I/O error on %s nsid %d: %s", self.ctrl.subsystem.nqn, sqe.nsid, exc)
+            status = (
+                Status.WRITE_FAULT if opcode != IoOpcode.READ else Status.UNRECOVERED_READ_ERROR
+            )
+            data = None
+        except Exception:
+            log.exception("I/O command %#x failed", opcode)
+            status, data = Status.INTERNAL_ERROR, None
+        if status:
+            self.ctrl.record_error(self.queue.qid, req, status)
+        self.queue.conn.complete(req, status, 0, data)
+
+    def _rw_target(self, req: Request) -> tuple[int, Namespace | None, int, int, int]:
+        """(status, namespace, slba, nblocks, byte length) of a Read or Write."""
+        sqe = req.sqe
+        ns = self.namespaces.get(sqe.nsid)
+        if ns is None:
+            return Status.INVALID_NS | DNR, None, 0, 0, 0
+        slba = sqe.cdw10 | sqe.cdw11 << 32
+        nlb = (sqe.cdw12 & 0xFFFF) + 1
+        length = nlb * ns.block_size
+        if slba + nlb > ns.num_blocks:
+            return Status.LBA_OUT_OF_RANGE | DNR, ns, slba, nlb, length
+        if length > MAX_TRANSFER:
+            return Status.INVALID_FIELD | DNR, ns, slba, nlb, length
+        if req.length != length:
+            return Status.SGL_INVALID_DATA | DNR, ns, slba, nlb, length
+        return Status.SUCCESS, ns, slba, nlb, length
+
+    async def read(self, req: Request) -> Outcome:
+        status, ns, slba, _nlb, length = self._rw_target(req)
+        if status or ns is None:
+            return status, None
+        buf = bytearray(length)
+        await ns.device.read(slba, memoryview(buf))
+        stats = self.stats
+        stats.read_cmds += 1
+        stats.read_bytes += length
+        return Status.SUCCESS, buf
+
+    async def write(self, req: Request) -> Outcome:
+        status, ns, slba, _nlb, length = self._rw_target(req)
+        if status or ns is None:
+            return status, None
+        data = req.data if req.data is not None else await self.queue.fetch_data(req)
+        fua = bool(req.sqe.cdw12 & _FUA) or not self.ctrl.volatile_write_cache
+        await ns.device.write(slba, data, fua=fua)
+        stats = self.stats
+        stats.write_cmds += 1
+        stats.write_bytes += length
+        return Status.SUCCESS, None
+
+    async def flush(self, req: Request) -> Outcome:
+        nsid = req.sqe.nsid
+        if nsid == NSID_ALL:
+            for ns in self.namespaces.values():
+                await ns.device.flush()
+            return Status.SUCCESS, None
+        ns = self.namespaces.get(nsid)
+        if ns is None:
+            return Status.INVALID_NS | DNR, None
+        await ns.device.flush()
+        return Status.SUCCESS, None
+
+    async def write_zeroes(self, req: Request) -> Outcome:
+        sqe = req.sqe
+        ns = self.namespaces.get(sqe.nsid)
+        if ns is None:
+            return Status.INVALID_NS | DNR, None
+        slba = sqe.cdw10 | sqe.cdw11 << 32
+        nlb = (sqe.cdw12 & 0xFFFF) + 1
+        if slba + nlb > ns.num_blocks:
+            return Status.LBA_OUT_OF_RANGE | DNR, None
+        device = ns.device
+        fua = bool(sqe.cdw12 & _FUA) or not self.ctrl.volatile_write_cache
+        if sqe.cdw12 & _DEAC and device.capabilities.deallocated_reads_zero and not fua:
+            await device.deallocate(slba, nlb)
+        else:
+            await device.write_zeroes(slba, nlb, fua=fua)
+        return Status.SUCCESS, None
+
+    async def dataset_management(self, req: Request) -> Outcome:
+        sqe = req.sqe
+        ns = self.namespaces.get(sqe.nsid)
+        if ns is None:
+            return Status.INVALID_NS | DNR, None
+        nr = (sqe.cdw10 & 0xFF) + 1
+        if req.length != nr * _DSM_RANGE.size:
+            return Status.SGL_INVALID_DATA | DNR, None
+        data = req.data if req.data is not None else await self.queue.fetch_data(req)
+        ranges = [_DSM_RANGE.unpack_from(data, i * _DSM_RANGE.size) for i in range(nr)]
+        for _attr, nlb, slba in ranges:
+            if slba + nlb > ns.num_blocks:
+                return Status.LBA_OUT_OF_RANGE | DNR, None
+        if sqe.cdw11 & _DSM_AD and ns.device.capabilities.deallocate:
+            for _attr, nlb, slba in ranges:
+                if nlb:
+                    await ns.device.deallocate(slba, nlb)
+        return Status.SUCCESS, None

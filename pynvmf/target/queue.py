@@ -1,0 +1,125 @@
+"""One NVMe queue of the target: a TCP connection bound (by Connect) to a controller."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from pynvmf.aio import start_eager
+from pynvmf.spec.opcodes import AdminOpcode, FabricsType
+from pynvmf.spec.status import DNR, Status
+from pynvmf.target import admin, fabrics
+from pynvmf.target.io import IoHandler
+from pynvmf.tcp.target import ADMIN_INLINE_LIMIT, Request, TargetConnection, TransferAborted
+
+if TYPE_CHECKING:
+    from pynvmf.target.controller import Controller
+    from pynvmf.target.server import Port, Target
+
+log = logging.getLogger(__name__)
+
+
+class TargetQueue:
+    def __init__(
+        self, target: Target, port: Port, conn: TargetConnection, local_address: str
+    ) -> None:
+        self.target = target
+        self.port = port
+        self.conn = conn
+        self.local_address = local_address
+        self.controller: Controller | None = None
+        self.qid = -1
+        self.io: IoHandler | None = None
+        self._waiters: set[asyncio.Future[bytearray]] = set()
+
+    def on_command(self, req: Request) -> None:
+        ctrl = self.controller
+        opcode = req.sqe.opcode
+        if ctrl is None:
+            if opcode == AdminOpcode.FABRICS and req.sqe.fctype == FabricsType.CONNECT:
+                start_eager(self._connect(req))
+            else:
+                # Connect must be the first command on every queue.
+                self.conn.complete(req, Status.CMD_SEQ_ERROR | DNR)
+            return
+        ctrl.traffic = True
+        io = self.io
+        if io is not None and opcode != AdminOpcode.FABRICS:
+            start_eager(io.execute(req))
+        else:
+            start_eager(self._admin(req))
+
+    def bind(self, ctrl: Controller, qid: int, sq_size: int, sqhd_disabled: bool) -> None:
+        self.controller = ctrl
+        self.qid = qid
+        ctrl.queues[qid] = self
+        conn = self.conn
+        conn.qid = qid
+        conn.sq_size = sq_size
+        conn.sqhd_disabled = sqhd_disabled
+        conn.inline_limit = ADMIN_INLINE_LIMIT if qid == 0 else self.port.transport.inline_data_size
+        if qid:
+            self.io = IoHandler(ctrl, self)
+
+    async def _connect(self, req: Request) -> None:
+        try:
+            status, result = await fabrics.connect(self, req)
+        except ConnectionError:
+            return
+        except Exception:
+            log.exception("connect failed")
+            status, result = Status.INTERNAL_ERROR, 0
+        self.conn.complete(req, status, result)
+
+    async def _admin(self, req: Request) -> None:
+        ctrl = self.controller
+        assert ctrl is not None
+        data = None
+        try:
+            if req.sqe.opcode == AdminOpcode.FABRICS:
+                status, result = await fabrics.execute(self, req)
+            else:
+                outcome = await admin.execute(ctrl, self, req)
+                if outcome is None:
+                    return  # completes later (Asynchronous Event Request)
+                status, result, data = outcome
+        except ConnectionError:
+            return
+        except Exception:
+            log.exception("admin command %#x failed", req.sqe.opcode)
+            status, result = Status.INTERNAL_ERROR, 0
+        if status:
+            ctrl.record_error(self.qid, req, status)
+        self.conn.complete(req, status, result, data)
+
+    async def fetch_data(self, req: Request) -> bytearray:
+        """The host-to-controller data of `req`, fetched with R2T."""
+        fut: asyncio.Future[bytearray] = asyncio.get_running_loop().create_future()
+        self._waiters.add(fut)
+
+        def arrived(r: Request) -> None:
+            if fut.done():
+                return
+            if r.data is None:
+                fut.set_exception(TransferAborted("data transfer failed"))
+            else:
+                fut.set_result(r.data)
+
+        self.conn.fetch_data(req, arrived)
+        try:
+            return await fut
+        finally:
+            self._waiters.discard(fut)
+
+    def close(self, reason: str) -> None:
+        self.conn.close(reason)
+
+    def connection_lost(self) -> None:
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_exception(TransferAborted("connection closed"))
+        self._waiters.clear()
+        ctrl = self.controller
+        if ctrl is not None:
+            ctrl.remove_queue(self.qid, self)

@@ -1,0 +1,429 @@
+"""The controller (target) end of one NVMe/TCP connection. Sans-I/O.
+
+Bytes come in through `reader` (BufferedProtocol style); buffers to send pile
+up in `outbox`, and `on_output` is called when the outbox needs flushing at a
+time the glue would not otherwise flush it (a completion after an await).
+
+This module decides every transport question for the target: whether data is
+in the capsule or fetched with R2T, how C2HData and responses are framed, which
+digests a PDU carries, and which TermReq a malformed PDU earns. The NVMe
+command semantics are the caller's (`on_command`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pynvmf.spec import pdu as P
+from pynvmf.spec.command import SGL_DATA_BLOCK_OFFSET, SGL_TRANSPORT_DATA_BLOCK, Sqe
+from pynvmf.spec.opcodes import AdminOpcode, FabricsType
+from pynvmf.spec.status import DNR, Status
+from pynvmf.tcp import digest as D
+from pynvmf.tcp.framing import PduReader
+
+log = logging.getLogger(__name__)
+
+# The admin queue's capsules may carry this much data (the Linux host assumes 8 KiB).
+ADMIN_INLINE_LIMIT = 8192
+# Connect data is 1 KiB and hosts send it in the capsule on every queue.
+CONNECT_DATA_LEN = 1024
+# Transfer tags are 16 bits; 0xFFFF is reserved.
+_TTAG_LIMIT = 0xFFFF
+
+Buffer = bytes | bytearray | memoryview
+
+
+class TransferAborted(ConnectionError):
+    """A command's data transfer ended without the data (digest error, connection loss)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TransportConfig:
+    inline_data_size: int = 16384
+    max_h2c_data: int = 128 * 1024
+    # Digest policy: whether the target agrees to a host's request for each digest.
+    allow_header_digest: bool = True
+    allow_data_digest: bool = True
+    cpda: int = 0
+    # The largest data transfer of one command (MDTS), bounding per-command memory.
+    max_transfer: int = 1024 * 1024
+
+
+class Request:
+    """One command in flight on this connection."""
+
+    __slots__ = ("data", "length", "on_data", "received", "sqe", "ttag")
+
+    def __init__(self, sqe: Sqe) -> None:
+        self.sqe = sqe
+        # Host-to-controller data, once it has all arrived (in-capsule or via R2T).
+        self.data: bytearray | None = None
+        self.length = sqe.sgl_length
+        self.ttag = -1
+        self.received = 0
+        self.on_data: Callable[[Request], None] | None = None
+
+
+@dataclass(slots=True)
+class TransportStats:
+    commands: int = 0
+    r2t_sent: int = 0
+    h2c_data_pdus: int = 0
+    c2h_data_pdus: int = 0
+    in_capsule_bytes: int = 0
+    term_reqs_sent: int = 0
+    data_digest_errors: int = 0
+
+
+class TargetConnection:
+    def __init__(
+        self,
+        config: TransportConfig,
+        on_command: Callable[[Request], None],
+        on_output: Callable[[], None],
+    ) -> None:
+        self.config = config
+        self.on_command = on_command
+        self.on_output = on_output
+        self.outbox: list[Buffer] = []
+        self.stats = TransportStats()
+        self.reader = PduReader(
+            self._on_pdu,
+            self._on_fatal,
+            accepted_types=frozenset((P.PduType.ICREQ,)),
+            max_pdu_len=P.ICREQ_LEN,
+            on_data_digest_error=self._on_data_digest_error,
+        )
+        self.established = False
+        self.closing = False
+        self.close_reason = ""
+        self.hpda = 0
+        self.hdgst = False
+        self.ddgst = False
+        self.maxr2t = 0
+        # Set by the NVMe layer once a Connect succeeds on this queue.
+        self.qid = 0
+        self.sq_size = 1
+        self.sqhd_disabled = False
+        self.inline_limit = ADMIN_INLINE_LIMIT
+        self._sqhd = 0
+        self._inflight: dict[int, Request] = {}
+        self._r2t: dict[int, Request] = {}
+        self._next_ttag = 0
+        self._receiving = False
+        self._output_requested = False
+
+    # -- input ----------------------------------------------------------------------
+
+    def data_received(self, nbytes: int) -> None:
+        """The glue wrote `nbytes` into `reader.get_buffer()`."""
+        self._receiving = True
+        try:
+            self.reader.buffer_updated(nbytes)
+        finally:
+            self._receiving = False
+
+    def feed(self, data: Buffer) -> None:
+        self._receiving = True
+        try:
+            self.reader.feed(data)
+        finally:
+            self._receiving = False
+
+    def _on_pdu(
+        self, pdu_type: int, flags: int, hlen: int, pdo: int, data_end: int, pdu: memoryview
+    ) -> None:
+        if pdu_type == P.PduType.CAPSULE_CMD:
+            self._on_capsule(pdo, data_end, pdu)
+        elif pdu_type == P.PduType.H2C_DATA:
+            self._on_h2c_data(flags, pdo, data_end, pdu)
+        elif pdu_type == P.PduType.ICREQ:
+            self._on_icreq(pdu)
+        elif pdu_type == P.PduType.H2C_TERM_REQ:
+            fes, fei = P.TERM_BODY.unpack_from(pdu, P.CH_LEN)
+            log.info("host terminated the connection: FES %#x FEI %#x", fes, fei)
+            self.close(f"H2CTermReq FES {fes:#x}")
+
+    def _on_icreq(self, pdu: memoryview) -> None:
+        pfv, hpda, dgst, maxr2t = P.IC_BODY.unpack_from(pdu, P.CH_LEN)
+        if pfv != P.PFV_1_0:
+            self._terminate(P.FatalError.UNSUPPORTED_PARAMETER, P.OFFSET_PFV, bytes(pdu))
+            return
+        if hpda > 31:
+            self._terminate(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_HPDA, bytes(pdu))
+            return
+        cfg = self.config
+        self.hpda = hpda
+        self.maxr2t = maxr2t
+        self.hdgst = bool(dgst & P.DIGEST_HEADER) and cfg.allow_header_digest
+        self.ddgst = bool(dgst & P.DIGEST_DATA) and cfg.allow_data_digest
+        resp_dgst = (P.DIGEST_HEADER if self.hdgst else 0) | (P.DIGEST_DATA if self.ddgst else 0)
+        self._emit(P.pack_ic(P.PduType.ICRESP, P.PFV_1_0, cfg.cpda, resp_dgst, cfg.max_h2c_data))
+        self.established = True
+        reader = self.reader
+        reader.hdgst, reader.ddgst = self.hdgst, self.ddgst
+        reader.accepted_types = frozenset(
+            (P.PduType.CAPSULE_CMD, P.PduType.H2C_DATA, P.PduType.H2C_TERM_REQ)
+        )
+        overhead = P.CAPSULE_CMD_HLEN + 2 * P.DIGEST_LEN + 4 * (cfg.cpda + 1)
+        reader.set_max_pdu_len(
+            max(cfg.inline_data_size, ADMIN_INLINE_LIMIT, cfg.max_h2c_data) + overhead
+        )
+
+    def _on_capsule(self, pdo: int, data_end: int, pdu: memoryview) -> None:
+        sqe = Sqe.unpack(pdu, P.CH_LEN)
+        req = Request(sqe)
+        self.stats.commands += 1
+        if not self.sqhd_disabled:
+            self._sqhd = (self._sqhd + 1) % self.sq_size
+        cid = sqe.cid
+        if cid in self._inflight:
+            self.complete(req, Status.CMDID_CONFLICT | DNR, track=False)
+            return
+        self._inflight[cid] = req
+        data_len = data_end - pdo if pdo else 0
+        if data_len:
+            if sqe.sgl_type != SGL_DATA_BLOCK_OFFSET:
+                self.complete(req, Status.SGL_INVALID_TYPE | DNR)
+            elif not _host_to_controller(sqe):
+                self.complete(req, Status.INVALID_FIELD | DNR)
+            elif data_len > self._capsule_limit(sqe) or sqe.sgl_addr != 0:
+                self.complete(req, Status.SGL_INVALID_OFFSET | DNR)
+            elif sqe.sgl_length != data_len:
+                self.complete(req, Status.SGL_INVALID_DATA | DNR)
+            else:
+                req.data = bytearray(pdu[pdo:data_end])
+                self.stats.in_capsule_bytes += data_len
+                self.on_command(req)
+            return
+        if sqe.sgl_type == SGL_DATA_BLOCK_OFFSET and sqe.sgl_length:
+            # The SGL promises in-capsule data that the capsule does not carry.
+            self.complete(req, Status.SGL_INVALID_DATA | DNR)
+            return
+        if sqe.sgl_length and sqe.sgl_type != SGL_TRANSPORT_DATA_BLOCK:
+            self.complete(req, Status.SGL_INVALID_TYPE | DNR)
+            return
+        self.on_command(req)
+
+    def _capsule_limit(self, sqe: Sqe) -> int:
+        if sqe.opcode == AdminOpcode.FABRICS and sqe.fctype == FabricsType.CONNECT:
+            return max(self.inline_limit, CONNECT_DATA_LEN)
+        return self.inline_limit
+
+    # -- R2T / H2CData -------------------------------------------------------------
+
+    def fetch_data(self, req: Request, on_data: Callable[[Request], None]) -> None:
+        """Ask the host for a command's data with R2T; `on_data(req)` runs once it is all here,
+        or with req.data None if the transfer failed (the command is then already completed).
+
+        The caller has validated the command (so no data moves for a command that
+        will fail) and bounded req.length by the transfer limit.
+        """
+        req.data = bytearray(req.length)
+        req.on_data = on_data
+        ttag = self._allocate_ttag()
+        req.ttag = ttag
+        self._r2t[ttag] = req
+        r2t = bytearray(
+            P.DATA_HEADER.pack(
+                P.PduType.R2T,
+                P.FLAG_HDGST if self.hdgst else 0,
+                P.R2T_HLEN,
+                0,
+                P.R2T_HLEN + (P.DIGEST_LEN if self.hdgst else 0),
+                req.sqe.cid,
+                ttag,
+                0,
+                req.length,
+            )
+        )
+        if self.hdgst:
+            r2t += D.digest(r2t)
+        self.stats.r2t_sent += 1
+        self._emit(r2t)
+
+    def _allocate_ttag(self) -> int:
+        for _ in range(_TTAG_LIMIT):
+            ttag = self._next_ttag
+            self._next_ttag = (ttag + 1) % _TTAG_LIMIT
+            if ttag not in self._r2t:
+                return ttag
+        raise RuntimeError("no free transfer tag")
+
+    def _on_h2c_data(self, flags: int, pdo: int, data_end: int, pdu: memoryview) -> None:
+        cccid, ttag, datao, datal = P.DATA_BODY.unpack_from(pdu, P.CH_LEN)
+        req = self._r2t.get(ttag)
+        if req is None:
+            self._terminate(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_DATA_TTAG, pdu)
+            return
+        if cccid != req.sqe.cid:
+            self._terminate(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_DATA_CCCID, pdu)
+            return
+        data_len = data_end - pdo if pdo else 0
+        if datal != data_len:
+            self._terminate(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_DATA_DATAL, pdu)
+            return
+        if datal > self.config.max_h2c_data:
+            self._terminate(P.FatalError.DATA_LIMIT_EXCEEDED, 0, pdu)
+            return
+        if datao != req.received or datao + datal > req.length:
+            self._terminate(P.FatalError.DATA_OUT_OF_RANGE, 0, pdu)
+            return
+        self.stats.h2c_data_pdus += 1
+        assert req.data is not None
+        req.data[datao : datao + datal] = pdu[pdo:data_end]
+        req.received += datal
+        if req.received == req.length:
+            del self._r2t[ttag]
+            on_data, req.on_data = req.on_data, None
+            assert on_data is not None
+            on_data(req)
+
+    def _on_data_digest_error(
+        self, pdu_type: int, flags: int, hlen: int, pdo: int, data_end: int, pdu: memoryview
+    ) -> None:
+        """A data digest mismatch fails the command, not the connection."""
+        self.stats.data_digest_errors += 1
+        if pdu_type == P.PduType.CAPSULE_CMD:
+            sqe = Sqe.unpack(pdu, P.CH_LEN)
+            req = Request(sqe)
+            self._inflight[sqe.cid] = req
+            self.complete(req, Status.TRANSIENT_TRANSPORT_ERROR)
+        elif pdu_type == P.PduType.H2C_DATA:
+            _cccid, ttag, _datao, _datal = P.DATA_BODY.unpack_from(pdu, P.CH_LEN)
+            req = self._r2t.pop(ttag, None)
+            if req is None:
+                self._terminate(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_DATA_TTAG, pdu)
+                return
+            on_data, req.on_data = req.on_data, None
+            req.data = None
+            self.complete(req, Status.TRANSIENT_TRANSPORT_ERROR)
+            if on_data is not None:
+                on_data(req)  # tells the waiting command that no data is coming
+
+    # -- output ----------------------------------------------------------------------
+
+    def complete(
+        self,
+        req: Request,
+        status: int,
+        result: int = 0,
+        data: Buffer | None = None,
+        *,
+        track: bool = True,
+    ) -> None:
+        """Send `data` (controller-to-host) if any, then the completion."""
+        if self.closing:
+            return
+        cid = req.sqe.cid
+        if track:
+            self._inflight.pop(cid, None)
+        if req.ttag >= 0:
+            self._r2t.pop(req.ttag, None)
+        out = self.outbox
+        if data is not None and status == 0 and len(data):
+            success = self.sqhd_disabled
+            self._emit_c2h_data(cid, data, success)
+            if success:
+                if not self._receiving:
+                    self._request_output()
+                return
+        resp = P.CAPSULE_RESP.pack(
+            P.PduType.CAPSULE_RESP,
+            P.FLAG_HDGST if self.hdgst else 0,
+            P.CAPSULE_RESP_HLEN,
+            0,
+            P.CAPSULE_RESP_HLEN + (P.DIGEST_LEN if self.hdgst else 0),
+            result & 0xFFFFFFFF,
+            result >> 32,
+            0xFFFF if self.sqhd_disabled else self._sqhd,
+            self.qid,
+            cid,
+            (status << 1) & 0xFFFF,
+        )
+        out.append(resp + D.digest(resp) if self.hdgst else resp)
+        if not self._receiving:
+            self._request_output()
+
+    def _emit_c2h_data(self, cid: int, data: Buffer, success: bool) -> None:
+        self.stats.c2h_data_pdus += 1
+        length = len(data)
+        flags = P.FLAG_DATA_LAST | (P.FLAG_DATA_SUCCESS if success else 0)
+        if self.hdgst:
+            flags |= P.FLAG_HDGST
+        if self.ddgst:
+            flags |= P.FLAG_DDGST
+        pdo = P.data_offset(P.DATA_HLEN, self.hdgst, self.hpda)
+        plen = pdo + length + (P.DIGEST_LEN if self.ddgst else 0)
+        header = P.DATA_HEADER.pack(
+            P.PduType.C2H_DATA, flags, P.DATA_HLEN, pdo, plen, cid, 0, 0, length
+        )
+        out = self.outbox
+        if self.hdgst or pdo != P.DATA_HLEN:
+            prefix = bytearray(header)
+            if self.hdgst:
+                prefix += D.digest(header)
+            prefix += bytes(pdo - len(prefix))
+            out.append(prefix)
+        else:
+            out.append(header)
+        out.append(data)
+        if self.ddgst:
+            out.append(D.digest(data))
+
+    def take_output(self) -> list[Buffer]:
+        out = self.outbox
+        self.outbox = []
+        self._output_requested = False
+        return out
+
+    def _emit(self, buf: Buffer) -> None:
+        self.outbox.append(buf)
+        if not self._receiving:
+            self._request_output()
+
+    def _request_output(self) -> None:
+        if not self._output_requested:
+            self._output_requested = True
+            self.on_output()
+
+    # -- errors and teardown ------------------------------------------------------------
+
+    def _on_fatal(self, fes: int, fei: int, offending: bytes) -> None:
+        if fes == P.FatalError.INVALID_HEADER_FIELD and fei == P.OFFSET_TYPE and offending:
+            # A PDU the host may send, but not now (a capsule before ICReq, a second
+            # ICReq), is out of sequence rather than malformed.
+            host_types = (P.PduType.ICREQ, P.PduType.CAPSULE_CMD, P.PduType.H2C_DATA)
+            if offending[0] in host_types:
+                fes = P.FatalError.PDU_SEQUENCE_ERROR
+        self._terminate(fes, fei, offending)
+
+    def _terminate(self, fes: int, fei: int, offending: Buffer) -> None:
+        """Send a C2HTermReq and close: the host violated the transport protocol."""
+        if self.closing:
+            return
+        log.warning("terminating connection: FES %#x FEI %#x", fes, fei)
+        self.stats.term_reqs_sent += 1
+        self.reader.dead = True
+        offending = bytes(offending[: P.TERM_REQ_MAX_DATA])
+        self._emit(P.pack_term_req(P.PduType.C2H_TERM_REQ, fes, fei, offending))
+        self.close(f"C2HTermReq FES {fes:#x} FEI {fei:#x}")
+        self._request_output()
+
+    def close(self, reason: str) -> None:
+        if not self.closing:
+            self.closing = True
+            self.close_reason = reason
+            self.reader.dead = True
+            self._r2t.clear()
+            self._request_output()
+
+    def pending_requests(self) -> list[Request]:
+        return list(self._inflight.values())
+
+
+def _host_to_controller(sqe: Sqe) -> bool:
+    code = sqe.fctype if sqe.opcode == AdminOpcode.FABRICS else sqe.opcode
+    return bool(code & 0x1)
