@@ -1,0 +1,71 @@
+"""Run `pynvmf target` as a separate process for interoperability tests."""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+READY_LINE = "pynvmf target ready"
+
+
+class TargetProcess:
+    """`python -m pynvmf target --config FILE`, started and stopped like a user would."""
+
+    def __init__(self, config: dict[str, Any], workdir: Path) -> None:
+        self.config = config
+        self.config_path = workdir / "target.json"
+        self.config_path.write_text(json.dumps(config, indent=2))
+        self.stderr_path = workdir / "target.stderr"
+        self.stdout_lines: list[str] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._proc: subprocess.Popen[str] | None = None
+
+    def start(self, timeout: float = 30) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "pynvmf", "target", "--config", str(self.config_path), "-v"],
+            stdout=subprocess.PIPE,
+            stderr=self.stderr_path.open("w"),
+            text=True,
+        )
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+        while True:
+            try:
+                line = self._lines.get(timeout=timeout)
+            except queue.Empty:
+                raise RuntimeError(f"target did not become ready:\n{self.stderr()}") from None
+            if line is None:
+                raise RuntimeError(f"target exited before it was ready:\n{self.stderr()}")
+            if line.strip() == READY_LINE:
+                return
+
+    def _read_stdout(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self.stdout_lines.append(line)
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text() if self.stderr_path.exists() else ""
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self, timeout: float = 30) -> int:
+        """SIGTERM, as a user's service manager would; returns the exit status."""
+        if self._proc is None:
+            return 0
+        if self._proc.poll() is None:
+            self._proc.terminate()
+        try:
+            return self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+            raise

@@ -1,0 +1,260 @@
+"""The acceptance test of the target core: the Linux kernel's NVMe/TCP host, booted
+under QEMU, discovers, connects to, identifies, writes and reads pynvmf's target with
+its own tools (nvme-cli, dd, fio), and nothing written is lost.
+
+One guest boot and one target process serve the whole module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.interop.guest import Guest, free_tcp_port
+from tests.interop.target_process import TargetProcess
+
+MIB = 1 << 20
+MEM = "nqn.2024-11.dev.pynvmf:interop-mem"
+FILE = "nqn.2024-11.dev.pynvmf:interop-file"
+MEM4K = "nqn.2024-11.dev.pynvmf:interop-mem4k"
+RESTRICTED = "nqn.2024-11.dev.pynvmf:interop-restricted"
+ALLOWED_HOST = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000a110"
+SIZES = {MEM: 64 * MIB, FILE: 64 * MIB, MEM4K: 64 * MIB, RESTRICTED: 16 * MIB}
+BLOCK_SIZES = {MEM: 512, FILE: 512, MEM4K: 4096, RESTRICTED: 512}
+
+# Prints the block device of namespace $2 (default 1) of the controller connected to
+# subsystem $1, waiting (bounded) for the kernel's namespace scan to create it.
+DEV_FOR = r"""#!/bin/sh
+nqn=$1; nsid=${2:-1}
+i=0
+while [ $i -lt 200 ]; do
+  for c in /sys/class/nvme/nvme*; do
+    [ -e "$c/subsysnqn" ] || continue
+    [ "$(cat "$c/subsysnqn")" = "$nqn" ] || continue
+    for n in $(ls "$c"); do
+      case "$n" in
+        nvme*n"$nsid")
+          dev=/dev/$(echo "$n" | sed -E 's/c[0-9]+n/n/')
+          [ -b "$dev" ] && { echo "$dev"; exit 0; } ;;
+      esac
+    done
+  done
+  i=$((i + 1)); sleep 0.05
+done
+echo "no block device for $nqn namespace $nsid" >&2
+exit 1
+"""
+
+
+@dataclass
+class Setup:
+    process: TargetProcess
+    io_port: int
+    disc_port: int
+    backing: Path
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    workdir = tmp_path_factory.mktemp("linux-host")
+    io_port, disc_port = free_tcp_port(), free_tcp_port()
+    backing = workdir / "namespace.img"
+    config = {
+        "ports": [{"address": "127.0.0.1", "port": io_port}],
+        "discovery_ports": [{"address": "127.0.0.1", "port": disc_port}],
+        "subsystems": [
+            {"nqn": MEM, "namespaces": [{"nsid": 1, "memory": SIZES[MEM]}]},
+            {
+                "nqn": FILE,
+                "namespaces": [{"nsid": 1, "file": str(backing), "size": SIZES[FILE]}],
+            },
+            {
+                "nqn": MEM4K,
+                "namespaces": [{"nsid": 1, "memory": SIZES[MEM4K], "block_size": 4096}],
+            },
+            {
+                "nqn": RESTRICTED,
+                "hosts": [ALLOWED_HOST],
+                "namespaces": [{"nsid": 1, "memory": SIZES[RESTRICTED]}],
+            },
+        ],
+    }
+    proc = TargetProcess(config, workdir)
+    proc.start()
+    yield Setup(proc, io_port, disc_port, backing)
+    status = proc.stop()
+    assert status == 0, f"target exited with {status}:\n{proc.stderr()}"
+
+
+@pytest.fixture(scope="module")
+def guest(target: Setup) -> Iterator[Guest]:
+    g = Guest(extra_files={"/usr/local/bin/dev-for": DEV_FOR})
+    g.start()
+    yield g
+    g.stop()
+
+
+def _connect_args(target: Setup, nqn: str) -> str:
+    return f"-t tcp -a {Guest.host_address} -s {target.io_port} -n {nqn}"
+
+
+def _connect(guest: Guest, target: Setup, nqn: str, extra: str = "") -> str:
+    guest.run(f"nvme connect {_connect_args(target, nqn)} {extra}")
+    return guest.run(f"sh /usr/local/bin/dev-for {nqn}").output.strip()
+
+
+def _disconnect(guest: Guest, nqn: str) -> None:
+    out = guest.run(f"nvme disconnect -n {nqn}").output
+    assert "disconnected 1 controller" in out
+
+
+def _subnqns(discover_output: str) -> list[str]:
+    return re.findall(r"^subnqn:\s+(\S+)", discover_output, re.MULTILINE)
+
+
+def test_discover_lists_every_subsystem_the_host_may_use(guest: Guest, target: Setup) -> None:
+    for port in (target.disc_port, target.io_port):
+        out = guest.run(f"nvme discover -t tcp -a {Guest.host_address} -s {port}").output
+        listed = _subnqns(out)
+        assert sorted(listed) == sorted(
+            [MEM, FILE, MEM4K, "nqn.2014-08.org.nvmexpress.discovery"]
+        ), out
+        assert f"trsvcid: {target.io_port}" in out
+    out = guest.run(
+        f"nvme discover -t tcp -a {Guest.host_address} -s {target.disc_port} "
+        f"--hostnqn={ALLOWED_HOST}"
+    ).output
+    assert RESTRICTED in _subnqns(out)
+
+
+@pytest.mark.parametrize("nqn", [MEM, FILE, MEM4K])
+def test_connect_identify_and_list(guest: Guest, target: Setup, nqn: str) -> None:
+    dev = _connect(guest, target, nqn)
+    try:
+        listing = json.loads(guest.run("nvme list -o json").output)
+        (entry,) = [d for d in listing["Devices"] if d["DevicePath"] == dev]
+        assert entry["PhysicalSize"] == SIZES[nqn]
+        assert entry["SectorSize"] == BLOCK_SIZES[nqn]
+        assert entry["ModelNumber"].strip() == "pynvmf"
+        id_ctrl = json.loads(guest.run(f"nvme id-ctrl {dev} -o json").output)
+        assert id_ctrl["subnqn"] == nqn
+        assert id_ctrl["cntrltype"] == 1
+        assert id_ctrl["maxcmd"] > 0
+        assert id_ctrl["ioccsz"] == (64 + 16384) // 16
+        id_ns = json.loads(guest.run(f"nvme id-ns {dev} -o json").output)
+        assert id_ns["nsze"] == SIZES[nqn] // BLOCK_SIZES[nqn]
+        lbaf = id_ns["lbafs"][id_ns["flbas"] & 0xF]
+        assert 1 << lbaf["ds"] == BLOCK_SIZES[nqn]
+        sysfs = guest.run(f"cat /sys/block/{dev.removeprefix('/dev/')}/queue/logical_block_size")
+        assert int(sysfs.output) == BLOCK_SIZES[nqn]
+        descs = guest.run(f"nvme ns-descs {dev}").output
+        assert "nguid" in descs.lower() and "uuid" in descs.lower()
+    finally:
+        _disconnect(guest, nqn)
+
+
+@pytest.mark.parametrize("nqn", [MEM, FILE, MEM4K])
+def test_dd_at_several_offsets_reads_back_identical(guest: Guest, target: Setup, nqn: str) -> None:
+    dev = _connect(guest, target, nqn)
+    try:
+        size = SIZES[nqn]
+        # The start, an unaligned spot in the middle, and the very last 64 KiB.
+        for offset in (0, 3 * MIB + 40960, size - 65536):
+            guest.run(
+                "dd if=/dev/urandom of=/tmp/pattern bs=4096 count=16 2>/dev/null && "
+                f"dd if=/tmp/pattern of={dev} bs=4096 seek={offset // 4096} "
+                "oflag=direct conv=notrunc 2>/dev/null && "
+                f"dd if={dev} of=/tmp/back bs=4096 skip={offset // 4096} count=16 "
+                "iflag=direct 2>/dev/null && cmp /tmp/pattern /tmp/back"
+            )
+    finally:
+        _disconnect(guest, nqn)
+
+
+@pytest.mark.parametrize("nqn", [MEM, FILE, MEM4K])
+def test_fio_random_write_verify(guest: Guest, target: Setup, nqn: str) -> None:
+    dev = _connect(guest, target, nqn)
+    try:
+        bs = max(4096, BLOCK_SIZES[nqn])
+        result = guest.run(
+            f"fio --name=verify --filename={dev} --ioengine=libaio --direct=1 "
+            f"--rw=randwrite --bs={bs} --size=4m --offset=8m --iodepth=16 "
+            "--verify=crc32c --do_verify=1 --verify_fatal=1 --output-format=json",
+            timeout=300,
+        )
+        report = json.loads(result.output[result.output.index("{") :])
+        (job,) = report["jobs"]
+        assert job["error"] == 0
+        assert job["write"]["io_bytes"] == 4 * MIB
+        assert job["read"]["io_bytes"] == 4 * MIB  # the verify pass read everything back
+    finally:
+        _disconnect(guest, nqn)
+
+
+def test_disconnect_then_reconnect_keeps_the_data(guest: Guest, target: Setup) -> None:
+    dev = _connect(guest, target, MEM)
+    guest.run(
+        "dd if=/dev/urandom of=/tmp/keep bs=4096 count=8 2>/dev/null && "
+        f"dd if=/tmp/keep of={dev} bs=4096 seek=1000 oflag=direct 2>/dev/null"
+    )
+    _disconnect(guest, MEM)
+    assert guest.run(f"sh /usr/local/bin/dev-for {MEM}", check=False, timeout=60).rc != 0
+    dev = _connect(guest, target, MEM)
+    try:
+        guest.run(
+            f"dd if={dev} of=/tmp/again bs=4096 skip=1000 count=8 iflag=direct 2>/dev/null"
+            " && cmp /tmp/keep /tmp/again"
+        )
+    finally:
+        _disconnect(guest, MEM)
+
+
+def test_host_not_allowed_is_refused(guest: Guest, target: Setup) -> None:
+    refused = guest.run(f"nvme connect {_connect_args(target, RESTRICTED)}", check=False)
+    assert refused.rc != 0
+    assert "nvme0" not in guest.run("ls /dev").output.split()
+    dmesg = guest.run("dmesg | tail -5").output
+    # The kernel names the status: Connect Invalid Host (0x184) with Do Not Retry (0x4000).
+    assert f"Connect for subsystem {RESTRICTED} is not allowed" in dmesg, dmesg
+    assert f"ret={0x4000 | 0x184}" in dmesg, dmesg
+    # The host that is allowed gets in.
+    dev = _connect(guest, target, RESTRICTED, f"--hostnqn={ALLOWED_HOST}")
+    assert dev.startswith("/dev/nvme")
+    _disconnect(guest, RESTRICTED)
+
+
+def test_out_of_range_read_gets_lba_out_of_range(guest: Guest, target: Setup) -> None:
+    dev = _connect(guest, target, MEM)
+    try:
+        last = SIZES[MEM] // 512
+        out = guest.run(
+            f"nvme read {dev} --start-block={last} --block-count=0 --data-size=512",
+            check=False,
+        )
+        assert out.rc != 0
+        assert "LBA_RANGE" in out.output or "Out of Range" in out.output, out.output
+    finally:
+        _disconnect(guest, MEM)
+
+
+def test_flushed_file_data_is_in_the_backing_file(guest: Guest, target: Setup) -> None:
+    dev = _connect(guest, target, FILE)
+    try:
+        offset = 5 * MIB
+        digest = guest.run(
+            "dd if=/dev/urandom of=/tmp/durable bs=4096 count=64 2>/dev/null && "
+            f"dd if=/tmp/durable of={dev} bs=4096 seek={offset // 4096} oflag=direct "
+            f"2>/dev/null && nvme flush {dev} >/dev/null && sha256sum /tmp/durable"
+        ).output.split()[0]
+    finally:
+        _disconnect(guest, FILE)
+    backing = target.backing
+    with backing.open("rb") as f:
+        f.seek(offset)
+        assert hashlib.sha256(f.read(64 * 4096)).hexdigest() == digest
