@@ -56,6 +56,7 @@ exit 1
 class Setup:
     process: TargetProcess
     io_port: int
+    io_port6: int
     disc_port: int
     backing: Path
 
@@ -63,10 +64,13 @@ class Setup:
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     workdir = tmp_path_factory.mktemp("linux-host")
-    io_port, disc_port = free_tcp_port(), free_tcp_port()
+    io_port, io_port6, disc_port = free_tcp_port(), free_tcp_port(), free_tcp_port()
     backing = workdir / "namespace.img"
     config = {
-        "ports": [{"address": "127.0.0.1", "port": io_port}],
+        "ports": [
+            {"address": "127.0.0.1", "port": io_port},
+            {"address": "::1", "port": io_port6, "subsystems": [MEM]},
+        ],
         "discovery_ports": [{"address": "127.0.0.1", "port": disc_port}],
         "subsystems": [
             {"nqn": MEM, "namespaces": [{"nsid": 1, "memory": SIZES[MEM]}]},
@@ -87,7 +91,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     }
     proc = TargetProcess(config, workdir)
     proc.start()
-    yield Setup(proc, io_port, disc_port, backing)
+    yield Setup(proc, io_port, io_port6, disc_port, backing)
     status = proc.stop()
     assert status == 0, f"target exited with {status}:\n{proc.stderr()}"
 
@@ -122,10 +126,13 @@ def test_discover_lists_every_subsystem_the_host_may_use(guest: Guest, target: S
     for port in (target.disc_port, target.io_port):
         out = guest.run(f"nvme discover -t tcp -a {Guest.host_address} -s {port}").output
         listed = _subnqns(out)
+        # MEM is on both the IPv4 and the IPv6 port; the last entry is the discovery
+        # subsystem answering.
         assert sorted(listed) == sorted(
-            [MEM, FILE, MEM4K, "nqn.2014-08.org.nvmexpress.discovery"]
+            [MEM, FILE, MEM4K, MEM, "nqn.2014-08.org.nvmexpress.discovery"]
         ), out
         assert f"trsvcid: {target.io_port}" in out
+        assert re.search(rf"adrfam:\s+ipv6\n.*\n.*\n.*\ntrsvcid: {target.io_port6}\n", out), out
     out = guest.run(
         f"nvme discover -t tcp -a {Guest.host_address} -s {target.disc_port} "
         f"--hostnqn={ALLOWED_HOST}"
@@ -258,3 +265,33 @@ def test_flushed_file_data_is_in_the_backing_file(guest: Guest, target: Setup) -
     with backing.open("rb") as f:
         f.seek(offset)
         assert hashlib.sha256(f.read(64 * 4096)).hexdigest() == digest
+
+
+GUEST_IPV6 = "fec0::15"
+HOST_IPV6 = "fec0::2"  # QEMU user networking's view of the machine's ::1
+
+
+def test_ipv6_discover_connect_and_io(guest: Guest, target: Setup) -> None:
+    guest.run(
+        # A static address without duplicate detection: the router advertisement that
+        # would configure one may come seconds later under emulation.
+        "echo 0 > /proc/sys/net/ipv6/conf/eth0/accept_dad; "
+        f"ip -6 addr show dev eth0 | grep -q {GUEST_IPV6} || "
+        f"ip -6 addr add {GUEST_IPV6}/64 dev eth0; "
+        f"ip -6 route replace default via {HOST_IPV6} dev eth0"
+    )
+    out = guest.run(f"nvme discover -t tcp -a {HOST_IPV6} -s {target.io_port6}").output
+    assert "adrfam:  ipv6" in out and MEM in _subnqns(out), out
+    guest.run(f"nvme connect -t tcp -a {HOST_IPV6} -s {target.io_port6} -n {MEM}")
+    dev = guest.run(f"sh /usr/local/bin/dev-for {MEM}").output.strip()
+    try:
+        guest.run(
+            "dd if=/dev/urandom of=/tmp/v6 bs=4096 count=32 2>/dev/null && "
+            f"dd if=/tmp/v6 of={dev} bs=4096 seek=2000 oflag=direct 2>/dev/null && "
+            f"dd if={dev} of=/tmp/v6back bs=4096 skip=2000 count=32 iflag=direct 2>/dev/null"
+            " && cmp /tmp/v6 /tmp/v6back"
+        )
+        address = guest.run("cat /sys/class/nvme/nvme*/address").output
+        assert f"traddr={HOST_IPV6}" in address, address
+    finally:
+        _disconnect(guest, MEM)
