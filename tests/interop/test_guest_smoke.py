@@ -1,0 +1,220 @@
+"""Smoke tests of the QEMU guest harness (tests/interop/guest.py) itself.
+
+One guest boots for the whole module (~5 s under TCG). The tests do not depend on each
+other's order: each kernel target they set up has its own port and NQN.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.interop import guest as guest_module
+from tests.interop.guest import (
+    Guest,
+    GuestCommandError,
+    GuestPrerequisiteError,
+    GuestTimeoutError,
+    free_tcp_port,
+    prepare_assets,
+    require_guest_prerequisites,
+    setup_kernel_target,
+    teardown_kernel_target,
+)
+
+NQN = "nqn.2014-08.org.pynvmf:guest-smoke"
+
+
+@pytest.fixture(scope="module")
+def target_port() -> int:
+    return free_tcp_port()
+
+
+@pytest.fixture(scope="module")
+def guest(target_port: int) -> Iterator[Guest]:
+    require_guest_prerequisites()
+    overlay = {
+        "/etc/pynvmf/smoke.txt": "from the overlay\n",
+        # /bin links to /usr/bin in the base image; the overlay must not break that.
+        "/bin/pynvmf-hello": "#!/bin/sh\necho hello from /bin\n",
+        "/etc/pynvmf/boot.sh": "#!/bin/sh\necho ran > /tmp/boot-hook\n",
+    }
+    g = Guest(hostfwd=[target_port], extra_files=overlay)
+    g.start()
+    try:
+        yield g
+    finally:
+        g.stop()
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise AssertionError(f"connection closed after {len(buf)} of {n} bytes")
+        buf += chunk
+    return buf
+
+
+def test_missing_tool_names_the_install_script(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_which = guest_module._which
+    monkeypatch.setattr(
+        guest_module, "_which", lambda tool: None if tool == "fio" else real_which(tool)
+    )
+    with pytest.raises(GuestPrerequisiteError) as info:
+        require_guest_prerequisites()
+    assert "fio" in str(info.value)
+    assert "scripts/install-system-deps.sh" in str(info.value)
+
+
+def test_boot_is_quick(guest: Guest) -> None:
+    assert guest.boot_seconds is not None
+    # The notes promise ~6-10 s under TCG; leave room for a loaded machine.
+    assert guest.boot_seconds < 60, guest.console_tail()
+
+
+def test_uname_is_the_cached_kernel(guest: Guest) -> None:
+    assert guest.run("uname -r").output.strip() == prepare_assets().kernel_version
+
+
+def test_exit_status(guest: Guest) -> None:
+    assert guest.run("false", check=False).rc == 1
+    assert guest.run("exit 7", check=False).rc == 7
+    with pytest.raises(GuestCommandError) as info:
+        guest.run("echo some-output; exit 3")
+    assert info.value.rc == 3
+    assert "exit 3" in str(info.value)
+    assert "some-output" in str(info.value)
+
+
+def test_output_is_intact(guest: Guest) -> None:
+    assert guest.run("printf 'one\\n\\n  two\\tthree \\nfour\\n'").output == (
+        "one\n\n  two\tthree \nfour\n"
+    )
+    assert guest.run("printf abc").output == "abc"
+    assert guest.run("true").output == ""
+    lines = guest.run("seq 1 3000").output
+    assert lines == "".join(f"{i}\n" for i in range(1, 3001))
+    # Quotes, $ and backslashes reach the guest's shell unmangled.
+    script = "x='a \"b\" $c \\\\ d'\nprintf '%s\\n' \"$x\"\necho 1>&2 to-stderr"
+    assert guest.run(script).output == 'a "b" $c \\\\ d\nto-stderr\n'
+
+
+def test_files_round_trip(guest: Guest) -> None:
+    small = bytes(range(256)) * 40  # over the console
+    guest.write_file("/tmp/small", small, mode=0o600)
+    assert guest.read_file("/tmp/small") == small
+    assert guest.run("stat -c %a /tmp/small").output == "600\n"
+    big = os.urandom(3 << 20)  # over the network
+    guest.write_file("/tmp/big", big)
+    assert guest.run("sha256sum /tmp/big").output.split()[0] == hashlib.sha256(big).hexdigest()
+    assert guest.read_file("/tmp/big") == big
+
+
+def test_overlay_files(guest: Guest) -> None:
+    assert guest.run("cat /etc/pynvmf/smoke.txt").output == "from the overlay\n"
+    assert guest.run("pynvmf-hello").output == "hello from /bin\n"
+    assert guest.run("cat /tmp/boot-hook").output == "ran\n"
+    guest.run("test -L /bin && test -L /lib")
+
+
+def test_stdin_input(guest: Guest) -> None:
+    data = b"line one\n\x00\x01\xff binary\r\n"
+    assert guest.run("wc -c", input=data).output.strip() == str(len(data))
+    assert guest.run("cat", input="text\n").output == "text\n"
+    assert guest.run("cat").output == ""  # /dev/null without input
+
+
+def test_command_timeout_leaves_guest_usable(guest: Guest) -> None:
+    started = time.monotonic()
+    with pytest.raises(GuestTimeoutError):
+        guest.run("echo before; sleep 30", timeout=2)
+    assert time.monotonic() - started < 20
+    assert guest.run("echo after").output == "after\n"
+
+
+def test_tools(guest: Guest) -> None:
+    assert "nvme version 2." in guest.run("nvme version").output
+    assert guest.run("fio --version").output.startswith("fio-3.")
+    guest.run("dd if=/dev/zero of=/tmp/z bs=4k count=4 status=none && cmp /tmp/z /tmp/z")
+    guest.run("sha256sum /tmp/z && test -s /etc/nvme/hostnqn && test -s /etc/nvme/hostid")
+
+
+def test_host_role_modules(guest: Guest) -> None:
+    guest.run("modprobe nvme-tcp")
+    guest.run("test -c /dev/nvme-fabrics")
+    assert "nvme_tcp" in guest.run("lsmod").output
+
+
+def test_guest_reaches_host_loopback(guest: Guest) -> None:
+    # What host-role tests rely on: a server on the machine's 127.0.0.1 is the guest's
+    # host_address.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        srv.settimeout(60)
+        port = srv.getsockname()[1]
+        got: list[bytes] = []
+
+        def accept() -> None:
+            conn, _ = srv.accept()
+            with conn:
+                conn.settimeout(30)
+                got.append(_recv_exactly(conn, 6))
+
+        t = threading.Thread(target=accept)
+        t.start()
+        guest.run(f"echo hello | nc -w 5 {guest.host_address} {port}", timeout=60)
+        t.join(60)
+    assert got == [b"hello\n"]
+
+
+def test_target_role_icreq_over_hostfwd(guest: Guest, target_port: int) -> None:
+    target = setup_kernel_target(guest, port=target_port, nqn=NQN, size_mb=64)
+    assert target.device.startswith("/dev/nullb")
+    icreq = bytearray(128)
+    icreq[0] = 0x00  # PDU type ICReq
+    icreq[2] = 128  # header length
+    struct.pack_into("<I", icreq, 4, 128)  # PDU length
+    with socket.create_connection(("127.0.0.1", target_port), timeout=30) as sock:
+        sock.sendall(icreq)
+        resp = _recv_exactly(sock, 8)
+        (plen,) = struct.unpack_from("<I", resp, 4)
+        assert resp[0] == 0x01, resp.hex()  # ICResp
+        assert plen == 128
+        body = _recv_exactly(sock, plen - 8)
+    (maxh2cdata,) = struct.unpack_from("<I", resp + body, 12)
+    assert maxh2cdata > 0
+
+
+def test_target_with_4k_blocks(guest: Guest) -> None:
+    port = free_tcp_port()
+    nqn = NQN + "-4k"
+    target = setup_kernel_target(guest, port=port, nqn=nqn, size_mb=16, block_size=4096)
+    dev = target.device.rsplit("/", 1)[-1]
+    assert guest.run(f"cat /sys/block/{dev}/queue/logical_block_size").output.strip() == "4096"
+    assert guest.run(f"cat /sys/block/{dev}/size").output.strip() == str(16 * 2048)
+    # Memory-backed: what is written is read back.
+    guest.run(
+        f"dd if=/dev/urandom of=/tmp/r bs=4k count=8 status=none"
+        f" && dd if=/tmp/r of={target.device} bs=4k oflag=direct status=none"
+        f" && dd if={target.device} of=/tmp/r2 bs=4k count=8 iflag=direct status=none"
+        f" && cmp /tmp/r /tmp/r2"
+    )
+    # fio with libaio on the device: its ~70 shared libraries made it into the initramfs.
+    guest.run(
+        f"fio --name=smoke --filename={target.device} --ioengine=libaio --direct=1"
+        " --rw=randwrite --bs=4k --iodepth=4 --size=1M --verify=crc32c --output-format=terse",
+        timeout=120,
+    )
+    teardown_kernel_target(guest, target)
+    guest.run(f"test ! -e /sys/kernel/config/nvmet/subsystems/{nqn}")
+    guest.run(f"test ! -e {target.device}")

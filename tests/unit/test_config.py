@@ -1,0 +1,153 @@
+"""Configuration: sizes, listen addresses, JSON files, and the zero-argument defaults."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pynvmf.block.file import FileDevice
+from pynvmf.block.memory import MemoryDevice
+from pynvmf.target.config import (
+    DEFAULT_NQN,
+    ConfigError,
+    build_target,
+    config_from_options,
+    load_config,
+    parse_listen,
+    parse_size,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("4096", 4096), ("1G", 1 << 30), ("512M", 512 << 20), ("64KiB", 64 << 10), (7, 7)],
+)
+def test_parse_size(text: str | int, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "1X", "-1", "one"])
+def test_parse_size_rejects_garbage(text: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_size(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("127.0.0.1:4420", ("127.0.0.1", 4420)),
+        ("0.0.0.0", ("0.0.0.0", 4420)),
+        ("[::1]:5000", ("::1", 5000)),
+        ("[fe80::1]", ("fe80::1", 4420)),
+    ],
+)
+def test_parse_listen(text: str, expected: tuple[str, int]) -> None:
+    assert parse_listen(text) == expected
+
+
+def test_parse_listen_needs_brackets_for_ipv6() -> None:
+    with pytest.raises(ConfigError):
+        parse_listen("::1:4420")
+
+
+def _defaults() -> dict:
+    return config_from_options(
+        listen=[], memory=[], files=[], nqn=DEFAULT_NQN, allow_hosts=[], block_size=512,
+        inline_data_size=16384, discovery_port=8009,
+    )
+
+
+def test_zero_argument_target_is_one_gib_in_memory_on_4420_with_discovery_on_8009() -> None:
+    target = build_target(_defaults())
+    io = [p for p in target.ports if not p.discovery_only]
+    disc = [p for p in target.ports if p.discovery_only]
+    assert [(p.address, p.port) for p in io] == [("127.0.0.1", 4420)]
+    assert [(p.address, p.port) for p in disc] == [("127.0.0.1", 8009)]
+    (subsystem,) = target.subsystems.values()
+    assert subsystem.nqn == DEFAULT_NQN
+    assert subsystem.allow_any_host
+    (ns,) = subsystem.namespaces.values()
+    assert isinstance(ns.device, MemoryDevice)
+    assert ns.device.capabilities.size == 1 << 30
+    assert ns.device.capabilities.block_size == 512
+
+
+def test_options_make_one_namespace_per_memory_and_file(tmp_path: Path) -> None:
+    path = tmp_path / "disk.img"
+    path.write_bytes(bytes(1 << 20))
+    config = config_from_options(
+        listen=["[::1]:4421", "127.0.0.2:4422"], memory=["2M"], files=[str(path)],
+        nqn="nqn.2024-11.dev.pynvmf:t", allow_hosts=["nqn.h"], block_size=4096,
+        inline_data_size=4096, discovery_port=0,
+    )
+    target = build_target(config)
+    assert all(not p.discovery_only for p in target.ports)
+    assert [str(p) for p in target.ports] == ["[::1]:4421", "127.0.0.2:4422"]
+    assert target.ports[0].transport.inline_data_size == 4096
+    subsystem = target.subsystems["nqn.2024-11.dev.pynvmf:t"]
+    assert not subsystem.allow_any_host and subsystem.allowed_hosts == {"nqn.h"}
+    assert isinstance(subsystem.namespaces[1].device, MemoryDevice)
+    assert isinstance(subsystem.namespaces[2].device, FileDevice)
+    assert subsystem.namespaces[2].device.capabilities.num_blocks == 256
+
+
+def test_json_config_round_trip(tmp_path: Path) -> None:
+    config = {
+        "ports": [{"address": "127.0.0.1", "port": 0, "subsystems": ["nqn.a:1"]}],
+        "discovery_ports": [],
+        "subsystems": [
+            {
+                "nqn": "nqn.a:1",
+                "hosts": ["nqn.host:1"],
+                "serial": "SER1",
+                "namespaces": [
+                    {"nsid": 7, "memory": "1M", "uuid": "5b1a7c2e-3f4d-4e5f-8a9b-0c1d2e3f4a5b"},
+                    {"nsid": 9, "file": str(tmp_path / "n.img"), "size": "1M"},
+                ],
+            },
+            {"nqn": "nqn.a:2", "namespaces": [{"memory": "1M", "block_size": 4096}]},
+        ],
+    }
+    path = tmp_path / "target.json"
+    path.write_text(json.dumps(config))
+    target = build_target(load_config(path))
+    sub1 = target.subsystems["nqn.a:1"]
+    assert sorted(sub1.namespaces) == [7, 9]
+    assert str(sub1.namespaces[7].uuid) == "5b1a7c2e-3f4d-4e5f-8a9b-0c1d2e3f4a5b"
+    assert (tmp_path / "n.img").stat().st_size == 1 << 20
+    assert sub1.serial == "SER1"
+    assert target.ports[0].exposes("nqn.a:1") and not target.ports[0].exposes("nqn.a:2")
+    assert target.subsystems["nqn.a:2"].namespaces[1].block_size == 4096
+
+
+def test_namespace_identifiers_are_stable_across_builds() -> None:
+    a = build_target(_defaults()).subsystems[DEFAULT_NQN].namespaces[1]
+    b = build_target(_defaults()).subsystems[DEFAULT_NQN].namespaces[1]
+    assert (a.uuid, a.nguid, a.eui64) == (b.uuid, b.nguid, b.eui64)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"subsystems": [{"nqn": "nqn.a:1", "namespaces": [{"memory": "1M"}]}], "ports": []},
+        {"ports": [{"port": 1}], "subsystems": [{"namespaces": []}]},
+        {"ports": [{"port": 1}], "subsystems": [{"nqn": "n", "namespaces": [{"nsid": 1}]}]},
+        {"ports": [{"port": 1, "inline_data_size": 100}]},
+        {
+            "ports": [{"port": 1}],
+            "subsystems": [{"nqn": "n", "namespaces": [{"memory": "1000"}]}],
+        },
+    ],
+)
+def test_invalid_configs_are_refused_with_a_clear_error(config: dict) -> None:
+    with pytest.raises((ConfigError, ValueError)):
+        build_target(config)
+
+
+def test_malformed_json_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text("{ports: ]")
+    with pytest.raises(ConfigError, match="bad.json"):
+        load_config(path)
