@@ -20,6 +20,11 @@ PACKAGES=(
     ca-certificates   # apt-get download over https mirrors
 )
 
+# `--python`: only what `make setup` needs to create a virtual environment.
+if [[ "${1:-}" == "--python" ]]; then
+    PACKAGES=(python3 python3-venv python3-pip)
+fi
+
 missing=()
 for pkg in "${PACKAGES[@]}"; do
     status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
@@ -28,7 +33,13 @@ for pkg in "${PACKAGES[@]}"; do
     fi
 done
 
-if [[ ${#missing[@]} -eq 0 ]]; then
+# The guest harness downloads the kernel package with apt-get, which needs package lists.
+need_lists=0
+if [[ "${1:-}" != "--python" ]] && ! apt-cache show linux-image-amd64 >/dev/null 2>&1; then
+    need_lists=1
+fi
+
+if [[ ${#missing[@]} -eq 0 && $need_lists -eq 0 ]]; then
     exit 0
 fi
 
@@ -42,7 +53,9 @@ if [[ $(id -u) -ne 0 ]]; then
     fi
 fi
 
-echo "install-system-deps.sh: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 "${SUDO[@]}" apt-get update -q
-"${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+if [[ ${#missing[@]} -gt 0 ]]; then
+    echo "install-system-deps.sh: installing ${missing[*]}" >&2
+    "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi

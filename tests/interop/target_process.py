@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -14,12 +15,19 @@ READY_LINE = "pynvmf target ready"
 
 
 class TargetProcess:
-    """`python -m pynvmf target --config FILE`, started and stopped like a user would."""
+    """`python -m pynvmf target ARGS`, started and stopped like a user would.
 
-    def __init__(self, config: dict[str, Any], workdir: Path) -> None:
-        self.config = config
-        self.config_path = workdir / "target.json"
-        self.config_path.write_text(json.dumps(config, indent=2))
+    With a configuration dictionary, it is written to a file and passed as --config.
+    """
+
+    def __init__(
+        self, config: dict[str, Any] | None, workdir: Path, args: list[str] | None = None
+    ) -> None:
+        self.args = list(args or [])
+        if config is not None:
+            config_path = workdir / "target.json"
+            config_path.write_text(json.dumps(config, indent=2))
+            self.args += ["--config", str(config_path)]
         self.stderr_path = workdir / "target.stderr"
         self.stdout_lines: list[str] = []
         self._lines: queue.Queue[str | None] = queue.Queue()
@@ -27,7 +35,7 @@ class TargetProcess:
 
     def start(self, timeout: float = 30) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "pynvmf", "target", "--config", str(self.config_path), "-v"],
+            [sys.executable, "-m", "pynvmf", "target", *self.args, "-v"],
             stdout=subprocess.PIPE,
             stderr=self.stderr_path.open("w"),
             text=True,
@@ -57,12 +65,12 @@ class TargetProcess:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def stop(self, timeout: float = 30) -> int:
-        """SIGTERM, as a user's service manager would; returns the exit status."""
+    def stop(self, timeout: float = 30, sig: int = signal.SIGTERM) -> int:
+        """SIGTERM (as a service manager would) or SIGINT (^C); returns the exit status."""
         if self._proc is None:
             return 0
         if self._proc.poll() is None:
-            self._proc.terminate()
+            self._proc.send_signal(sig)
         try:
             return self._proc.wait(timeout)
         except subprocess.TimeoutExpired:

@@ -1,0 +1,107 @@
+"""`pynvmf target` as a user runs it: the banner, options, shutdown, and errors."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from pynvmf.host import connect
+from pynvmf.target.config import DEFAULT_NQN
+from tests.interop.guest import free_tcp_port
+from tests.interop.target_process import TargetProcess
+
+
+def test_banner_prints_the_commands_a_linux_host_types(tmp_path: Path) -> None:
+    io_port, disc_port = free_tcp_port(), free_tcp_port()
+    proc = TargetProcess(
+        None, tmp_path, ["--listen", f"127.0.0.1:{io_port}", "--discovery-port", str(disc_port)]
+    )
+    proc.start()
+    try:
+        out = "".join(proc.stdout_lines)
+        assert f"listening nvme 127.0.0.1:{io_port}" in out
+        assert f"listening discovery 127.0.0.1:{disc_port}" in out
+        assert f"nvme discover -t tcp -a 127.0.0.1 -s {disc_port}\n" in out
+        assert f"nvme connect -t tcp -a 127.0.0.1 -s {io_port} -n {DEFAULT_NQN}\n" in out
+    finally:
+        assert proc.stop(sig=signal.SIGINT) == 0
+
+
+def test_file_namespace_data_is_flushed_on_sigterm(tmp_path: Path) -> None:
+    backing = tmp_path / "disk.img"
+    backing.write_bytes(bytes(4 << 20))
+    io_port = free_tcp_port()
+    proc = TargetProcess(
+        None,
+        tmp_path,
+        [
+            "--listen",
+            f"127.0.0.1:{io_port}",
+            "--discovery-port",
+            "0",
+            "--file",
+            str(backing),
+            "--block-size",
+            "4096",
+        ],
+    )
+    proc.start()
+    pattern = bytes(range(256)) * 64  # 16 KiB
+
+    async def write() -> None:
+        async with await connect("127.0.0.1", io_port, DEFAULT_NQN) as ctrl:
+            ns = ctrl.namespace(1)
+            assert ns.capabilities.block_size == 4096
+            await ns.write(10, pattern)  # no FUA, no flush: only the shutdown makes it durable
+
+    asyncio.run(write())
+    assert proc.stop() == 0
+    with backing.open("rb") as f:
+        f.seek(10 * 4096)
+        assert f.read(len(pattern)) == pattern
+
+
+def test_bad_configuration_exits_with_a_message(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"ports": []}')
+    result = subprocess.run(
+        [sys.executable, "-m", "pynvmf", "target", "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "no ports" in result.stderr
+
+
+def test_port_in_use_exits_with_a_message(tmp_path: Path) -> None:
+    io_port = free_tcp_port()
+    first = TargetProcess(
+        None, tmp_path, ["--listen", f"127.0.0.1:{io_port}", "--discovery-port", "0"]
+    )
+    first.start()
+    try:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pynvmf",
+                "target",
+                "--listen",
+                f"127.0.0.1:{io_port}",
+                "--discovery-port",
+                "0",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 2
+        assert "address already in use" in result.stderr.lower()
+    finally:
+        assert first.stop() == 0
