@@ -235,6 +235,8 @@ def get_features(ctrl: Controller, req: Request) -> Outcome:
     if fid == FeatureId.HOST_ID:
         if not sqe.cdw11 & 1:
             return Status.INVALID_FIELD | DNR, 0, None
+        if req.length < len(ctrl.hostid):
+            return Status.SGL_INVALID_DATA | DNR, 0, None
         return Status.SUCCESS, 0, ctrl.hostid
     if fid in ctrl.features and not ctrl.is_discovery:
         return Status.SUCCESS, ctrl.features[fid], None
@@ -302,6 +304,8 @@ def get_log_page(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
     numd = ((sqe.cdw10 >> 16) | (sqe.cdw11 & 0xFFFF) << 16) + 1
     offset = sqe.cdw12 | sqe.cdw13 << 32
     length = numd * 4
+    if length > MAX_TRANSFER:
+        return Status.INVALID_FIELD | DNR, 0, None
     if req.length < length:
         return Status.SGL_INVALID_DATA | DNR, 0, None
     if offset & 3:

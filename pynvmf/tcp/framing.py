@@ -110,10 +110,11 @@ class PduReader:
     # -- parsing -----------------------------------------------------------------
 
     def _parse(self) -> None:
-        buf = self._buf
-        view = self._view
         unpack = P.COMMON_HEADER.unpack_from
         while not self.dead:
+            # A handler may have replaced the buffer (set_max_pdu_len after an ICReq).
+            buf = self._buf
+            view = self._view
             start = self._start
             avail = self._end - start
             if avail < P.CH_LEN:

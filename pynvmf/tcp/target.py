@@ -17,7 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pynvmf.spec import pdu as P
-from pynvmf.spec.command import SGL_DATA_BLOCK_OFFSET, SGL_TRANSPORT_DATA_BLOCK, Sqe
+from pynvmf.spec.command import (
+    FUSE_MASK,
+    SGL_DATA_BLOCK_OFFSET,
+    SGL_TRANSPORT_DATA_BLOCK,
+    Sqe,
+)
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType
 from pynvmf.spec.status import DNR, Status
 from pynvmf.tcp import digest as D
@@ -183,6 +188,11 @@ class TargetConnection:
             self.complete(req, Status.CMDID_CONFLICT | DNR, track=False)
             return
         self._inflight[cid] = req
+        if sqe.flags >> 6 not in (1, 2) or sqe.flags & FUSE_MASK:
+            # Fabrics describe data with SGLs (PSDT 01b or 10b), never PRPs; and fused
+            # operations are not supported (Identify FUSES is 0).
+            self.complete(req, Status.INVALID_FIELD | DNR)
+            return
         data_len = data_end - pdo if pdo else 0
         if data_len:
             if sqe.sgl_type != SGL_DATA_BLOCK_OFFSET:
@@ -288,9 +298,11 @@ class TargetConnection:
         self.stats.data_digest_errors += 1
         if pdu_type == P.PduType.CAPSULE_CMD:
             sqe = Sqe.unpack(pdu, P.CH_LEN)
-            req = Request(sqe)
-            self._inflight[sqe.cid] = req
-            self.complete(req, Status.TRANSIENT_TRANSPORT_ERROR)
+            self.stats.commands += 1
+            if not self.sqhd_disabled:
+                self._sqhd = (self._sqhd + 1) % self.sq_size
+            # Not tracked: a CID already in flight belongs to that command, not this one.
+            self.complete(Request(sqe), Status.TRANSIENT_TRANSPORT_ERROR, track=False)
         elif pdu_type == P.PduType.H2C_DATA:
             _cccid, ttag, _datao, _datal = P.DATA_BODY.unpack_from(pdu, P.CH_LEN)
             req = self._r2t.pop(ttag, None)
@@ -320,8 +332,8 @@ class TargetConnection:
         cid = req.sqe.cid
         if track:
             self._inflight.pop(cid, None)
-        if req.ttag >= 0:
-            self._r2t.pop(req.ttag, None)
+        if req.ttag >= 0 and self._r2t.get(req.ttag) is req:
+            del self._r2t[req.ttag]
         out = self.outbox
         if data is not None and status == 0 and len(data):
             success = self.sqhd_disabled
@@ -407,7 +419,9 @@ class TargetConnection:
         log.warning("terminating connection: FES %#x FEI %#x", fes, fei)
         self.stats.term_reqs_sent += 1
         self.reader.dead = True
-        offending = bytes(offending[: P.TERM_REQ_MAX_DATA])
+        # The TermReq carries the header of the PDU in error (HLEN bytes), not its data.
+        hlen = offending[2] if len(offending) > 2 else 0
+        offending = bytes(offending[: min(max(hlen, P.CH_LEN), P.TERM_REQ_MAX_DATA)])
         self._emit(P.pack_term_req(P.PduType.C2H_TERM_REQ, fes, fei, offending))
         self.close(f"C2HTermReq FES {fes:#x} FEI {fei:#x}")
         self._request_output()

@@ -149,5 +149,5 @@ def test_invalid_configs_are_refused_with_a_clear_error(config: dict) -> None:
 def test_malformed_json_names_the_file(tmp_path: Path) -> None:
     path = tmp_path / "bad.json"
     path.write_text("{ports: ]")
-    with pytest.raises(ConfigError, match="bad.json"):
+    with pytest.raises(ConfigError, match=r"bad\.json"):
         load_config(path)
