@@ -7,6 +7,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from pynvmf.aio import start_eager
+from pynvmf.spec.command import CSTS_RDY
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType
 from pynvmf.spec.status import DNR, Status
 from pynvmf.target import admin, fabrics
@@ -79,6 +80,9 @@ class TargetQueue:
         try:
             if req.sqe.opcode == AdminOpcode.FABRICS:
                 status, result = await fabrics.execute(self, req)
+            elif not ctrl.csts & CSTS_RDY:
+                # Only Fabrics commands until the host enables the controller (CC.EN).
+                status, result = Status.CMD_SEQ_ERROR | DNR, 0
             else:
                 outcome = await admin.execute(ctrl, self, req)
                 if outcome is None:

@@ -61,6 +61,8 @@ class PduReader:
         self.max_pdu_len = max_pdu_len
         self.hdgst = False
         self.ddgst = False
+        # Data in PDUs we receive starts on a multiple of this ((C|H)PDA + 1) * 4.
+        self.pdo_alignment = 4
         # The receive buffer holds at least two maximal PDUs so that compaction
         # (moving a partial PDU to the front) is rare.
         self._buf = bytearray(max(2 * max_pdu_len, 256 * 1024))
@@ -157,7 +159,7 @@ class PduReader:
                 data_end = plen - (P.DIGEST_LEN if ddgst else 0)
                 if pdu_type in _NO_DIGEST_TYPES:
                     pdo = hlen  # TermReq data follows the header directly
-                elif pdo < header_end or pdo > data_end or pdo % 4:
+                elif pdo < header_end or pdo > data_end or pdo % self.pdo_alignment:
                     self._fatal(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_PDO, start, avail)
                     return
                 if ddgst:

@@ -52,8 +52,6 @@ class TransportConfig:
     allow_header_digest: bool = True
     allow_data_digest: bool = True
     cpda: int = 0
-    # The largest data transfer of one command (MDTS), bounding per-command memory.
-    max_transfer: int = 1024 * 1024
 
 
 class Request:
@@ -169,6 +167,7 @@ class TargetConnection:
         self.established = True
         reader = self.reader
         reader.hdgst, reader.ddgst = self.hdgst, self.ddgst
+        reader.pdo_alignment = (cfg.cpda + 1) * 4
         reader.accepted_types = frozenset(
             (P.PduType.CAPSULE_CMD, P.PduType.H2C_DATA, P.PduType.H2C_TERM_REQ)
         )

@@ -377,6 +377,17 @@ async def test_io_connect_before_cc_en_is_a_command_sequence_error(
     assert done.status == 0, done
 
 
+async def test_admin_commands_before_cc_en_are_a_command_sequence_error(
+    raw_target: RawTarget,
+) -> None:
+    admin = await raw_target.admin(enable=False)
+    early = await admin.identify(I.Cns.CTRL)
+    assert (early.status, early.dnr) == (Status.CMD_SEQ_ERROR, True)
+    await admin.enable()
+    done = await admin.identify(I.Cns.CTRL)
+    assert done.status == 0 and len(done.data) == 4096
+
+
 async def test_io_connect_must_match_the_admin_hostnqn_and_hostid(raw_target: RawTarget) -> None:
     admin = await raw_target.admin()
     q = await raw_target.open()
