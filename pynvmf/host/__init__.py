@@ -1,0 +1,27 @@
+"""The NVMe/TCP host library: connect to a remote controller, use its namespaces
+as BlockDevices, discover subsystems."""
+
+from pynvmf.host.controller import Controller, connect
+from pynvmf.host.discovery import discover
+from pynvmf.host.errors import (
+    NvmeConnectionError,
+    NvmeError,
+    NvmeStatusError,
+    NvmeTimeoutError,
+)
+from pynvmf.host.fabrics import HostIdentity
+from pynvmf.host.namespace import RemoteNamespace
+from pynvmf.spec.logpages import DiscoveryLogEntry
+
+__all__ = [
+    "Controller",
+    "DiscoveryLogEntry",
+    "HostIdentity",
+    "NvmeConnectionError",
+    "NvmeError",
+    "NvmeStatusError",
+    "NvmeTimeoutError",
+    "RemoteNamespace",
+    "connect",
+    "discover",
+]

@@ -226,3 +226,13 @@ def property_size(attrib: int) -> int:
 
 def nvme_version(major: int, minor: int, tertiary: int = 0) -> int:
     return major << 16 | minor << 8 | tertiary
+
+
+# ---- NVM command set fields shared by hosts and targets ----------------------------
+
+RW_FUA = 1 << 30  # Read/Write/Write Zeroes CDW12: Force Unit Access
+WZ_DEAC = 1 << 25  # Write Zeroes CDW12: deallocate the blocks if that reads back zeroes
+DSM_ATTR_DEALLOCATE = 1 << 2  # Dataset Management CDW11: AD
+# Dataset Management range: context attributes, length in LBAs, starting LBA.
+DSM_RANGE = struct.Struct("<IIQ")
+DSM_MAX_RANGES = 256

@@ -8,10 +8,10 @@ range past the end of the namespace touches nothing.
 from __future__ import annotations
 
 import logging
-import struct
 from typing import TYPE_CHECKING
 
 from pynvmf.block.device import BlockRangeError
+from pynvmf.spec.command import DSM_ATTR_DEALLOCATE, DSM_RANGE, RW_FUA, WZ_DEAC
 from pynvmf.spec.opcodes import NSID_ALL, IoOpcode
 from pynvmf.spec.status import DNR, Status
 from pynvmf.target.admin import MAX_TRANSFER
@@ -24,11 +24,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_FUA = 1 << 30
-_DEAC = 1 << 25
-_DSM_AD = 1 << 2
-_DSM_RANGE = struct.Struct("<IIQ")  # context attributes, length in LBAs, starting LBA
-_DSM_MAX_RANGES = 256
 
 Outcome = tuple[int, bytes | bytearray | memoryview | None]
 
@@ -108,7 +103,7 @@ class IoHandler:
         if status or ns is None:
             return status, None
         data = req.data if req.data is not None else await self.queue.fetch_data(req)
-        fua = bool(req.sqe.cdw12 & _FUA) or not self.ctrl.volatile_write_cache
+        fua = bool(req.sqe.cdw12 & RW_FUA) or not self.ctrl.volatile_write_cache
         await ns.device.write(slba, data, fua=fua)
         stats = self.stats
         stats.write_cmds += 1
@@ -137,8 +132,8 @@ class IoHandler:
         if slba + nlb > ns.num_blocks:
             return Status.LBA_OUT_OF_RANGE | DNR, None
         device = ns.device
-        fua = bool(sqe.cdw12 & _FUA) or not self.ctrl.volatile_write_cache
-        if sqe.cdw12 & _DEAC and device.capabilities.deallocated_reads_zero and not fua:
+        fua = bool(sqe.cdw12 & RW_FUA) or not self.ctrl.volatile_write_cache
+        if sqe.cdw12 & WZ_DEAC and device.capabilities.deallocated_reads_zero and not fua:
             await device.deallocate(slba, nlb)
         else:
             await device.write_zeroes(slba, nlb, fua=fua)
@@ -150,14 +145,14 @@ class IoHandler:
         if ns is None:
             return Status.INVALID_NS | DNR, None
         nr = (sqe.cdw10 & 0xFF) + 1
-        if req.length != nr * _DSM_RANGE.size:
+        if req.length != nr * DSM_RANGE.size:
             return Status.SGL_INVALID_DATA | DNR, None
         data = req.data if req.data is not None else await self.queue.fetch_data(req)
-        ranges = [_DSM_RANGE.unpack_from(data, i * _DSM_RANGE.size) for i in range(nr)]
+        ranges = [DSM_RANGE.unpack_from(data, i * DSM_RANGE.size) for i in range(nr)]
         for _attr, nlb, slba in ranges:
             if slba + nlb > ns.num_blocks:
                 return Status.LBA_OUT_OF_RANGE | DNR, None
-        if sqe.cdw11 & _DSM_AD and ns.device.capabilities.deallocate:
+        if sqe.cdw11 & DSM_ATTR_DEALLOCATE and ns.device.capabilities.deallocate:
             for _attr, nlb, slba in ranges:
                 if nlb:
                     await ns.device.deallocate(slba, nlb)

@@ -67,6 +67,7 @@ class Target:
             port.portid = port.portid or i
         self.genctr = 1
         self.started = time.monotonic()
+        self._stopped = False
         self._servers: list[asyncio.base_events.Server] = []
 
     async def start(self) -> None:
@@ -89,6 +90,9 @@ class Target:
         self.started = time.monotonic()
 
     async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
         for server in self._servers:
             server.close()
         for subsystem in [*self.subsystems.values(), self.discovery]:

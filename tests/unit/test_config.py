@@ -54,8 +54,14 @@ def test_parse_listen_needs_brackets_for_ipv6() -> None:
 
 def _defaults() -> dict:
     return config_from_options(
-        listen=[], memory=[], files=[], nqn=DEFAULT_NQN, allow_hosts=[], block_size=512,
-        inline_data_size=16384, discovery_port=8009,
+        listen=[],
+        memory=[],
+        files=[],
+        nqn=DEFAULT_NQN,
+        allow_hosts=[],
+        block_size=512,
+        inline_data_size=16384,
+        discovery_port=8009,
     )
 
 
@@ -78,9 +84,14 @@ def test_options_make_one_namespace_per_memory_and_file(tmp_path: Path) -> None:
     path = tmp_path / "disk.img"
     path.write_bytes(bytes(1 << 20))
     config = config_from_options(
-        listen=["[::1]:4421", "127.0.0.2:4422"], memory=["2M"], files=[str(path)],
-        nqn="nqn.2024-11.dev.pynvmf:t", allow_hosts=["nqn.h"], block_size=4096,
-        inline_data_size=4096, discovery_port=0,
+        listen=["[::1]:4421", "127.0.0.2:4422"],
+        memory=["2M"],
+        files=[str(path)],
+        nqn="nqn.2024-11.dev.pynvmf:t",
+        allow_hosts=["nqn.h"],
+        block_size=4096,
+        inline_data_size=4096,
+        discovery_port=0,
     )
     target = build_target(config)
     assert all(not p.discovery_only for p in target.ports)

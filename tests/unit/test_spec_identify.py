@@ -144,9 +144,18 @@ def linux_like_ctrl() -> IdentifyController:
         psd=[
             PowerStateDescriptor(max_power=0x9C4, entry_lat=0x10, exit_lat=0x4),
             PowerStateDescriptor(
-                max_power=100, flags=0b10, entry_lat=1, exit_lat=2, read_tput=1,
-                read_lat=2, write_tput=3, write_lat=4, idle_power=5, idle_scale=0x40,
-                active_power=6, active_work_scale=0x42,
+                max_power=100,
+                flags=0b10,
+                entry_lat=1,
+                exit_lat=2,
+                read_tput=1,
+                read_lat=2,
+                write_tput=3,
+                write_lat=4,
+                idle_power=5,
+                idle_scale=0x40,
+                active_power=6,
+                active_work_scale=0x42,
             ),
         ],
     )
@@ -248,8 +257,15 @@ class TestIdentifyController:
 
     def test_reserved_bytes_stay_zero(self) -> None:
         d = linux_like_ctrl().pack()
-        for start, end in ((102, 111), (134, 253), (358, 368), (384, 512), (564, 768),
-                           (1024, 1792), (1807, 2048)):
+        for start, end in (
+            (102, 111),
+            (134, 253),
+            (358, 368),
+            (384, 512),
+            (564, 768),
+            (1024, 1792),
+            (1807, 2048),
+        ):
             assert d[start:end] == bytes(end - start), (start, end)
 
     def test_unpack_known_bytes(self) -> None:
@@ -289,9 +305,7 @@ class TestIdentifyController:
         assert ctrl.psd == [PowerStateDescriptor(max_power=2500)]
 
     def test_layout_fields_do_not_overlap(self) -> None:
-        spans = sorted(
-            (off, off + codec.size, name) for name, off, codec in identify._CTRL_LAYOUT
-        )
+        spans = sorted((off, off + codec.size, name) for name, off, codec in identify._CTRL_LAYOUT)
         spans.append((identify._NPSS_OFFSET, identify._NPSS_OFFSET + 1, "npss"))
         spans.append((2048, 3072, "psd"))
         spans.sort()
@@ -579,9 +593,7 @@ def test_cns_values() -> None:
 
 
 # Pages are fixed 4096-byte structures; a smaller example would not be a page.
-@settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.large_base_example]
-)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.large_base_example])
 @given(st.binary(min_size=IDENTIFY_DATA_SIZE, max_size=IDENTIFY_DATA_SIZE))
 def test_arbitrary_pages_parse(data: bytes) -> None:
     # A host must survive whatever a controller sends: only ValueError is acceptable.

@@ -330,8 +330,9 @@ class TestDiscoveryLog:
 
     def test_page_layout(self) -> None:
         entries = [
-            tcp_entry(subtype=SubType.CURRENT_DISCOVERY,
-                      subnqn="nqn.2014-08.org.nvmexpress.discovery"),
+            tcp_entry(
+                subtype=SubType.CURRENT_DISCOVERY, subnqn="nqn.2014-08.org.nvmexpress.discovery"
+            ),
             tcp_entry(),
             tcp_entry(portid=2, traddr="192.168.10.21"),
         ]
@@ -387,9 +388,7 @@ class TestDiscoveryLog:
 
 
 # Pages are fixed 4096-byte structures; a smaller example would not be a page.
-@settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.large_base_example]
-)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.large_base_example])
 @given(st.binary(min_size=4096, max_size=4096))
 def test_arbitrary_pages_parse(data: bytes) -> None:
     # Whatever a controller sends parses, and every parsed field survives a repack.

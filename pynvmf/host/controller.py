@@ -1,0 +1,488 @@
+"""A remote controller as the host sees it: the admin queue, the I/O queues,
+keep-alive, and what Identify reported. `connect()` brings one up."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from types import TracebackType
+
+from pynvmf.host import fabrics
+from pynvmf.host.errors import NvmeConnectionError, NvmeError, NvmeTimeoutError
+from pynvmf.host.fabrics import HostIdentity
+from pynvmf.host.namespace import RemoteNamespace
+from pynvmf.host.queue import HostQueue
+from pynvmf.spec import command as C
+from pynvmf.spec import identify as I
+from pynvmf.spec.opcodes import DISCOVERY_NQN, NSID_ALL, AdminOpcode, FeatureId
+from pynvmf.tcp.host import Buffer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TRANSFER = 1024 * 1024
+# The admin queue: 32 entries (the Linux host's NVME_AQ_DEPTH), 31 in flight.
+ADMIN_QUEUE_DEPTH = 31
+SHUTDOWN_TIMEOUT_MIN = 5.0
+SHUTDOWN_TIMEOUT_MAX = 60.0
+_MPS_BASE = 4096
+
+
+def cap_mqes(cap: int) -> int:
+    """Maximum Queue Entries Supported, 0's based."""
+    return cap & 0xFFFF
+
+
+def cap_timeout(cap: int) -> float:
+    """CAP.TO: the worst case time to CSTS.RDY, in seconds (500 ms units)."""
+    return ((cap >> 24) & 0xFF) * 0.5
+
+
+def cap_mpsmin(cap: int) -> int:
+    return (cap >> 48) & 0xF
+
+
+class Controller:
+    """Made by `connect()`. Admin commands go to the admin queue; I/O commands are
+    spread round-robin over the I/O queues, each allowing `queue_depth` in flight."""
+
+    def __init__(
+        self,
+        address: str,
+        port: int,
+        subnqn: str,
+        identity: HostIdentity,
+        *,
+        kato_ms: int = 5000,
+        header_digest: bool = False,
+        data_digest: bool = False,
+        disable_sqflow: bool = False,
+        max_transfer: int = DEFAULT_MAX_TRANSFER,
+        timeout: float = 10.0,
+    ) -> None:
+        self.address = address
+        self.port = port
+        self.subnqn = subnqn
+        self.identity = identity
+        self.kato_ms = kato_ms
+        self.header_digest = header_digest
+        self.data_digest = data_digest
+        self.disable_sqflow = disable_sqflow
+        self.timeout = timeout
+        self.max_transfer = max_transfer
+        self.admin: HostQueue | None = None
+        self.io_queues: list[HostQueue] = []
+        self.cntlid = 0
+        self.cap = 0
+        self.vs = 0
+        self.cc = 0
+        self.info: I.IdentifyController | None = None
+        self.io_inline_limit = 0
+        self.queue_depth = 0
+        self.keep_alives = 0
+        self._namespaces: dict[int, RemoteNamespace] = {}
+        self._rr = 0
+        self._keep_alive_task: asyncio.Task[None] | None = None
+        self._close_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return (
+            f"Controller({self.subnqn!r} at {self.address} port {self.port}, "
+            f"cntlid {self.cntlid}, {len(self.io_queues)} I/O queues)"
+        )
+
+    @property
+    def is_discovery(self) -> bool:
+        if self.info is not None:
+            return self.info.cntrltype == I.CtrlType.DISCOVERY
+        return self.subnqn == DISCOVERY_NQN
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- bring-up ----------------------------------------------------------------------------
+
+    async def _start(self, queues: int, queue_depth: int) -> None:
+        try:
+            async with asyncio.timeout(self.timeout) as deadline:
+                await self._bring_up(queues, queue_depth, deadline)
+        except TimeoutError:
+            raise NvmeTimeoutError(
+                f"{self.address} port {self.port}: controller bring-up took too long"
+            ) from None
+
+    async def _bring_up(self, queues: int, queue_depth: int, deadline: asyncio.Timeout) -> None:
+        admin = await self._open_queue(0, ADMIN_QUEUE_DEPTH)
+        self.admin = admin
+        self.cntlid = await fabrics.connect_queue(
+            admin,
+            self.identity,
+            self.subnqn,
+            sqsize=ADMIN_QUEUE_DEPTH,
+            kato_ms=self.kato_ms,
+            disable_sqflow=self.disable_sqflow,
+        )
+        self.cap = await fabrics.property_get(admin, C.PROP_CAP, 8)
+        self.vs = await fabrics.property_get(admin, C.PROP_VS)
+        # Becoming ready may take CAP.TO on top of everything else.
+        when = deadline.when()
+        if when is not None:
+            deadline.reschedule(when + cap_timeout(self.cap))
+        await self._enable()
+        info = await self.identify_controller()
+        self.info = info
+        if info.icdoff:
+            # The data would start past the SQE; Linux refuses such controllers too.
+            raise NvmeError(f"ICDOFF {info.icdoff} is not supported")
+        mps = _MPS_BASE << cap_mpsmin(self.cap)
+        if info.mdts:
+            self.max_transfer = min(self.max_transfer, mps << info.mdts)
+        self.io_inline_limit = max(0, info.ioccsz * 16 - C.SQE_SIZE)
+        if self.kato_ms:
+            self._keep_alive_task = asyncio.create_task(
+                self._keep_alive(), name=f"nvme keep-alive {self.subnqn}"
+            )
+        if self.is_discovery or queues <= 0:
+            return
+        queues = await self._negotiate_queue_count(queues)
+        depth = min(queue_depth, cap_mqes(self.cap))
+        if info.maxcmd:
+            depth = min(depth, info.maxcmd)
+        self.queue_depth = max(1, depth)
+        results = await asyncio.gather(
+            *(self._connect_io_queue(qid) for qid in range(1, queues + 1)),
+            return_exceptions=True,
+        )
+        opened = [r for r in results if isinstance(r, HostQueue)]
+        failed = [r for r in results if not isinstance(r, HostQueue)]
+        if failed:
+            for queue in opened:
+                queue.abort("another I/O queue failed to connect")
+            raise failed[0]
+        self.io_queues = opened
+        await self.refresh_namespaces()
+
+    async def _open_queue(self, qid: int, depth: int) -> HostQueue:
+        return await HostQueue.open(
+            self.address,
+            self.port,
+            qid,
+            depth,
+            header_digest=self.header_digest,
+            data_digest=self.data_digest,
+            max_transfer=self.max_transfer,
+            timeout=self.timeout,
+        )
+
+    async def _enable(self) -> None:
+        admin = self._admin()
+        mpsmin = cap_mpsmin(self.cap)
+        self.cc = C.CC_EN | mpsmin << 7 | 6 << C.CC_IOSQES_SHIFT | 4 << C.CC_IOCQES_SHIFT
+        await fabrics.property_set(admin, C.PROP_CC, self.cc)
+        # Re-read CSTS until ready: every Property Get is a round trip, so this is
+        # paced by the controller, and CAP.TO bounds the whole wait.
+        limit = max(cap_timeout(self.cap), 0.5)
+        deadline = asyncio.get_running_loop().time() + limit
+        while True:
+            csts = await fabrics.property_get(admin, C.PROP_CSTS)
+            if csts & C.CSTS_CFS:
+                raise NvmeError(f"controller fatal status while enabling (CSTS {csts:#x})")
+            if csts & C.CSTS_RDY:
+                return
+            if asyncio.get_running_loop().time() > deadline:
+                raise NvmeTimeoutError(f"CSTS.RDY not set within CAP.TO ({limit} s)")
+
+    async def _negotiate_queue_count(self, wanted: int) -> int:
+        n = wanted - 1
+        granted = await self.set_features(FeatureId.NUM_QUEUES, n | n << 16)
+        return min(wanted, (granted & 0xFFFF) + 1, (granted >> 16) + 1)
+
+    async def _connect_io_queue(self, qid: int) -> HostQueue:
+        queue = await self._open_queue(qid, self.queue_depth)
+        queue.conn.inline_limit = self.io_inline_limit
+        try:
+            # SQSIZE is 0's based: depth + 1 entries keep `depth` in flight with one free.
+            await fabrics.connect_queue(
+                queue,
+                self.identity,
+                self.subnqn,
+                sqsize=self.queue_depth,
+                cntlid=self.cntlid,
+                disable_sqflow=self.disable_sqflow,
+            )
+        except BaseException:
+            queue.abort("I/O queue connect failed")
+            raise
+        return queue
+
+    # -- commands ----------------------------------------------------------------------------
+
+    def _admin(self) -> HostQueue:
+        if self.admin is None or self._closed:
+            raise NvmeConnectionError("controller is closed")
+        return self.admin
+
+    def next_queue(self) -> HostQueue:
+        """The I/O queue for the next command (round-robin)."""
+        queues = self.io_queues
+        if not queues:
+            raise NvmeConnectionError("controller has no I/O queues")
+        i = self._rr
+        self._rr = i + 1 if i + 1 < len(queues) else 0
+        return queues[i]
+
+    async def admin_command(
+        self,
+        opcode: int,
+        nsid: int = 0,
+        cdw10: int = 0,
+        cdw11: int = 0,
+        cdw12: int = 0,
+        cdw13: int = 0,
+        cdw14: int = 0,
+        cdw15: int = 0,
+        *,
+        data: Buffer | None = None,
+        into: memoryview | None = None,
+    ) -> int:
+        """Any admin command; returns the completion's DW0 | DW1 << 32."""
+        return await self._admin().execute(
+            opcode, nsid, cdw10, cdw11, cdw12, cdw13, cdw14, cdw15, data=data, into=into
+        )
+
+    async def io_command(
+        self,
+        opcode: int,
+        nsid: int = 0,
+        cdw10: int = 0,
+        cdw11: int = 0,
+        cdw12: int = 0,
+        cdw13: int = 0,
+        cdw14: int = 0,
+        cdw15: int = 0,
+        *,
+        data: Buffer | None = None,
+        into: memoryview | None = None,
+    ) -> int:
+        """Any I/O command, with no local checks; returns DW0 | DW1 << 32."""
+        return await self.next_queue().execute(
+            opcode, nsid, cdw10, cdw11, cdw12, cdw13, cdw14, cdw15, data=data, into=into
+        )
+
+    async def _identify(self, cns: int, nsid: int = 0) -> bytearray:
+        buf = bytearray(I.IDENTIFY_DATA_SIZE)
+        await self.admin_command(AdminOpcode.IDENTIFY, nsid, cns, into=memoryview(buf))
+        return buf
+
+    async def identify_controller(self) -> I.IdentifyController:
+        return I.IdentifyController.unpack(await self._identify(I.Cns.CTRL))
+
+    async def identify_namespace(self, nsid: int) -> I.IdentifyNamespace:
+        return I.IdentifyNamespace.unpack(await self._identify(I.Cns.NS, nsid))
+
+    async def active_namespaces(self) -> list[int]:
+        nsids: list[int] = []
+        start = 0
+        while True:
+            page = I.NsIdList.unpack(await self._identify(I.Cns.NS_ACTIVE_LIST, start)).nsids
+            nsids.extend(page)
+            if len(page) < I.NSID_LIST_MAX or page[-1] >= 0xFFFFFFFD:
+                return nsids
+            start = page[-1]
+
+    async def get_features(self, fid: int, cdw11: int = 0, *, sel: int = 0) -> int:
+        """The feature's value (completion DW0)."""
+        result = await self.admin_command(AdminOpcode.GET_FEATURES, 0, fid | sel << 8, cdw11)
+        return result & 0xFFFFFFFF
+
+    async def set_features(self, fid: int, value: int, *, save: bool = False) -> int:
+        """Completion DW0 (some features, e.g. Number of Queues, report what was granted)."""
+        result = await self.admin_command(
+            AdminOpcode.SET_FEATURES, 0, fid | (1 << 31 if save else 0), value
+        )
+        return result & 0xFFFFFFFF
+
+    async def get_log_page(
+        self,
+        lid: int,
+        length: int,
+        offset: int = 0,
+        nsid: int = NSID_ALL,
+        *,
+        lsp: int = 0,
+        rae: bool = False,
+    ) -> bytes:
+        """`length` bytes of log page `lid` from byte `offset`, in as many commands as
+        the transfer limit needs."""
+        if offset % 4 or offset < 0 or length < 0:
+            raise ValueError("log page offset must be a non-negative multiple of 4")
+        padded = -(-length // 4) * 4
+        buf = bytearray(padded)
+        view = memoryview(buf)
+        step = max(4, self.max_transfer // 4 * 4)
+        for pos in range(0, padded, step):
+            n = min(step, padded - pos)
+            numd = n // 4 - 1
+            lpo = offset + pos
+            await self.admin_command(
+                AdminOpcode.GET_LOG_PAGE,
+                nsid,
+                lid | (lsp & 0xF) << 8 | (1 << 15 if rae else 0) | (numd & 0xFFFF) << 16,
+                numd >> 16,
+                lpo & 0xFFFFFFFF,
+                lpo >> 32,
+                into=view[pos : pos + n],
+            )
+        return bytes(buf[:length])
+
+    # -- namespaces ----------------------------------------------------------------------------
+
+    @property
+    def namespaces(self) -> Mapping[int, RemoteNamespace]:
+        return self._namespaces
+
+    def namespace(self, nsid: int) -> RemoteNamespace:
+        try:
+            return self._namespaces[nsid]
+        except KeyError:
+            raise KeyError(f"namespace {nsid} is not active on {self.subnqn}") from None
+
+    async def refresh_namespaces(self) -> None:
+        """Re-read the active namespace list and Identify each namespace."""
+        found: dict[int, RemoteNamespace] = {}
+        for nsid in await self.active_namespaces():
+            ident = await self.identify_namespace(nsid)
+            if ident.nsze:  # an all-zero answer means inactive after all
+                found[nsid] = RemoteNamespace(self, nsid, ident)
+        self._namespaces = found
+
+    # -- keep alive --------------------------------------------------------------------------
+
+    async def _keep_alive(self) -> None:
+        admin = self.admin
+        assert admin is not None
+        interval = self.kato_ms / 2000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                async with asyncio.timeout(self.kato_ms / 1000):
+                    await admin.execute(AdminOpcode.KEEP_ALIVE)
+            except NvmeConnectionError:
+                return  # the queue already failed its commands
+            except (TimeoutError, NvmeError) as exc:
+                # The controller will tear the association down (or has): fail
+                # everything now rather than let commands wait on a dead peer.
+                log.error("%s: keep alive failed (%r), dropping the connection", self, exc)
+                self._abort_queues(f"keep alive failed: {exc!r}")
+                return
+            self.keep_alives += 1
+
+    # -- teardown ----------------------------------------------------------------------------
+
+    def _abort_queues(self, reason: str) -> None:
+        for queue in self._all_queues():
+            queue.abort(reason)
+
+    def _all_queues(self) -> list[HostQueue]:
+        return [*self.io_queues, *([self.admin] if self.admin is not None else [])]
+
+    async def close(self) -> None:
+        """Normal shutdown (CC.SHN = 01b, bounded wait for CSTS.SHST), then close
+        every queue. Commands still in flight fail with NvmeConnectionError."""
+        if self._close_task is None:
+            self._close_task = asyncio.create_task(self._close())
+        # Concurrent callers share one shutdown; cancelling a caller does not stop it.
+        await asyncio.shield(self._close_task)
+
+    async def _close(self) -> None:
+        if self._closed:
+            return
+        task = self._keep_alive_task
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        admin = self.admin
+        if admin is not None and not admin.closed and self.cc & C.CC_EN:
+            try:
+                await self._shutdown(admin)
+            except (NvmeError, TimeoutError) as exc:
+                log.warning("%s: shutdown incomplete: %r", self, exc)
+        self._closed = True
+        queues = self._all_queues()
+        for queue in queues:
+            queue.close()
+        await asyncio.gather(*(queue.wait_closed() for queue in queues))
+
+    async def _shutdown(self, admin: HostQueue) -> None:
+        limit = SHUTDOWN_TIMEOUT_MIN
+        if self.info is not None and self.info.rtd3e:
+            limit = min(max(limit, self.info.rtd3e / 1e6), SHUTDOWN_TIMEOUT_MAX)
+        async with asyncio.timeout(limit):
+            self.cc = (self.cc & ~C.CC_SHN_MASK) | 1 << C.CC_SHN_SHIFT
+            await fabrics.property_set(admin, C.PROP_CC, self.cc)
+            while True:
+                csts = await fabrics.property_get(admin, C.PROP_CSTS)
+                if csts & C.CSTS_SHST_MASK == C.CSTS_SHST_COMPLETE:
+                    return
+
+    async def __aenter__(self) -> Controller:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+async def connect(
+    address: str,
+    port: int,
+    subnqn: str,
+    *,
+    hostnqn: str | None = None,
+    hostid: bytes | None = None,
+    queues: int = 1,
+    queue_depth: int = 128,
+    kato_ms: int = 5000,
+    header_digest: bool = False,
+    data_digest: bool = False,
+    disable_sqflow: bool = False,
+    max_transfer: int = DEFAULT_MAX_TRANSFER,
+    timeout: float = 10.0,
+) -> Controller:
+    """Create a controller on the subsystem `subnqn` at address:port and bring it up:
+    admin queue, enable, Identify, `queues` I/O queues, namespaces.
+
+    `disable_sqflow` asks for SQ flow control off (Connect CATTR), which lets a
+    controller complete a read with its last C2HData PDU instead of a CapsuleResp.
+    """
+    if queue_depth < 1:
+        raise ValueError("queue_depth must be at least 1")
+    ctrl = Controller(
+        address,
+        port,
+        subnqn,
+        HostIdentity.resolve(hostnqn, hostid),
+        kato_ms=kato_ms,
+        header_digest=header_digest,
+        data_digest=data_digest,
+        disable_sqflow=disable_sqflow,
+        max_transfer=max_transfer,
+        timeout=timeout,
+    )
+    try:
+        await ctrl._start(queues, queue_depth)
+    except BaseException:
+        ctrl._closed = True
+        if ctrl._keep_alive_task is not None:
+            ctrl._keep_alive_task.cancel()
+        ctrl._abort_queues("connect failed")
+        raise
+    return ctrl

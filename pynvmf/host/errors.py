@@ -1,0 +1,57 @@
+"""Exceptions of the host library."""
+
+from __future__ import annotations
+
+from pynvmf.spec import status as S
+from pynvmf.spec.command import Sqe
+from pynvmf.spec.opcodes import AdminOpcode, FabricsType, IoOpcode
+
+
+class NvmeError(Exception):
+    """Base of every error the host library raises about a remote controller."""
+
+
+class NvmeStatusError(NvmeError):
+    """A command completed with a non-zero NVMe status.
+
+    `status` is the status value as spec.status defines it, (SCT << 8) | SC, so it
+    compares equal to a `Status` member; `dnr` and `more` are the bits above it.
+    """
+
+    def __init__(self, status: int, command: Sqe, *, admin: bool = False) -> None:
+        self.raw_status = status
+        self.status = status & 0x7FF
+        self.sct, self.sc = S.split(status)
+        self.dnr = bool(status & S.DNR)
+        self.more = bool(status & S.MORE)
+        self.name = S.status_name(status)
+        self.command = command
+        self.opcode = command.opcode
+        self.admin = admin
+        super().__init__(
+            f"{_command_name(command, admin)} failed: {self.name} "
+            f"(SCT {self.sct:#x} SC {self.sc:#04x}{', DNR' if self.dnr else ''})"
+        )
+
+
+class NvmeConnectionError(NvmeError, ConnectionError):
+    """The queue's connection is gone (closed, lost, or ended by a protocol error):
+    the command's outcome is unknown."""
+
+
+class NvmeTimeoutError(NvmeError, TimeoutError):
+    """The controller did not reach a state in the time the specification allows."""
+
+
+def _command_name(command: Sqe, admin: bool) -> str:
+    opcode = command.opcode
+    if opcode == AdminOpcode.FABRICS:
+        try:
+            return f"Fabrics {FabricsType(command.fctype).name}"
+        except ValueError:
+            return f"Fabrics command {command.fctype:#04x}"
+    table: type[AdminOpcode] | type[IoOpcode] = AdminOpcode if admin else IoOpcode
+    try:
+        return table(opcode).name
+    except ValueError:
+        return f"opcode {opcode:#04x}"

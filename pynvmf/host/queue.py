@@ -1,0 +1,306 @@
+"""One NVMe queue of the host: a TCP connection and the commands in flight on it.
+
+The asyncio glue around the sans-I/O HostConnection, as thin as the target's:
+the protocol moves bytes between the socket and the connection, and each
+command gets a future that its completion resolves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import cast
+
+from pynvmf.host.errors import NvmeConnectionError, NvmeStatusError
+from pynvmf.spec.command import Sqe
+from pynvmf.tcp.host import ABORTED, Buffer, HostCommand, HostConnection
+
+log = logging.getLogger(__name__)
+
+# Output is normally sent once per loop iteration, but a full batch goes at once:
+# the controller can start on it while the rest of the batch is still being
+# built, rather than both sides taking turns (measured: ~1.5x the IOPS at QD32
+# between two single-core processes).
+EAGER_FLUSH_BUFFERS = 8
+
+
+class HostQueue(asyncio.BufferedProtocol):
+    """Use `await HostQueue.open(...)`; the NVMe Connect is the caller's business."""
+
+    def __init__(
+        self,
+        qid: int,
+        depth: int,
+        *,
+        header_digest: bool = False,
+        data_digest: bool = False,
+        max_transfer: int = 1024 * 1024,
+    ) -> None:
+        self.qid = qid
+        self._loop = asyncio.get_running_loop()
+        self.conn = HostConnection(
+            depth,
+            self._on_complete,
+            self._output_wanted,
+            header_digest=header_digest,
+            data_digest=data_digest,
+            max_transfer=max_transfer,
+            on_established=self._on_established,
+            on_closed=self._on_closed,
+        )
+        self.transport: asyncio.Transport | None = None
+        self.peer = ""
+        self._ready: asyncio.Future[None] = self._loop.create_future()
+        self._lost: asyncio.Future[None] = self._loop.create_future()
+        self._slot_waiters: deque[asyncio.Future[None]] = deque()
+        self._flush_scheduled = False
+
+    @classmethod
+    async def open(
+        cls,
+        address: str,
+        port: int,
+        qid: int,
+        depth: int,
+        *,
+        header_digest: bool = False,
+        data_digest: bool = False,
+        max_transfer: int = 1024 * 1024,
+        timeout: float = 10.0,
+    ) -> HostQueue:
+        """Connect TCP and exchange ICReq/ICResp."""
+        loop = asyncio.get_running_loop()
+        queue = cls(
+            qid,
+            depth,
+            header_digest=header_digest,
+            data_digest=data_digest,
+            max_transfer=max_transfer,
+        )
+        host = address.strip("[]")
+        try:
+            async with asyncio.timeout(timeout):
+                await loop.create_connection(lambda: queue, host, port)
+                queue.conn.start()
+                await queue._ready
+        except TimeoutError:
+            queue.abort("no ICResp in time")
+            raise NvmeConnectionError(
+                f"{address} port {port}: no ICResp within {timeout} s"
+            ) from None
+        except NvmeConnectionError:
+            queue.abort("failed")
+            raise
+        except OSError as exc:
+            queue.abort(str(exc))
+            raise NvmeConnectionError(f"{address} port {port}: {exc}") from exc
+        except BaseException:
+            queue.abort("cancelled")
+            raise
+        return queue
+
+    # -- commands -----------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self.conn.closing
+
+    async def submit(
+        self,
+        opcode: int,
+        nsid: int = 0,
+        cdw10: int = 0,
+        cdw11: int = 0,
+        cdw12: int = 0,
+        cdw13: int = 0,
+        cdw14: int = 0,
+        cdw15: int = 0,
+        *,
+        data: Buffer | None = None,
+        into: memoryview | None = None,
+    ) -> HostCommand:
+        """Send a command once a command id is free; `wait()` for its completion."""
+        conn = self.conn
+        if conn.closing:
+            raise NvmeConnectionError(conn.close_reason)
+        if not conn.free_slots or self._slot_waiters:
+            await self._wait_slot()
+        cmd = conn.submit(
+            opcode, nsid, cdw10, cdw11, cdw12, cdw13, cdw14, cdw15, data=data, into=into
+        )
+        cmd.waiter = self._loop.create_future()
+        if len(conn.outbox) >= EAGER_FLUSH_BUFFERS:
+            self._flush()
+        return cmd
+
+    async def wait(self, cmd: HostCommand) -> int:
+        """The completion's result (DW0 | DW1 << 32); raises on a failed command."""
+        fut: asyncio.Future[None] = cmd.waiter
+        try:
+            await fut
+        except asyncio.CancelledError:
+            # The command stays in flight (NVMe/TCP cannot take it back); keep its
+            # late data out of a buffer the caller may already have reused.
+            cmd.discard = True
+            raise
+        if cmd.status:
+            raise self._error(cmd)
+        return cmd.result
+
+    async def execute(
+        self,
+        opcode: int,
+        nsid: int = 0,
+        cdw10: int = 0,
+        cdw11: int = 0,
+        cdw12: int = 0,
+        cdw13: int = 0,
+        cdw14: int = 0,
+        cdw15: int = 0,
+        *,
+        data: Buffer | None = None,
+        into: memoryview | None = None,
+    ) -> int:
+        """submit() and wait() in one, without the second coroutine on the hot path."""
+        conn = self.conn
+        if conn.closing:
+            raise NvmeConnectionError(conn.close_reason)
+        if not conn.free_slots or self._slot_waiters:
+            await self._wait_slot()
+        cmd = conn.submit(
+            opcode, nsid, cdw10, cdw11, cdw12, cdw13, cdw14, cdw15, data=data, into=into
+        )
+        fut = cmd.waiter = self._loop.create_future()
+        if len(conn.outbox) >= EAGER_FLUSH_BUFFERS:
+            self._flush()
+        try:
+            await fut
+        except asyncio.CancelledError:
+            cmd.discard = True
+            raise
+        if cmd.status:
+            raise self._error(cmd)
+        return cmd.result
+
+    def _error(self, cmd: HostCommand) -> Exception:
+        if cmd.status == ABORTED:
+            return NvmeConnectionError(f"queue {self.qid}: {self.conn.close_reason}")
+        return NvmeStatusError(cmd.status, Sqe.unpack(cmd.sqe), admin=self.qid == 0)
+
+    async def _wait_slot(self) -> None:
+        conn = self.conn
+        waiters = self._slot_waiters
+        first = True
+        while True:
+            fut: asyncio.Future[None] = self._loop.create_future()
+            # A waiter woken but beaten to the free id goes back to the front.
+            if first:
+                waiters.append(fut)
+            else:
+                waiters.appendleft(fut)
+            first = False
+            try:
+                await fut
+            except BaseException:
+                if fut in waiters:
+                    waiters.remove(fut)
+                elif not fut.cancelled():
+                    self._wake_slot_waiter()  # pass the wake-up on
+                raise
+            if conn.closing:
+                raise NvmeConnectionError(conn.close_reason)
+            if conn.free_slots:
+                return
+
+    def _wake_slot_waiter(self) -> None:
+        waiters = self._slot_waiters
+        while waiters:
+            fut = waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    def _on_complete(self, cmd: HostCommand) -> None:
+        fut = cmd.waiter
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+        if self._slot_waiters:
+            self._wake_slot_waiter()
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def _on_established(self) -> None:
+        if not self._ready.done():
+            self._ready.set_result(None)
+
+    def _on_closed(self, reason: str) -> None:
+        if not self._ready.done():
+            self._ready.set_exception(NvmeConnectionError(reason))
+            # Nobody may be awaiting it (closed before open() got there).
+            self._ready.exception()
+        for fut in self._slot_waiters:
+            if not fut.done():
+                fut.set_result(None)  # they see conn.closing and raise
+        self._slot_waiters.clear()
+
+    def close(self, reason: str = "closed by host") -> None:
+        """Close gracefully: queued output is sent, then the socket closes."""
+        self.conn.close(reason)
+        self._flush()
+
+    def abort(self, reason: str) -> None:
+        self.conn.close(reason)
+        if self.transport is not None:
+            self.transport.abort()
+
+    async def wait_closed(self, timeout: float = 5.0) -> None:
+        if self.transport is None:
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(self._lost)
+        except TimeoutError:
+            if self.transport is not None:
+                self.transport.abort()
+
+    # -- asyncio protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+        self.peer = str(transport.get_extra_info("peername"))
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.conn.reader.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.conn.data_received(nbytes)
+        self._flush()
+
+    def eof_received(self) -> bool:
+        return False
+
+    def _output_wanted(self) -> None:
+        # Coalesce every submission of this loop iteration into one writelines.
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        out = self.conn.take_output()
+        if out:
+            transport.writelines(out)
+        if self.conn.closing:
+            transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        reason = f"connection lost: {exc}" if exc else "connection closed by controller"
+        self.conn.close(reason)
+        self.transport = None
+        if not self._lost.done():
+            self._lost.set_result(None)
