@@ -206,7 +206,32 @@ class TargetProtocol(asyncio.BufferedProtocol):
             self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.conn.close("connection lost")
+        conn = self.conn
+        if conn.established:
+            # One line per connection: what the transport did, for users and for tests
+            # that check offload decisions (in-capsule vs R2T, digests) made with real hosts.
+            s = conn.stats
+            queue = self.queue
+            ctrl = queue.controller if queue is not None else None
+            log.info(
+                "connection closed: port=%s qid=%d cntlid=%d digests=%s%s commands=%d "
+                "r2t=%d h2c_data=%d c2h_data=%d in_capsule_bytes=%d data_digest_errors=%d "
+                "term_reqs=%d reason=%s",
+                self.port,
+                conn.qid,
+                ctrl.cntlid if ctrl else 0,
+                "h" if conn.hdgst else "-",
+                "d" if conn.ddgst else "-",
+                s.commands,
+                s.r2t_sent,
+                s.h2c_data_pdus,
+                s.c2h_data_pdus,
+                s.in_capsule_bytes,
+                s.data_digest_errors,
+                s.term_reqs_sent,
+                conn.close_reason or "host closed",
+            )
+        conn.close("connection lost")
         if self.queue is not None:
             self.queue.connection_lost()
         self.transport = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,7 @@ class Setup:
     process: TargetProcess
     io_port: int
     io_port6: int
+    io_port_4k: int
     disc_port: int
     backing: Path
 
@@ -65,11 +67,18 @@ class Setup:
 def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     workdir = tmp_path_factory.mktemp("linux-host")
     io_port, io_port6, disc_port = free_tcp_port(), free_tcp_port(), free_tcp_port()
+    io_port_4k = free_tcp_port()
     backing = workdir / "namespace.img"
     config = {
         "ports": [
             {"address": "127.0.0.1", "port": io_port},
             {"address": "::1", "port": io_port6, "subsystems": [MEM]},
+            {
+                "address": "127.0.0.1",
+                "port": io_port_4k,
+                "subsystems": [MEM],
+                "inline_data_size": 4096,
+            },
         ],
         "discovery_ports": [{"address": "127.0.0.1", "port": disc_port}],
         "subsystems": [
@@ -91,7 +100,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     }
     proc = TargetProcess(config, workdir)
     proc.start()
-    yield Setup(proc, io_port, io_port6, disc_port, backing)
+    yield Setup(proc, io_port, io_port6, io_port_4k, disc_port, backing)
     status = proc.stop()
     assert status == 0, f"target exited with {status}:\n{proc.stderr()}"
 
@@ -126,10 +135,10 @@ def test_discover_lists_every_subsystem_the_host_may_use(guest: Guest, target: S
     for port in (target.disc_port, target.io_port):
         out = guest.run(f"nvme discover -t tcp -a {Guest.host_address} -s {port}").output
         listed = _subnqns(out)
-        # MEM is on both the IPv4 and the IPv6 port; the last entry is the discovery
-        # subsystem answering.
+        # MEM is on the IPv4 port, the IPv6 port and the 4 KiB in-capsule port; the last
+        # entry is the discovery subsystem answering.
         assert sorted(listed) == sorted(
-            [MEM, FILE, MEM4K, MEM, "nqn.2014-08.org.nvmexpress.discovery"]
+            [MEM, FILE, MEM4K, MEM, MEM, "nqn.2014-08.org.nvmexpress.discovery"]
         ), out
         assert f"trsvcid: {target.io_port}" in out
         assert re.search(rf"adrfam:\s+ipv6\n.*\n.*\n.*\ntrsvcid: {target.io_port6}\n", out), out
@@ -295,3 +304,101 @@ def test_ipv6_discover_connect_and_io(guest: Guest, target: Setup) -> None:
         assert f"traddr={HOST_IPV6}" in address, address
     finally:
         _disconnect(guest, MEM)
+
+
+# -- offloads negotiated with the real host: in-capsule data and digests ----------------------
+
+_CLOSED = re.compile(
+    r"connection closed: port=(\S+) qid=(\d+) cntlid=\d+ digests=(\S+) (.*) reason="
+)
+
+
+def _log_offset(target: Setup) -> int:
+    return len(target.process.stderr())
+
+
+def _connection_stats(target: Setup, port: int, since: int) -> list[dict[str, int | str]]:
+    """The target's per-connection transport counters for `port`, logged at close.
+
+    The kernel's disconnect returns before the target has seen every socket close,
+    so wait (bounded) for the admin queue's line, which the kernel closes last.
+    """
+    deadline = time.monotonic() + 30
+    while True:
+        stats = []
+        for m in _CLOSED.finditer(target.process.stderr()[since:]):
+            if m.group(1) != f"127.0.0.1:{port}":
+                continue
+            entry: dict[str, int | str] = {"qid": int(m.group(2)), "digests": m.group(3)}
+            for field in m.group(4).split():
+                key, value = field.split("=")
+                entry[key] = int(value)
+            stats.append(entry)
+        if any(e["qid"] == 0 for e in stats) or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.05)
+
+
+def _fio_write_verify(guest: Guest, dev: str, bs: int, size: int) -> None:
+    result = guest.run(
+        f"fio --name=inline --filename={dev} --ioengine=libaio --direct=1 --rw=randwrite "
+        f"--bs={bs} --size={size} --iodepth=16 --verify=crc32c --do_verify=1 "
+        "--verify_fatal=1 --output-format=json",
+        timeout=300,
+    )
+    (job,) = json.loads(result.output[result.output.index("{") :])["jobs"]
+    assert job["error"] == 0 and job["write"]["io_bytes"] == size
+
+
+def _io_queue_totals(stats: list[dict[str, int | str]], key: str) -> int:
+    return sum(int(e[key]) for e in stats if e["qid"] != 0)
+
+
+def test_16k_in_capsule_target_receives_8k_and_16k_writes_in_the_capsule(
+    guest: Guest, target: Setup
+) -> None:
+    since = _log_offset(target)
+    dev = _connect(guest, target, MEM)
+    try:
+        for bs in (8192, 16384):
+            _fio_write_verify(guest, dev, bs, 2 * MIB)
+    finally:
+        _disconnect(guest, MEM)
+    stats = _connection_stats(target, target.io_port, since)
+    assert _io_queue_totals(stats, "r2t") == 0, stats
+    assert _io_queue_totals(stats, "in_capsule_bytes") >= 4 * MIB, stats
+
+
+def test_4k_in_capsule_target_falls_back_to_r2t_with_the_same_data(
+    guest: Guest, target: Setup
+) -> None:
+    since = _log_offset(target)
+    guest.run(f"nvme connect -t tcp -a {Guest.host_address} -s {target.io_port_4k} -n {MEM}")
+    dev = guest.run(f"sh /usr/local/bin/dev-for {MEM}").output.strip()
+    try:
+        for bs in (8192, 16384):
+            _fio_write_verify(guest, dev, bs, 2 * MIB)
+    finally:
+        _disconnect(guest, MEM)
+    stats = _connection_stats(target, target.io_port_4k, since)
+    writes = 2 * MIB // 8192 + 2 * MIB // 16384
+    # Exactly one R2T per fio write (reads never need one), answered by one H2CData each
+    # since the host's writes are smaller than MAXH2CDATA.
+    assert _io_queue_totals(stats, "r2t") == writes, stats
+    assert _io_queue_totals(stats, "h2c_data") == writes, stats
+    # Nothing larger than 4 KiB travelled in a capsule.
+    assert _io_queue_totals(stats, "in_capsule_bytes") < writes * 8192, stats
+
+
+def test_header_and_data_digests_with_fio_verify(guest: Guest, target: Setup) -> None:
+    since = _log_offset(target)
+    dev = _connect(guest, target, MEM, "--hdr-digest --data-digest")
+    try:
+        _fio_write_verify(guest, dev, 4096, 2 * MIB)  # in the capsule
+        _fio_write_verify(guest, dev, 65536, 4 * MIB)  # R2T and H2CData
+    finally:
+        _disconnect(guest, MEM)
+    stats = _connection_stats(target, target.io_port, since)
+    assert stats and all(e["digests"] == "hd" for e in stats), stats
+    assert _io_queue_totals(stats, "data_digest_errors") == 0
+    assert _io_queue_totals(stats, "r2t") >= 4 * MIB // 65536
