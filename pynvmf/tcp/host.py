@@ -260,8 +260,7 @@ class HostConnection:
         if status == 0 and (
             cmd.transfer_error or (cmd.into is not None and cmd.received != cmd.length)
         ):
-            # Success claimed but the data did not all arrive intact (Linux does the same).
-            status = Status.DATA_TRANSFER_ERROR
+            status = _transfer_failure(cmd)
         self._finish(cmd, status, dw0 | dw1 << 32)
 
     def _on_c2h_data(
@@ -292,7 +291,7 @@ class HostConnection:
             # SQ flow control is off: this PDU stands in for the CapsuleResp.
             self.stats.c2h_success_completions += 1
             failed = cmd.transfer_error or cmd.received != cmd.length
-            self._finish(cmd, Status.DATA_TRANSFER_ERROR if failed else 0, 0)
+            self._finish(cmd, _transfer_failure(cmd) if failed else 0, 0)
 
     def _on_r2t(self, pdu: memoryview) -> None:
         _t, _f, _h, _o, _l, cid, ttag, r2to, r2tl = P.DATA_HEADER.unpack_from(pdu)
@@ -537,3 +536,12 @@ def _prefix(header: bytes, pdo: int, hdgst: bool) -> bytes:
     if pdo > len(header):
         header += bytes(pdo - len(header))
     return header
+
+
+def _transfer_failure(cmd: HostCommand) -> int:
+    """The status of a command whose target claimed success but whose data did not
+    all arrive intact: a data digest mismatch is the transport's transient error (as
+    the SPDK host and target report it); data that never came is a transfer error."""
+    if cmd.transfer_error:
+        return Status.TRANSIENT_TRANSPORT_ERROR
+    return Status.DATA_TRANSFER_ERROR

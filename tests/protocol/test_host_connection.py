@@ -390,7 +390,7 @@ def test_data_digest_error_fails_the_command_not_the_connection() -> None:
     cmd, buf = read(h, 512)
     h.conn.feed(h.c2h_data(cmd.cid, 0, b"\xff" * 512, P.FLAG_DATA_LAST, bad_ddgst=True))
     h.conn.feed(h.resp(cmd.cid))
-    assert cmd.status == Status.DATA_TRANSFER_ERROR
+    assert cmd.status == Status.TRANSIENT_TRANSPORT_ERROR
     assert buf == bytes(512)  # corrupt data is not delivered
     assert h.conn.stats.data_digest_errors == 1
     assert not h.conn.closing
