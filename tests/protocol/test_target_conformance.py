@@ -821,6 +821,21 @@ async def test_digests_end_to_end(raw_target: RawTarget) -> None:
     assert (await io.read(1, 1000, 1, RAW_NS1_BLOCK)).data == data
 
 
+async def test_header_digest_error_ends_only_that_connection(raw_target: RawTarget) -> None:
+    good = await raw_target.host()
+    await assert_good(good, 21)
+    victim = await raw_target.open()
+    await victim.handshake(hdgst=True, ddgst=True)
+    sqe = rw_sqe(IoOpcode.READ, 1, 1, 0, 1, RAW_NS1_BLOCK)
+    wire = bytearray(victim.capsule(sqe))
+    wire[P.CAPSULE_CMD_HLEN] ^= 0x01  # the first byte of the header digest
+    victim.send(bytes(wire))
+    term = await victim.expect_term()
+    assert term.term_fields() == (P.FatalError.HEADER_DIGEST_ERROR, 0)
+    assert bytes(term.data) == bytes(wire[: P.CAPSULE_CMD_HLEN])
+    await assert_good(good, 22)
+
+
 # -- file backend ------------------------------------------------------------------------------
 
 
