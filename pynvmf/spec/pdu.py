@@ -92,6 +92,7 @@ TERM_BODY = struct.Struct("<HI")
 # Whole fixed-size headers, for one pack call per PDU on the hot path.
 DATA_HEADER = struct.Struct("<BBBBIHHII4x")
 CAPSULE_RESP = struct.Struct("<BBBBIIIHHHH")
+CAPSULE_CMD = struct.Struct("<BBBBI64s")
 
 
 def pack_ic(pdu_type: int, pfv: int, pda: int, dgst: int, value: int) -> bytes:

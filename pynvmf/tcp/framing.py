@@ -1,4 +1,5 @@
-"""Splitting an NVMe/TCP byte stream into PDUs, for either role. Sans-I/O.
+"""NVMe/TCP framing for either role, sans-I/O: PduReader splits the received byte
+stream into PDUs; PduWriter frames the PDUs we send.
 
 The reader owns one receive buffer and exposes it the way asyncio's
 BufferedProtocol wants (`get_buffer` / `buffer_updated`), so the kernel copies
@@ -16,6 +17,7 @@ names (FES and FEI), and the reader stops.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 
 from pynvmf.spec import pdu as P
@@ -182,3 +184,74 @@ class PduReader:
         self.dead = True
         offending = bytes(self._view[start : start + min(avail, P.TERM_REQ_MAX_DATA)])
         self._on_fatal(fes, fei, offending)
+
+
+Buffer = bytes | bytearray | memoryview
+
+
+class PduWriter:
+    """Frames outgoing PDUs for one connection: the one place that decides, per PDU,
+    which of the transport's offloads apply and how.
+
+    - Header digest: CRC32C over the header, appended when negotiated (for every PDU
+      but ICReq/ICResp and TermReq), computed by the accelerated CRC32C library when
+      it is installed and by the software fallback otherwise (`tcp.digest`).
+    - Data digest: CRC32C over the payload, appended after it when negotiated.
+    - Data placement: the payload starts at the receiver's PDU data alignment
+      ((H|C)PDA + 1) * 4, with padding after the header digest when needed.
+    - Zero copy: the payload is the caller's buffer, appended to the output list as
+      is; header, payload and digest leave in one writelines (sendmsg) call, so the
+      payload is never concatenated with its header in user space.
+    """
+
+    __slots__ = ("ddgst", "hdgst", "pda")
+
+    def __init__(self) -> None:
+        self.hdgst = False
+        self.ddgst = False
+        self.pda = 0  # the peer's data alignment requirement, 0's based dwords
+
+    def configure(self, *, hdgst: bool, ddgst: bool, pda: int) -> None:
+        self.hdgst, self.ddgst, self.pda = hdgst, ddgst, pda
+
+    def control(
+        self, out: list[Buffer], layout: struct.Struct, pdu_type: int, hlen: int, *fields: object
+    ) -> None:
+        """A PDU without data (CapsuleResp, R2T, a capsule without in-capsule data).
+        `layout` packs the whole header: common header, then `fields`."""
+        if self.hdgst:
+            header = layout.pack(pdu_type, P.FLAG_HDGST, hlen, 0, hlen + P.DIGEST_LEN, *fields)
+            out.append(header + D.digest(header))
+        else:
+            out.append(layout.pack(pdu_type, 0, hlen, 0, hlen, *fields))
+
+    def data(
+        self,
+        out: list[Buffer],
+        layout: struct.Struct,
+        pdu_type: int,
+        flags: int,
+        hlen: int,
+        payload: Buffer,
+        *fields: object,
+    ) -> None:
+        """A PDU carrying `payload` (C2HData, H2CData, a capsule with in-capsule data)."""
+        hdgst, ddgst = self.hdgst, self.ddgst
+        length = len(payload) if not isinstance(payload, memoryview) else payload.nbytes
+        pdo = P.data_offset(hlen, hdgst, self.pda)
+        plen = pdo + length + (P.DIGEST_LEN if ddgst else 0)
+        if hdgst:
+            flags |= P.FLAG_HDGST
+        if ddgst:
+            flags |= P.FLAG_DDGST
+        header = layout.pack(pdu_type, flags, hlen, pdo, plen, *fields)
+        if hdgst or pdo != hlen:
+            prefix = header + D.digest(header) if hdgst else header
+            if pdo > len(prefix):
+                prefix += bytes(pdo - len(prefix))
+            out.append(prefix)
+        else:
+            out.append(header)
+        out.append(payload)
+        if ddgst:
+            out.append(D.digest(payload))

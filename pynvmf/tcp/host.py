@@ -28,8 +28,7 @@ from pynvmf.spec.command import (
 )
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType
 from pynvmf.spec.status import Status
-from pynvmf.tcp import digest as D
-from pynvmf.tcp.framing import PduReader
+from pynvmf.tcp.framing import PduReader, PduWriter
 from pynvmf.tcp.target import ADMIN_INLINE_LIMIT
 
 log = logging.getLogger(__name__)
@@ -133,6 +132,7 @@ class HostConnection:
         self.max_transfer = max_transfer
         self.hpda = hpda
         self.outbox: list[Buffer] = []
+        self.writer = PduWriter()
         self.stats = HostTransportStats()
         self.reader = PduReader(
             self._on_pdu,
@@ -233,6 +233,7 @@ class HostConnection:
             return
         self.hdgst, self.ddgst = hdgst, ddgst
         self.cpda = cpda
+        self.writer.configure(hdgst=hdgst, ddgst=ddgst, pda=cpda)
         self.maxh2cdata = maxh2cdata
         reader = self.reader
         reader.hdgst, reader.ddgst = hdgst, ddgst
@@ -392,63 +393,45 @@ class HostConnection:
         return self.inline_limit
 
     def _emit_capsule(self, sqe: bytes, inline: memoryview | None) -> None:
-        hdgst, ddgst = self.hdgst, self.ddgst
-        flags = P.FLAG_HDGST if hdgst else 0
-        header_end = P.CAPSULE_CMD_HLEN + (P.DIGEST_LEN if hdgst else 0)
         if inline is None:
-            header = (
-                P.COMMON_HEADER.pack(
-                    P.PduType.CAPSULE_CMD, flags, P.CAPSULE_CMD_HLEN, 0, header_end
-                )
-                + sqe
+            self.writer.control(
+                self.outbox, P.CAPSULE_CMD, P.PduType.CAPSULE_CMD, P.CAPSULE_CMD_HLEN, sqe
             )
-            self._emit(header + D.digest(header) if hdgst else header)
-            return
-        length = inline.nbytes
-        if ddgst:
-            flags |= P.FLAG_DDGST
-        pdo = P.data_offset(P.CAPSULE_CMD_HLEN, hdgst, self.cpda)
-        plen = pdo + length + (P.DIGEST_LEN if ddgst else 0)
-        header = (
-            P.COMMON_HEADER.pack(P.PduType.CAPSULE_CMD, flags, P.CAPSULE_CMD_HLEN, pdo, plen) + sqe
-        )
-        out = self.outbox
-        out.append(_prefix(header, pdo, hdgst))
-        out.append(inline)
-        if ddgst:
-            out.append(D.digest(inline))
-        self.stats.in_capsule_bytes += length
+        else:
+            self.writer.data(
+                self.outbox,
+                P.CAPSULE_CMD,
+                P.PduType.CAPSULE_CMD,
+                0,
+                P.CAPSULE_CMD_HLEN,
+                inline,
+                sqe,
+            )
+            self.stats.in_capsule_bytes += inline.nbytes
         self._output_added()
 
     def _send_h2c_data(self, cmd: HostCommand, ttag: int, offset: int, length: int) -> None:
         data = cmd.data
         assert data is not None
-        hdgst, ddgst = self.hdgst, self.ddgst
-        pdo = P.data_offset(P.DATA_HLEN, hdgst, self.cpda)
-        base_flags = (P.FLAG_HDGST if hdgst else 0) | (P.FLAG_DDGST if ddgst else 0)
-        trailer = P.DIGEST_LEN if ddgst else 0
         maxh2c = self.maxh2cdata
         out = self.outbox
+        writer = self.writer
         end = offset + length
         while offset < end:
             n = min(maxh2c, end - offset)
-            flags = base_flags | (P.FLAG_DATA_LAST if offset + n == end else 0)
-            header = P.DATA_HEADER.pack(
+            flags = P.FLAG_DATA_LAST if offset + n == end else 0
+            writer.data(
+                out,
+                P.DATA_HEADER,
                 P.PduType.H2C_DATA,
                 flags,
                 P.DATA_HLEN,
-                pdo,
-                pdo + n + trailer,
+                data[offset : offset + n],
                 cmd.cid,
                 ttag,
                 offset,
                 n,
             )
-            chunk = data[offset : offset + n]
-            out.append(_prefix(header, pdo, hdgst))
-            out.append(chunk)
-            if ddgst:
-                out.append(D.digest(chunk))
             self.stats.h2c_data_pdus += 1
             offset += n
         cmd.sent = end
@@ -527,15 +510,6 @@ class HostConnection:
 
     def pending_commands(self) -> list[HostCommand]:
         return [cmd for cmd in self._slots if cmd is not None]
-
-
-def _prefix(header: bytes, pdo: int, hdgst: bool) -> bytes:
-    """A PDU header with its digest and the padding up to its data offset."""
-    if hdgst:
-        header += D.digest(header)
-    if pdo > len(header):
-        header += bytes(pdo - len(header))
-    return header
 
 
 def _transfer_failure(cmd: HostCommand) -> int:

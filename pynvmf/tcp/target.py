@@ -25,8 +25,7 @@ from pynvmf.spec.command import (
 )
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType
 from pynvmf.spec.status import DNR, Status
-from pynvmf.tcp import digest as D
-from pynvmf.tcp.framing import PduReader
+from pynvmf.tcp.framing import PduReader, PduWriter
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +90,7 @@ class TargetConnection:
         self.on_command = on_command
         self.on_output = on_output
         self.outbox: list[Buffer] = []
+        self.writer = PduWriter()
         self.stats = TransportStats()
         self.reader = PduReader(
             self._on_pdu,
@@ -165,6 +165,7 @@ class TargetConnection:
         resp_dgst = (P.DIGEST_HEADER if self.hdgst else 0) | (P.DIGEST_DATA if self.ddgst else 0)
         self._emit(P.pack_ic(P.PduType.ICRESP, P.PFV_1_0, cfg.cpda, resp_dgst, cfg.max_h2c_data))
         self.established = True
+        self.writer.configure(hdgst=self.hdgst, ddgst=self.ddgst, pda=hpda)
         reader = self.reader
         reader.hdgst, reader.ddgst = self.hdgst, self.ddgst
         reader.pdo_alignment = (cfg.cpda + 1) * 4
@@ -235,23 +236,19 @@ class TargetConnection:
         ttag = self._allocate_ttag()
         req.ttag = ttag
         self._r2t[ttag] = req
-        r2t = bytearray(
-            P.DATA_HEADER.pack(
-                P.PduType.R2T,
-                P.FLAG_HDGST if self.hdgst else 0,
-                P.R2T_HLEN,
-                0,
-                P.R2T_HLEN + (P.DIGEST_LEN if self.hdgst else 0),
-                req.sqe.cid,
-                ttag,
-                0,
-                req.length,
-            )
+        self.writer.control(
+            self.outbox,
+            P.DATA_HEADER,
+            P.PduType.R2T,
+            P.R2T_HLEN,
+            req.sqe.cid,
+            ttag,
+            0,
+            req.length,
         )
-        if self.hdgst:
-            r2t += D.digest(r2t)
         self.stats.r2t_sent += 1
-        self._emit(r2t)
+        if not self._receiving:
+            self._request_output()
 
     def _allocate_ttag(self) -> int:
         for _ in range(_TTAG_LIMIT):
@@ -341,12 +338,11 @@ class TargetConnection:
                 if not self._receiving:
                     self._request_output()
                 return
-        resp = P.CAPSULE_RESP.pack(
+        self.writer.control(
+            out,
+            P.CAPSULE_RESP,
             P.PduType.CAPSULE_RESP,
-            P.FLAG_HDGST if self.hdgst else 0,
             P.CAPSULE_RESP_HLEN,
-            0,
-            P.CAPSULE_RESP_HLEN + (P.DIGEST_LEN if self.hdgst else 0),
             result & 0xFFFFFFFF,
             result >> 32,
             0xFFFF if self.sqhd_disabled else self._sqhd,
@@ -354,35 +350,24 @@ class TargetConnection:
             cid,
             (status << 1) & 0xFFFF,
         )
-        out.append(resp + D.digest(resp) if self.hdgst else resp)
         if not self._receiving:
             self._request_output()
 
     def _emit_c2h_data(self, cid: int, data: Buffer, success: bool) -> None:
         self.stats.c2h_data_pdus += 1
-        length = len(data)
         flags = P.FLAG_DATA_LAST | (P.FLAG_DATA_SUCCESS if success else 0)
-        if self.hdgst:
-            flags |= P.FLAG_HDGST
-        if self.ddgst:
-            flags |= P.FLAG_DDGST
-        pdo = P.data_offset(P.DATA_HLEN, self.hdgst, self.hpda)
-        plen = pdo + length + (P.DIGEST_LEN if self.ddgst else 0)
-        header = P.DATA_HEADER.pack(
-            P.PduType.C2H_DATA, flags, P.DATA_HLEN, pdo, plen, cid, 0, 0, length
+        self.writer.data(
+            self.outbox,
+            P.DATA_HEADER,
+            P.PduType.C2H_DATA,
+            flags,
+            P.DATA_HLEN,
+            data,
+            cid,
+            0,
+            0,
+            len(data),
         )
-        out = self.outbox
-        if self.hdgst or pdo != P.DATA_HLEN:
-            prefix = bytearray(header)
-            if self.hdgst:
-                prefix += D.digest(header)
-            prefix += bytes(pdo - len(prefix))
-            out.append(prefix)
-        else:
-            out.append(header)
-        out.append(data)
-        if self.ddgst:
-            out.append(D.digest(data))
 
     def take_output(self) -> list[Buffer]:
         out = self.outbox
