@@ -28,6 +28,9 @@ class Capabilities:
     deallocate: bool = True
     # Reads of deallocated blocks return zeroes (NVMe DLFEAT bits 2:0 = 001b).
     deallocated_reads_zero: bool = True
+    # The device copies within itself without the data passing through the caller
+    # (`NativeCopy.copy_within`); the copy planner (block.copy) decides from this.
+    native_copy: bool = False
 
     @property
     def size(self) -> int:
@@ -62,6 +65,17 @@ class BlockDevice(Protocol):
     async def deallocate(self, lba: int, nblocks: int) -> None: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class NativeCopy(Protocol):
+    """A device whose capabilities say native_copy offers this."""
+
+    async def copy_within(
+        self, src_lba: int, dst_lba: int, nblocks: int, *, fua: bool = False
+    ) -> None:
+        """Copy blocks inside the device, as memmove would: overlapping ranges are safe."""
+        ...
 
 
 def check_range(caps: Capabilities, lba: int, nblocks: int) -> None:

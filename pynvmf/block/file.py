@@ -49,6 +49,13 @@ _RWF_DSYNC: int = getattr(os, "RWF_DSYNC", 0)
 _zeros: memoryview | None = None
 
 
+_COPY_CHUNK = 1 << 20
+# copy_file_range cannot serve this pair of offsets or this file: copy through memory.
+_NO_COPY_FILE_RANGE = frozenset(
+    (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF)
+)
+
+
 def _zero_chunk() -> memoryview:
     """1 MiB of zeroes to write from; an untouched anonymous mapping costs no memory."""
     global _zeros
@@ -208,6 +215,7 @@ class FileDevice:
             write_zeroes=True,
             deallocate=True,
             deallocated_reads_zero=True,
+            native_copy=True,
         )
 
     def __repr__(self) -> str:
@@ -279,6 +287,53 @@ class FileDevice:
             raise self._write_error(e) from None
         if fua and not flags:
             await asyncio.to_thread(os.fdatasync, self._fd)
+
+    async def copy_within(
+        self, src_lba: int, dst_lba: int, nblocks: int, *, fua: bool = False
+    ) -> None:
+        """copy_file_range inside the file: on XFS and Btrfs a reflink (metadata only),
+        elsewhere an in-kernel copy; overlapping ranges go through a bounce buffer."""
+        check_range(self._caps, src_lba, nblocks)
+        check_range(self._caps, dst_lba, nblocks)
+        if self._read_only:
+            raise OSError(errno.EROFS, "read-only device")
+        src, dst, length = src_lba << self._shift, dst_lba << self._shift, nblocks << self._shift
+        if length == 0 or src == dst:
+            return
+        await asyncio.to_thread(self._copy_within, src, dst, length)
+        if fua:
+            await asyncio.to_thread(os.fdatasync, self._fd)
+
+    def _copy_within(self, src: int, dst: int, length: int) -> None:
+        fd = self._checked_fd()
+        done = 0
+        if not (src < dst + length and dst < src + length):
+            # The kernel refuses overlapping ranges of one file; and block devices and
+            # some file systems have no copy_file_range at all.
+            while done < length:
+                try:
+                    n = os.copy_file_range(fd, fd, length - done, src + done, dst + done)
+                except OSError as e:
+                    if e.errno not in _NO_COPY_FILE_RANGE:
+                        raise
+                    break
+                if n == 0:
+                    break
+                done += n
+        if done < length:
+            self._bounce_copy(src + done, dst + done, length - done)
+
+    def _bounce_copy(self, src: int, dst: int, length: int) -> None:
+        # Chunks run backwards when the destination is after an overlapping source,
+        # so no chunk overwrites source data not yet copied (memmove order).
+        chunk = bytearray(min(length, _COPY_CHUNK))
+        starts = range(0, length, len(chunk))
+        order = reversed(starts) if src < dst < src + length else starts
+        for start in order:
+            n = min(len(chunk), length - start)
+            view = memoryview(chunk)[:n]
+            self._read_rest(view, src + start, 0, n)
+            self._write_rest(view, dst + start, 0, n, 0)
 
     async def flush(self) -> None:
         # fdatasync can wait a long time for the storage: not on the loop's thread.

@@ -53,6 +53,7 @@ class MemoryDevice:
             write_zeroes=True,
             deallocate=True,
             deallocated_reads_zero=True,
+            native_copy=True,
         )
         self._map = mmap.mmap(-1, size_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         self._view = memoryview(self._map)
@@ -99,6 +100,15 @@ class MemoryDevice:
             check_range(self._caps, lba, n >> self._shift)
         # mmap slice assignment takes any contiguous buffer and does one memcpy.
         self._map[off:end] = data
+
+    async def copy_within(
+        self, src_lba: int, dst_lba: int, nblocks: int, *, fua: bool = False
+    ) -> None:
+        check_range(self._caps, src_lba, nblocks)
+        check_range(self._caps, dst_lba, nblocks)
+        shift = self._shift
+        # mmap.move is memmove: overlapping ranges copy as if through a buffer.
+        self._map.move(dst_lba << shift, src_lba << shift, nblocks << shift)
 
     async def flush(self) -> None:
         if self._map.closed:

@@ -236,3 +236,55 @@ DSM_ATTR_DEALLOCATE = 1 << 2  # Dataset Management CDW11: AD
 # Dataset Management range: context attributes, length in LBAs, starting LBA.
 DSM_RANGE = struct.Struct("<IIQ")
 DSM_MAX_RANGES = 256
+
+
+# ---- Copy (NVM command set; TP 4065 formats 0/1, TP 4130 formats 2/3) ---------------
+
+COPY_DESCRIPTOR_SIZE = {0: 32, 1: 40, 2: 32, 3: 40}
+# Each format starts the same way: SNSID (formats 2/3; reserved in 0/1), 4 reserved
+# bytes, SLBA, NLB (0's based), CETYPE, reserved, CEV, then SOPT in formats 2/3.
+_COPY_RANGE_HEAD = struct.Struct("<I4xQHBxHH")
+COPY_SOPT_FAST_COPY_ONLY = 1 << 15
+
+
+@dataclass(frozen=True, slots=True)
+class CopyRange:
+    slba: int
+    nlb: int  # number of blocks (1's based here; the wire carries it 0's based)
+    snsid: int = 0  # source namespace (formats 2 and 3); 0 means the command's NSID
+    sopt: int = 0
+
+
+def copy_cdw12(nr: int, desfmt: int, *, fua: bool = False) -> int:
+    """CDW12 of a Copy: NR (0's based) in bits 7:0, DESFMT in 11:8, FUA in bit 30."""
+    return (nr - 1) & 0xFF | (desfmt & 0xF) << 8 | (RW_FUA if fua else 0)
+
+
+def parse_copy_ranges(
+    data: bytes | bytearray | memoryview, desfmt: int, nr: int
+) -> list[CopyRange]:
+    size = COPY_DESCRIPTOR_SIZE[desfmt]
+    cross = desfmt in (2, 3)
+    out = []
+    for i in range(nr):
+        snsid, slba, nlb, _cetype, _cev, sopt = _COPY_RANGE_HEAD.unpack_from(data, i * size)
+        out.append(CopyRange(slba, nlb + 1, snsid if cross else 0, sopt if cross else 0))
+    return out
+
+
+def pack_copy_ranges(ranges: list[CopyRange], desfmt: int) -> bytes:
+    size = COPY_DESCRIPTOR_SIZE[desfmt]
+    cross = desfmt in (2, 3)
+    buf = bytearray(size * len(ranges))
+    for i, r in enumerate(ranges):
+        _COPY_RANGE_HEAD.pack_into(
+            buf,
+            i * size,
+            r.snsid if cross else 0,
+            r.slba,
+            r.nlb - 1,
+            0,
+            0,
+            r.sopt if cross else 0,
+        )
+    return bytes(buf)

@@ -20,6 +20,7 @@ from pynvmf.target.controller import (
     VERSION,
     Controller,
 )
+from pynvmf.target.limits import COPY_FORMATS, MAX_TRANSFER, MDTS, copy_limits
 
 if TYPE_CHECKING:
     from pynvmf.target.queue import TargetQueue
@@ -32,8 +33,6 @@ log = logging.getLogger(__name__)
 Outcome = tuple[int, int, bytes | bytearray | None]
 PENDING = None  # an Asynchronous Event Request completes later, not now
 
-MDTS = 8  # 2^8 pages of 4 KiB: 1 MiB per command
-MAX_TRANSFER = (1 << MDTS) * 4096
 FIRMWARE = __version__[:8]
 
 _SUPPORTED_ADMIN = (
@@ -46,7 +45,12 @@ _SUPPORTED_ADMIN = (
     AdminOpcode.KEEP_ALIVE,
     AdminOpcode.FABRICS,
 )
-_LBA_CHANGING_IO = (IoOpcode.WRITE, IoOpcode.WRITE_ZEROES, IoOpcode.DATASET_MANAGEMENT)
+_LBA_CHANGING_IO = (
+    IoOpcode.WRITE,
+    IoOpcode.WRITE_ZEROES,
+    IoOpcode.DATASET_MANAGEMENT,
+    IoOpcode.COPY,
+)
 _SUPPORTED_IO = (IoOpcode.FLUSH, IoOpcode.READ, *_LBA_CHANGING_IO)
 # Optional asynchronous events a host may enable with Set Features (Async Event Config).
 _AEN_SUPPORTED_IO = I.Oaes.NS_ATTR
@@ -180,7 +184,8 @@ def identify_controller(ctrl: Controller, queue: TargetQueue) -> I.IdentifyContr
         wctemp=343,
         cctemp=358,
         nn=max(1024, subsystem.max_nsid),
-        oncs=I.Oncs.DSM | I.Oncs.WRITE_ZEROES,
+        oncs=I.Oncs.DSM | I.Oncs.WRITE_ZEROES | I.Oncs.COPY,
+        ocfs=sum(1 << f for f in COPY_FORMATS),
         vwc=I.Vwc.PRESENT | I.Vwc.FLUSH_BROADCAST_SUPPORTED,
         **common,
     )
@@ -191,6 +196,7 @@ _CTRATT = I.Ctratt.HOST_ID_128 | I.Ctratt.TBKAS
 
 def identify_namespace(ns: Namespace) -> I.IdentifyNamespace:
     caps = ns.device.capabilities
+    limits = copy_limits(caps.block_size)
     dlfeat = I.Dlfeat.WRITE_ZEROES_DEALLOC
     if caps.deallocated_reads_zero:
         dlfeat |= I.Dlfeat.READ_ZEROES
@@ -203,6 +209,9 @@ def identify_namespace(ns: Namespace) -> I.IdentifyNamespace:
         nmic=I.NMIC_SHARED,
         dlfeat=dlfeat,
         nvmcap=caps.size,
+        mssrl=limits.max_range_blocks,
+        mcl=limits.max_blocks,
+        msrc=limits.max_ranges - 1,
         nguid=ns.nguid,
         eui64=ns.eui64,
         lbaf=[I.LbaFormat(ms=0, lbads=int(math.log2(caps.block_size)), rp=0)],

@@ -59,6 +59,8 @@ class IoStats:
     write_cmds: int = 0
     read_bytes: int = 0
     write_bytes: int = 0
+    copy_cmds: int = 0
+    copy_bytes: int = 0
 
 
 @dataclass

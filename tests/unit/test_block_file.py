@@ -54,6 +54,7 @@ async def test_create_sparse(img, bs):
         write_zeroes=True,
         deallocate=True,
         deallocated_reads_zero=True,
+        native_copy=True,
     )
     st = os.stat(img)
     assert st.st_size == size

@@ -60,6 +60,7 @@ async def test_capabilities(bs):
         write_zeroes=True,
         deallocate=True,
         deallocated_reads_zero=True,
+        native_copy=True,
     )
     assert dev.capabilities.size == bs * 100
     await dev.close()
