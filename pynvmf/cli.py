@@ -9,6 +9,7 @@ import signal
 import sys
 from typing import Any
 
+from pynvmf.host_cli import add_host_commands, run_host_command
 from pynvmf.target.config import (
     DEFAULT_NQN,
     ConfigError,
@@ -104,11 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pynvmf", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _target_parser(sub)
+    add_host_commands(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.command != "target":
+        return run_host_command(args)
     if args.command == "target":
         try:
             if args.config:
