@@ -402,3 +402,71 @@ def test_header_and_data_digests_with_fio_verify(guest: Guest, target: Setup) ->
     assert stats and all(e["digests"] == "hd" for e in stats), stats
     assert _io_queue_totals(stats, "data_digest_errors") == 0
     assert _io_queue_totals(stats, "r2t") >= 4 * MIB // 65536
+
+
+# -- copy offload: the kernel host's `nvme copy` ------------------------------------------------
+
+
+@pytest.mark.parametrize("nqn", [MEM, FILE, MEM4K])
+def test_nvme_copy_single_many_ranges_at_the_end_and_past_it(
+    guest: Guest, target: Setup, nqn: str
+) -> None:
+    bs = BLOCK_SIZES[nqn]
+    last = SIZES[nqn] // bs  # the first LBA past the end
+    dev = _connect(guest, target, nqn)
+
+    def read_blocks(lba: int, count: int, path: str) -> None:
+        guest.run(
+            f"dd if={dev} of={path} bs={bs} skip={lba} count={count} iflag=direct 2>/dev/null"
+        )
+
+    def expect(path: str, pieces: list[tuple[int, int]]) -> None:
+        """`path` must equal the listed (first block, count) pieces of /tmp/csrc."""
+        parts = "; ".join(
+            f"dd if=/tmp/csrc bs={bs} skip={s} count={n} 2>/dev/null" for s, n in pieces
+        )
+        guest.run(f"({parts}) > /tmp/cexp && cmp {path} /tmp/cexp")
+
+    def nvme_copy(sdlba: int, ranges: list[tuple[int, int]], extra: str = "") -> str:
+        slbs = ",".join(str(src + s) for s, _ in ranges)
+        nlbs = ",".join(str(n - 1) for _, n in ranges)  # nvme-cli takes 0's based counts
+        return guest.run(
+            f"nvme copy {dev} --sdlba={sdlba} --slbs={slbs} --blocks={nlbs} {extra}", check=False
+        ).output
+
+    try:
+        src = 1000
+        guest.run(
+            f"dd if=/dev/urandom of=/tmp/csrc bs={bs} count=48 2>/dev/null && "
+            f"dd if=/tmp/csrc of={dev} bs={bs} seek={src} oflag=direct 2>/dev/null"
+        )
+        # One range.
+        assert "NVMe Copy: success" in nvme_copy(last // 4, [(0, 8)])
+        read_blocks(last // 4, 8, "/tmp/cdst")
+        expect("/tmp/cdst", [(0, 8)])
+        # Sixteen ranges, in a shuffled order, gathered into one destination.
+        ranges = [(3 * i, 3) for i in (5, 0, 15, 7, 2, 9, 1, 14, 3, 11, 4, 13, 6, 10, 8, 12)]
+        assert "NVMe Copy: success" in nvme_copy(last // 2, ranges)
+        read_blocks(last // 2, 48, "/tmp/cdst")
+        expect("/tmp/cdst", ranges)
+        # Descriptor format 1 and FUA.
+        assert "NVMe Copy: success" in nvme_copy(3 * last // 4, [(40, 8), (8, 8)], "--format=1 -f")
+        read_blocks(3 * last // 4, 16, "/tmp/cdst")
+        expect("/tmp/cdst", [(40, 8), (8, 8)])
+        # The very end of the namespace.
+        assert "NVMe Copy: success" in nvme_copy(last - 8, [(16, 8)])
+        read_blocks(last - 8, 8, "/tmp/cdst")
+        expect("/tmp/cdst", [(16, 8)])
+        # Past it: LBA Out of Range, and the blocks that were there are untouched.
+        read_blocks(last - 8, 8, "/tmp/before")
+        out = nvme_copy(last - 4, [(24, 8)])
+        assert "LBA Out of Range" in out, out
+        read_blocks(last - 8, 8, "/tmp/after")
+        guest.run("cmp /tmp/before /tmp/after")
+        # A source range past the end fails the same way.
+        out = guest.run(
+            f"nvme copy {dev} --sdlba=100 --slbs={last - 2} --blocks=7", check=False
+        ).output
+        assert "LBA Out of Range" in out, out
+    finally:
+        _disconnect(guest, nqn)
