@@ -7,6 +7,7 @@ probing the device type.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -69,12 +70,47 @@ class BlockDevice(Protocol):
 
 @runtime_checkable
 class NativeCopy(Protocol):
-    """A device whose capabilities say native_copy offers this."""
+    """A local device that copies within itself (capabilities.native_copy)."""
 
     async def copy_within(
         self, src_lba: int, dst_lba: int, nblocks: int, *, fua: bool = False
     ) -> None:
         """Copy blocks inside the device, as memmove would: overlapping ranges are safe."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class CopyLimits:
+    """What one offloaded copy request may carry (NVMe MSSRL, MCL, MSRC + 1)."""
+
+    max_range_blocks: int
+    max_blocks: int
+    max_ranges: int
+
+
+@runtime_checkable
+class CopyOffload(Protocol):
+    """A device that takes multi-range copy requests and moves the data itself, without
+    it passing through the caller (a remote namespace whose controller supports the
+    NVMe Copy command; a linear device whose segments map onto such devices).
+
+    The copy planner (block.copy) is the only caller: it splits requests to fit
+    `copy_limits` and only passes sources for which `can_copy_from` is true.
+    """
+
+    @property
+    def copy_limits(self) -> CopyLimits: ...
+
+    def can_copy_from(self, source: BlockDevice) -> bool:
+        """True if this device can copy data from `source` natively: the same device,
+        or (NVMe TP 4130) another namespace of the same controller."""
+        ...
+
+    async def copy_offload(
+        self, sources: Sequence[tuple[BlockDevice, int, int]], dst_lba: int, *, fua: bool = False
+    ) -> None:
+        """Copy (device, lba, nblocks) sources, in order, to consecutive blocks from
+        dst_lba; within copy_limits, every source accepted by can_copy_from."""
         ...
 
 

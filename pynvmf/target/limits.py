@@ -3,7 +3,7 @@ for each, so that what a host is told and what the target checks never drift apa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pynvmf.block.device import CopyLimits
 
 MDTS = 8  # 2^8 pages of 4 KiB: 1 MiB per command
 MAX_TRANSFER = (1 << MDTS) * 4096
@@ -11,15 +11,6 @@ MAX_TRANSFER = (1 << MDTS) * 4096
 COPY_MAX_BYTES = 64 << 20  # MCL, in bytes: bounds what an overlapping copy may stage
 COPY_MAX_RANGES = 128  # MSRC + 1
 COPY_FORMATS = (0, 1, 2, 3)  # OCFS: TP 4065 formats 0/1, TP 4130 formats 2/3
-
-
-@dataclass(frozen=True, slots=True)
-class CopyLimits:
-    """What one Copy command may ask for (Identify Namespace MSSRL, MCL, MSRC + 1)."""
-
-    max_range_blocks: int
-    max_blocks: int
-    max_ranges: int
 
 
 def copy_limits(block_size: int) -> CopyLimits:
