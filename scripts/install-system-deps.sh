@@ -13,7 +13,8 @@ PACKAGES=(
     cpio
     kmod              # depmod on the unpacked kernel, modprobe inside the guest
     iproute2
-    xfsprogs
+    xfsprogs          # mkfs.xfs: copy offload as a reflink on a loop-mounted XFS image
+    e2fsprogs         # filefrag: shows the shared extents of a reflinked copy
     xz-utils
     zstd
     coreutils         # GNU dd (oflag=direct) is copied into the guest
