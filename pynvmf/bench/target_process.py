@@ -1,0 +1,213 @@
+"""A pynvmf target in a child process, pinned to one CPU: what benchmarks measure.
+
+The target gets a core of its own, so that the measuring host (this process,
+usually pinned to another core) neither steals its CPU nor shares its event
+loop. It serves one subsystem with one in-memory namespace on 127.0.0.1 and an
+ephemeral port, with the TransportConfig given (in-capsule size, digests the
+target accepts, ...).
+
+    with start_target(cpu=0, transport=TransportConfig(inline_data_size=4096)) as target:
+        asyncio.run(run_remote("127.0.0.1", target.port, target.nqn, Workload()))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import signal
+from collections.abc import Iterable
+from multiprocessing.connection import Connection
+from types import TracebackType
+
+from pynvmf.tcp.target import TransportConfig
+
+BENCH_NQN = "nqn.2024-01.org.pynvmf:bench"
+GiB = 1024**3
+
+
+class TargetProcess:
+    """A running target; `stop()` (or leaving the `with` block) ends it."""
+
+    def __init__(
+        self,
+        process: multiprocessing.process.BaseProcess,
+        conn: Connection,
+        port: int,
+        uvloop: bool,
+        nqn: str,
+        cpu: int | None,
+        transport: TransportConfig,
+    ) -> None:
+        self._process = process
+        self._conn = conn
+        self.port = port
+        self.uvloop = uvloop  # whether the target's event loop is uvloop's
+        self.nqn = nqn
+        self.cpu = cpu
+        self.transport = transport
+        self.address = "127.0.0.1"
+
+    @property
+    def pid(self) -> int:
+        pid = self._process.pid
+        assert pid is not None
+        return pid
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the target has used so far (for CPU load figures)."""
+        return process_cpu_seconds(self.pid)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask the target to stop (it closes its connections), wait, then insist."""
+        with contextlib.suppress(OSError):
+            self._conn.send("stop")
+        self._process.join(timeout)
+        if self._process.is_alive():
+            self._process.terminate()
+            self._process.join()
+        self._conn.close()
+
+    def __enter__(self) -> TargetProcess:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def start_target(
+    *,
+    cpu: int | None = 0,
+    size: int = 1 * GiB,
+    block_size: int = 512,
+    transport: TransportConfig | None = None,
+    nqn: str = BENCH_NQN,
+    fill: bool = False,
+    use_uvloop: bool = True,
+    timeout: float = 30.0,
+) -> TargetProcess:
+    """Start a target serving a `size`-byte memory namespace (NSID 1) and return once it
+    listens. `cpu`: the CPU to pin it to (None: not pinned). `fill`: write pseudo-random
+    data over the whole namespace first (in the child, without the network), so that
+    reads copy real pages rather than the shared zero page."""
+    transport = transport or TransportConfig()
+    # spawn, not fork: the child must not inherit this process's event loop or threads.
+    ctx = multiprocessing.get_context("spawn")
+    parent_end, child_end = ctx.Pipe()
+    process = ctx.Process(
+        target=_child_main,
+        args=(child_end, cpu, size, block_size, transport, nqn, fill, use_uvloop),
+        name="pynvmf-bench-target",
+        daemon=True,
+    )
+    process.start()
+    child_end.close()
+    try:
+        if not parent_end.poll(timeout):
+            raise RuntimeError(f"the target did not start within {timeout} s")
+        try:
+            port, uvloop = parent_end.recv()
+        except EOFError:
+            process.join(5)
+            raise RuntimeError(
+                f"the target process exited while starting (exit code {process.exitcode})"
+            ) from None
+    except BaseException:
+        process.terminate()
+        process.join()
+        parent_end.close()
+        raise
+    return TargetProcess(process, parent_end, port, uvloop, nqn, cpu, transport)
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, from /proc (Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def busy_cpu_seconds(cpus: Iterable[int]) -> float:
+    """Seconds the given CPUs have spent busy (not idle or waiting for I/O), by anyone,
+    from /proc/stat (Linux): with the host's and target's own CPU time, this tells how
+    much other work shared the benchmark's CPUs."""
+    wanted = {f"cpu{n}" for n in cpus}
+    busy = 0
+    with open("/proc/stat") as f:
+        for line in f:
+            name, *fields = line.split()
+            if name in wanted:
+                # user nice system idle iowait irq softirq steal ...
+                values = [int(v) for v in fields[:8]]
+                busy += sum(values) - values[3] - values[4]
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def install_uvloop() -> bool:
+    """Make new event loops uvloop's, where it is installed; True if so."""
+    try:
+        import uvloop
+    except ImportError:
+        return False
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return True
+
+
+# -- the child ----------------------------------------------------------------------------
+
+
+def _child_main(
+    conn: Connection,
+    cpu: int | None,
+    size: int,
+    block_size: int,
+    transport: TransportConfig,
+    nqn: str,
+    fill: bool,
+    use_uvloop: bool,
+) -> None:
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
+    uvloop = install_uvloop() if use_uvloop else False
+    asyncio.run(_serve(conn, size, block_size, transport, nqn, fill, uvloop))
+
+
+async def _serve(
+    conn: Connection,
+    size: int,
+    block_size: int,
+    transport: TransportConfig,
+    nqn: str,
+    fill: bool,
+    uvloop: bool,
+) -> None:
+    from pynvmf.block.memory import MemoryDevice
+    from pynvmf.target.server import Port, Target
+    from pynvmf.target.subsystem import Namespace, Subsystem
+
+    device = MemoryDevice(size, block_size)
+    if fill:
+        chunk = memoryview(os.urandom(1024 * 1024))
+        step = chunk.nbytes // block_size
+        for lba in range(0, device.capabilities.num_blocks, step):
+            n = min(step, device.capabilities.num_blocks - lba)
+            await device.write(lba, chunk[: n * block_size])
+    subsystem = Subsystem(nqn)
+    subsystem.add_namespace(Namespace.create(nqn, 1, device, "bench-memory"))
+    port = Port("127.0.0.1", 0, transport=transport)
+    target = Target([subsystem], [port])
+    await target.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_reader(conn.fileno(), stop.set)  # any message, or EOF (the parent died), means stop
+    conn.send((port.port, uvloop))
+    await stop.wait()
+    loop.remove_reader(conn.fileno())
+    await target.stop()
