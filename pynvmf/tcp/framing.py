@@ -32,6 +32,7 @@ FatalHandler = Callable[[int, int, bytes], None]  # (fes, fei, offending header)
 # spec makes this a per-command error, not a connection error.
 DataDigestHandler = Callable[[int, int, int, int, int, memoryview], None]
 
+_U32 = struct.Struct("<I")  # a digest as it travels: CRC32C, little endian
 _NO_DIGEST_TYPES = frozenset(
     (P.PduType.ICREQ, P.PduType.ICRESP, P.PduType.H2C_TERM_REQ, P.PduType.C2H_TERM_REQ)
 )
@@ -150,7 +151,7 @@ class PduReader:
                 if not flags & P.FLAG_HDGST:
                     self._fatal(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_FLAGS, start, avail)
                     return
-                if bytes(pdu[hlen:header_end]) != D.digest(pdu[:hlen]):
+                if _U32.unpack_from(pdu, hlen)[0] != D.crc32c(pdu[:hlen]):
                     self._fatal(P.FatalError.HEADER_DIGEST_ERROR, 0, start, avail)
                     return
             if plen > header_end:
@@ -168,7 +169,7 @@ class PduReader:
                     if not flags & P.FLAG_DDGST:
                         self._fatal(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_FLAGS, start, avail)
                         return
-                    if bytes(pdu[data_end:plen]) != D.digest(pdu[pdo:data_end]):
+                    if _U32.unpack_from(pdu, data_end)[0] != D.crc32c(pdu[pdo:data_end]):
                         if self._on_ddgst_error is None:
                             self._fatal(P.FatalError.HEADER_DIGEST_ERROR, 0, start, avail)
                         else:
