@@ -9,6 +9,7 @@ import signal
 import sys
 from typing import Any
 
+from pynvmf.copy_cli import add_copy_command, run_copy_command
 from pynvmf.host_cli import add_host_commands, run_host_command
 from pynvmf.target.config import (
     DEFAULT_NQN,
@@ -106,11 +107,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _target_parser(sub)
     add_host_commands(sub)
+    add_copy_command(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.command == "copy":
+        return run_copy_command(args)
     if args.command != "target":
         return run_host_command(args)
     if args.command == "target":

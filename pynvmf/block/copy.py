@@ -1,24 +1,49 @@
 """The copy planner: the one place that decides, for each source range of a copy,
-whether the destination device copies it natively or the data is moved by
-emulation (read + write with bounded memory).
+whether the destination offloads it (a multi-range copy request the device carries
+out itself: an NVMe Copy command on a remote namespace), copies it natively inside
+a local device, or the data is moved by emulation (read + write with bounded memory).
 
 A copy takes source ranges, possibly on several devices, and writes them one
 after another to consecutive blocks of one destination. Its result is defined
 even when sources and the destination overlap: every source is read before any
 destination block it overlaps is written (the result of reading all sources
 first), so the outcome never depends on the order in which ranges are processed.
+
+Decision rules, per source range, in order of preference:
+
+1. Staged: a source on the destination device that overlaps the destination range
+   is read into memory before anything is written, then written back (emulation).
+   The one exception is a copy of a single range on a device with a native copy,
+   which has memmove semantics and needs no staging.
+2. Offloaded: the destination implements `CopyOffload` and `can_copy_from` the
+   source's device. Consecutive offloaded ranges are batched into requests that fit
+   the destination's `copy_limits`: a range longer than `max_range_blocks` is
+   split, a batch is cut at `max_ranges` ranges and at `max_blocks` blocks.
+3. Native: the source is on the destination device and that device copies within
+   itself (`Capabilities.native_copy` and `NativeCopy`).
+4. Emulated: read + write in chunks, any mix of devices.
+
+Once sources overlapping the destination are staged, no step reads a block another
+step writes, so every step (an offload request, a native copy, an emulation chunk)
+may run concurrently with the others: up to `depth` of them are in flight at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
-from pynvmf.block.device import BlockDevice, NativeCopy, check_range
+from pynvmf.block.device import (
+    BlockDevice,
+    CopyLimits,
+    CopyOffload,
+    NativeCopy,
+    check_range,
+)
 
 EMULATION_CHUNK = 1 << 20  # bytes per read + write step of an emulated copy
-EMULATION_DEPTH = 4  # chunks in flight at once: memory is DEPTH * CHUNK
+EMULATION_DEPTH = 4  # steps in flight at once: emulation memory is DEPTH * CHUNK
 STAGING_LIMIT = 64 << 20  # the most a copy may buffer to honour overlapping ranges
 
 
@@ -35,15 +60,151 @@ class SourceRange:
 
 @dataclass(slots=True)
 class CopyReport:
-    """What the planner did: how many blocks each path moved."""
+    """What the planner did: how many blocks each path moved, and how many copy
+    requests (NVMe Copy commands, for a remote namespace) were offloaded."""
 
     native_blocks: int = 0
     emulated_blocks: int = 0
-    staged_blocks: int = 0
+    staged_blocks: int = 0  # also counted in emulated_blocks: staged data is written back
+    offloaded_blocks: int = 0
+    commands: int = 0
+
+
+# -- the plan -----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Offload:
+    dst_lba: int
+    pieces: list[tuple[BlockDevice, int, int]] = field(default_factory=list)
+    nblocks: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Native:
+    src_lba: int
+    dst_lba: int
+    nblocks: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Staged:
+    buf: bytearray
+    dst_lba: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Emulate:
+    source: SourceRange
+    dst_lba: int
+
+
+_Step = _Offload | _Native | _Staged | _Emulate
 
 
 def _overlaps(a_lba: int, a_n: int, b_lba: int, b_n: int) -> bool:
     return a_lba < b_lba + b_n and b_lba < a_lba + a_n
+
+
+class _Batcher:
+    """Packs consecutive offloadable ranges into requests that fit the limits."""
+
+    def __init__(self, limits: CopyLimits, steps: list[_Step]) -> None:
+        # Defensive against a device reporting a zero limit: one block, one range at least.
+        self.max_blocks = max(1, limits.max_blocks)
+        self.max_range = max(1, min(limits.max_range_blocks, self.max_blocks))
+        self.max_ranges = max(1, limits.max_ranges)
+        self.steps = steps
+        self.current: _Offload | None = None
+
+    def add(self, device: BlockDevice, lba: int, nblocks: int, dst_lba: int) -> None:
+        while nblocks:
+            cur = self.current
+            if cur is None or cur.nblocks == self.max_blocks or len(cur.pieces) == self.max_ranges:
+                self.cut()
+                cur = self.current = _Offload(dst_lba)
+            # Filling the batch exactly (splitting the range at the batch boundary)
+            # gives the fewest requests when max_blocks is what limits them.
+            n = min(nblocks, self.max_range, self.max_blocks - cur.nblocks)
+            cur.pieces.append((device, lba, n))
+            cur.nblocks += n
+            lba += n
+            dst_lba += n
+            nblocks -= n
+
+    def cut(self) -> None:
+        if self.current is not None:
+            self.steps.append(self.current)
+            self.current = None
+
+
+def _plan(
+    sources: Sequence[SourceRange],
+    dst: BlockDevice,
+    dst_lba: int,
+    total: int,
+    staging_limit: int,
+) -> tuple[list[_Step], list[tuple[SourceRange, bytearray]]]:
+    """The steps of the copy, and the sources to read into memory before any of them."""
+    dcaps = dst.capabilities
+    native = dcaps.native_copy and isinstance(dst, NativeCopy)
+    offload = dst if isinstance(dst, CopyOffload) else None
+    live = [s for s in sources if s.nblocks]
+    overlapping = [
+        s for s in live if s.device is dst and _overlaps(s.lba, s.nblocks, dst_lba, total)
+    ]
+    # copy_within has memmove semantics: a single range copied natively needs no
+    # staging (and must then be copied natively, whatever else the device offers).
+    memmove_ids: set[int] = set()
+    if native and len(live) == 1 and live[0].device is dst:
+        memmove_ids = {id(s) for s in overlapping}
+        overlapping = []
+    need = sum(s.nblocks for s in overlapping) * dcaps.block_size
+    # Checked before allocating: the limit bounds memory, so a refusal must not use it.
+    if need > staging_limit:
+        raise CopyTooLarge(
+            f"overlapping copy needs {need} bytes of staging memory, over the {staging_limit}"
+        )
+    staged_ids = {id(s) for s in overlapping}
+    staging: list[tuple[SourceRange, bytearray]] = []
+    steps: list[_Step] = []
+    batcher = _Batcher(offload.copy_limits, steps) if offload is not None else None
+    offloadable: dict[int, bool] = {}
+    lba = dst_lba
+    for s in live:
+        if id(s) in staged_ids:
+            buf = bytearray(s.nblocks * dcaps.block_size)
+            staging.append((s, buf))
+            step: _Step | None = _Staged(buf, lba)
+        elif id(s) in memmove_ids:
+            step = _Native(s.lba, lba, s.nblocks)
+        elif offload is not None and batcher is not None and _can_offload(offload, s, offloadable):
+            batcher.add(s.device, s.lba, s.nblocks, lba)
+            step = None
+        elif native and s.device is dst:
+            step = _Native(s.lba, lba, s.nblocks)
+        else:
+            step = _Emulate(s, lba)
+        if step is not None:
+            # An offload request writes consecutive destination blocks: anything else
+            # in between ends the batch.
+            if batcher is not None:
+                batcher.cut()
+            steps.append(step)
+        lba += s.nblocks
+    if batcher is not None:
+        batcher.cut()
+    return steps, staging
+
+
+def _can_offload(dst: CopyOffload, s: SourceRange, cache: dict[int, bool]) -> bool:
+    key = id(s.device)
+    if key not in cache:
+        cache[key] = dst.can_copy_from(s.device)
+    return cache[key]
+
+
+# -- execution ----------------------------------------------------------------------------------
 
 
 async def copy(
@@ -60,7 +221,9 @@ async def copy(
 
     Raises BlockRangeError (before anything is written) when a range lies outside
     its device, ValueError when block sizes differ, CopyTooLarge when overlapping
-    ranges would need more than `staging_limit` bytes of memory.
+    ranges would need more than `staging_limit` bytes of memory. A device error
+    (OSError, NvmeStatusError, ...) is raised once every step already started has
+    finished; no step starts after it.
     """
     dcaps = dst.capabilities
     bs = dcaps.block_size
@@ -71,57 +234,154 @@ async def copy(
             raise ValueError("source and destination block sizes differ")
         check_range(s.device.capabilities, s.lba, s.nblocks)
 
+    steps, staging = _plan(sources, dst, dst_lba, total, staging_limit)
     report = CopyReport()
-    # Sources on the destination device that the destination range overlaps must be
-    # read before anything is written; a single such range copied natively is safe
-    # as it is (copy_within has memmove semantics).
-    staged: dict[int, bytearray] = {}
-    single_native = len(sources) == 1 and dcaps.native_copy and sources[0].device is dst
-    if not single_native:
-        for i, s in enumerate(sources):
-            if s.device is dst and _overlaps(s.lba, s.nblocks, dst_lba, total):
-                staged[i] = bytearray(s.nblocks * bs)
-        if sum(len(b) for b in staged.values()) > staging_limit:
-            raise CopyTooLarge("overlapping copy needs more staging memory than allowed")
-        for i, buf in staged.items():
-            await sources[i].device.read(sources[i].lba, memoryview(buf))
-            report.staged_blocks += sources[i].nblocks
-
-    lba = dst_lba
-    for i, s in enumerate(sources):
-        if i in staged:
-            await dst.write(lba, staged[i])
-            report.emulated_blocks += s.nblocks
-        elif s.device is dst and dcaps.native_copy and isinstance(dst, NativeCopy):
-            await dst.copy_within(s.lba, lba, s.nblocks)
-            report.native_blocks += s.nblocks
+    for step in steps:
+        if isinstance(step, _Offload):
+            report.offloaded_blocks += step.nblocks
+            report.commands += 1
+        elif isinstance(step, _Native):
+            report.native_blocks += step.nblocks
+        elif isinstance(step, _Staged):
+            report.staged_blocks += len(step.buf) // bs
+            report.emulated_blocks += len(step.buf) // bs
         else:
-            await _emulate(s, dst, lba, chunk_bytes, depth)
-            report.emulated_blocks += s.nblocks
-        lba += s.nblocks
-    if fua:
+            report.emulated_blocks += step.source.nblocks
+
+    # Every overlapping source is read whole before the first block is written.
+    await _run_bounded((_reader(s, buf) for s, buf in staging), max(1, min(depth, len(staging))))
+
+    step_blocks = max(1, chunk_bytes // bs)
+    largest = max(
+        (min(step_blocks, s.source.nblocks) for s in steps if isinstance(s, _Emulate)), default=0
+    )
+    jobs = _jobs(steps, dst, step_blocks, fua)
+    workers = max(1, min(depth, _count_jobs(steps, step_blocks)))
+    await _run_bounded(jobs, workers, buffer_bytes=largest * bs)
+
+    # Offload requests carried FUA themselves; anything else was written without it.
+    if fua and (not steps or not all(isinstance(s, _Offload) for s in steps)):
         await dst.flush()
     return report
 
 
-async def _emulate(
-    s: SourceRange, dst: BlockDevice, dst_lba: int, chunk_bytes: int, depth: int
-) -> None:
-    """Read + write in chunks, `depth` of them in flight: memory stays bounded and a
-    remote device sees several commands at once."""
+async def copy_blocks(
+    src_device: BlockDevice,
+    src_lba: int,
+    dst_device: BlockDevice,
+    dst_lba: int,
+    nblocks: int,
+    *,
+    fua: bool = False,
+    chunk_bytes: int = EMULATION_CHUNK,
+    depth: int = EMULATION_DEPTH,
+    staging_limit: int = STAGING_LIMIT,
+) -> CopyReport:
+    """Copy one range: `nblocks` from `src_device` at `src_lba` to `dst_device` at `dst_lba`."""
+    return await copy(
+        [SourceRange(src_device, src_lba, nblocks)],
+        dst_device,
+        dst_lba,
+        fua=fua,
+        chunk_bytes=chunk_bytes,
+        depth=depth,
+        staging_limit=staging_limit,
+    )
+
+
+# A job gets the worker's emulation buffer (allocated on first use, reused after).
+_Job = Callable[["_Worker"], Awaitable[None]]
+
+
+def _reader(s: SourceRange, buf: bytearray) -> _Job:
+    async def run(_worker: _Worker) -> None:
+        await s.device.read(s.lba, memoryview(buf))
+
+    return run
+
+
+def _count_jobs(steps: Sequence[_Step], step_blocks: int) -> int:
+    return sum(-(-s.source.nblocks // step_blocks) if isinstance(s, _Emulate) else 1 for s in steps)
+
+
+def _jobs(steps: Sequence[_Step], dst: BlockDevice, step_blocks: int, fua: bool) -> Iterator[_Job]:
+    """One job per offload request, native copy and staged write; one per emulation chunk."""
     bs = dst.capabilities.block_size
-    step = max(1, chunk_bytes // bs)
-    buffers = [
-        bytearray(min(step, s.nblocks) * bs) for _ in range(min(depth, 1 + s.nblocks // step))
-    ]
+    for step in steps:
+        if isinstance(step, _Offload):
+            yield _offloader(step, dst, fua)
+        elif isinstance(step, _Native):
+            yield _native(step, dst)
+        elif isinstance(step, _Staged):
+            yield _staged_writer(step, dst)
+        else:
+            s = step.source
+            for off in range(0, s.nblocks, step_blocks):
+                n = min(step_blocks, s.nblocks - off)
+                yield _chunk(s.device, s.lba + off, dst, step.dst_lba + off, n * bs)
 
-    async def move(offset: int, buf: bytearray) -> None:
-        n = min(step, s.nblocks - offset)
-        view = memoryview(buf)[: n * bs]
-        await s.device.read(s.lba + offset, view)
-        await dst.write(dst_lba + offset, view)
 
-    offsets = list(range(0, s.nblocks, step))
-    for group in range(0, len(offsets), len(buffers)):
-        batch = offsets[group : group + len(buffers)]
-        await asyncio.gather(*(move(off, buf) for off, buf in zip(batch, buffers, strict=False)))
+def _offloader(step: _Offload, dst: BlockDevice, fua: bool) -> _Job:
+    async def run(_worker: _Worker) -> None:
+        assert isinstance(dst, CopyOffload)
+        await dst.copy_offload(step.pieces, step.dst_lba, fua=fua)
+
+    return run
+
+
+def _native(step: _Native, dst: BlockDevice) -> _Job:
+    async def run(_worker: _Worker) -> None:
+        assert isinstance(dst, NativeCopy)
+        await dst.copy_within(step.src_lba, step.dst_lba, step.nblocks)
+
+    return run
+
+
+def _staged_writer(step: _Staged, dst: BlockDevice) -> _Job:
+    async def run(_worker: _Worker) -> None:
+        await dst.write(step.dst_lba, step.buf)
+
+    return run
+
+
+def _chunk(src: BlockDevice, src_lba: int, dst: BlockDevice, dst_lba: int, nbytes: int) -> _Job:
+    async def run(worker: _Worker) -> None:
+        view = worker.buffer()[:nbytes]
+        await src.read(src_lba, view)
+        await dst.write(dst_lba, view)
+
+    return run
+
+
+class _Worker:
+    def __init__(self, buffer_bytes: int) -> None:
+        self._size = buffer_bytes
+        self._buf: memoryview | None = None
+
+    def buffer(self) -> memoryview:
+        if self._buf is None:
+            self._buf = memoryview(bytearray(self._size))
+        return self._buf
+
+
+async def _run_bounded(jobs: Iterator[_Job], workers: int, *, buffer_bytes: int = 0) -> None:
+    """Run `jobs` with `workers` of them in flight: a pipeline rather than waves, so a
+    slow chunk holds up one worker, not the whole group. On the first failure no new
+    job starts; the ones in flight are waited for (a remote command cannot be taken
+    back, and its buffer must stay untouched until it completes), then it is raised."""
+    failure: list[BaseException] = []
+
+    async def work() -> None:
+        worker = _Worker(buffer_bytes)
+        for job in jobs:
+            if failure:
+                return
+            try:
+                await job(worker)
+            except Exception as exc:
+                failure.append(exc)
+                return
+
+    await asyncio.gather(*(work() for _ in range(workers)))
+    if failure:
+        raise failure[0]

@@ -12,7 +12,7 @@ from types import TracebackType
 from pynvmf.host import fabrics
 from pynvmf.host.errors import NvmeConnectionError, NvmeError, NvmeTimeoutError
 from pynvmf.host.fabrics import HostIdentity
-from pynvmf.host.namespace import RemoteNamespace
+from pynvmf.host.namespace import RemoteNamespace, remote_namespace
 from pynvmf.host.queue import HostQueue
 from pynvmf.spec import command as C
 from pynvmf.spec import identify as I
@@ -102,6 +102,16 @@ class Controller:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes written to the connections of every queue, PDU headers and digests included."""
+        return sum(q.bytes_sent for q in self._all_queues())
+
+    @property
+    def bytes_received(self) -> int:
+        """Bytes read from the connections of every queue."""
+        return sum(q.bytes_received for q in self._all_queues())
 
     # -- bring-up ----------------------------------------------------------------------------
 
@@ -356,7 +366,7 @@ class Controller:
         for nsid in await self.active_namespaces():
             ident = await self.identify_namespace(nsid)
             if ident.nsze:  # an all-zero answer means inactive after all
-                found[nsid] = RemoteNamespace(self, nsid, ident)
+                found[nsid] = remote_namespace(self, nsid, ident)
         self._namespaces = found
 
     # -- keep alive --------------------------------------------------------------------------

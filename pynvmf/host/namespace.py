@@ -3,16 +3,31 @@
 Requests larger than one command may carry (MDTS, or 64 Ki blocks) are split
 into commands issued concurrently, spread over the I/O queues; read data lands
 directly in slices of the caller's buffer.
+
+A namespace of a controller that supports the NVMe Copy command (ONCS bit 8) is a
+`CopyingNamespace`, which also implements `pynvmf.block.device.CopyOffload`: the
+copy planner (`pynvmf.block.copy`) then offloads copies to it; any other namespace
+gets its copies emulated by the planner. `remote_namespace()` picks the class.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from pynvmf.block.device import Buffer, Capabilities, check_range
+from pynvmf.block.device import BlockDevice, Buffer, Capabilities, CopyLimits, check_range
 from pynvmf.host.errors import NvmeConnectionError
 from pynvmf.spec import identify as I
-from pynvmf.spec.command import DSM_ATTR_DEALLOCATE, DSM_MAX_RANGES, DSM_RANGE, RW_FUA
+from pynvmf.spec.command import (
+    COPY_DESCRIPTOR_SIZE,
+    DSM_ATTR_DEALLOCATE,
+    DSM_MAX_RANGES,
+    DSM_RANGE,
+    RW_FUA,
+    CopyRange,
+    copy_cdw12,
+    pack_copy_ranges,
+)
 from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.tcp.host import HostCommand
 
@@ -25,6 +40,13 @@ if TYPE_CHECKING:
 _DSM_MAX_NLB = 0xFFFFFFFF
 _MAX_NLB = 0x10000  # NLB is a 16-bit 0's based field
 _ZERO_CHUNK = 1024 * 1024
+# Copy: NR (CDW12 bits 7:0) is 0's based, so one command carries at most 256 ranges.
+_COPY_MAX_NR = 256
+# Descriptor formats in order of preference, for a copy within one namespace and for
+# one with a source in another namespace (TP 4130). Formats 1 and 3 only add
+# end-to-end protection fields, which stay zero: same result, bigger descriptors.
+_OWN_FORMATS = (0, 2, 1, 3)
+_CROSS_FORMATS = (2, 3)
 
 
 def capabilities_from_identify(ns: I.IdentifyNamespace, ctrl: I.IdentifyController) -> Capabilities:
@@ -208,6 +230,105 @@ class RemoteNamespace:
         for start in range(lba, lba + nblocks, step):
             n = min(step, lba + nblocks - start)
             await self.write(start, zeros[: n << self._shift], fua=fua)
+
+
+class CopyingNamespace(RemoteNamespace):
+    """A namespace of a controller that supports Copy: a RemoteNamespace that also
+    implements pynvmf.block.device.CopyOffload (one NVMe Copy command per request)."""
+
+    def __init__(self, controller: Controller, nsid: int, identify: I.IdentifyNamespace) -> None:
+        super().__init__(controller, nsid, identify)
+        info = controller.info
+        assert info is not None
+        # OCFS 0 with Copy in ONCS: a controller from before formats were advertised,
+        # when format 0 was the only one.
+        ocfs = info.ocfs or 1
+        own = next((f for f in _OWN_FORMATS if ocfs & 1 << f), None)
+        self._own_format = 0 if own is None else own
+        self._cross_format = next((f for f in _CROSS_FORMATS if ocfs & 1 << f), None)
+        # The descriptors travel as the command's data: they must fit one transfer.
+        formats = [
+            self._own_format,
+            *([self._cross_format] if self._cross_format is not None else []),
+        ]
+        descriptor = max(COPY_DESCRIPTOR_SIZE[f] for f in formats)
+        # A controller with Copy must report non-zero MSSRL and MCL; for one that does
+        # not, the fields' own widths are the limit.
+        max_range = min(identify.mssrl or _MAX_NLB, _MAX_NLB)
+        max_ranges = max(
+            1, min(identify.msrc + 1, _COPY_MAX_NR, controller.max_transfer // descriptor)
+        )
+        max_blocks = identify.mcl or max_range * max_ranges
+        self._copy_limits = CopyLimits(min(max_range, max_blocks), max_blocks, max_ranges)
+
+    @property
+    def copy_limits(self) -> CopyLimits:
+        return self._copy_limits
+
+    @property
+    def cross_namespace_format(self) -> int | None:
+        """The descriptor format for sources in other namespaces (2 or 3), if any."""
+        return self._cross_format
+
+    def can_copy_from(self, source: BlockDevice) -> bool:
+        if source is self:
+            return True
+        return (
+            self._cross_format is not None
+            and isinstance(source, RemoteNamespace)
+            and source.controller is self.controller
+            and source.capabilities.block_size == self._block_size
+        )
+
+    async def copy_offload(
+        self, sources: Sequence[tuple[BlockDevice, int, int]], dst_lba: int, *, fua: bool = False
+    ) -> None:
+        """One Copy command; raises ValueError for a request outside copy_limits or a
+        source it cannot copy from, BlockRangeError for a range outside its namespace,
+        NvmeStatusError for a command the controller fails."""
+        self._check_open()
+        limits = self._copy_limits
+        ranges: list[CopyRange] = []
+        cross = False
+        total = 0
+        for device, lba, nblocks in sources:
+            if not nblocks:
+                continue  # NLB is 0's based: an empty range cannot be expressed, nor needed
+            if not self.can_copy_from(device):
+                raise ValueError(f"{self!r} cannot copy from {device!r}")
+            assert isinstance(device, RemoteNamespace)
+            if nblocks > limits.max_range_blocks:
+                raise ValueError(f"range of {nblocks} blocks over MSSRL {limits.max_range_blocks}")
+            check_range(device.capabilities, lba, nblocks)
+            cross = cross or device.nsid != self.nsid
+            ranges.append(CopyRange(lba, nblocks, device.nsid))
+            total += nblocks
+        if len(ranges) > limits.max_ranges or total > limits.max_blocks:
+            raise ValueError(f"{len(ranges)} ranges of {total} blocks: over the limits {limits}")
+        check_range(self._caps, dst_lba, total)
+        if not ranges:
+            return
+        desfmt = self._cross_format if cross else self._own_format
+        assert desfmt is not None  # can_copy_from admits other namespaces only with one
+        await self.controller.next_queue().execute(
+            IoOpcode.COPY,
+            self.nsid,
+            dst_lba & 0xFFFFFFFF,
+            dst_lba >> 32,
+            copy_cdw12(len(ranges), desfmt, fua=fua),
+            data=pack_copy_ranges(ranges, desfmt),
+        )
+
+
+def remote_namespace(
+    controller: Controller, nsid: int, identify: I.IdentifyNamespace
+) -> RemoteNamespace:
+    """The namespace object for `nsid`: a CopyingNamespace when the controller has Copy."""
+    info = controller.info
+    assert info is not None
+    if info.oncs & I.Oncs.COPY:
+        return CopyingNamespace(controller, nsid, identify)
+    return RemoteNamespace(controller, nsid, identify)
 
 
 async def _wait_all(submitted: list[tuple[HostQueue, HostCommand]]) -> None:

@@ -55,6 +55,9 @@ class HostQueue(asyncio.BufferedProtocol):
         self._lost: asyncio.Future[None] = self._loop.create_future()
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self._flush_scheduled = False
+        # Everything handed to the transport, ICReq to the last PDU (what crossed, or
+        # is about to cross, the connection).
+        self.bytes_sent = 0
 
     @classmethod
     async def open(
@@ -105,6 +108,11 @@ class HostQueue(asyncio.BufferedProtocol):
     @property
     def closed(self) -> bool:
         return self.conn.closing
+
+    @property
+    def bytes_received(self) -> int:
+        """Everything read from the connection."""
+        return self.conn.reader.bytes_received
 
     async def submit(
         self,
@@ -294,6 +302,7 @@ class HostQueue(asyncio.BufferedProtocol):
             return
         out = self.conn.take_output()
         if out:
+            self.bytes_sent += sum(b.nbytes if type(b) is memoryview else len(b) for b in out)
             transport.writelines(out)
         if self.conn.closing:
             transport.close()

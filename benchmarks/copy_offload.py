@@ -1,0 +1,322 @@
+"""Copy offload versus host read + write, over a 1 Gb/s link and over loopback.
+
+Reproduces the shape of the public table that started the project: the NVMe
+Copy command (target-side copy) against the host reading and writing the data
+itself, for 8 KiB x 1 range and 2 MiB x 16 ranges, reporting MiB/s copied and
+the bytes that crossed the network.
+
+The 1 Gb/s link is two network namespaces made by this script, joined by a veth
+pair shaped with a tbf qdisc in both directions (netem is not available here).
+The target runs in one namespace pinned to CPU 0, the host in the other pinned to
+CPU 1. The loopback run has no shaping. Needs root (ip netns, tc).
+
+Both modes go through the same copy planner: "offload" hands it the remote
+namespace (which advertises Copy), "emulate" hands it the same namespace behind a
+plain BlockDevice that does not offer CopyOffload, so the planner emulates.
+
+    sudo python3 benchmarks/copy_offload.py            # full run, writes docs/copy-offload.md
+    sudo python3 benchmarks/copy_offload.py --quick    # smoke run, prints only
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from pynvmf.bench.report import markdown_table, write_results  # noqa: E402
+from pynvmf.block.copy import SourceRange, copy  # noqa: E402
+from pynvmf.block.device import Buffer, Capabilities  # noqa: E402
+from pynvmf.host import connect  # noqa: E402
+
+NQN = "nqn.2024-11.dev.pynvmf:copy-bench"
+MIB = 1 << 20
+BLOCK = 4096
+# 198.18.0.0/15 is reserved for network benchmarking; these addresses live only in
+# the two namespaces this script creates.
+TARGET_NS, HOST_NS = "pynvmf-copy-t", "pynvmf-copy-h"
+TARGET_IP, HOST_IP = "198.18.0.1", "198.18.0.2"
+CASES = [("8 KiB x 1", 8 * 1024, 1), ("2 MiB x 16", 2 * MIB, 16)]
+
+
+class EmulateOnly:
+    """The same remote namespace, offered to the planner without CopyOffload."""
+
+    def __init__(self, device: object) -> None:
+        self._d = device
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._d.capabilities  # type: ignore[attr-defined,no-any-return]
+
+    async def read(self, lba: int, buf: memoryview) -> None:
+        await self._d.read(lba, buf)  # type: ignore[attr-defined]
+
+    async def write(self, lba: int, data: Buffer, *, fua: bool = False) -> None:
+        await self._d.write(lba, data, fua=fua)  # type: ignore[attr-defined]
+
+    async def flush(self) -> None:
+        await self._d.flush()  # type: ignore[attr-defined]
+
+    async def write_zeroes(self, lba: int, nblocks: int, *, fua: bool = False) -> None:
+        await self._d.write_zeroes(lba, nblocks, fua=fua)  # type: ignore[attr-defined]
+
+    async def deallocate(self, lba: int, nblocks: int) -> None:
+        await self._d.deallocate(lba, nblocks)  # type: ignore[attr-defined]
+
+    async def close(self) -> None:
+        pass
+
+
+@dataclass
+class Measurement:
+    network: str
+    case: str
+    mode: str
+    mib_per_s: float
+    wire_bytes_per_copy: float
+    wire_ratio: float  # wire bytes / copied bytes
+    link_use: float | None  # fraction of the shaped link's capacity, both directions
+
+
+# -- the host side (runs in the host namespace, or in the root one for loopback) -----------
+
+
+async def _worker(address: str, port: int, seconds: float, depth: int) -> list[dict[str, object]]:
+    os.sched_setaffinity(0, {1})
+    out = []
+    async with await connect(address, port, NQN, queues=1, queue_depth=128) as ctrl:
+        ns = ctrl.namespace(1)
+        for case, size, nranges in CASES:
+            nb = size // BLOCK
+            copied = size * nranges
+            for mode in ("emulate", "offload"):
+                device = ns if mode == "offload" else EmulateOnly(ns)
+
+                async def one(
+                    slot: int, nb: int = nb, nranges: int = nranges, device: object = device
+                ) -> None:
+                    base = slot * nb * nranges * 2
+                    sources = [SourceRange(device, base + 2 * i * nb, nb) for i in range(nranges)]
+                    dst_base = ns.capabilities.num_blocks // 2
+                    await copy(sources, device, dst_base + slot * nb * nranges)
+
+                await asyncio.gather(*(one(s) for s in range(depth)))  # warm up
+                sent0, recv0 = ctrl.bytes_sent, ctrl.bytes_received
+                done = 0
+                started = time.perf_counter()
+                while time.perf_counter() - started < seconds:
+                    await asyncio.gather(*(one(s) for s in range(depth)))
+                    done += depth
+                elapsed = time.perf_counter() - started
+                wire = ctrl.bytes_sent - sent0 + ctrl.bytes_received - recv0
+                out.append(
+                    {
+                        "case": case,
+                        "mode": mode,
+                        "mib_per_s": copied * done / elapsed / MIB,
+                        "wire_bytes_per_copy": wire / done,
+                        "wire_ratio": wire / (copied * done),
+                        "wire_bits_per_s": wire * 8 / elapsed,
+                    }
+                )
+    return out
+
+
+# -- set-up ---------------------------------------------------------------------------------
+
+
+def _sh(cmd: str) -> None:
+    subprocess.run(shlex.split(cmd), check=True)
+
+
+@contextlib.contextmanager
+def _link(rate: str) -> Iterator[None]:
+    """Two namespaces joined by a veth pair, shaped to `rate` in both directions."""
+    _teardown()
+    try:
+        _sh(f"ip netns add {TARGET_NS}")
+        _sh(f"ip netns add {HOST_NS}")
+        _sh("ip link add pynvmf-vt type veth peer name pynvmf-vh")
+        for ns, dev, ip in ((TARGET_NS, "pynvmf-vt", TARGET_IP), (HOST_NS, "pynvmf-vh", HOST_IP)):
+            _sh(f"ip link set {dev} netns {ns}")
+            _sh(f"ip -n {ns} addr add {ip}/30 dev {dev}")
+            _sh(f"ip -n {ns} link set {dev} up")
+            _sh(f"ip -n {ns} link set lo up")
+            _sh(
+                f"ip netns exec {ns} tc qdisc add dev {dev} root tbf rate {rate} "
+                "burst 128kb latency 50ms"
+            )
+        yield
+    finally:
+        _teardown()
+
+
+def _teardown() -> None:
+    for ns in (TARGET_NS, HOST_NS):
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+
+
+@contextlib.contextmanager
+def _target(netns: str | None, address: str, port: int) -> Iterator[None]:
+    cmd = [
+        "taskset",
+        "-c",
+        "0",
+        sys.executable,
+        "-m",
+        "pynvmf",
+        "target",
+        "--listen",
+        f"{address}:{port}",
+        "--discovery-port",
+        "0",
+        "--nqn",
+        NQN,
+        "--memory",
+        "1G",
+        "--block-size",
+        str(BLOCK),
+    ]
+    if netns:
+        cmd = ["ip", "netns", "exec", netns, *cmd]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.strip() == "pynvmf target ready":
+                break
+        else:
+            raise RuntimeError("target exited before it was ready")
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _run_worker(netns: str | None, address: str, port: int, seconds: float, depth: int) -> list:
+    cmd = [sys.executable, __file__, "--worker", address, str(port), str(seconds), str(depth)]
+    if netns:
+        cmd = ["ip", "netns", "exec", netns, *cmd]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO).stdout
+    return json.loads(out)  # type: ignore[no-any-return]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--depth", type=int, default=8, help="copies in flight")
+    parser.add_argument("--rate", default="1gbit")
+    parser.add_argument("--quick", action="store_true", help="1 s, 1 repeat, no docs")
+    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        address, port, seconds, depth = args.worker
+        print(json.dumps(asyncio.run(_worker(address, int(port), float(seconds), int(depth)))))
+        return
+    if args.quick:
+        args.seconds, args.repeat = 1.0, 1
+    rate_bits = {"k": 1e3, "m": 1e6, "g": 1e9}[args.rate.lower().rstrip("bit")[-1]] * float(
+        args.rate.lower().rstrip("bit")[:-1]
+    )
+    runs: dict[tuple[str, str, str], list[dict[str, float]]] = {}
+    for _ in range(args.repeat):
+        port = _free_port()
+        with _target(None, "127.0.0.1", port):
+            for r in _run_worker(None, "127.0.0.1", port, args.seconds, args.depth):
+                runs.setdefault(("loopback", r["case"], r["mode"]), []).append(r)
+        with _link(args.rate), _target(TARGET_NS, TARGET_IP, 4420):
+            for r in _run_worker(HOST_NS, TARGET_IP, 4420, args.seconds, args.depth):
+                runs.setdefault((f"{args.rate} link", r["case"], r["mode"]), []).append(r)
+    results = []
+    for (network, case, mode), rs in runs.items():
+        med = {k: statistics.median(r[k] for r in rs) for k in rs[0] if k not in ("case", "mode")}
+        use = med["wire_bits_per_s"] / (2 * rate_bits) if network != "loopback" else None
+        results.append(
+            Measurement(
+                network,
+                case,
+                mode,
+                med["mib_per_s"],
+                med["wire_bytes_per_copy"],
+                med["wire_ratio"],
+                use,
+            )
+        )
+    rows = []
+    for network in dict.fromkeys(m.network for m in results):
+        for case, _size, _n in CASES:
+            em = next(
+                m for m in results if (m.network, m.case, m.mode) == (network, case, "emulate")
+            )
+            off = next(
+                m for m in results if (m.network, m.case, m.mode) == (network, case, "offload")
+            )
+            for m in (em, off):
+                rows.append(
+                    [
+                        network,
+                        case,
+                        "host read + write" if m.mode == "emulate" else "Copy offload",
+                        f"{m.mib_per_s:,.1f}",
+                        f"{m.wire_bytes_per_copy:,.0f}",
+                        f"{100 * m.wire_ratio:.2f}%",
+                        "-" if m.link_use is None else f"{100 * m.link_use:.1f}%",
+                        "" if m is em else f"{off.mib_per_s / em.mib_per_s:.2f}x",
+                    ]
+                )
+    header = [
+        "network",
+        "copy",
+        "method",
+        "MiB/s",
+        "wire bytes per copy",
+        "wire / copied",
+        "link use",
+        "speed-up",
+    ]
+    command = "sudo python3 " + " ".join(shlex.quote(a) for a in sys.argv)
+    lines = [
+        f"Command: `{command}`",
+        f"Machine: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
+        f"Python {platform.python_version()}; target on CPU 0, host on CPU 1; "
+        f"{args.depth} copies in flight; median of {args.repeat} runs of {args.seconds:g} s; "
+        f"1 GiB memory namespace, {BLOCK}-byte blocks.",
+        "",
+        markdown_table(header, rows),
+    ]
+    text = "\n".join(lines)
+    print(text)
+    for m in results:
+        print(json.dumps(asdict(m)))
+    if not args.quick:
+        write_results(
+            REPO / "docs" / "copy-offload.md", "Copy offload", "benchmarks/copy_offload.py", text
+        )
+
+
+if __name__ == "__main__":
+    main()

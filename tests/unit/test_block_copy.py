@@ -1,0 +1,673 @@
+"""The copy planner (block.copy) and the devices' native copies, against a model.
+
+The model of every device is a bytearray; the model of a copy is "read every
+source first, then write their concatenation to the destination" (snapshot
+semantics), and of `copy_within` it is memmove.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import random
+import tracemalloc
+import types
+from collections.abc import Generator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pynvmf.block import copy as block_copy
+from pynvmf.block import file as block_file
+from pynvmf.block.copy import CopyReport, CopyTooLarge, SourceRange
+from pynvmf.block.device import BlockRangeError, Buffer, Capabilities, NativeCopy
+from pynvmf.block.file import FileDevice
+from pynvmf.block.memory import MemoryDevice
+
+pytestmark = pytest.mark.timeout(60)
+
+BS = 512
+
+Device = MemoryDevice | FileDevice
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def pattern(nbytes: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(nbytes)
+
+
+async def memory(nblocks: int, seed: int, bs: int = BS) -> tuple[MemoryDevice, bytearray]:
+    """A MemoryDevice filled with random data, and its model."""
+    dev = MemoryDevice(nblocks * bs, bs)
+    model = bytearray(pattern(nblocks * bs, seed))
+    await dev.write(0, model)
+    return dev, model
+
+
+async def file_device(
+    path: Path, nblocks: int, seed: int, bs: int = BS
+) -> tuple[FileDevice, bytearray]:
+    dev = FileDevice(path, bs, size_bytes=nblocks * bs, create=True)
+    model = bytearray(pattern(nblocks * bs, seed))
+    await dev.write(0, model)
+    return dev, model
+
+
+async def contents(dev: Any) -> bytes:
+    buf = bytearray(dev.capabilities.size)
+    await dev.read(0, memoryview(buf))
+    return bytes(buf)
+
+
+def model_copy(
+    models: dict[int, bytearray], sources: Sequence[SourceRange], dst: object, dst_lba: int
+) -> None:
+    """Snapshot semantics: read all sources, then write them one after another."""
+    data = b"".join(
+        bytes(models[id(s.device)][s.lba * BS : (s.lba + s.nblocks) * BS]) for s in sources
+    )
+    models[id(dst)][dst_lba * BS : dst_lba * BS + len(data)] = data
+
+
+def naive_copy(
+    models: dict[int, bytearray], sources: Sequence[SourceRange], dst: object, dst_lba: int
+) -> None:
+    """Range by range, each read just before it is written: what snapshot semantics is not."""
+    lba = dst_lba
+    for s in sources:
+        chunk = bytes(models[id(s.device)][s.lba * BS : (s.lba + s.nblocks) * BS])
+        models[id(dst)][lba * BS : lba * BS + len(chunk)] = chunk
+        lba += s.nblocks
+
+
+def memmove(model: bytearray, src: int, dst: int, length: int) -> None:
+    model[dst : dst + length] = bytes(model[src : src + length])
+
+
+@types.coroutine
+def yield_to_loop() -> Generator[None, None, None]:
+    """Let every other ready task run once (a bare yield to the event loop)."""
+    yield
+
+
+class SpyDevice:
+    """Forwards to a device and records what the planner asks of it. Reads yield to the
+    loop once, so that concurrent reads really overlap and can be counted.
+    Not a NativeCopy (no copy_within) whatever its capabilities say."""
+
+    def __init__(self, inner: Device, *, native_copy: bool | None = None) -> None:
+        self.inner = inner
+        caps = inner.capabilities
+        self._caps = Capabilities(
+            block_size=caps.block_size,
+            num_blocks=caps.num_blocks,
+            volatile_write_cache=caps.volatile_write_cache,
+            native_copy=caps.native_copy if native_copy is None else native_copy,
+        )
+        self.events: list[tuple[Any, ...]] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._caps
+
+    async def read(self, lba: int, buf: memoryview) -> None:
+        self.events.append(("read", lba, len(buf)))
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await yield_to_loop()
+            await self.inner.read(lba, buf)
+        finally:
+            self.in_flight -= 1
+
+    async def write(self, lba: int, data: Buffer, *, fua: bool = False) -> None:
+        self.events.append(("write", lba, len(memoryview(data).cast("B")), fua))
+        await self.inner.write(lba, data, fua=fua)
+
+    async def flush(self) -> None:
+        self.events.append(("flush",))
+        await self.inner.flush()
+
+    async def write_zeroes(self, lba: int, nblocks: int, *, fua: bool = False) -> None:
+        raise AssertionError("a copy never zeroes")
+
+    async def deallocate(self, lba: int, nblocks: int) -> None:
+        raise AssertionError("a copy never deallocates")
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def kinds(self) -> list[str]:
+        return [e[0] for e in self.events]
+
+
+class NativeSpyDevice(SpyDevice):
+    """A SpyDevice that forwards copy_within too (a NativeCopy)."""
+
+    async def copy_within(
+        self, src_lba: int, dst_lba: int, nblocks: int, *, fua: bool = False
+    ) -> None:
+        self.events.append(("copy_within", src_lba, dst_lba, nblocks, fua))
+        await self.inner.copy_within(src_lba, dst_lba, nblocks, fua=fua)
+
+
+@pytest.fixture
+def cfr_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
+    """Every os.copy_file_range call (count, src offset, dst offset); still performed."""
+    calls: list[tuple[int, int, int]] = []
+    real = os.copy_file_range
+
+    def spy(src: int, dst: int, count: int, offset_src: int, offset_dst: int) -> int:
+        calls.append((count, offset_src, offset_dst))
+        return real(src, dst, count, offset_src, offset_dst)
+
+    monkeypatch.setattr(os, "copy_file_range", spy)
+    return calls
+
+
+@pytest.fixture
+def fdatasyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The file descriptors os.fdatasync was called on (still performed)."""
+    calls: list[int] = []
+    real = os.fdatasync
+
+    def spy(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", spy)
+    return calls
+
+
+# -- the planner: which path, and the data ------------------------------------------------------
+
+
+async def test_single_range_on_the_destination_is_native() -> None:
+    dev, model = await memory(256, 1)
+    report = await block_copy.copy([SourceRange(dev, 10, 20)], dev, 100)
+    memmove(model, 10 * BS, 100 * BS, 20 * BS)
+    assert await contents(dev) == model
+    assert report == CopyReport(native_blocks=20, emulated_blocks=0, staged_blocks=0)
+
+
+async def test_many_ranges_on_the_destination_are_native() -> None:
+    dev, model = await memory(512, 2)
+    spy = NativeSpyDevice(dev)
+    sources = [SourceRange(spy, lba, n) for lba, n in ((0, 3), (50, 1), (7, 40), (200, 17))]
+    models = {id(spy): model}
+    report = await block_copy.copy(sources, spy, 300)
+    model_copy(models, sources, spy, 300)
+    assert await contents(dev) == model
+    assert report.native_blocks == 61 and report.emulated_blocks == 0
+    assert report.staged_blocks == 0
+    # One copy_within per range, to consecutive destination blocks; nothing moved through
+    # the caller.
+    assert spy.events == [
+        ("copy_within", 0, 300, 3, False),
+        ("copy_within", 50, 303, 1, False),
+        ("copy_within", 7, 304, 40, False),
+        ("copy_within", 200, 344, 17, False),
+    ]
+
+
+async def test_memory_to_file_is_emulated(tmp_path: Path) -> None:
+    src, src_model = await memory(128, 3)
+    dst, dst_model = await file_device(tmp_path / "dst.img", 256, 4)
+    sources = [SourceRange(src, 5, 30), SourceRange(src, 100, 28)]
+    models = {id(src): src_model, id(dst): dst_model}
+    report = await block_copy.copy(sources, dst, 40, chunk_bytes=8 * BS)
+    model_copy(models, sources, dst, 40)
+    assert await contents(dst) == dst_model
+    assert await contents(src) == src_model  # the source is only read
+    assert report == CopyReport(native_blocks=0, emulated_blocks=58, staged_blocks=0)
+    await dst.close()
+    assert (tmp_path / "dst.img").read_bytes() == dst_model
+
+
+async def test_file_to_memory_is_emulated(tmp_path: Path) -> None:
+    src, src_model = await file_device(tmp_path / "src.img", 128, 5)
+    dst, dst_model = await memory(128, 6)
+    sources = [SourceRange(src, 0, 64), SourceRange(src, 127, 1)]
+    models = {id(src): src_model, id(dst): dst_model}
+    report = await block_copy.copy(sources, dst, 63)
+    model_copy(models, sources, dst, 63)
+    assert await contents(dst) == dst_model
+    assert report == CopyReport(native_blocks=0, emulated_blocks=65, staged_blocks=0)
+    await src.close()
+
+
+async def test_mixed_sources_native_and_emulated(tmp_path: Path) -> None:
+    dst, dst_model = await file_device(tmp_path / "dst.img", 256, 7)
+    other, other_model = await memory(64, 8)
+    sources = [
+        SourceRange(dst, 0, 10),
+        SourceRange(other, 3, 20),
+        SourceRange(dst, 50, 5),
+        SourceRange(other, 60, 4),
+    ]
+    models = {id(dst): dst_model, id(other): other_model}
+    report = await block_copy.copy(sources, dst, 128)
+    model_copy(models, sources, dst, 128)
+    assert await contents(dst) == dst_model
+    assert report == CopyReport(native_blocks=15, emulated_blocks=24, staged_blocks=0)
+    await dst.close()
+
+
+# -- overlap: every source is read before any write ---------------------------------------------
+
+
+@pytest.mark.parametrize(("src", "dst"), [(10, 14), (14, 10), (0, 1), (1, 0)])
+@pytest.mark.parametrize("kind", ["memory", "file"])
+async def test_single_range_overlapping_itself_is_memmove(
+    tmp_path: Path, kind: str, src: int, dst: int
+) -> None:
+    dev, model = (
+        await memory(64, 9) if kind == "memory" else await file_device(tmp_path / "d", 64, 9)
+    )
+    report = await block_copy.copy([SourceRange(dev, src, 20)], dev, dst)
+    memmove(model, src * BS, dst * BS, 20 * BS)
+    assert await contents(dev) == model
+    assert report.native_blocks == 20
+    await dev.close()
+
+
+# (sources as (lba, nblocks) on the destination device, dst_lba, naive order gives another result)
+OVERLAP_CASES = {
+    "later-source-overlaps-earlier-destination": ([(40, 8), (4, 8)], 0, True),
+    "forward-chain": ([(0, 8), (8, 8), (16, 8)], 4, True),
+    "backward-chain": ([(8, 8), (16, 8)], 0, False),
+    "earlier-source-overlaps-later-destination": ([(12, 8), (30, 4)], 4, False),
+    "source-repeated-and-overwritten": ([(0, 6), (2, 6), (0, 6)], 3, True),
+    "one-overlapping-among-others": ([(100, 4), (20, 10), (110, 2)], 18, True),
+}
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-dst", "plain-dst"])
+@pytest.mark.parametrize("case", list(OVERLAP_CASES))
+async def test_overlapping_ranges_read_all_sources_first(case: str, native: bool) -> None:
+    ranges, dst_lba, discriminating = OVERLAP_CASES[case]
+    dev, model = await memory(128, 10)
+    spy = NativeSpyDevice(dev) if native else SpyDevice(dev, native_copy=False)
+    sources = [SourceRange(spy, lba, n) for lba, n in ranges]
+    naive = {id(spy): bytearray(model)}
+    naive_copy(naive, sources, spy, dst_lba)
+    models = {id(spy): model}
+    model_copy(models, sources, spy, dst_lba)
+    if discriminating:  # the case tells the two semantics apart
+        assert naive[id(spy)] != model
+
+    report = await block_copy.copy(sources, spy, dst_lba, chunk_bytes=2 * BS)
+
+    assert await contents(dev) == model
+    total = sum(n for _lba, n in ranges)
+    assert report.native_blocks + report.emulated_blocks == total
+    overlapping = [(lba, n) for lba, n in ranges if lba < dst_lba + total and dst_lba < lba + n]
+    assert report.staged_blocks == sum(n for _lba, n in overlapping)
+    # Every overlapping source was read whole before the first block was written.
+    kinds = spy.kinds()
+    first_change = min(i for i, k in enumerate(kinds) if k in ("write", "copy_within"))
+    early_reads = [(lba, nbytes // BS) for _k, lba, nbytes in spy.events[:first_change]]
+    assert all(r in early_reads for r in overlapping), (overlapping, early_reads)
+
+
+async def test_overlap_with_a_source_on_another_device_is_not_staged() -> None:
+    dst, dst_model = await memory(64, 11)
+    other, other_model = await memory(64, 12)
+    # The other device's range 0..16 has the same LBAs as the destination: no overlap.
+    sources = [SourceRange(other, 0, 16), SourceRange(dst, 30, 4)]
+    models = {id(dst): dst_model, id(other): other_model}
+    report = await block_copy.copy(sources, dst, 0)
+    model_copy(models, sources, dst, 0)
+    assert await contents(dst) == dst_model
+    assert report == CopyReport(native_blocks=4, emulated_blocks=16, staged_blocks=0)
+
+
+# -- refusals: nothing written -----------------------------------------------------------------
+
+
+async def test_staging_limit_refuses_and_writes_nothing() -> None:
+    dev, model = await memory(128, 13)
+    spy = NativeSpyDevice(dev)
+    sources = [SourceRange(spy, 0, 8), SourceRange(spy, 8, 8)]  # both overlap dst 4..20
+    with pytest.raises(CopyTooLarge):
+        await block_copy.copy(sources, spy, 4, staging_limit=16 * BS - 1)
+    assert await contents(dev) == model
+    assert [k for k in spy.kinds() if k != "read"] == []
+    # Exactly at the limit it is allowed.
+    report = await block_copy.copy(sources, spy, 4, staging_limit=16 * BS)
+    model_copy({id(spy): model}, sources, spy, 4)
+    assert await contents(dev) == model
+    assert report.staged_blocks == 16
+
+
+async def test_staging_limit_refuses_before_allocating_the_staging_memory() -> None:
+    """The limit bounds memory: a refused copy must not first allocate what it refuses."""
+    nblocks = (32 << 20) // BS
+    dev = MemoryDevice(2 * nblocks * BS, BS)
+    sources = [SourceRange(dev, 0, nblocks // 2), SourceRange(dev, nblocks // 2, nblocks // 2)]
+    tracemalloc.start()
+    try:
+        with pytest.raises(CopyTooLarge):
+            await block_copy.copy(sources, dev, 1, staging_limit=1 << 20)
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        dev.close_sync()
+    assert peak < 2 << 20, f"{peak} bytes allocated to refuse a copy over a 1 MiB staging limit"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "source-past-end",
+        "source-negative",
+        "other-device-source-past-end",
+        "destination-past-end",
+        "destination-negative",
+    ],
+)
+async def test_range_outside_its_device_raises_and_writes_nothing(bad: str) -> None:
+    dev, model = await memory(64, 14)
+    other, other_model = await memory(32, 15)
+    spy = NativeSpyDevice(dev)
+    other_spy = SpyDevice(other)
+    sources = [SourceRange(spy, 0, 4), SourceRange(other_spy, 0, 4), SourceRange(spy, 8, 4)]
+    dst_lba = 40
+    if bad == "source-past-end":
+        sources.append(SourceRange(spy, 62, 3))
+    elif bad == "source-negative":
+        sources.append(SourceRange(spy, -1, 2))
+    elif bad == "other-device-source-past-end":
+        sources.append(SourceRange(other_spy, 30, 3))
+    elif bad == "destination-past-end":
+        dst_lba = 64 - 11
+    else:
+        dst_lba = -1
+    with pytest.raises(BlockRangeError):
+        await block_copy.copy(sources, spy, dst_lba)
+    assert await contents(dev) == model
+    assert await contents(other) == other_model
+    assert spy.events == [] and other_spy.events == []
+
+
+async def test_block_size_mismatch_raises_and_writes_nothing() -> None:
+    dev, model = await memory(64, 16)
+    big, _ = await memory(16, 17, bs=4096)
+    spy = NativeSpyDevice(dev)
+    with pytest.raises(ValueError, match="block size"):
+        await block_copy.copy([SourceRange(spy, 0, 4), SourceRange(big, 0, 1)], spy, 20)
+    assert await contents(dev) == model
+    assert spy.events == []
+
+
+@pytest.mark.parametrize("where", ["native", "emulated", "staged"])
+async def test_fua_flushes_the_destination_after_every_write(where: str) -> None:
+    dev, model = await memory(64, 18)
+    other, other_model = await memory(64, 19)
+    spy = NativeSpyDevice(dev)
+    if where == "native":
+        sources = [SourceRange(spy, 0, 4), SourceRange(spy, 10, 4)]
+    elif where == "emulated":
+        sources = [SourceRange(other, 0, 4), SourceRange(other, 10, 4)]
+    else:
+        sources = [SourceRange(spy, 20, 4), SourceRange(spy, 26, 4)]  # both overlap 22..30
+    dst_lba = 22 if where == "staged" else 24
+    report = await block_copy.copy(sources, spy, dst_lba, fua=True, chunk_bytes=BS)
+    model_copy({id(spy): model, id(other): other_model}, sources, spy, dst_lba)
+    assert await contents(dev) == model
+    kinds = spy.kinds()
+    assert kinds.count("flush") == 1
+    assert kinds[-1] == "flush", kinds  # after the last write, before returning
+    assert getattr(report, f"{where}_blocks") == 8
+
+
+# -- emulation: depth and chunking ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("depth", "nblocks"), [(4, 1000), (4, 3), (1, 100), (3, 64)])
+async def test_emulation_chunks_with_bounded_depth(depth: int, nblocks: int) -> None:
+    src_dev, src_model = await memory(1024, 20)
+    dst, dst_model = await memory(1024, 21)
+    src = SpyDevice(src_dev)
+    chunk_blocks = 16
+    sources = [SourceRange(src, 7, nblocks)]
+    report = await block_copy.copy(sources, dst, 11, chunk_bytes=chunk_blocks * BS, depth=depth)
+    model_copy({id(src): src_model, id(dst): dst_model}, sources, dst, 11)
+    assert await contents(dst) == dst_model
+    assert report == CopyReport(emulated_blocks=nblocks)
+    reads = [e for e in src.events if e[0] == "read"]
+    nchunks = -(-nblocks // chunk_blocks)
+    assert len(reads) == nchunks
+    assert all(n <= chunk_blocks * BS for _k, _lba, n in reads)
+    # Every block read exactly once.
+    assert sorted((lba, lba + n // BS) for _k, lba, n in reads) == [
+        (lba, min(lba + chunk_blocks, 7 + nblocks)) for lba in range(7, 7 + nblocks, chunk_blocks)
+    ]
+    assert src.max_in_flight <= depth
+    assert src.max_in_flight == min(depth, nchunks)  # and the depth is actually used
+
+
+async def test_emulation_writes_through_a_non_native_destination() -> None:
+    src, src_model = await memory(64, 22)
+    dst_dev, dst_model = await memory(64, 23)
+    dst = SpyDevice(dst_dev, native_copy=False)
+    # A source on the destination device itself, not overlapping: emulated as well.
+    sources = [SourceRange(dst, 0, 8), SourceRange(src, 0, 8)]
+    report = await block_copy.copy(sources, dst, 32, chunk_bytes=3 * BS)
+    model_copy({id(src): src_model, id(dst): dst_model}, sources, dst, 32)
+    assert await contents(dst_dev) == dst_model
+    assert report == CopyReport(emulated_blocks=16)
+    assert "copy_within" not in dst.kinds()
+
+
+# -- zero-length copies ------------------------------------------------------------------------
+
+
+async def test_zero_length_copies_change_nothing(tmp_path: Path) -> None:
+    dev, model = await memory(32, 24)
+    fdev, fmodel = await file_device(tmp_path / "z.img", 32, 25)
+    assert await block_copy.copy([], dev, 32) == CopyReport()  # at the very end: still inside
+    report = await block_copy.copy([SourceRange(dev, 5, 0), SourceRange(fdev, 32, 0)], dev, 0)
+    assert report.native_blocks == 0 and report.emulated_blocks == 0
+    await dev.copy_within(0, 32, 0)
+    await fdev.copy_within(3, 7, 0)
+    await fdev.copy_within(32, 0, 0)
+    assert await contents(dev) == model
+    assert await contents(fdev) == fmodel
+    with pytest.raises(BlockRangeError):
+        await block_copy.copy([], dev, 33)
+    await fdev.close()
+
+
+# -- the devices' native copies ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("src", "dst", "n"), [(0, 64, 64), (64, 0, 64), (0, 1, 127), (1, 0, 127), (5, 5, 10)]
+)
+async def test_memory_copy_within_is_memmove(src: int, dst: int, n: int) -> None:
+    dev, model = await memory(128, 26)
+    assert isinstance(dev, NativeCopy) and dev.capabilities.native_copy
+    await dev.copy_within(src, dst, n)
+    memmove(model, src * BS, dst * BS, n * BS)
+    assert await contents(dev) == model
+
+
+@pytest.mark.parametrize(("src", "dst", "n"), [(0, 1, 128), (1, 0, 128), (-1, 0, 1), (0, -1, 1)])
+async def test_memory_copy_within_out_of_range(src: int, dst: int, n: int) -> None:
+    dev, model = await memory(128, 27)
+    with pytest.raises(BlockRangeError):
+        await dev.copy_within(src, dst, n)
+    assert await contents(dev) == model
+
+
+@pytest.mark.parametrize(("src", "dst", "n"), [(0, 100, 50), (100, 0, 50), (10, 60, 50)])
+async def test_file_copy_within_disjoint_uses_copy_file_range(
+    tmp_path: Path, cfr_calls: list[tuple[int, int, int]], src: int, dst: int, n: int
+) -> None:
+    dev, model = await file_device(tmp_path / "f.img", 256, 28)
+    assert isinstance(dev, NativeCopy) and dev.capabilities.native_copy
+    await dev.copy_within(src, dst, n)
+    memmove(model, src * BS, dst * BS, n * BS)
+    assert await contents(dev) == model
+    assert cfr_calls, "copy_file_range was not used for disjoint ranges"
+    assert cfr_calls[0] == (n * BS, src * BS, dst * BS)
+    await dev.close()
+    assert (tmp_path / "f.img").read_bytes() == model
+
+
+@pytest.mark.parametrize("err", [errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP])
+async def test_file_copy_within_falls_back_when_copy_file_range_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, err: int
+) -> None:
+    dev, model = await file_device(tmp_path / "f.img", 256, 29)
+    real = os.copy_file_range
+    calls: list[int] = []
+
+    def partial_then_refuse(src: int, dst: int, count: int, osrc: int, odst: int) -> int:
+        calls.append(count)
+        if len(calls) == 1:  # the first call copies part of the range, then it stops working
+            return real(src, dst, min(count, 3 * BS), osrc, odst)
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(os, "copy_file_range", partial_then_refuse)
+    monkeypatch.setattr(block_file, "_COPY_CHUNK", 5 * BS)
+    await dev.copy_within(10, 120, 40)
+    memmove(model, 10 * BS, 120 * BS, 40 * BS)
+    assert await contents(dev) == model
+    assert len(calls) == 2
+    await dev.close()
+
+
+async def test_file_copy_within_other_copy_file_range_errors_propagate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dev, _model = await file_device(tmp_path / "f.img", 64, 30)
+
+    def broken(*_args: int) -> int:
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(os, "copy_file_range", broken)
+    with pytest.raises(OSError) as info:
+        await dev.copy_within(0, 32, 8)
+    assert info.value.errno == errno.EIO
+    await dev.close()
+
+
+@pytest.mark.parametrize("chunk", [1000, 3 * BS, 64 * BS, 1 << 20], ids=lambda c: f"chunk{c}")
+@pytest.mark.parametrize(
+    ("src", "dst", "n"),
+    [(10, 11, 40), (11, 10, 40), (0, 20, 40), (20, 0, 40), (3, 9, 7), (9, 3, 7)],
+    ids=["fwd1", "back1", "fwd-half", "back-half", "fwd-small", "back-small"],
+)
+async def test_file_copy_within_overlapping_bounces_as_memmove(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    cfr_calls: list[tuple[int, int, int]],
+    chunk: int,
+    src: int,
+    dst: int,
+    n: int,
+) -> None:
+    monkeypatch.setattr(block_file, "_COPY_CHUNK", chunk)
+    dev, model = await file_device(tmp_path / "f.img", 64, 31)
+    await dev.copy_within(src, dst, n)
+    memmove(model, src * BS, dst * BS, n * BS)
+    assert await contents(dev) == model
+    assert cfr_calls == []  # the kernel refuses overlapping ranges of one file: not tried
+    await dev.close()
+    assert (tmp_path / "f.img").read_bytes() == model
+
+
+async def test_file_copy_within_fua_syncs(tmp_path: Path, fdatasyncs: list[int]) -> None:
+    dev, model = await file_device(tmp_path / "f.img", 64, 32)
+    await dev.copy_within(0, 32, 8)
+    assert fdatasyncs == []
+    await dev.copy_within(8, 40, 8, fua=True)
+    assert fdatasyncs == [dev.fileno()]
+    memmove(model, 0, 32 * BS, 8 * BS)
+    memmove(model, 8 * BS, 40 * BS, 8 * BS)
+    assert os.pread(dev.fileno(), len(model), 0) == model
+    await dev.close()
+
+
+async def test_file_copy_within_checks_range_and_read_only(tmp_path: Path) -> None:
+    path = tmp_path / "f.img"
+    dev, model = await file_device(path, 64, 33)
+    for src, dst, n in ((0, 60, 5), (60, 0, 5), (-1, 0, 1), (0, 0, 65)):
+        with pytest.raises(BlockRangeError):
+            await dev.copy_within(src, dst, n)
+    await dev.close()
+    ro = FileDevice(path, BS, read_only=True)
+    with pytest.raises(OSError) as info:
+        await ro.copy_within(0, 10, 4)
+    assert info.value.errno == errno.EROFS
+    await ro.close()
+    assert path.read_bytes() == model
+
+
+# -- property: random range lists on memory devices --------------------------------------------
+
+PROP_BLOCKS = 48
+
+range_st = st.tuples(
+    st.booleans(),  # on the destination device (else on the other one)
+    st.integers(-2, PROP_BLOCKS + 2),
+    st.integers(0, 20),
+)
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    ranges=st.lists(range_st, max_size=6),
+    dst_lba=st.integers(-1, PROP_BLOCKS),
+    chunk_blocks=st.integers(1, 8),
+    depth=st.integers(1, 4),
+    native=st.booleans(),
+    seed=st.integers(0, 1 << 16),
+)
+def test_property_random_ranges_match_the_model(
+    ranges: list[tuple[bool, int, int]],
+    dst_lba: int,
+    chunk_blocks: int,
+    depth: int,
+    native: bool,
+    seed: int,
+) -> None:
+    async def scenario() -> None:
+        dev, model = await memory(PROP_BLOCKS, seed)
+        other, other_model = await memory(PROP_BLOCKS, seed + 1)
+        dst: Any = dev if native else SpyDevice(dev, native_copy=False)
+        sources = [SourceRange(dst if on_dst else other, lba, n) for on_dst, lba, n in ranges]
+        total = sum(n for _d, _l, n in ranges)
+        valid = all(lba >= 0 and lba + n <= PROP_BLOCKS for _d, lba, n in ranges) and (
+            dst_lba >= 0 and dst_lba + total <= PROP_BLOCKS
+        )
+        if not valid:
+            with pytest.raises(BlockRangeError):
+                await block_copy.copy(sources, dst, dst_lba)
+        else:
+            models = {id(dst): model, id(other): other_model}
+            model_copy(models, sources, dst, dst_lba)
+            report = await block_copy.copy(
+                sources, dst, dst_lba, chunk_bytes=chunk_blocks * BS, depth=depth
+            )
+            assert report.native_blocks + report.emulated_blocks == total
+            if not native:
+                assert report.native_blocks == 0
+        assert await contents(dev) == model
+        assert await contents(other) == other_model
+
+    run(scenario())
