@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from pynvmf.block.device import (
     BlockDevice,
@@ -147,8 +148,8 @@ def _plan(
 ) -> tuple[list[_Step], list[tuple[SourceRange, bytearray]]]:
     """The steps of the copy, and the sources to read into memory before any of them."""
     dcaps = dst.capabilities
-    native = dcaps.native_copy and isinstance(dst, NativeCopy)
-    offload = dst if isinstance(dst, CopyOffload) else None
+    native = dcaps.native_copy and _offers(dst, NativeCopy)
+    offload = cast(CopyOffload, dst) if _offers(dst, CopyOffload) else None
     live = [s for s in sources if s.nblocks]
     overlapping = [
         s for s in live if s.device is dst and _overlaps(s.lba, s.nblocks, dst_lba, total)
@@ -195,6 +196,20 @@ def _plan(
     if batcher is not None:
         batcher.cut()
     return steps, staging
+
+
+_OFFERS: dict[tuple[type, type], bool] = {}
+
+
+def _offers(device: object, protocol: type) -> bool:
+    """isinstance(device, protocol), remembered per device type: a runtime-checkable
+    Protocol check inspects attributes on every call, which costs more than a small
+    copy. What a type offers does not change between its instances."""
+    key = (type(device), protocol)
+    found = _OFFERS.get(key)
+    if found is None:
+        found = _OFFERS[key] = isinstance(device, protocol)
+    return found
 
 
 def _can_offload(dst: CopyOffload, s: SourceRange, cache: dict[int, bool]) -> bool:
@@ -249,7 +264,10 @@ async def copy(
             report.emulated_blocks += step.source.nblocks
 
     # Every overlapping source is read whole before the first block is written.
-    await _run_bounded((_reader(s, buf) for s, buf in staging), max(1, min(depth, len(staging))))
+    if staging:
+        await _run_bounded(
+            (_reader(s, buf) for s, buf in staging), max(1, min(depth, len(staging)))
+        )
 
     step_blocks = max(1, chunk_bytes // bs)
     largest = max(
@@ -323,16 +341,14 @@ def _jobs(steps: Sequence[_Step], dst: BlockDevice, step_blocks: int, fua: bool)
 
 def _offloader(step: _Offload, dst: BlockDevice, fua: bool) -> _Job:
     async def run(_worker: _Worker) -> None:
-        assert isinstance(dst, CopyOffload)
-        await dst.copy_offload(step.pieces, step.dst_lba, fua=fua)
+        await cast(CopyOffload, dst).copy_offload(step.pieces, step.dst_lba, fua=fua)
 
     return run
 
 
 def _native(step: _Native, dst: BlockDevice) -> _Job:
     async def run(_worker: _Worker) -> None:
-        assert isinstance(dst, NativeCopy)
-        await dst.copy_within(step.src_lba, step.dst_lba, step.nblocks)
+        await cast(NativeCopy, dst).copy_within(step.src_lba, step.dst_lba, step.nblocks)
 
     return run
 
@@ -369,6 +385,12 @@ async def _run_bounded(jobs: Iterator[_Job], workers: int, *, buffer_bytes: int 
     slow chunk holds up one worker, not the whole group. On the first failure no new
     job starts; the ones in flight are waited for (a remote command cannot be taken
     back, and its buffer must stay untouched until it completes), then it is raised."""
+    if workers == 1:
+        # One job at a time: run them here, without a Task or an event-loop round trip.
+        worker = _Worker(buffer_bytes)
+        for job in jobs:
+            await job(worker)
+        return
     failure: list[BaseException] = []
 
     async def work() -> None:
