@@ -9,6 +9,7 @@ import signal
 import sys
 from typing import Any
 
+from pynvmf.bench_cli import add_bench_command, run_bench_command
 from pynvmf.copy_cli import add_copy_command, run_copy_command
 from pynvmf.host_cli import add_host_commands, run_host_command
 from pynvmf.target.config import (
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     _target_parser(sub)
     add_host_commands(sub)
     add_copy_command(sub)
+    add_bench_command(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),
@@ -115,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command == "copy":
         return run_copy_command(args)
+    if args.command == "bench":
+        return run_bench_command(args)
     if args.command != "target":
         return run_host_command(args)
     if args.command == "target":

@@ -1,0 +1,934 @@
+"""`pynvmf bench`: a fio-like load generator against a namespace of any NVMe/TCP target.
+
+    pynvmf bench -a 10.0.0.1 -s 4420 -n NQN --rw randread --bs 4k --iodepth 32 \\
+        --numjobs 2 --runtime 10 [--size 1G] [--rwmixread 70] [--verify] \\
+        [--inline-data-size BYTES] [-o json] [--group-reporting]
+    pynvmf bench ... --rw copy --bs 64k --copy-ranges 4 --copy-mode offload|emulate|auto
+
+Each of the `--numjobs` jobs owns one I/O queue of the connection and keeps
+`--iodepth` I/Os in flight on it; the jobs run concurrently in one event loop and
+their results are reported per job (fio's default) or as one entry with
+`--group-reporting` (fio's semantics: I/Os and bandwidth add up, the runtime is
+the longest job's). Read/write workloads run on the load generator engine
+(pynvmf.bench.loadgen); `--rw copy` issues copies through the copy planner
+(pynvmf.block.copy), one copy of `--copy-ranges` ranges of `--bs` each per I/O.
+
+`--output-format json` follows the key names of fio 3.x's JSON output for what
+it reports; lat_ns and clat_ns are the same figure (submission to completion as
+the host library's caller sees it, there is no separate submission latency), and
+stddev is computed from the latency histogram, so it is approximate like the
+percentiles (within half a bucket, 0.4%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import hashlib
+import json
+import math
+import random
+import re
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO, cast
+
+from pynvmf import __version__
+from pynvmf.bench.loadgen import (
+    PERCENTILES,
+    LatencyHistogram,
+    LatencyStats,
+    OpResult,
+    Workload,
+    bucket_bounds,
+    run_workload,
+)
+from pynvmf.block.copy import SourceRange, copy
+from pynvmf.block.device import BlockDevice, Buffer, Capabilities, CopyOffload
+from pynvmf.host import Controller, NvmeError, RemoteNamespace, connect
+from pynvmf.host.namespace import remote_namespace
+from pynvmf.host.queue import HostQueue
+from pynvmf.host_cli import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    CommandError,
+    _connect_failure,
+    _connection_options,
+    _int_at_least,
+    _loop_factory,
+    _namespace,
+    _namespace_option,
+    _output_option,
+)
+from pynvmf.target.server import NVME_TCP_PORT
+
+BENCH_RW_MODES = ("randread", "randwrite", "read", "write", "randrw", "copy")
+COPY_MODES = ("auto", "offload", "emulate")
+FIO_VERSION = f"pynvmf-bench {__version__}"
+# fio's error field is an errno: EILSEQ for a verify failure, EIO for anything else.
+_EILSEQ = 84
+_EIO = 5
+_PROGRESS_INTERVAL = 0.25  # at most 4 refreshes a second
+_PREFILL_CHUNK = 1 << 20
+_PREFILL_DEPTH = 8
+
+# -- argument parsing --------------------------------------------------------------------------
+
+_SIZE = re.compile(r"(\d+)\s*([kmgt]?)(i?b)?", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """fio's sizes: a bare number is bytes, k/m/g/t (optionally KiB, KB...) powers of 1024."""
+    m = _SIZE.fullmatch(text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r} (e.g. 4096, 4k, 1M, 2GiB)")
+    value = int(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"size {text!r} must be positive")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a non-negative number of seconds")
+    return value
+
+
+def _percent(text: str) -> int:
+    value = _int_at_least(0)(text)
+    if value > 100:
+        raise argparse.ArgumentTypeError(f"{value} is not a percentage (0-100)")
+    return value
+
+
+def add_bench_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register `bench` on the `pynvmf` parser."""
+    p = subparsers.add_parser(
+        "bench",
+        help="fio-like load generator against a remote namespace",
+        description="Keep --iodepth I/Os in flight on each of --numjobs I/O queues for "
+        "--runtime seconds and report IOPS, bandwidth and latency like fio.",
+    )
+    _connection_options(p, default_port=NVME_TCP_PORT)
+    _namespace_option(p)
+    _output_option(p)
+    p.add_argument("--rw", choices=BENCH_RW_MODES, default="randread", help="I/O pattern")
+    p.add_argument("--bs", type=parse_size, default=4096, metavar="SIZE", help="block size")
+    p.add_argument("--iodepth", type=_int_at_least(1), default=1, metavar="N")
+    p.add_argument(
+        "--numjobs", type=_int_at_least(1), default=1, metavar="N", help="jobs (one I/O queue each)"
+    )
+    p.add_argument("--runtime", type=_seconds, default=10.0, metavar="SECONDS")
+    p.add_argument(
+        "--ramp-time", type=_seconds, default=0.0, metavar="SECONDS", help="unmeasured warm-up"
+    )
+    p.add_argument(
+        "--size", type=parse_size, metavar="SIZE", help="region size (default: whole namespace)"
+    )
+    p.add_argument(
+        "--offset", type=parse_size, default=0, metavar="SIZE", help="region start (default 0)"
+    )
+    p.add_argument("--rwmixread", type=_percent, default=50, metavar="PCT")
+    p.add_argument("--verify", action="store_true", help="write patterns and check every read")
+    p.add_argument(
+        "--inline-data-size",
+        type=_int_at_least(0),
+        metavar="BYTES",
+        help="most write data the host sends in-capsule (capped by the target's IOCCSZ)",
+    )
+    p.add_argument("--copy-ranges", type=_int_at_least(1), default=1, metavar="N")
+    p.add_argument("--copy-mode", choices=COPY_MODES, default="auto")
+    p.add_argument("--seed", type=_int_at_least(0), default=0, help="offsets and patterns seed")
+    p.add_argument(
+        "--group-reporting", action="store_true", help="one aggregated JSON job, as fio's"
+    )
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    """Run `pynvmf bench`; the exit status (1 for any failure, verify included)."""
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            return runner.run(_bench(args, sys.stdout, sys.stderr))
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except (CommandError, NvmeError, OSError, ValueError) as exc:
+        print(f"pynvmf bench: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+# -- verification ----------------------------------------------------------------------------
+
+
+class VerifyError(Exception):
+    """Data read back is not what this run last wrote there."""
+
+
+class Verifier:
+    """The expected content of every block this run wrote, shared by all jobs.
+
+    A block's content is derived from (LBA, seed, generation): the generation
+    counts the writes to that block, so a stale block (a lost write) is caught as
+    well as a corrupted one. Blocks never written are not checked. I/Os of one
+    run never partially overlap (all start on the same --bs grid), so I/Os to the
+    same start LBA are serialised: which of two concurrent writes lands last, or
+    whether a concurrent read sees the old or the new data, would be undefined.
+    """
+
+    def __init__(self, block_size: int, seed: int) -> None:
+        self.block_size = block_size
+        self._seed = seed.to_bytes(8, "little")
+        self._repeat = block_size // 64
+        self.generations: dict[int, int] = {}
+        self._busy: dict[int, asyncio.Event] = {}
+        self.failure: str | None = None
+
+    def pattern(self, lba: int, generation: int) -> bytes:
+        key = lba.to_bytes(8, "little") + self._seed + generation.to_bytes(8, "little")
+        return hashlib.blake2b(key, digest_size=64).digest() * self._repeat
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, lba: int) -> AsyncIterator[None]:
+        busy = self._busy
+        while (event := busy.get(lba)) is not None:
+            await event.wait()
+        mine = busy[lba] = asyncio.Event()
+        try:
+            yield
+        finally:
+            del busy[lba]
+            mine.set()
+
+    def fill(self, lba: int, view: memoryview) -> None:
+        """Put the next generation's pattern of each block into `view`."""
+        bs = self.block_size
+        gens = self.generations
+        for i in range(view.nbytes // bs):
+            g = gens.get(lba + i, 0) + 1
+            gens[lba + i] = g
+            view[i * bs : (i + 1) * bs] = self.pattern(lba + i, g)
+
+    def check(self, lba: int, view: memoryview) -> None:
+        bs = self.block_size
+        gens = self.generations
+        for i in range(view.nbytes // bs):
+            g = gens.get(lba + i)
+            if g is None:
+                continue
+            block = view[i * bs : (i + 1) * bs]
+            if block != self.pattern(lba + i, g):
+                stale = g > 1 and block == self.pattern(lba + i, g - 1)
+                what = "stale data (the previous write)" if stale else "unexpected data"
+                message = f"verify failed at LBA {lba + i}: {what}, expected write #{g}"
+                if self.failure is None:
+                    self.failure = message
+                raise VerifyError(message)
+
+
+# -- the device each job sees ----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Counter:
+    """Completed I/Os and bytes, for the progress line."""
+
+    ios: int = 0
+    bytes: int = 0
+
+
+class JobDevice:
+    """A namespace as one job uses it: counts completions for the progress line,
+    writes and checks patterns with --verify. It does not offer CopyOffload, so
+    the copy planner emulates copies to it (--copy-mode emulate)."""
+
+    def __init__(
+        self, inner: BlockDevice, counter: Counter | None = None, verifier: Verifier | None = None
+    ) -> None:
+        self._inner = inner
+        self._counter = counter
+        self._verifier = verifier
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._inner.capabilities
+
+    async def read(self, lba: int, buf: memoryview) -> None:
+        verifier = self._verifier
+        if verifier is None:
+            await self._inner.read(lba, buf)
+        else:
+            async with verifier.exclusive(lba):
+                await self._inner.read(lba, buf)
+                verifier.check(lba, memoryview(buf).cast("B"))
+        if self._counter is not None:
+            self._counter.ios += 1
+            self._counter.bytes += memoryview(buf).nbytes
+
+    async def write(self, lba: int, data: Buffer, *, fua: bool = False) -> None:
+        verifier = self._verifier
+        view = memoryview(data).cast("B")
+        if verifier is None:
+            await self._inner.write(lba, view, fua=fua)
+        else:
+            async with verifier.exclusive(lba):
+                if view.readonly:
+                    view = memoryview(bytearray(view.nbytes))
+                verifier.fill(lba, view)
+                await self._inner.write(lba, view, fua=fua)
+        if self._counter is not None:
+            self._counter.ios += 1
+            self._counter.bytes += view.nbytes
+
+    async def flush(self) -> None:
+        await self._inner.flush()
+
+    async def write_zeroes(self, lba: int, nblocks: int, *, fua: bool = False) -> None:
+        await self._inner.write_zeroes(lba, nblocks, fua=fua)
+
+    async def deallocate(self, lba: int, nblocks: int) -> None:
+        await self._inner.deallocate(lba, nblocks)
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+class _OneQueue:
+    """The controller as one job's namespace sees it: every command goes to the job's
+    own I/O queue instead of round-robin over all of them (fio: one queue per job)."""
+
+    def __init__(self, ctrl: Controller, queue: HostQueue) -> None:
+        self._ctrl = ctrl
+        self._queue = queue
+
+    def next_queue(self) -> HostQueue:
+        return self._queue
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctrl, name)
+
+
+def job_namespace(ctrl: Controller, ns: RemoteNamespace, queue: HostQueue) -> RemoteNamespace:
+    """`ns` bound to `queue` (a CopyingNamespace if `ns` is one)."""
+    return remote_namespace(cast(Controller, _OneQueue(ctrl, queue)), ns.nsid, ns.identify)
+
+
+# -- results -----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class CopyStats:
+    copies: int = 0
+    copied_bytes: int = 0
+    offloaded_blocks: int = 0
+    emulated_blocks: int = 0
+    commands: int = 0
+    wire_sent: int = 0
+    wire_received: int = 0
+
+
+@dataclass(slots=True)
+class JobResult:
+    name: str
+    elapsed: float  # seconds measured
+    read_bytes_per_io: int
+    write_bytes_per_io: int
+    read_hist: LatencyHistogram
+    write_hist: LatencyHistogram
+    error: str | None = None
+    verify_failed: bool = False
+    copy: CopyStats | None = None
+
+    def op(self, which: str) -> OpResult:
+        hist = self.read_hist if which == "read" else self.write_hist
+        per_io = self.read_bytes_per_io if which == "read" else self.write_bytes_per_io
+        stats = hist.stats()
+        elapsed = self.elapsed or 1e-9
+        return OpResult(
+            ios=stats.count,
+            bytes=stats.count * per_io,
+            iops=stats.count / elapsed,
+            mbps=stats.count * per_io / elapsed / 1e6,
+            latency=stats,
+        )
+
+
+def aggregate(results: Sequence[JobResult]) -> JobResult:
+    """fio's group_reporting: I/Os add up over the longest job's runtime."""
+    first = results[0]
+    reads, writes = LatencyHistogram(), LatencyHistogram()
+    copy_total = CopyStats() if first.copy is not None else None
+    for r in results:
+        reads.merge(r.read_hist)
+        writes.merge(r.write_hist)
+        if copy_total is not None and r.copy is not None:
+            for name in CopyStats.__slots__:
+                setattr(copy_total, name, getattr(copy_total, name) + getattr(r.copy, name))
+    failed = next((r for r in results if r.error), None)
+    return JobResult(
+        name=first.name,
+        elapsed=max(r.elapsed for r in results),
+        read_bytes_per_io=first.read_bytes_per_io,
+        write_bytes_per_io=first.write_bytes_per_io,
+        read_hist=reads,
+        write_hist=writes,
+        error=failed.error if failed else None,
+        verify_failed=any(r.verify_failed for r in results),
+        copy=copy_total,
+    )
+
+
+def stddev_ns(hist: LatencyHistogram) -> float:
+    """Standard deviation from bucket midpoints (the histogram keeps no sum of squares)."""
+    n = hist.count
+    if n < 2:
+        return 0.0
+    mean = hist.total_ns / n
+    acc = 0.0
+    for index, count in enumerate(hist.counts):
+        if count:
+            low, high = bucket_bounds(index)
+            acc += count * ((low + high - 1) / 2 - mean) ** 2
+    return math.sqrt(acc / n)
+
+
+# -- running -----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Plan:
+    rw: str
+    bs: int
+    iodepth: int
+    runtime: float
+    ramp_time: float
+    rwmixread: int
+    offset: int
+    size: int | None
+    seed: int
+    copy_ranges: int
+    copy_mode: str
+    verify: bool
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    if args.runtime <= 0:
+        raise CommandError("--runtime must be positive")
+    if args.rw == "copy" and args.verify:
+        raise CommandError("--verify is not supported with --rw copy")
+    if args.rw != "copy" and (args.copy_ranges != 1 or args.copy_mode != "auto"):
+        raise CommandError("--copy-ranges and --copy-mode apply to --rw copy only")
+    return _Plan(
+        rw=args.rw,
+        bs=args.bs,
+        iodepth=args.iodepth,
+        runtime=args.runtime,
+        ramp_time=args.ramp_time,
+        rwmixread=args.rwmixread,
+        offset=args.offset,
+        size=args.size,
+        seed=args.seed,
+        copy_ranges=args.copy_ranges,
+        copy_mode=args.copy_mode,
+        verify=args.verify,
+    )
+
+
+def _region(plan: _Plan, caps: Capabilities) -> tuple[int, int]:
+    """[first, end) LBAs of the region, whole --bs slots only."""
+    block = caps.block_size
+    if plan.bs % block:
+        raise CommandError(f"--bs {plan.bs} is not a multiple of the block size {block}")
+    if plan.offset % block:
+        raise CommandError(f"--offset {plan.offset} is not a multiple of the block size {block}")
+    end = caps.size if plan.size is None else plan.offset + plan.size
+    if end > caps.size:
+        raise CommandError(f"region ends at byte {end}, past the namespace's {caps.size} bytes")
+    slots = (end - plan.offset) // plan.bs
+    if slots < 1:
+        raise CommandError(f"region of {end - plan.offset} bytes holds no {plan.bs}-byte I/O")
+    first = plan.offset // block
+    return first, first + slots * (plan.bs // block)
+
+
+async def _prefill(device: JobDevice, first: int, end: int, block: int) -> None:
+    """Write the whole region once (--verify of a read workload: reads then check it)."""
+    per = max(1, _PREFILL_CHUNK // block)
+    positions = iter(range(first, end, per))
+
+    async def writer() -> None:
+        buf = bytearray(per * block)
+        for lba in positions:
+            n = min(per, end - lba)
+            await device.write(lba, memoryview(buf)[: n * block])
+
+    await asyncio.gather(*(writer() for _ in range(_PREFILL_DEPTH)))
+
+
+async def _rw_job(name: str, device: BlockDevice, plan: _Plan, job: int) -> JobResult:
+    caps = device.capabilities
+    first, end = _region(plan, caps)
+    workload = Workload(
+        rw=plan.rw,
+        bs=plan.bs,
+        iodepth=plan.iodepth,
+        rwmixread=plan.rwmixread,
+        runtime=plan.runtime,
+        ramp_time=plan.ramp_time,
+        size=(end - first) * caps.block_size,
+        offset=first * caps.block_size,
+        # Jobs on one region would otherwise issue the very same offsets.
+        seed=plan.seed + job,
+    )
+    result = await run_workload(device, workload)
+    return JobResult(
+        name=name,
+        elapsed=result.elapsed,
+        read_bytes_per_io=plan.bs,
+        write_bytes_per_io=plan.bs,
+        read_hist=result.read_latency,
+        write_hist=result.write_latency,
+        error=result.error,
+    )
+
+
+async def _copy_job(
+    name: str,
+    ns: RemoteNamespace,
+    queue: HostQueue,
+    plan: _Plan,
+    job: int,
+    counter: Counter | None,
+) -> JobResult:
+    """Copies of --copy-ranges random --bs ranges of the region's first half to a
+    random destination in its second half (no overlap, so the planner never stages)."""
+    caps = ns.capabilities
+    first, end = _region(plan, caps)
+    nb = plan.bs // caps.block_size
+    slots = (end - first) // nb
+    src_slots = slots // 2
+    dst_groups = (slots - src_slots) // plan.copy_ranges
+    if src_slots < 1 or dst_groups < 1:
+        raise CommandError(
+            f"region too small for copies of {plan.copy_ranges} x {plan.bs} bytes: it needs "
+            f"{plan.copy_ranges + 1} slots of --bs after halving, it has {slots}"
+        )
+    if plan.copy_mode == "offload" and not isinstance(ns, CopyOffload):
+        raise CommandError(f"namespace {ns.nsid} does not support Copy (--copy-mode offload)")
+    device: BlockDevice = JobDevice(ns) if plan.copy_mode == "emulate" else ns
+    dst_base = first + src_slots * nb
+    copy_bytes = plan.copy_ranges * plan.bs
+    hist = LatencyHistogram()
+    stats = CopyStats()
+    rng = random.Random(plan.seed + job)
+    stop = False
+    failure: list[str] = []
+
+    async def worker() -> None:
+        while not stop:
+            sources = [
+                SourceRange(device, first + rng.randrange(src_slots) * nb, nb)
+                for _ in range(plan.copy_ranges)
+            ]
+            dst = dst_base + rng.randrange(dst_groups) * plan.copy_ranges * nb
+            t0 = time.perf_counter_ns()
+            try:
+                report = await copy(sources, device, dst)
+            except Exception as exc:
+                failure.append(f"copy to LBA {dst}: {exc!r}")
+                return
+            hist.record(time.perf_counter_ns() - t0)
+            stats.copies += 1
+            stats.offloaded_blocks += report.offloaded_blocks
+            stats.emulated_blocks += report.emulated_blocks
+            stats.commands += report.commands
+            if counter is not None:
+                counter.ios += 1
+                counter.bytes += copy_bytes
+
+    async def until(seconds: float) -> None:
+        deadline = time.perf_counter() + seconds
+        while not failure and (left := deadline - time.perf_counter()) > 0:
+            await asyncio.sleep(min(left, 0.05))
+
+    tasks = [asyncio.create_task(worker()) for _ in range(plan.iodepth)]
+    try:
+        await until(plan.ramp_time)
+        hist.reset()
+        stats = CopyStats()
+        sent0, recv0 = queue.bytes_sent, queue.bytes_received
+        t0 = time.perf_counter()
+        await until(plan.runtime)
+        measured = hist.copy()
+        elapsed = time.perf_counter() - t0
+        done = CopyStats(**{k: getattr(stats, k) for k in CopyStats.__slots__})
+        done.wire_sent = queue.bytes_sent - sent0
+        done.wire_received = queue.bytes_received - recv0
+    finally:
+        stop = True
+        await asyncio.gather(*tasks, return_exceptions=True)
+    done.copies = measured.count
+    done.copied_bytes = measured.count * copy_bytes
+    return JobResult(
+        name=name,
+        elapsed=elapsed,
+        read_bytes_per_io=0,
+        write_bytes_per_io=copy_bytes,
+        read_hist=LatencyHistogram(),
+        write_hist=measured,
+        error=failure[0] if failure else None,
+        copy=done,
+    )
+
+
+def set_inline_limit(ctrl: Controller, limit: int) -> int:
+    """Send at most `limit` bytes of write data in-capsule (never more than the target's
+    IOCCSZ allows); the limit in effect."""
+    effective = min(limit, ctrl.io_inline_limit)
+    ctrl.io_inline_limit = effective
+    for queue in ctrl.io_queues:
+        queue.conn.inline_limit = effective
+    return effective
+
+
+async def _bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    plan = _plan(args)
+    depth = plan.iodepth * (plan.copy_ranges + 1 if plan.rw == "copy" else 1)
+    try:
+        ctrl = await connect(
+            args.traddr,
+            args.trsvcid,
+            args.nqn,
+            hostnqn=args.hostnqn,
+            hostid=args.hostid,
+            queues=args.numjobs,
+            queue_depth=depth,
+            header_digest=args.hdr_digest,
+            data_digest=args.data_digest,
+        )
+    except NvmeError as exc:
+        raise _connect_failure(args, exc) from exc
+    async with ctrl:
+        ns = _namespace(ctrl, args)
+        if args.inline_data_size is not None:
+            set_inline_limit(ctrl, args.inline_data_size)
+        queues = ctrl.io_queues
+        if len(queues) < args.numjobs:
+            print(
+                f"pynvmf bench: the target granted {len(queues)} I/O queues for "
+                f"{args.numjobs} jobs; jobs share them",
+                file=err,
+            )
+        _region(plan, ns.capabilities)  # refuse a bad region before anything is written
+        show_progress = err.isatty()
+        verifier = Verifier(ns.capabilities.block_size, plan.seed) if plan.verify else None
+        if verifier is not None and plan.rw in ("read", "randread"):
+            first, end = _region(plan, ns.capabilities)
+            await _prefill(JobDevice(ns, None, verifier), first, end, verifier.block_size)
+        jobs: list[Callable[[], Awaitable[JobResult]]] = []
+        counters: list[Counter] = []
+        for j in range(args.numjobs):
+            queue = queues[j % len(queues)]
+            job_ns = job_namespace(ctrl, ns, queue)
+            counter = Counter() if show_progress else None
+            if counter is not None:
+                counters.append(counter)
+            name = f"job{j}"
+            if plan.rw == "copy":
+                jobs.append(functools.partial(_copy_job, name, job_ns, queue, plan, j, counter))
+                continue
+            # The wrapper costs a coroutine per I/O: only when something needs it.
+            wrapped = counter is not None or verifier is not None
+            device: BlockDevice = JobDevice(job_ns, counter, verifier) if wrapped else job_ns
+            jobs.append(functools.partial(_rw_job, name, device, plan, j))
+
+        progress = (
+            asyncio.create_task(_progress(counters, err)) if show_progress and counters else None
+        )
+        try:
+            results: list[JobResult] = await asyncio.gather(*(job() for job in jobs))
+        finally:
+            if progress is not None:
+                progress.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await progress
+                err.write("\r\x1b[K")
+                err.flush()
+
+    if verifier is not None and verifier.failure is not None:
+        for r in results:
+            if r.error and "VerifyError" in r.error:
+                r.verify_failed = True
+                r.error = verifier.failure
+    options = _job_options(args)
+    if args.output_format == "json":
+        print(
+            json.dumps(fio_json(results, options, group=args.group_reporting), indent=2), file=out
+        )
+    else:
+        out.write(human_report(results, plan))
+    failed = [r for r in results if r.error]
+    if failed:
+        print(f"pynvmf bench: {failed[0].name}: {failed[0].error}", file=err)
+        return EXIT_FAILURE
+    return 0
+
+
+async def _progress(counters: Sequence[Counter], err: TextIO) -> None:
+    start = last_t = time.perf_counter()
+    last_ios = last_bytes = 0
+    while True:
+        await asyncio.sleep(_PROGRESS_INTERVAL)
+        now = time.perf_counter()
+        ios = sum(c.ios for c in counters)
+        nbytes = sum(c.bytes for c in counters)
+        span = now - last_t
+        err.write(
+            "\r"
+            + format_progress(now - start, (ios - last_ios) / span, (nbytes - last_bytes) / span)
+        )
+        err.flush()
+        last_t, last_ios, last_bytes = now, ios, nbytes
+
+
+def format_progress(elapsed: float, iops: float, bytes_per_second: float) -> str:
+    return f"[{elapsed:6.1f}s] {iops:10.0f} IOPS  {bytes_per_second / 1e6:9.1f} MB/s"
+
+
+# -- fio-shaped output -------------------------------------------------------------------------
+
+
+def _job_options(args: argparse.Namespace) -> dict[str, str]:
+    """fio's "job options": the options as given, all strings."""
+    options = {
+        "rw": args.rw,
+        "bs": str(args.bs),
+        "iodepth": str(args.iodepth),
+        "numjobs": str(args.numjobs),
+        "runtime": f"{args.runtime:g}",
+        "ramp_time": f"{args.ramp_time:g}",
+        "offset": str(args.offset),
+        "rwmixread": str(args.rwmixread),
+        "randseed": str(args.seed),
+        "ioengine": "pynvmf-tcp",
+        "filename": f"nvme-tcp://{args.traddr}:{args.trsvcid}/{args.nqn}/{args.namespace_id}",
+    }
+    if args.size is not None:
+        options["size"] = str(args.size)
+    if args.verify:
+        options["verify"] = "pattern"
+    if args.rw == "copy":
+        options["copy_ranges"] = str(args.copy_ranges)
+        options["copy_mode"] = args.copy_mode
+    return options
+
+
+def _lat_json(hist: LatencyHistogram, *, with_percentiles: bool = True) -> dict[str, Any]:
+    n = hist.count
+    if not n:
+        out: dict[str, Any] = {"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0}
+    else:
+        out = {
+            "min": hist.min_ns,
+            "max": hist.max_ns,
+            "mean": hist.total_ns / n,
+            "stddev": stddev_ns(hist),
+            "N": n,
+        }
+    if with_percentiles and n:
+        values = hist.percentiles(PERCENTILES)
+        out["percentile"] = {f"{q:f}": round(v) for q, v in zip(PERCENTILES, values, strict=True)}
+    return out
+
+
+_EMPTY_LAT = {"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0}
+
+
+def _dir_json(r: JobResult, which: str) -> dict[str, Any]:
+    op = r.op(which)
+    hist = r.read_hist if which == "read" else r.write_hist
+    bw_bytes = op.bytes / r.elapsed if r.elapsed else 0.0
+    lat = _lat_json(hist)
+    return {
+        "io_bytes": op.bytes,
+        "io_kbytes": op.bytes // 1024,
+        "bw_bytes": round(bw_bytes),
+        "bw": round(bw_bytes / 1024),
+        "iops": op.iops,
+        "runtime": round(r.elapsed * 1000) if op.ios else 0,
+        "total_ios": op.ios,
+        "short_ios": 0,
+        "drop_ios": 0,
+        "slat_ns": dict(_EMPTY_LAT),
+        "clat_ns": lat,
+        "lat_ns": dict(lat),
+    }
+
+
+def _empty_dir() -> dict[str, Any]:
+    return {
+        "io_bytes": 0,
+        "io_kbytes": 0,
+        "bw_bytes": 0,
+        "bw": 0,
+        "iops": 0.0,
+        "runtime": 0,
+        "total_ios": 0,
+        "short_ios": 0,
+        "drop_ios": 0,
+        "slat_ns": dict(_EMPTY_LAT),
+        "clat_ns": dict(_EMPTY_LAT),
+        "lat_ns": dict(_EMPTY_LAT),
+    }
+
+
+def _job_json(r: JobResult, options: dict[str, str]) -> dict[str, Any]:
+    error = 0 if r.error is None else (_EILSEQ if r.verify_failed else _EIO)
+    job: dict[str, Any] = {
+        "jobname": r.name,
+        "groupid": 0,
+        "error": error,
+        "elapsed": round(r.elapsed),
+        "job options": {"name": r.name, **options},
+        "read": _dir_json(r, "read"),
+        "write": _dir_json(r, "write"),
+        "trim": _empty_dir(),
+        "job_runtime": round(r.elapsed * 1000),
+    }
+    if r.error is not None:
+        job["pynvmf_error"] = r.error
+    if r.copy is not None:
+        c = r.copy
+        elapsed = r.elapsed or 1e-9
+        job["pynvmf_copy"] = {
+            "copies": c.copies,
+            "copies_per_sec": c.copies / elapsed,
+            "copied_bytes": c.copied_bytes,
+            "copied_bytes_per_sec": c.copied_bytes / elapsed,
+            "offloaded_blocks": c.offloaded_blocks,
+            "emulated_blocks": c.emulated_blocks,
+            "copy_commands": c.commands,
+            "wire_bytes_sent": c.wire_sent,
+            "wire_bytes_received": c.wire_received,
+        }
+    return job
+
+
+def fio_json(
+    results: Sequence[JobResult], options: dict[str, str], *, group: bool
+) -> dict[str, Any]:
+    now = time.time()
+    jobs = [aggregate(results)] if group else list(results)
+    return {
+        "fio version": FIO_VERSION,
+        "timestamp": int(now),
+        "timestamp_ms": int(now * 1000),
+        "time": time.ctime(now),
+        "jobs": [_job_json(r, options) for r in jobs],
+    }
+
+
+# -- human output ------------------------------------------------------------------------------
+
+
+def _num(value: float) -> str:
+    """fio's short counts: 950, 12.3k, 1.23M."""
+    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= limit:
+            return f"{value / limit:.1f}{suffix}"
+    return f"{value:.0f}"
+
+
+def _binary(nbytes: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f}{unit}"
+    return f"{nbytes:.0f}B"
+
+
+def _decimal(nbytes: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f}{unit}"
+    return f"{nbytes:.0f}B"
+
+
+def _lat_lines(stats: LatencyStats, hist: LatencyHistogram) -> list[str]:
+    return [
+        f"    lat (usec): min={stats.min_us:.2f}, max={stats.max_us:.2f}, "
+        f"avg={stats.mean_us:.2f}, stdev={stddev_ns(hist) / 1e3:.2f}",
+        f"    lat percentiles (usec): 50.00th=[{stats.p50_us:.1f}], "
+        f"90.00th=[{stats.p90_us:.1f}], 99.00th=[{stats.p99_us:.1f}], "
+        f"99.90th=[{stats.p999_us:.1f}]",
+    ]
+
+
+def _job_block(r: JobResult, plan: _Plan, jobs: int) -> list[str]:
+    err = 0 if r.error is None else (_EILSEQ if r.verify_failed else _EIO)
+    lines = [f"{r.name}: (groupid=0, jobs={jobs}): err={err:2d}"]
+    ms = round(r.elapsed * 1000)
+    if r.copy is not None:
+        c = r.copy
+        per_s = c.copied_bytes / r.elapsed if r.elapsed else 0.0
+        rate = c.copies / r.elapsed if r.elapsed else 0.0
+        lines.append(
+            f"  copy: copies/s={_num(rate)}, BW={_binary(per_s)}/s ({_decimal(per_s)}/s)"
+            f"({_binary(c.copied_bytes)}/{ms}msec), {plan.copy_ranges} x {_binary(plan.bs)} "
+            f"per copy, mode={plan.copy_mode}"
+        )
+        lines.extend(_lat_lines(r.write_hist.stats(), r.write_hist))
+        wire = c.wire_sent + c.wire_received
+        share = wire / c.copied_bytes * 100 if c.copied_bytes else 0.0
+        lines.append(
+            f"    planner: offloaded={c.offloaded_blocks} blocks in {c.commands} Copy commands,"
+            f" emulated={c.emulated_blocks} blocks"
+        )
+        lines.append(
+            f"    wire: sent={_binary(c.wire_sent)}, received={_binary(c.wire_received)} "
+            f"({share:.2f}% of the bytes copied)"
+        )
+        return lines
+    for which, hist in (("read", r.read_hist), ("write", r.write_hist)):
+        op = r.op(which)
+        if not op.ios:
+            continue
+        bw = op.bytes / r.elapsed if r.elapsed else 0.0
+        lines.append(
+            f"  {which}: IOPS={_num(op.iops)}, BW={_binary(bw)}/s ({_decimal(bw)}/s)"
+            f"({_binary(op.bytes)}/{ms}msec)"
+        )
+        lines.extend(_lat_lines(op.latency, hist))
+    return lines
+
+
+def human_report(results: Sequence[JobResult], plan: _Plan) -> str:
+    lines: list[str] = []
+    total = aggregate(results)
+    if len(results) > 1:
+        for r in results:
+            lines.extend(_job_block(r, plan, 1))
+        lines.append("")
+    block = _job_block(total, plan, len(results))
+    block[0] = block[0].replace(total.name, "all jobs", 1)
+    lines.extend(block)
+    lines.append("")
+    lines.append("Run status group 0 (all jobs):")
+    ms = round(total.elapsed * 1000)
+    write_label = "COPY" if total.copy is not None else "WRITE"
+    for which, label in (("read", "READ"), ("write", write_label)):
+        op = total.op(which)
+        if not op.ios:
+            continue
+        bw = op.bytes / total.elapsed if total.elapsed else 0.0
+        lines.append(
+            f"  {label:>5}: bw={_binary(bw)}/s ({_decimal(bw)}/s), io={_binary(op.bytes)} "
+            f"({_decimal(op.bytes)}), run={ms}-{ms}msec"
+        )
+    return "\n".join(lines) + "\n"
