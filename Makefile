@@ -28,8 +28,14 @@ lint: setup
 test: system-deps setup lint
 	$(BIN)/python -m pytest
 
-bench: setup
-	$(BIN)/python benchmarks/target_core.py
+$(BIN)/.bench-installed: $(BIN)/.installed pyproject.toml
+	$(BIN)/pip install -q -e '.[test,bench]'
+	touch $@
+
+# Every benchmark in benchmarks/ (minutes; root for the network namespaces).
+# `make bench ARGS=--quick` for a smoke run.
+bench: $(BIN)/.bench-installed
+	$(BIN)/python benchmarks/run_all.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
