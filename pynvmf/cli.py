@@ -12,6 +12,7 @@ from typing import Any
 from pynvmf.bench_cli import add_bench_command, run_bench_command
 from pynvmf.copy_cli import add_copy_command, run_copy_command
 from pynvmf.host_cli import add_host_commands, run_host_command
+from pynvmf.malloc import tune_for_io_buffers
 from pynvmf.target.config import (
     DEFAULT_NQN,
     ConfigError,
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     add_copy_command(sub)
     add_bench_command(sub)
     args = parser.parse_args(argv)
+    tune_for_io_buffers()
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from multiprocessing.connection import Connection
 from types import TracebackType
 
+from pynvmf.malloc import tune_for_io_buffers
 from pynvmf.tcp.target import TransportConfig
 
 BENCH_NQN = "nqn.2024-01.org.pynvmf:bench"
@@ -175,6 +176,7 @@ def _child_main(
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
+    tune_for_io_buffers()  # as `pynvmf target` does
     uvloop = install_uvloop() if use_uvloop else False
     asyncio.run(_serve(conn, size, block_size, transport, nqn, fill, uvloop))
 
