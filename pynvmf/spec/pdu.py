@@ -104,7 +104,9 @@ def pack_ic(pdu_type: int, pfv: int, pda: int, dgst: int, value: int) -> bytes:
 
 
 def pack_term_req(pdu_type: int, fes: int, fei: int, offending: bytes = b"") -> bytes:
-    data = bytes(offending[:TERM_REQ_MAX_DATA])
+    """A TermReq carrying the header (HLEN bytes, not the data) of the PDU in error."""
+    hlen = offending[2] if len(offending) > 2 else 0
+    data = bytes(offending[: min(max(hlen, CH_LEN), TERM_REQ_MAX_DATA)])
     plen = TERM_REQ_HLEN + len(data)
     out = bytearray(TERM_REQ_HLEN)
     COMMON_HEADER.pack_into(out, 0, pdu_type, 0, TERM_REQ_HLEN, 0, plen)

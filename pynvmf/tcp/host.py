@@ -488,8 +488,7 @@ class HostConnection:
         self.reader.dead = True
         # Commands may have queued output (H2CData) that must not follow the TermReq.
         self.outbox.clear()
-        offending = bytes(offending[: P.TERM_REQ_MAX_DATA])
-        self.outbox.append(P.pack_term_req(P.PduType.H2C_TERM_REQ, fes, fei, offending))
+        self.outbox.append(P.pack_term_req(P.PduType.H2C_TERM_REQ, fes, fei, bytes(offending)))
         self.close(f"protocol error from controller: sent H2CTermReq FES {fes:#x} FEI {fei:#x}")
 
     def close(self, reason: str) -> None:

@@ -403,10 +403,7 @@ class TargetConnection:
         log.warning("terminating connection: FES %#x FEI %#x", fes, fei)
         self.stats.term_reqs_sent += 1
         self.reader.dead = True
-        # The TermReq carries the header of the PDU in error (HLEN bytes), not its data.
-        hlen = offending[2] if len(offending) > 2 else 0
-        offending = bytes(offending[: min(max(hlen, P.CH_LEN), P.TERM_REQ_MAX_DATA)])
-        self._emit(P.pack_term_req(P.PduType.C2H_TERM_REQ, fes, fei, offending))
+        self._emit(P.pack_term_req(P.PduType.C2H_TERM_REQ, fes, fei, bytes(offending)))
         self.close(f"C2HTermReq FES {fes:#x} FEI {fei:#x}")
         self._request_output()
 

@@ -354,6 +354,18 @@ def test_c2h_data_out_of_order_or_range_terminates(offset: int, length: int) -> 
     assert all(c.status == ABORTED for c in h.completed)
 
 
+def test_term_req_carries_only_the_offending_header() -> None:
+    h = Harness()
+    h.start()
+    cmd, _buf = read(h, 1024)
+    h.drain()
+    bad = h.c2h_data(cmd.cid, 512, b"\xab" * 512)  # skips the first 512 bytes
+    h.conn.feed(bad)
+    (term,) = h.drain()
+    assert term.type == P.PduType.H2C_TERM_REQ
+    assert term.data == bad[: P.DATA_HLEN]  # the C2HData header, none of its data
+
+
 def test_c2h_data_for_a_write_terminates() -> None:
     h = Harness()
     h.start()
