@@ -256,3 +256,53 @@ class PduWriter:
         out.append(payload)
         if ddgst:
             out.append(D.digest(payload))
+
+
+class PduConnection:
+    """What both ends of an NVMe/TCP connection share: PDUs come in through `reader`
+    (filled the way asyncio's BufferedProtocol fills a buffer), framed buffers go out
+    through `outbox`, and `on_output` asks the glue to flush the outbox when output
+    appears outside input handling (input handling is always followed by a flush)."""
+
+    def __init__(self, reader: PduReader, on_output: Callable[[], None]) -> None:
+        self.reader = reader
+        self.on_output = on_output
+        self.outbox: list[Buffer] = []
+        self.writer = PduWriter()
+        self._receiving = False
+        self._output_requested = False
+
+    def data_received(self, nbytes: int) -> None:
+        """The glue wrote `nbytes` into `reader.get_buffer()`."""
+        self._receiving = True
+        try:
+            self.reader.buffer_updated(nbytes)
+        finally:
+            self._receiving = False
+
+    def feed(self, data: Buffer) -> None:
+        """Copy bytes in and handle them: for tests and stream transports."""
+        self._receiving = True
+        try:
+            self.reader.feed(data)
+        finally:
+            self._receiving = False
+
+    def take_output(self) -> list[Buffer]:
+        out = self.outbox
+        self.outbox = []
+        self._output_requested = False
+        return out
+
+    def _emit(self, buf: Buffer) -> None:
+        self.outbox.append(buf)
+        self._output_added()
+
+    def _output_added(self) -> None:
+        if not self._receiving:
+            self._request_output()
+
+    def _request_output(self) -> None:
+        if not self._output_requested:
+            self._output_requested = True
+            self.on_output()

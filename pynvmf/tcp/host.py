@@ -28,7 +28,7 @@ from pynvmf.spec.command import (
 )
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType
 from pynvmf.spec.status import Status
-from pynvmf.tcp.framing import PduReader, PduWriter
+from pynvmf.tcp.framing import PduConnection, PduReader
 from pynvmf.tcp.target import ADMIN_INLINE_LIMIT
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class HostTransportStats:
     max_inflight: int = 0
 
 
-class HostConnection:
+class HostConnection(PduConnection):
     def __init__(
         self,
         depth: int,
@@ -124,23 +124,23 @@ class HostConnection:
             raise ValueError(f"queue depth {depth} out of range")
         self.depth = depth
         self.on_complete = on_complete
-        self.on_output = on_output
         self.on_established = on_established
         self.on_closed = on_closed
         self.want_hdgst = header_digest
         self.want_ddgst = data_digest
         self.max_transfer = max_transfer
         self.hpda = hpda
-        self.outbox: list[Buffer] = []
-        self.writer = PduWriter()
         self.stats = HostTransportStats()
-        self.reader = PduReader(
-            self._on_pdu,
-            self._on_fatal,
-            # A controller may refuse the ICReq with a TermReq instead of an ICResp.
-            accepted_types=frozenset((P.PduType.ICRESP, P.PduType.C2H_TERM_REQ)),
-            max_pdu_len=max(P.ICRESP_LEN, _TERM_REQ_MAX_LEN),
-            on_data_digest_error=self._on_data_digest_error,
+        super().__init__(
+            PduReader(
+                self._on_pdu,
+                self._on_fatal,
+                # A controller may refuse the ICReq with a TermReq instead of an ICResp.
+                accepted_types=frozenset((P.PduType.ICRESP, P.PduType.C2H_TERM_REQ)),
+                max_pdu_len=max(P.ICRESP_LEN, _TERM_REQ_MAX_LEN),
+                on_data_digest_error=self._on_data_digest_error,
+            ),
+            on_output,
         )
         self.started = False
         self.established = False
@@ -157,8 +157,6 @@ class HostConnection:
         self._slots: list[HostCommand | None] = [None] * depth
         # A stack, so the lowest (most recently freed) ids are reused first.
         self._free = list(range(depth - 1, -1, -1))
-        self._receiving = False
-        self._output_requested = False
 
     # -- state --------------------------------------------------------------------------
 
@@ -182,21 +180,6 @@ class HostConnection:
         self._emit(P.pack_ic(P.PduType.ICREQ, P.PFV_1_0, self.hpda, dgst, 0))
 
     # -- input ----------------------------------------------------------------------------
-
-    def data_received(self, nbytes: int) -> None:
-        """The glue wrote `nbytes` into `reader.get_buffer()`."""
-        self._receiving = True
-        try:
-            self.reader.buffer_updated(nbytes)
-        finally:
-            self._receiving = False
-
-    def feed(self, data: Buffer) -> None:
-        self._receiving = True
-        try:
-            self.reader.feed(data)
-        finally:
-            self._receiving = False
 
     def _on_pdu(
         self, pdu_type: int, flags: int, hlen: int, pdo: int, data_end: int, pdu: memoryview
@@ -444,26 +427,6 @@ class HostConnection:
         cmd.status = status
         cmd.result = result
         self.on_complete(cmd)
-
-    def take_output(self) -> list[Buffer]:
-        out = self.outbox
-        self.outbox = []
-        self._output_requested = False
-        return out
-
-    def _emit(self, buf: Buffer) -> None:
-        self.outbox.append(buf)
-        self._output_added()
-
-    def _output_added(self) -> None:
-        if not self._receiving and not self._output_requested:
-            self._output_requested = True
-            self.on_output()
-
-    def _request_output(self) -> None:
-        if not self._output_requested:
-            self._output_requested = True
-            self.on_output()
 
     # -- errors and teardown ----------------------------------------------------------------
 

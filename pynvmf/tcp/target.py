@@ -25,7 +25,7 @@ from pynvmf.spec.command import (
 )
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType
 from pynvmf.spec.status import DNR, Status
-from pynvmf.tcp.framing import PduReader, PduWriter
+from pynvmf.tcp.framing import PduConnection, PduReader
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class TransportStats:
     data_digest_errors: int = 0
 
 
-class TargetConnection:
+class TargetConnection(PduConnection):
     def __init__(
         self,
         config: TransportConfig,
@@ -88,16 +88,16 @@ class TargetConnection:
     ) -> None:
         self.config = config
         self.on_command = on_command
-        self.on_output = on_output
-        self.outbox: list[Buffer] = []
-        self.writer = PduWriter()
         self.stats = TransportStats()
-        self.reader = PduReader(
-            self._on_pdu,
-            self._on_fatal,
-            accepted_types=frozenset((P.PduType.ICREQ,)),
-            max_pdu_len=P.ICREQ_LEN,
-            on_data_digest_error=self._on_data_digest_error,
+        super().__init__(
+            PduReader(
+                self._on_pdu,
+                self._on_fatal,
+                accepted_types=frozenset((P.PduType.ICREQ,)),
+                max_pdu_len=P.ICREQ_LEN,
+                on_data_digest_error=self._on_data_digest_error,
+            ),
+            on_output,
         )
         self.established = False
         self.closing = False
@@ -115,25 +115,8 @@ class TargetConnection:
         self._inflight: dict[int, Request] = {}
         self._r2t: dict[int, Request] = {}
         self._next_ttag = 0
-        self._receiving = False
-        self._output_requested = False
 
     # -- input ----------------------------------------------------------------------
-
-    def data_received(self, nbytes: int) -> None:
-        """The glue wrote `nbytes` into `reader.get_buffer()`."""
-        self._receiving = True
-        try:
-            self.reader.buffer_updated(nbytes)
-        finally:
-            self._receiving = False
-
-    def feed(self, data: Buffer) -> None:
-        self._receiving = True
-        try:
-            self.reader.feed(data)
-        finally:
-            self._receiving = False
 
     def _on_pdu(
         self, pdu_type: int, flags: int, hlen: int, pdo: int, data_end: int, pdu: memoryview
@@ -247,8 +230,7 @@ class TargetConnection:
             req.length,
         )
         self.stats.r2t_sent += 1
-        if not self._receiving:
-            self._request_output()
+        self._output_added()
 
     def _allocate_ttag(self) -> int:
         for _ in range(_TTAG_LIMIT):
@@ -335,8 +317,7 @@ class TargetConnection:
             success = self.sqhd_disabled
             self._emit_c2h_data(cid, data, success)
             if success:
-                if not self._receiving:
-                    self._request_output()
+                self._output_added()
                 return
         self.writer.control(
             out,
@@ -350,8 +331,7 @@ class TargetConnection:
             cid,
             (status << 1) & 0xFFFF,
         )
-        if not self._receiving:
-            self._request_output()
+        self._output_added()
 
     def _emit_c2h_data(self, cid: int, data: Buffer, success: bool) -> None:
         self.stats.c2h_data_pdus += 1
@@ -368,22 +348,6 @@ class TargetConnection:
             0,
             len(data),
         )
-
-    def take_output(self) -> list[Buffer]:
-        out = self.outbox
-        self.outbox = []
-        self._output_requested = False
-        return out
-
-    def _emit(self, buf: Buffer) -> None:
-        self.outbox.append(buf)
-        if not self._receiving:
-            self._request_output()
-
-    def _request_output(self) -> None:
-        if not self._output_requested:
-            self._output_requested = True
-            self.on_output()
 
     # -- errors and teardown ------------------------------------------------------------
 
