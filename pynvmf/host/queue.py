@@ -134,6 +134,22 @@ class HostQueue(asyncio.BufferedProtocol):
             raise NvmeConnectionError(conn.close_reason)
         if not conn.free_slots or self._slot_waiters:
             await self._wait_slot()
+        return self._send(opcode, nsid, cdw10, cdw11, cdw12, cdw13, cdw14, cdw15, data, into)
+
+    def _send(
+        self,
+        opcode: int,
+        nsid: int,
+        cdw10: int,
+        cdw11: int,
+        cdw12: int,
+        cdw13: int,
+        cdw14: int,
+        cdw15: int,
+        data: Buffer | None,
+        into: memoryview | None,
+    ) -> HostCommand:
+        conn = self.conn
         cmd = conn.submit(
             opcode, nsid, cdw10, cdw11, cdw12, cdw13, cdw14, cdw15, data=data, into=into
         )
@@ -141,6 +157,11 @@ class HostQueue(asyncio.BufferedProtocol):
         if len(conn.outbox) >= EAGER_FLUSH_BUFFERS:
             self._flush()
         return cmd
+
+    def _result(self, cmd: HostCommand) -> int:
+        if cmd.status:
+            raise self._error(cmd)
+        return cmd.result
 
     async def wait(self, cmd: HostCommand) -> int:
         """The completion's result (DW0 | DW1 << 32); raises on a failed command."""
@@ -152,9 +173,7 @@ class HostQueue(asyncio.BufferedProtocol):
             # late data out of a buffer the caller may already have reused.
             cmd.discard = True
             raise
-        if cmd.status:
-            raise self._error(cmd)
-        return cmd.result
+        return self._result(cmd)
 
     async def execute(
         self,
@@ -176,20 +195,13 @@ class HostQueue(asyncio.BufferedProtocol):
             raise NvmeConnectionError(conn.close_reason)
         if not conn.free_slots or self._slot_waiters:
             await self._wait_slot()
-        cmd = conn.submit(
-            opcode, nsid, cdw10, cdw11, cdw12, cdw13, cdw14, cdw15, data=data, into=into
-        )
-        fut = cmd.waiter = self._loop.create_future()
-        if len(conn.outbox) >= EAGER_FLUSH_BUFFERS:
-            self._flush()
+        cmd = self._send(opcode, nsid, cdw10, cdw11, cdw12, cdw13, cdw14, cdw15, data, into)
         try:
-            await fut
+            await cmd.waiter
         except asyncio.CancelledError:
             cmd.discard = True
             raise
-        if cmd.status:
-            raise self._error(cmd)
-        return cmd.result
+        return self._result(cmd)
 
     def _error(self, cmd: HostCommand) -> Exception:
         if cmd.status == ABORTED:
