@@ -38,6 +38,7 @@ from pynvmf.bench import (
     summarize,
 )
 from pynvmf.bench import report as R
+from pynvmf.bench.options import add_interleaved_options, resolve_interleaved_options
 from pynvmf.bench.target_process import TargetProcess, install_uvloop
 from pynvmf.host import RemoteNamespace
 from pynvmf.tcp.target import TransportConfig
@@ -177,29 +178,9 @@ def tables(results: Results) -> tuple[list[str], list[list[str]]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runtime", type=float, default=3.0, help="seconds measured per run")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per cell (median)")
-    parser.add_argument(
-        "--slices", type=int, default=6, help="slices per run, the targets alternating"
-    )
-    parser.add_argument(
-        "--warmup", type=float, default=0.2, help="seconds before measuring, per slice"
-    )
-    parser.add_argument("--quick", action="store_true", help="smoke run: 1 s, 1 repeat")
-    parser.add_argument("--target-cpu", type=int, default=0)
-    parser.add_argument("--host-cpu", type=int, default=1)
-    parser.add_argument(
-        "--output",
-        help="Markdown file whose results section to rewrite "
-        "(default docs/inline-data.md, none with --quick); '-' for none",
-    )
+    add_interleaved_options(parser, "the targets alternating", "docs/inline-data.md")
     args = parser.parse_args()
-    if args.quick:
-        args.runtime, args.repeat, args.slices, args.warmup = 1.0, 1, 2, 0.1
-    output = args.output or ("-" if args.quick else "docs/inline-data.md")
-    available = os.sched_getaffinity(0)
-    if args.target_cpu not in available or args.host_cpu not in available:
-        parser.error(f"CPUs {args.target_cpu} and {args.host_cpu} must be in {sorted(available)}")
+    output = resolve_interleaved_options(parser, args)
 
     env = R.environment_lines()
     sides: list[Side] = []
