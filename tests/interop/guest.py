@@ -3,7 +3,8 @@
 The machines running the tests have no NVMe kernel modules, so a real Linux NVMe/TCP host
 (nvme-tcp) or target (nvmet-tcp) means booting a kernel in a VM. This module builds (once,
 cached) a kernel + busybox initramfs with nvme-cli, fio and the NVMe modules, boots it with
-QEMU (TCG, user-mode networking) and drives a command server on the serial console.
+QEMU (TCG, user-mode networking) and drives a command server on a virtio-serial port (the
+serial console only carries the kernel's log).
 
 Typical use::
 
@@ -24,7 +25,8 @@ Environment variables:
 - ``PYNVMF_GUEST_BZIMAGE=1``: boot the compressed vmlinuz instead of the extracted vmlinux.
 - ``PYNVMF_GUEST_KERNEL_PACKAGE``: kernel package to use instead of what
   ``linux-image-amd64`` depends on.
-- ``PYNVMF_GUEST_VERBOSE=1``: copy the serial console to stderr as it arrives.
+- ``PYNVMF_GUEST_VERBOSE=1``: copy the console and the command channel to stderr as they
+  arrive.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -67,7 +69,7 @@ GUEST_ADDRESS = "10.0.2.15"
 
 # Bump when the initramfs layout or the guest scripts change in a way the cache key
 # (which already covers the scripts' text and the copied binaries) would not notice.
-_ASSET_FORMAT = 1
+_ASSET_FORMAT = 2
 
 # Tools the harness needs on the machine, with the Debian package that provides them.
 _REQUIRED_TOOLS: dict[str, str] = {
@@ -90,6 +92,7 @@ _REQUIRED_TOOLS: dict[str, str] = {
 GUEST_MODULES: dict[str, bool] = {
     "virtio_pci": True,
     "virtio_net": True,
+    "virtio_console": True,
     "virtio_blk": False,
     "crc32c_generic": True,
     "crc32c_intel": False,
@@ -110,6 +113,7 @@ GUEST_MODULES: dict[str, bool] = {
 _BOOT_MODULES: tuple[str, ...] = (
     "virtio_pci",
     "virtio_net",
+    "virtio_console",
     "crc32c_generic",
     "crc32c_intel",
     "configfs",
@@ -119,10 +123,12 @@ _BOOT_MODULES: tuple[str, ...] = (
     "loop",
 )
 
-# Per-request bound on script + stdin sent over the console: the guest kernel buffers only a
-# bounded backlog of unread serial input (its tty flip buffers) and drops bytes beyond it.
+# Name of the virtio-serial port that carries the command server (the guest finds its
+# /dev/vportNpM through /sys/class/virtio-ports/*/name).
+_COMMAND_PORT = "pynvmf.cmd"
+# Per-request bound on script + stdin: the guest stages both in its RAM-backed /tmp.
 _MAX_REQUEST = 512 * 1024
-# Files up to this size travel over the console; larger ones over the network.
+# Files up to this size travel over the command channel; larger ones over the network.
 _SERIAL_TRANSFER_MAX = 64 * 1024
 
 _KMOD_TOOLS = ("modprobe", "insmod", "rmmod", "lsmod", "depmod", "modinfo")
@@ -137,7 +143,7 @@ mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
-# printk on the serial console would interleave with command output.
+# printk on the 8250 console is slow under TCG; tests read `dmesg` when they need it.
 dmesg -n 1
 while read -r mod args; do
     [ -n "$mod" ] || continue
@@ -160,18 +166,38 @@ echo "$uuid" > /etc/nvme/hostid
 # Hook for files a test adds with Guest(extra_files=...).
 if [ -x /etc/pynvmf/boot.sh ]; then /etc/pynvmf/boot.sh; fi
 cd /root
-# Raw mode: no echo of the requests, no 4 KiB canonical line limit, no CR/LF rewriting.
-stty raw -echo
+# Commands travel over a virtio-serial port rather than the 8250 console: no tty layer
+# (no line discipline, no flip-buffer limit) and no UART receive FIFO, whose emulation
+# once left a request's bytes undelivered until more input arrived. The port appears
+# asynchronously after virtio_console loads (the device announces it by a control message).
+port=
+i=0
+while [ -z "$port" ] && [ "$i" -lt 200 ]; do
+    for name in /sys/class/virtio-ports/*/name; do
+        [ -r "$name" ] && [ "$(cat "$name")" = @COMMAND_PORT@ ] || continue
+        dev=/dev/${name%/name}
+        dev=/dev/${dev##*/}
+        [ -c "$dev" ] && port=$dev
+    done
+    [ -n "$port" ] || usleep 50000
+    i=$((i + 1))
+done
+if [ -z "$port" ]; then
+    echo "pynvmf-init: no virtio-serial port named @COMMAND_PORT@"
+    exec poweroff -f
+fi
+# One open (the driver allows one at a time), shared by stdin, stdout and stderr.
+exec 0<>"$port" 1>&0 2>&0
 printf '%s_%s__\n' '__PYNVMF_READY' "$pynvmf_token"
 exec /usr/bin/pynvmf-serve
 """
 
 # A request is a line "<seq> <timeout> <script length> <stdin length>" followed by the script
-# and the command's stdin as raw bytes (the console is in raw mode, so no byte is special).
+# and the command's stdin as raw bytes (the port is not a tty, so no byte is special).
 # GNU dd reads exactly that many bytes: busybox `head -c` reads ahead and would swallow the
 # next request. Each script runs in its own shell so `exit` or `set -e` cannot end the server.
 _SERVE_SCRIPT = r"""#!/bin/sh
-# Command server on the serial console, driven by tests/interop/guest.py.
+# Command server on a virtio-serial port, driven by tests/interop/guest.py.
 while IFS=' ' read -r seq tmo len inlen; do
     [ -n "$inlen" ] || continue
     f=/tmp/.pynvmf-cmd-$seq
@@ -630,6 +656,7 @@ def _init_script() -> str:
         _INIT_SCRIPT.replace("@BOOT_MODULES@", "\n".join(_BOOT_MODULES))
         .replace("@GUEST_ADDRESS@", GUEST_ADDRESS)
         .replace("@HOST_ADDRESS@", HOST_ADDRESS)
+        .replace("@COMMAND_PORT@", _COMMAND_PORT)
     )
 
 
@@ -751,7 +778,7 @@ def _kill_leftover_guests() -> None:
 
 
 class Guest:
-    """A QEMU VM running Debian's kernel, driven through a command server on ttyS0."""
+    """A QEMU VM running Debian's kernel, driven through a command server on virtio-serial."""
 
     host_address: str = HOST_ADDRESS
     guest_address: str = GUEST_ADDRESS
@@ -782,7 +809,9 @@ class Guest:
         self.accel: str | None = None
         self.boot_seconds: float | None = None
         self._proc: subprocess.Popen[bytes] | None = None
-        self._reader: threading.Thread | None = None
+        self._readers: list[threading.Thread] = []
+        self._channel: socket.socket | None = None
+        self._log_lock = threading.Lock()
         self._log_file: IO[bytes] | None = None
         self._cond = threading.Condition()
         self._pending = ""
@@ -823,6 +852,8 @@ class Guest:
                 for part in (self.assets.initramfs, tmp / "extra.cpio.gz"):
                     with open(part, "rb") as f:
                         shutil.copyfileobj(f, out, 1 << 20)
+        if self._tmpdir is None:
+            self._tmpdir = tempfile.TemporaryDirectory(prefix="pynvmf-guest-")
         self._log_file = open(self.console_log, "ab")  # noqa: SIM115 - closed in stop()
         attempts: list[tuple[str, float]] = []
         if os.environ.get("PYNVMF_GUEST_KVM") == "1" and os.path.exists("/dev/kvm"):
@@ -841,7 +872,7 @@ class Guest:
         self._cleanup_files()
         raise GuestError("guest failed to boot:\n" + "\n".join(errors))
 
-    def _qemu_command(self, accel: str, initrd: Path) -> list[str]:
+    def _qemu_command(self, accel: str, initrd: Path, channel: Path) -> list[str]:
         assert self.assets is not None
         netdev = "user,id=n0" + "".join(f",hostfwd=tcp:127.0.0.1:{p}-:{p}" for p in self.hostfwd)
         cpu = os.environ.get("PYNVMF_GUEST_KVM_CPU", "host") if accel == "kvm" else "max"
@@ -883,6 +914,14 @@ class Guest:
             "stdio,id=con0,signal=off",
             "-serial",
             "chardev:con0",
+            # QEMU connects to the harness's socket before the guest runs, so the port's host
+            # side is connected by the time the guest first reads it (else it reads EOF).
+            "-chardev",
+            f"socket,id=cmd0,path={channel}",
+            "-device",
+            "virtio-serial-pci,id=vser0",
+            "-device",
+            f"virtserialport,bus=vser0.0,chardev=cmd0,name={_COMMAND_PORT}",
             "-netdev",
             netdev,
             "-device",
@@ -894,21 +933,24 @@ class Guest:
         self._pending = ""
         self._eof = False
         self._seq = 0
-        cmd = self._qemu_command(accel, initrd)
+        assert self._tmpdir is not None
+        channel_path = Path(self._tmpdir.name) / f"cmd-{self._token}.sock"
+        cmd = self._qemu_command(accel, initrd, channel_path)
         self._log_raw(f"\n### {shlex.join(cmd)}\n".encode())
         started = time.monotonic()
-        self._proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
-        _LIVE_GUESTS.add(self)
-        assert self._proc.stdout is not None
-        self._reader = threading.Thread(
-            target=self._read_console,
-            args=(self._proc.stdout,),
-            name="pynvmf-guest-console",
-            daemon=True,
-        )
-        self._reader.start()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+            listener.bind(str(channel_path))
+            listener.listen(1)
+            self._proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
+            _LIVE_GUESTS.add(self)
+            assert self._proc.stdout is not None
+            console = self._proc.stdout
+            self._start_reader("console", lambda: os.read(console.fileno(), 65536), False)
+            self._channel = self._accept_channel(listener, started + timeout)
+        channel = self._channel
+        self._start_reader("channel", lambda: channel.recv(65536), True)
         ready = re.compile(rf"__PYNVMF_READY_{self._token}__\r?\n")
         deadline = started + timeout
         with self._cond:
@@ -934,19 +976,52 @@ class Guest:
         self.boot_seconds = time.monotonic() - started
         log.info("guest booted with %s in %.1f s", accel, self.boot_seconds)
 
-    def _log_raw(self, data: bytes) -> None:
-        if self._log_file is not None:
-            self._log_file.write(data)
-            self._log_file.flush()
+    def _accept_channel(self, listener: socket.socket, deadline: float) -> socket.socket:
+        """The command channel: QEMU connects at start-up, before the guest runs."""
+        assert self._proc is not None
+        listener.settimeout(0.5)
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                if self._proc.poll() is not None:
+                    raise GuestError(
+                        f"QEMU exited during start-up (status {self._proc.returncode}):\n"
+                        + self.console_tail()
+                    ) from None
+                if time.monotonic() > deadline:
+                    raise GuestTimeoutError(
+                        "QEMU never connected its command channel:\n" + self.console_tail()
+                    ) from None
+                continue
+            conn.settimeout(None)
+            return conn
 
-    def _read_console(self, stream: IO[bytes]) -> None:
+    def _log_raw(self, data: bytes) -> None:
+        with self._log_lock:
+            if self._log_file is not None:
+                self._log_file.write(data)
+                self._log_file.flush()
+
+    def _start_reader(self, name: str, read: Callable[[], bytes], commands: bool) -> None:
+        thread = threading.Thread(
+            target=self._read_stream,
+            args=(read, commands),
+            name=f"pynvmf-guest-{name}",
+            daemon=True,
+        )
+        self._readers.append(thread)
+        thread.start()
+
+    def _read_stream(self, read: Callable[[], bytes], commands: bool) -> None:
+        """Copy the console or the command channel into the log; the channel's text also
+        feeds the command parser. Either ending means QEMU is gone (or going)."""
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         verbose = os.environ.get("PYNVMF_GUEST_VERBOSE") == "1"
-        fd = stream.fileno()
         try:
             while True:
                 try:
-                    data = os.read(fd, 65536)
+                    data = read()
                 except OSError:
                     break
                 if not data:
@@ -956,10 +1031,11 @@ class Guest:
                 if verbose:
                     sys.stderr.buffer.write(data)
                     sys.stderr.flush()
-                text = decoder.decode(data)
-                with self._cond:
-                    self._pending += text
-                    self._cond.notify_all()
+                if commands:
+                    text = decoder.decode(data)
+                    with self._cond:
+                        self._pending += text
+                        self._cond.notify_all()
         finally:
             with self._cond:
                 self._eof = True
@@ -993,22 +1069,26 @@ class Guest:
                     proc.kill()
                     proc.wait()
         finally:
-            # QEMU is gone, so the reader sees EOF; join it before closing the fd it reads.
-            if self._reader is not None:
-                self._reader.join(timeout=5)
-            for stream in (proc.stdin, proc.stdout):
-                with contextlib.suppress(OSError, ValueError):
-                    if stream is not None:
-                        stream.close()
-            self._reader = None
+            # QEMU is gone, so the readers see EOF; join them before closing what they read.
+            for thread in self._readers:
+                thread.join(timeout=5)
+            self._readers = []
+            with contextlib.suppress(OSError, ValueError):
+                if proc.stdout is not None:
+                    proc.stdout.close()
+            if self._channel is not None:
+                with contextlib.suppress(OSError):
+                    self._channel.close()
+                self._channel = None
             self._proc = None
             _LIVE_GUESTS.discard(self)
 
     def _cleanup_files(self) -> None:
-        if self._log_file is not None:
-            with contextlib.suppress(OSError):
-                self._log_file.close()
-            self._log_file = None
+        with self._log_lock:
+            if self._log_file is not None:
+                with contextlib.suppress(OSError):
+                    self._log_file.close()
+                self._log_file = None
         if self._tmpdir is not None:
             self._tmpdir.cleanup()
             self._tmpdir = None
@@ -1029,8 +1109,8 @@ class Guest:
     # -- commands ----------------------------------------------------------------------------
 
     def _send(self, cmd: str, timeout: float, stdin: bytes = b"") -> int:
-        proc = self._proc
-        if proc is None or proc.stdin is None:
+        channel = self._channel
+        if self._proc is None or channel is None:
             raise GuestError("guest is not running")
         script = cmd.encode()
         if len(script) + len(stdin) > _MAX_REQUEST:
@@ -1042,9 +1122,8 @@ class Guest:
         self._seq += 1
         header = f"{self._seq} {max(1, math.ceil(timeout))} {len(script)} {len(stdin)}\n"
         try:
-            proc.stdin.write(header.encode() + script + stdin)
-            proc.stdin.flush()
-        except (BrokenPipeError, ValueError) as exc:
+            channel.sendall(header.encode() + script + stdin)
+        except OSError as exc:
             raise GuestError(f"QEMU is gone: {exc}\n" + self.console_tail()) from exc
         return self._seq
 
@@ -1060,10 +1139,11 @@ class Guest:
 
         ``input`` is the command's stdin (default /dev/null), at most 512 KiB with the
         script (ValueError beyond); bulk data goes through write_file(). The output is
-        stdout and stderr as they appeared on the console (the console is raw: no CR is
-        added). State such as the working directory or variables does not carry over
-        between calls; files and background processes do. On timeout the guest kills the
-        command's shell (not its children) and stays usable; GuestTimeoutError is raised.
+        stdout and stderr interleaved as the guest wrote them (byte for byte: the channel
+        is not a tty, so no CR is added). State such as the working directory or variables
+        does not carry over between calls; files and background processes do. On timeout
+        the guest kills the command's shell (not its children) and stays usable;
+        GuestTimeoutError is raised.
         """
         stdin = input.encode() if isinstance(input, str) else (input or b"")
         with self._run_lock:
