@@ -14,7 +14,7 @@ Both modes go through the same copy planner: "offload" hands it the remote
 namespace (which advertises Copy), "emulate" hands it the same namespace behind a
 plain BlockDevice that does not offer CopyOffload, so the planner emulates.
 
-    sudo python3 benchmarks/copy_offload.py            # full run, writes docs/copy-offload.md
+    sudo python3 benchmarks/copy_offload.py            # full run, writes docs/copy-offload.{md,png}
     sudo python3 benchmarks/copy_offload.py --quick    # smoke run, prints only
 """
 
@@ -38,6 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from pynvmf.bench import plot  # noqa: E402
 from pynvmf.bench.report import markdown_table, write_results  # noqa: E402
 from pynvmf.block.copy import SourceRange, copy  # noqa: E402
 from pynvmf.block.device import Buffer, Capabilities  # noqa: E402
@@ -224,6 +225,43 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def chart(results: list[Measurement], path: Path, caption: str) -> None:
+    """MiB/s and wire bytes per copy, host read + write next to Copy, per network and case."""
+    plt = plot.pyplot()
+    groups = list(dict.fromkeys((m.network, m.case) for m in results))
+
+    def pick(mode: str, attr: str) -> list[float]:
+        by_key = {(m.network, m.case): m for m in results if m.mode == mode}
+        return [float(getattr(by_key[g], attr)) for g in groups]
+
+    labels = [f"{case}\n{network}" for network, case in groups]
+    speed = pick("offload", "mib_per_s")
+    base = pick("emulate", "mib_per_s")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.5))
+    plot.grouped_bars(
+        left,
+        labels,
+        {"host read + write": base, "Copy offload": speed},
+        ylabel="MiB/s copied (log)",
+        title="copy bandwidth",
+        log=True,
+        value_label=lambda v: f"{v:,.1f}" if v < 100 else f"{v:,.0f}",
+        group_notes=[f"Copy: {o / e:,.2f}x" for o, e in zip(speed, base, strict=True)],
+    )
+    plot.grouped_bars(
+        right,
+        labels,
+        {
+            "host read + write": pick("emulate", "wire_bytes_per_copy"),
+            "Copy offload": pick("offload", "wire_bytes_per_copy"),
+        },
+        ylabel="bytes on the wire per copy (log)",
+        title="network traffic per copy (both directions)",
+        log=True,
+    )
+    plot.save(fig, path, caption, title="pynvmf: NVMe Copy vs host read + write")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
@@ -307,6 +345,8 @@ def main() -> None:
         f"1 GiB memory namespace, {BLOCK}-byte blocks.",
         "",
         markdown_table(header, rows),
+        "",
+        "![copy bandwidth and wire bytes](copy-offload.png)",
     ]
     text = "\n".join(lines)
     print(text)
@@ -315,6 +355,12 @@ def main() -> None:
     if not args.quick:
         write_results(
             REPO / "docs" / "copy-offload.md", "Copy offload", "benchmarks/copy_offload.py", text
+        )
+        chart(
+            results,
+            REPO / "docs" / "copy-offload.png",
+            f"{command}; median of {args.repeat} runs of {args.seconds:g} s; "
+            f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}",
         )
 
 

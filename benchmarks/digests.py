@@ -32,6 +32,7 @@ from pynvmf.bench import (
     Workload,
     busy_cpu_seconds,
     microbench,
+    plot,
     remote_namespace,
     run_interleaved,
     start_target,
@@ -165,6 +166,33 @@ def crc_table(repeats: int, min_time: float) -> tuple[list[str], list[list[str]]
     return headers, rows
 
 
+def chart(results: Results, path: Path, caption: str) -> None:
+    """One panel per workload: IOPS (4 KiB) or MB/s (128 KiB) for each digest setting."""
+    plt = plot.pyplot()
+    fig, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 5.5), squeeze=False)
+    for ax, (name, by_mode) in zip(axes[0], results.items(), strict=True):
+        workload = WORKLOADS[name]
+        big = workload.bs >= 64 * KiB
+        base = by_mode[MODES[0].name]
+        values = []
+        notes = []
+        for mode in MODES:
+            s = summarize(by_mode[mode.name])
+            values.append(s.mbps if big else s.iops / 1000)
+            runs = by_mode[mode.name]
+            ratio = statistics.median(r.iops / b.iops for r, b in zip(runs, base, strict=True))
+            notes.append(f"{ratio:.2f}x")
+        for k, (value, note) in enumerate(zip(values, notes, strict=True)):
+            bars = ax.bar([k], [value], 0.6, color=plot.COLORS[k])
+            ax.bar_label(bars, [f"{value:,.0f}\n({note} of none)"], fontsize=8, padding=2)
+        ax.set_xticks(range(len(MODES)), [m.name for m in MODES])
+        ax.set_ylim(0, max(values) * 1.25)
+        ax.set_ylabel("MB/s" if big else "kIOPS")
+        ax.set_title(name, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    plot.save(fig, path, caption, title="pynvmf NVMe/TCP: cost of header and data digests")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_interleaved_options(parser, "the settings rotating", "docs/digests.md")
@@ -218,12 +246,19 @@ def main() -> None:
                 "",
                 R.markdown_table(headers, rows),
                 "",
+                "![IOPS and MB/s per digest setting](digests.png)",
+                "",
                 f"- {crc_method}",
                 "",
                 R.markdown_table(crc_headers, crc_rows),
             ]
         )
         R.write_results(Path(output), "NVMe/TCP digests", "benchmarks/digests.py", body)
+        chart(
+            results,
+            Path(output).with_suffix(".png"),
+            f"{env[0]}; medians of {args.repeat} runs; {env[1]}".replace("`", ""),
+        )
         print(f"\nwrote {output}", file=sys.stderr)
 
 

@@ -14,6 +14,9 @@ target from row to row and repeat to repeat, so that noise from the rest of the
 machine falls on both sides alike. Each cell is the median of --repeat runs.
 
     python3 benchmarks/inline_data.py [--runtime 3] [--repeat 3] [--quick]
+
+A full run rewrites the results section of docs/inline-data.md and draws
+docs/inline-data.png.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from pynvmf.bench import (
     ConnectOptions,
     Workload,
     busy_cpu_seconds,
+    plot,
     remote_namespace,
     run_interleaved,
     start_target,
@@ -176,6 +180,53 @@ def tables(results: Results) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
+def chart(results: Results, path: Path, caption: str) -> None:
+    """IOPS (top) and mean latency (bottom) per block size, one column per workload."""
+    plt = plot.pyplot()
+    a, b = INLINE_SIZES
+    mixes = list(dict.fromkeys((rw, mix) for rw, mix, _ in results))
+    fig, axes = plt.subplots(2, len(mixes), figsize=(7 * len(mixes), 9), squeeze=False)
+    for col, (rw, mix) in enumerate(mixes):
+        rows = [(bs, by_side) for (r, m, bs), by_side in results.items() if (r, m) == (rw, mix)]
+        sizes = [R.size_label(bs) for bs, _ in rows]
+        sides = {
+            side: [summarize([res for res, _ in by_side[side]]) for _, by_side in rows]
+            for side in (a, b)
+        }
+        names = {side: f"in-capsule {R.size_label(side)}" for side in (a, b)}
+        iops_ratio = [
+            paired_ratio([r for r, _ in s[a]], [r for r, _ in s[b]], "iops") for _, s in rows
+        ]
+        lat_ratio = [
+            paired_ratio([r for r, _ in s[a]], [r for r, _ in s[b]], "mean_us") for _, s in rows
+        ]
+        plot.grouped_bars(
+            axes[0][col],
+            sizes,
+            {names[side]: [x.iops / 1000 for x in sides[side]] for side in (a, b)},
+            ylabel="kIOPS",
+            title=f"{row_label(rw, mix)}, QD{QD}: IOPS",
+            value_label=lambda v: f"{v:.0f}",
+            group_notes=[f"{r:.2f}x" for r in iops_ratio],
+        )
+        plot.grouped_bars(
+            axes[1][col],
+            sizes,
+            {names[side]: [x.mean_us for x in sides[side]] for side in (a, b)},
+            ylabel="mean latency (µs)",
+            title=f"{row_label(rw, mix)}, QD{QD}: mean latency",
+            value_label=lambda v: f"{v:.0f}",
+            group_notes=[f"{r:.2f}x" for r in lat_ratio],
+        )
+    plot.save(
+        fig,
+        path,
+        caption,
+        title=f"pynvmf target with {R.size_label(a)} vs {R.size_label(b)} of in-capsule data"
+        " (ratios: first / second)",
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_interleaved_options(parser, "the targets alternating", "docs/inline-data.md")
@@ -223,10 +274,17 @@ def main() -> None:
                 f"- setup: {setup}",
                 "",
                 R.markdown_table(headers, rows),
+                "",
+                "![IOPS and latency per block size](inline-data.png)",
             ]
         )
         R.write_results(
             Path(output), "In-capsule data: 16 KiB vs 4 KiB", "benchmarks/inline_data.py", body
+        )
+        chart(
+            results,
+            Path(output).with_suffix(".png"),
+            f"{env[0]}; medians of {args.repeat} runs; {env[1]}".replace("`", ""),
         )
         print(f"\nwrote {output}", file=sys.stderr)
 

@@ -44,6 +44,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from pynvmf.bench import plot  # noqa: E402
 from pynvmf.bench.loadgen import ConnectOptions, Workload, remote_namespace, run_workload  # noqa: E402
 from pynvmf.bench.report import (  # noqa: E402
     environment_lines,
@@ -339,10 +340,7 @@ def table(results: list[RowResult]) -> tuple[list[str], list[list[str]]]:
 
 
 def chart(results: list[RowResult], path: Path, caption: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plot.pyplot()
 
     names = [r.row.name for r in results]
     seq = [r.figures.get("seq", {}).get("mbps", 0.0) for r in results]
@@ -363,12 +361,12 @@ def chart(results: list[RowResult], path: Path, caption: str) -> None:
         ax.set_xlim(0, top * 1.18)
     axes[0].set_yticks(ys, names)
     axes[0].invert_yaxis()
-    fig.suptitle("pynvmf NVMe/TCP over IPv4, IPv6 and VXLAN (two network namespaces)")
-    fig.text(0.01, 0.01, caption, fontsize=8)
-    fig.tight_layout(rect=(0, 0.03, 1, 0.95))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    plot.save(
+        fig,
+        path,
+        caption,
+        title="pynvmf NVMe/TCP over IPv4, IPv6 and VXLAN (two network namespaces)",
+    )
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from pynvmf.bench import plot  # noqa: E402
 from pynvmf.bench.loadgen import (  # noqa: E402
     BenchResult,
     ConnectOptions,
@@ -138,10 +139,7 @@ def header(first: str) -> list[str]:
 
 
 def chart(qd: list[Point], bs: list[Point], path: Path, caption: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plot.pyplot()
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.5))
     ok = [p for p in qd if p.summary]
@@ -186,12 +184,9 @@ def chart(qd: list[Point], bs: list[Point], path: Path, caption: str) -> None:
         color="tab:blue",
     )
     iops.set_ylabel("kIOPS", color="tab:blue")
-    fig.suptitle("pynvmf in-memory target over loopback (target CPU 0, host CPU 1)")
-    fig.text(0.01, 0.01, caption, fontsize=8)
-    fig.tight_layout(rect=(0, 0.04, 1, 0.95))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    plot.save(
+        fig, path, caption, title="pynvmf in-memory target over loopback (target CPU 0, host CPU 1)"
+    )
 
 
 def main() -> None:
