@@ -26,6 +26,9 @@ Decision rules, per source range, in order of preference:
 Once sources overlapping the destination are staged, no step reads a block another
 step writes, so every step (an offload request, a native copy, an emulation chunk)
 may run concurrently with the others: up to `depth` of them are in flight at once.
+Each of the `depth` workers reads its next emulation chunk while the previous one is
+being written, so an emulated copy over a network keeps both directions busy instead
+of alternating between a read phase and a write phase.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from pynvmf.block.device import (
 )
 
 EMULATION_CHUNK = 1 << 20  # bytes per read + write step of an emulated copy
-EMULATION_DEPTH = 4  # steps in flight at once: emulation memory is DEPTH * CHUNK
+EMULATION_DEPTH = 4  # steps in flight at once: emulation memory is 2 * DEPTH * CHUNK
 STAGING_LIMIT = 64 << 20  # the most a copy may buffer to honour overlapping ranges
 
 
@@ -311,6 +314,23 @@ async def copy_blocks(
 _Job = Callable[["_Worker"], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class _Chunk:
+    """One emulation step, in two halves so a worker can overlap them across chunks."""
+
+    src: BlockDevice
+    src_lba: int
+    dst: BlockDevice
+    dst_lba: int
+    nbytes: int
+
+    async def read(self, buf: memoryview) -> None:
+        await self.src.read(self.src_lba, buf[: self.nbytes])
+
+    async def write(self, buf: memoryview) -> None:
+        await self.dst.write(self.dst_lba, buf[: self.nbytes])
+
+
 def _reader(s: SourceRange, buf: bytearray) -> _Job:
     async def run(_worker: _Worker) -> None:
         await s.device.read(s.lba, memoryview(buf))
@@ -322,7 +342,9 @@ def _count_jobs(steps: Sequence[_Step], step_blocks: int) -> int:
     return sum(-(-s.source.nblocks // step_blocks) if isinstance(s, _Emulate) else 1 for s in steps)
 
 
-def _jobs(steps: Sequence[_Step], dst: BlockDevice, step_blocks: int, fua: bool) -> Iterator[_Job]:
+def _jobs(
+    steps: Sequence[_Step], dst: BlockDevice, step_blocks: int, fua: bool
+) -> Iterator[_Job | _Chunk]:
     """One job per offload request, native copy and staged write; one per emulation chunk."""
     bs = dst.capabilities.block_size
     for step in steps:
@@ -336,7 +358,7 @@ def _jobs(steps: Sequence[_Step], dst: BlockDevice, step_blocks: int, fua: bool)
             s = step.source
             for off in range(0, s.nblocks, step_blocks):
                 n = min(step_blocks, s.nblocks - off)
-                yield _chunk(s.device, s.lba + off, dst, step.dst_lba + off, n * bs)
+                yield _Chunk(s.device, s.lba + off, dst, step.dst_lba + off, n * bs)
 
 
 def _offloader(step: _Offload, dst: BlockDevice, fua: bool) -> _Job:
@@ -360,49 +382,79 @@ def _staged_writer(step: _Staged, dst: BlockDevice) -> _Job:
     return run
 
 
-def _chunk(src: BlockDevice, src_lba: int, dst: BlockDevice, dst_lba: int, nbytes: int) -> _Job:
-    async def run(worker: _Worker) -> None:
-        view = worker.buffer()[:nbytes]
-        await src.read(src_lba, view)
-        await dst.write(dst_lba, view)
-
-    return run
-
-
 class _Worker:
+    """Two chunk buffers, allocated on first use: one being written while the next
+    chunk is read into the other."""
+
     def __init__(self, buffer_bytes: int) -> None:
         self._size = buffer_bytes
-        self._buf: memoryview | None = None
+        self._bufs: list[memoryview] = []
+        self._turn = 1
 
     def buffer(self) -> memoryview:
-        if self._buf is None:
-            self._buf = memoryview(bytearray(self._size))
-        return self._buf
+        """The buffer not held by the write in flight (the other one next time)."""
+        self._turn ^= 1
+        if self._turn == len(self._bufs):
+            self._bufs.append(memoryview(bytearray(self._size)))
+        return self._bufs[self._turn]
 
 
-async def _run_bounded(jobs: Iterator[_Job], workers: int, *, buffer_bytes: int = 0) -> None:
+async def _work(jobs: Iterator[_Job | _Chunk], worker: _Worker, stop: list[BaseException]) -> None:
+    """Take jobs until none are left or `stop` holds a failure. A chunk's write runs in
+    the background while the worker reads its next chunk; it is always awaited before
+    its buffer is reused or the worker returns, even when something failed (a remote
+    command cannot be taken back, and its buffer must stay untouched until it ends)."""
+    writing: asyncio.Future[None] | None = None
+    try:
+        job = next(jobs, None)
+        while job is not None and not stop:
+            if isinstance(job, _Chunk):
+                buf = worker.buffer()
+                await job.read(buf)
+                if writing is not None:
+                    await writing
+                    writing = None
+                # The next job is taken only now, so that while this worker was reading
+                # the others could take theirs: taking it earlier would idle a worker.
+                following = None if stop else next(jobs, None)
+                if following is None:
+                    await job.write(buf)  # nothing to overlap with: no Task
+                else:
+                    writing = asyncio.ensure_future(job.write(buf))
+            else:
+                if writing is not None:
+                    await writing
+                    writing = None
+                await job(worker)
+                following = next(jobs, None)
+            job = following
+        if writing is not None:
+            await writing
+            writing = None
+    finally:
+        if writing is not None:
+            await asyncio.wait([writing])
+            if not writing.cancelled():
+                writing.exception()  # retrieved: the first failure is the one reported
+
+
+async def _run_bounded(
+    jobs: Iterator[_Job | _Chunk], workers: int, *, buffer_bytes: int = 0
+) -> None:
     """Run `jobs` with `workers` of them in flight: a pipeline rather than waves, so a
     slow chunk holds up one worker, not the whole group. On the first failure no new
-    job starts; the ones in flight are waited for (a remote command cannot be taken
-    back, and its buffer must stay untouched until it completes), then it is raised."""
+    job starts; the ones in flight are waited for, then it is raised."""
     if workers == 1:
-        # One job at a time: run them here, without a Task or an event-loop round trip.
-        worker = _Worker(buffer_bytes)
-        for job in jobs:
-            await job(worker)
+        # One worker: run it here, without a Task or an event-loop round trip.
+        await _work(jobs, _Worker(buffer_bytes), [])
         return
     failure: list[BaseException] = []
 
     async def work() -> None:
-        worker = _Worker(buffer_bytes)
-        for job in jobs:
-            if failure:
-                return
-            try:
-                await job(worker)
-            except Exception as exc:
-                failure.append(exc)
-                return
+        try:
+            await _work(jobs, _Worker(buffer_bytes), failure)
+        except Exception as exc:
+            failure.append(exc)
 
     await asyncio.gather(*(work() for _ in range(workers)))
     if failure:
