@@ -31,7 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -118,20 +118,34 @@ async def _worker(address: str, port: int, seconds: float, depth: int) -> list[d
 
                 await asyncio.gather(*(one(s) for s in range(depth)))  # warm up
                 sent0, recv0 = ctrl.bytes_sent, ctrl.bytes_received
-                done = 0
+                done = [0]
                 started = time.perf_counter()
-                while time.perf_counter() - started < seconds:
-                    await asyncio.gather(*(one(s) for s in range(depth)))
-                    done += depth
+                deadline = started + seconds
+
+                async def slot(
+                    s: int,
+                    one: Callable[[int], Awaitable[None]] = one,
+                    deadline: float = deadline,
+                    done: list[int] = done,
+                ) -> None:
+                    # Each slot starts its next copy as soon as its last one ends (like
+                    # fio's iodepth): waves of copies started together would keep them
+                    # in lockstep, all reading and then all writing.
+                    while time.perf_counter() < deadline:
+                        await one(s)
+                        done[0] += 1
+
+                await asyncio.gather(*(slot(s) for s in range(depth)))
                 elapsed = time.perf_counter() - started
                 wire = ctrl.bytes_sent - sent0 + ctrl.bytes_received - recv0
+                copies = done[0]
                 out.append(
                     {
                         "case": case,
                         "mode": mode,
-                        "mib_per_s": copied * done / elapsed / MIB,
-                        "wire_bytes_per_copy": wire / done,
-                        "wire_ratio": wire / (copied * done),
+                        "mib_per_s": copied * copies / elapsed / MIB,
+                        "wire_bytes_per_copy": wire / copies,
+                        "wire_ratio": wire / (copied * copies),
                         "wire_bits_per_s": wire * 8 / elapsed,
                     }
                 )
