@@ -455,53 +455,27 @@ async def test_emulation_chunks_with_bounded_depth(depth: int, nblocks: int) -> 
     assert src.max_in_flight == min(depth, nchunks)  # and the depth is actually used
 
 
-class SlowWrites:
-    """A destination whose writes take a few loop turns and are logged with their
-    start and end, so the test can see what ran while a write was in flight."""
+class PipelineSpy(SpyDevice):
+    """Logs when reads start and writes start and end, and makes writes take a few
+    loop turns, so a test can see what ran while a write was in flight."""
 
     def __init__(self, inner: Device, log: list[tuple[str, int]], fail_at: int = -1) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.log = log
         self.fail_at = fail_at
 
-    @property
-    def capabilities(self) -> Capabilities:
-        return self.inner.capabilities
-
     async def read(self, lba: int, buf: memoryview) -> None:
-        await self.inner.read(lba, buf)
+        self.log.append(("read start", lba))
+        await super().read(lba, buf)
 
     async def write(self, lba: int, data: Buffer, *, fua: bool = False) -> None:
         self.log.append(("write start", lba))
         for _ in range(3):
             await yield_to_loop()
         if lba == self.fail_at:
-            self.log.append(("write failed", lba))
             raise OSError(errno.EIO, "I/O error")
-        await self.inner.write(lba, data, fua=fua)
+        await super().write(lba, data, fua=fua)
         self.log.append(("write end", lba))
-
-    async def flush(self) -> None:
-        await self.inner.flush()
-
-    async def write_zeroes(self, lba: int, nblocks: int, *, fua: bool = False) -> None:
-        raise AssertionError("a copy never zeroes")
-
-    async def deallocate(self, lba: int, nblocks: int) -> None:
-        raise AssertionError("a copy never deallocates")
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-
-class LoggedReads(SpyDevice):
-    def __init__(self, inner: Device, log: list[tuple[str, int]]) -> None:
-        super().__init__(inner)
-        self.log = log
-
-    async def read(self, lba: int, buf: memoryview) -> None:
-        self.log.append(("read start", lba))
-        await super().read(lba, buf)
 
 
 async def test_emulation_reads_the_next_chunk_while_writing_the_previous() -> None:
@@ -510,7 +484,7 @@ async def test_emulation_reads_the_next_chunk_while_writing_the_previous() -> No
     src_dev, src_model = await memory(256, 40)
     dst_dev, dst_model = await memory(256, 41)
     log: list[tuple[str, int]] = []
-    src, dst = LoggedReads(src_dev, log), SlowWrites(dst_dev, log)
+    src, dst = PipelineSpy(src_dev, log), PipelineSpy(dst_dev, log)
     sources = [SourceRange(src, 0, 64)]
     await block_copy.copy(sources, dst, 100, chunk_bytes=16 * BS, depth=1)
     model_copy({id(src): src_model, id(dst): dst_model}, sources, dst, 100)
@@ -530,7 +504,7 @@ async def test_emulation_failed_background_write_stops_the_copy() -> None:
     src_dev, _ = await memory(256, 42)
     dst_dev, _ = await memory(256, 43)
     log: list[tuple[str, int]] = []
-    src, dst = LoggedReads(src_dev, log), SlowWrites(dst_dev, log, fail_at=116)
+    src, dst = PipelineSpy(src_dev, log), PipelineSpy(dst_dev, log, fail_at=116)
     with pytest.raises(OSError) as info:
         await block_copy.copy([SourceRange(src, 0, 128)], dst, 100, chunk_bytes=16 * BS, depth=1)
     assert info.value.errno == errno.EIO
