@@ -17,7 +17,12 @@ the longest job's). Read/write workloads run on the load generator engine
 it reports; lat_ns and clat_ns are the same figure (submission to completion as
 the host library's caller sees it, there is no separate submission latency), and
 stddev is computed from the latency histogram, so it is approximate like the
-percentiles (within half a bucket, 0.4%).
+percentiles (within half a bucket, 0.4%). The cpu figures (usr_cpu, sys_cpu, ctx,
+majf, minf) are the whole process's over each job's measured time: all jobs run in
+one thread, so every job reports (nearly) the same process-wide usage.
+
+Ctrl-C during the measurement stops the jobs as the end of --runtime does and
+reports the time measured so far (exit status 130); a second Ctrl-C aborts at once.
 """
 
 from __future__ import annotations
@@ -31,21 +36,27 @@ import json
 import math
 import random
 import re
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any, TextIO, cast
 
 from pynvmf import __version__
 from pynvmf.bench.loadgen import (
     PERCENTILES,
+    CpuUsage,
     LatencyHistogram,
     LatencyStats,
     OpResult,
     Workload,
     bucket_bounds,
+    cpu_usage,
     run_workload,
+    rusage,
+    sleep_unless_set,
 )
 from pynvmf.block.copy import SourceRange, copy
 from pynvmf.block.device import BlockDevice, Buffer, Capabilities, CopyOffload
@@ -154,7 +165,8 @@ def add_bench_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
-    """Run `pynvmf bench`; the exit status (1 for any failure, verify included)."""
+    """Run `pynvmf bench`; the exit status (1 for any failure, verify included; 130 when
+    interrupted, with or without a report)."""
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             return runner.run(_bench(args, sys.stdout, sys.stderr))
@@ -342,6 +354,9 @@ class JobResult:
     write_bytes_per_io: int
     read_hist: LatencyHistogram
     write_hist: LatencyHistogram
+    # The process's usage over the measured time: the same for all jobs of a run, since
+    # they share the process's one thread (see CpuUsage).
+    cpu: CpuUsage
     error: str | None = None
     verify_failed: bool = False
     copy: CopyStats | None = None
@@ -372,13 +387,17 @@ def aggregate(results: Sequence[JobResult]) -> JobResult:
             for name in CopyStats.__slots__:
                 setattr(copy_total, name, getattr(copy_total, name) + getattr(r.copy, name))
     failed = next((r for r in results if r.error), None)
+    longest = max(results, key=lambda r: r.elapsed)
     return JobResult(
         name=first.name,
-        elapsed=max(r.elapsed for r in results),
+        elapsed=longest.elapsed,
         read_bytes_per_io=first.read_bytes_per_io,
         write_bytes_per_io=first.write_bytes_per_io,
         read_hist=reads,
         write_hist=writes,
+        # Not a sum as fio's: the jobs' windows overlap and each already holds the whole
+        # process's usage. The longest window is the group's runtime.
+        cpu=longest.cpu,
         error=failed.error if failed else None,
         verify_failed=any(r.verify_failed for r in results),
         copy=copy_total,
@@ -472,7 +491,9 @@ async def _prefill(device: JobDevice, first: int, end: int, block: int) -> None:
     await asyncio.gather(*(writer() for _ in range(_PREFILL_DEPTH)))
 
 
-async def _rw_job(name: str, device: BlockDevice, plan: _Plan, job: int) -> JobResult:
+async def _rw_job(
+    name: str, device: BlockDevice, plan: _Plan, job: int, stop: asyncio.Event
+) -> JobResult:
     caps = device.capabilities
     first, end = _region(plan, caps)
     workload = Workload(
@@ -487,7 +508,7 @@ async def _rw_job(name: str, device: BlockDevice, plan: _Plan, job: int) -> JobR
         # Jobs on one region would otherwise issue the very same offsets.
         seed=plan.seed + job,
     )
-    result = await run_workload(device, workload)
+    result = await run_workload(device, workload, stop=stop)
     return JobResult(
         name=name,
         elapsed=result.elapsed,
@@ -495,6 +516,7 @@ async def _rw_job(name: str, device: BlockDevice, plan: _Plan, job: int) -> JobR
         write_bytes_per_io=plan.bs,
         read_hist=result.read_latency,
         write_hist=result.write_latency,
+        cpu=result.cpu,
         error=result.error,
     )
 
@@ -506,9 +528,11 @@ async def _copy_job(
     plan: _Plan,
     job: int,
     counter: Counter | None,
+    stop: asyncio.Event,
 ) -> JobResult:
     """Copies of --copy-ranges random --bs ranges of the region's first half to a
-    random destination in its second half (no overlap, so the planner never stages)."""
+    random destination in its second half (no overlap, so the planner never stages).
+    Setting `stop` ends the measurement early; the copies in flight complete."""
     caps = ns.capabilities
     first, end = _region(plan, caps)
     nb = plan.bs // caps.block_size
@@ -528,11 +552,11 @@ async def _copy_job(
     hist = LatencyHistogram()
     stats = CopyStats()
     rng = random.Random(plan.seed + job)
-    stop = False
+    stopping = False
     failure: list[str] = []
 
     async def worker() -> None:
-        while not stop:
+        while not stopping:
             sources = [
                 SourceRange(device, first + rng.randrange(src_slots) * nb, nb)
                 for _ in range(plan.copy_ranges)
@@ -555,8 +579,8 @@ async def _copy_job(
 
     async def until(seconds: float) -> None:
         deadline = time.perf_counter() + seconds
-        while not failure and (left := deadline - time.perf_counter()) > 0:
-            await asyncio.sleep(min(left, 0.05))
+        while not failure and not stop.is_set() and (left := deadline - time.perf_counter()) > 0:
+            await sleep_unless_set(min(left, 0.05), stop)
 
     tasks = [asyncio.create_task(worker()) for _ in range(plan.iodepth)]
     try:
@@ -565,14 +589,16 @@ async def _copy_job(
         stats = CopyStats()
         sent0, recv0 = queue.bytes_sent, queue.bytes_received
         t0 = time.perf_counter()
+        usage0 = rusage()
         await until(plan.runtime)
         measured = hist.copy()
         elapsed = time.perf_counter() - t0
+        usage = cpu_usage(usage0, rusage(), elapsed)
         done = CopyStats(**{k: getattr(stats, k) for k in CopyStats.__slots__})
         done.wire_sent = queue.bytes_sent - sent0
         done.wire_received = queue.bytes_received - recv0
     finally:
-        stop = True
+        stopping = True
         await asyncio.gather(*tasks, return_exceptions=True)
     done.copies = measured.count
     done.copied_bytes = measured.count * copy_bytes
@@ -583,6 +609,7 @@ async def _copy_job(
         write_bytes_per_io=copy_bytes,
         read_hist=LatencyHistogram(),
         write_hist=measured,
+        cpu=usage,
         error=failure[0] if failure else None,
         copy=done,
     )
@@ -634,6 +661,7 @@ async def _bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             await _prefill(JobDevice(ns, None, verifier), first, end, verifier.block_size)
         jobs: list[Callable[[], Awaitable[JobResult]]] = []
         counters: list[Counter] = []
+        stop = asyncio.Event()
         for j in range(args.numjobs):
             queue = queues[j % len(queues)]
             job_ns = job_namespace(ctrl, ns, queue)
@@ -642,19 +670,24 @@ async def _bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 counters.append(counter)
             name = f"job{j}"
             if plan.rw == "copy":
-                jobs.append(functools.partial(_copy_job, name, job_ns, queue, plan, j, counter))
+                jobs.append(
+                    functools.partial(_copy_job, name, job_ns, queue, plan, j, counter, stop)
+                )
                 continue
             # The wrapper costs a coroutine per I/O: only when something needs it.
             wrapped = counter is not None or verifier is not None
             device: BlockDevice = JobDevice(job_ns, counter, verifier) if wrapped else job_ns
-            jobs.append(functools.partial(_rw_job, name, device, plan, j))
+            jobs.append(functools.partial(_rw_job, name, device, plan, j, stop))
 
         progress = (
             asyncio.create_task(_progress(counters, err)) if show_progress and counters else None
         )
+        interrupt = _Interrupt(stop, err, show_progress)
         try:
+            interrupt.install()
             results: list[JobResult] = await asyncio.gather(*(job() for job in jobs))
         finally:
+            interrupt.uninstall()
             if progress is not None:
                 progress.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -678,7 +711,57 @@ async def _bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if failed:
         print(f"pynvmf bench: {failed[0].name}: {failed[0].error}", file=err)
         return EXIT_FAILURE
-    return 0
+    return EXIT_INTERRUPTED if interrupt.interrupted else 0
+
+
+class _Interrupt:
+    """Ctrl-C during the measurement: the first sets `stop`, which ends the jobs as the
+    end of --runtime does (the report then covers the time measured), and hands SIGINT
+    back to the handler it had before, so that a second Ctrl-C aborts as it always did."""
+
+    def __init__(self, stop: asyncio.Event, err: TextIO, progress_line: bool) -> None:
+        self._stop = stop
+        self._err = err
+        self._progress_line = progress_line
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._previous: Callable[[int, FrameType | None], Any] | int | None = None
+        self.interrupted = False
+
+    def install(self) -> None:
+        loop = asyncio.get_running_loop()
+        previous = signal.getsignal(signal.SIGINT)
+        if previous == signal.SIG_IGN:
+            # Started with Ctrl-C ignored (a background job of a script, nohup): keep it so.
+            return
+        try:
+            loop.add_signal_handler(signal.SIGINT, self._on_sigint)
+        except (NotImplementedError, RuntimeError, ValueError):
+            # Not the main thread (or no signals here): Ctrl-C keeps aborting the run.
+            return
+        self._loop, self._previous = loop, previous
+
+    def uninstall(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is None:
+            return
+        loop.remove_signal_handler(signal.SIGINT)
+        # remove_signal_handler installs Python's default handler; the one before ours
+        # (asyncio.Runner's, which cancels the main task) lets the run clean up.
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _on_sigint(self) -> None:
+        self.interrupted = True
+        self._stop.set()
+        self.uninstall()
+        # Said now rather than after the report: the jobs may take a while to drain
+        # their I/Os, and the user should know that a second Ctrl-C is what aborts.
+        clear = "\r\x1b[K" if self._progress_line else ""
+        self._err.write(
+            f"{clear}pynvmf bench: interrupted, reporting the time measured so far "
+            "(Ctrl-C again to abort)\n"
+        )
+        self._err.flush()
 
 
 async def _progress(counters: Sequence[Counter], err: TextIO) -> None:
@@ -801,6 +884,11 @@ def _job_json(r: JobResult, options: dict[str, str]) -> dict[str, Any]:
         "write": _dir_json(r, "write"),
         "trim": _empty_dir(),
         "job_runtime": round(r.elapsed * 1000),
+        "usr_cpu": r.cpu.usr_percent,
+        "sys_cpu": r.cpu.sys_percent,
+        "ctx": r.cpu.ctx,
+        "majf": r.cpu.majf,
+        "minf": r.cpu.minf,
     }
     if r.error is not None:
         job["pynvmf_error"] = r.error
@@ -870,7 +958,20 @@ def _lat_lines(stats: LatencyStats, hist: LatencyHistogram) -> list[str]:
     ]
 
 
+def _cpu_line(cpu: CpuUsage) -> str:
+    return (
+        f"  cpu          : usr={cpu.usr_percent:.2f}%, sys={cpu.sys_percent:.2f}%, "
+        f"ctx={cpu.ctx}, majf={cpu.majf}, minf={cpu.minf}"
+    )
+
+
 def _job_block(r: JobResult, plan: _Plan, jobs: int) -> list[str]:
+    lines = _io_lines(r, plan, jobs)
+    lines.append(_cpu_line(r.cpu))
+    return lines
+
+
+def _io_lines(r: JobResult, plan: _Plan, jobs: int) -> list[str]:
     err = 0 if r.error is None else (_EILSEQ if r.verify_failed else _EIO)
     lines = [f"{r.name}: (groupid=0, jobs={jobs}): err={err:2d}"]
     ms = round(r.elapsed * 1000)

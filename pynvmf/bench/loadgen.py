@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import resource
 import statistics
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -221,6 +222,64 @@ class LatencyStats:
     p999_us: float
 
 
+# -- CPU usage ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CpuUsage:
+    """What this process used over a window of `wall` seconds, from getrusage(RUSAGE_SELF):
+    fio's per-job cpu figures (usr_cpu, sys_cpu, ctx, majf, minf).
+
+    It is the whole process's usage, every thread included: fio measures each job's own
+    thread or process, but jobs running in one event loop share one thread and no
+    finer account of the CPU exists. Usages of disjoint windows add up (`+`).
+    """
+
+    wall: float = 0.0
+    user: float = 0.0  # CPU seconds in user mode
+    system: float = 0.0  # CPU seconds in the kernel
+    ctx: int = 0  # context switches, voluntary and involuntary (fio adds both up)
+    majf: int = 0  # page faults that needed I/O
+    minf: int = 0  # page faults that did not
+
+    @property
+    def usr_percent(self) -> float:
+        """User CPU time in percent of the wall time (fio's usr_cpu)."""
+        return self.user / self.wall * 100 if self.wall > 0 else 0.0
+
+    @property
+    def sys_percent(self) -> float:
+        """System CPU time in percent of the wall time (fio's sys_cpu)."""
+        return self.system / self.wall * 100 if self.wall > 0 else 0.0
+
+    def __add__(self, other: CpuUsage) -> CpuUsage:
+        return CpuUsage(
+            wall=self.wall + other.wall,
+            user=self.user + other.user,
+            system=self.system + other.system,
+            ctx=self.ctx + other.ctx,
+            majf=self.majf + other.majf,
+            minf=self.minf + other.minf,
+        )
+
+
+def rusage() -> resource.struct_rusage:
+    """This process's resource usage so far (the start or end of a CpuUsage window)."""
+    return resource.getrusage(resource.RUSAGE_SELF)
+
+
+def cpu_usage(start: resource.struct_rusage, end: resource.struct_rusage, wall: float) -> CpuUsage:
+    """The usage between two `rusage()` samples taken `wall` seconds apart."""
+    return CpuUsage(
+        wall=wall,
+        user=end.ru_utime - start.ru_utime,
+        system=end.ru_stime - start.ru_stime,
+        ctx=end.ru_nvcsw + end.ru_nivcsw - start.ru_nvcsw - start.ru_nivcsw,
+        majf=end.ru_majflt - start.ru_majflt,
+        minf=end.ru_minflt - start.ru_minflt,
+    )
+
+
 # -- results ------------------------------------------------------------------------------
 
 
@@ -252,6 +311,7 @@ class BenchResult:
     # The raw latencies, so that results can be merged (merge_results).
     read_latency: LatencyHistogram
     write_latency: LatencyHistogram
+    cpu: CpuUsage  # this process's usage over the measured window, as fio reports it
 
     @property
     def iops(self) -> float:
@@ -280,6 +340,7 @@ def _result(
     system_cpu: float | None,
     errors: int,
     error: str | None,
+    cpu: CpuUsage,
 ) -> BenchResult:
     both = reads.copy()
     both.merge(writes)
@@ -297,13 +358,14 @@ def _result(
         error=error,
         read_latency=reads,
         write_latency=writes,
+        cpu=cpu,
     )
 
 
 def merge_results(results: Sequence[BenchResult]) -> BenchResult:
     """One result from runs of the same workload (e.g. slices of a run interleaved with
     other runs): I/Os and time add up, latency distributions merge, CPU loads average
-    weighted by time."""
+    weighted by time, CPU usages (of disjoint windows) add up."""
     if not results:
         raise ValueError("no results to merge")
     elapsed = sum(r.elapsed for r in results)
@@ -330,16 +392,19 @@ def merge_results(results: Sequence[BenchResult]) -> BenchResult:
         system_cpu=weighted([r.system_cpu for r in results]),
         errors=sum(r.errors for r in results),
         error=next((r.error for r in results if r.error), None),
+        cpu=sum((r.cpu for r in results), CpuUsage()),
     )
 
 
 def _op_result(hist: LatencyHistogram, bs: int, elapsed: float) -> OpResult:
     stats = hist.stats()
+    # A run stopped before its measurement began measured (next to) no time, and no I/O.
+    per_second = 1 / elapsed if elapsed > 0 else 0.0
     return OpResult(
         ios=stats.count,
         bytes=stats.count * bs,
-        iops=stats.count / elapsed,
-        mbps=stats.count * bs / elapsed / 1e6,
+        iops=stats.count * per_second,
+        mbps=stats.count * bs * per_second / 1e6,
         latency=stats,
     )
 
@@ -442,6 +507,7 @@ async def run_workload(
     *,
     target_cpu_clock: Callable[[], float] | None = None,
     system_cpu_clock: Callable[[], float] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> BenchResult:
     """Run `workload` against `device` and measure it.
 
@@ -449,6 +515,9 @@ async def run_workload(
     serves the device (the target process): the result then has its CPU load too.
     `system_cpu_clock` likewise returns the busy seconds of the CPUs the benchmark
     runs on, by anyone (see target_process.busy_cpu_seconds).
+
+    Setting `stop` ends the run early (e.g. on Ctrl-C) the way its end does: the
+    result covers the time measured until then, and the I/Os in flight complete.
     """
     run = _Run(device, workload)
     stride = _TABLE_LEN // workload.iodepth
@@ -467,27 +536,31 @@ async def run_workload(
 
     try:
         if workload.ramp_time:
-            await _sleep_unless_stopped(run, workload.ramp_time)
+            await _sleep_unless_stopped(run, workload.ramp_time, stop)
         run.read_hist.reset()
         run.write_hist.reset()
         t0, cpu0, target0, system0 = clocks()
-        await _sleep_unless_stopped(run, workload.runtime)
+        usage0 = rusage()
+        await _sleep_unless_stopped(run, workload.runtime, stop)
         reads, writes = run.read_hist.copy(), run.write_hist.copy()
         t1, cpu1, target1, system1 = clocks()
+        usage1 = rusage()
     finally:
         run.stop = True
         await asyncio.gather(*tasks, return_exceptions=True)
     elapsed = t1 - t0
+    per_second = 1 / elapsed if elapsed > 0 else 0.0
     return _result(
         workload,
         elapsed,
         reads,
         writes,
-        host_cpu=(cpu1 - cpu0) / elapsed,
-        target_cpu=(target1 - target0) / elapsed if target_cpu_clock else None,
-        system_cpu=(system1 - system0) / elapsed if system_cpu_clock else None,
+        host_cpu=(cpu1 - cpu0) * per_second,
+        target_cpu=(target1 - target0) * per_second if target_cpu_clock else None,
+        system_cpu=(system1 - system0) * per_second if system_cpu_clock else None,
         errors=run.errors,
         error=run.error,
+        cpu=cpu_usage(usage0, usage1, elapsed),
     )
 
 
@@ -528,14 +601,26 @@ async def run_interleaved(
     return [replace(merge_results(p), workload=workload) for p in parts]
 
 
-async def _sleep_unless_stopped(run: _Run, seconds: float) -> None:
-    """Sleep, waking early once an error has stopped the run."""
+async def _sleep_unless_stopped(run: _Run, seconds: float, stop: asyncio.Event | None) -> None:
+    """Sleep, waking early once an error has stopped the run or `stop` is set."""
     deadline = time.perf_counter() + seconds
-    while not run.stop:
+    while not run.stop and not (stop is not None and stop.is_set()):
         left = deadline - time.perf_counter()
         if left <= 0:
             return
-        await asyncio.sleep(min(left, 0.05))
+        await sleep_unless_set(min(left, 0.05), stop)
+
+
+async def sleep_unless_set(seconds: float, event: asyncio.Event | None) -> None:
+    """Sleep `seconds`, or less if `event` is set meanwhile (at once if it is set)."""
+    if event is None:
+        await asyncio.sleep(seconds)
+        return
+    # Waiting on the event rather than polling it: the measured time then ends when
+    # the event is set, not up to a polling interval later.
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()
 
 
 async def prefill(

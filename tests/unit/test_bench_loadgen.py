@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+import os
 import random
+import resource
 from collections.abc import AsyncIterator
 
 import pytest
@@ -17,7 +20,7 @@ from pynvmf.bench import (
     run_remote,
     run_workload,
 )
-from pynvmf.bench.loadgen import bucket_bounds, bucket_index
+from pynvmf.bench.loadgen import CpuUsage, bucket_bounds, bucket_index, cpu_usage
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.target.server import Port, Target
 from pynvmf.target.subsystem import Namespace, Subsystem
@@ -126,4 +129,114 @@ async def test_interleaved_runs_merge_their_slices() -> None:
     both = merge_results([a, b])
     assert both.total.ios == a.total.ios + b.total.ios
     assert both.elapsed == pytest.approx(a.elapsed + b.elapsed)
+    # The slices' windows are disjoint: their CPU usages add up.
+    assert both.cpu.wall == pytest.approx(a.cpu.wall + b.cpu.wall)
+    assert both.cpu.user == pytest.approx(a.cpu.user + b.cpu.user)
+    assert both.cpu.ctx == a.cpu.ctx + b.cpu.ctx
+    assert both.cpu.minf == a.cpu.minf + b.cpu.minf
     assert both.write.latency.min_us == min(a.write.latency.min_us, b.write.latency.min_us)
+
+
+# -- stopping early ----------------------------------------------------------------------------
+
+
+class SlowDevice(MemoryDevice):
+    """A MemoryDevice whose I/Os suspend once (as a remote one's do), counting the I/Os
+    started and completed, and setting `stop` after `stop_after` completions."""
+
+    def __init__(self, stop: asyncio.Event, stop_after: int) -> None:
+        super().__init__(1024 * 1024)
+        self.stop = stop
+        self.stop_after = stop_after
+        self.started = 0
+        self.completed = 0
+
+    async def _io(self) -> None:
+        self.started += 1
+        await asyncio.sleep(0)
+        self.completed += 1
+        if self.completed == self.stop_after:
+            self.stop.set()
+
+    async def read(self, lba: int, buf: memoryview) -> None:
+        await self._io()
+        await super().read(lba, buf)
+
+
+async def test_stop_ends_the_run_early_and_lets_in_flight_ios_complete() -> None:
+    stop = asyncio.Event()
+    device = SlowDevice(stop, stop_after=2000)
+    w = Workload("randread", bs=4096, iodepth=8, runtime=600, ramp_time=0)
+    res = await asyncio.wait_for(run_workload(device, w, stop=stop), timeout=60)
+    assert res.error is None
+    assert res.elapsed < 30  # far below the 600 s asked for
+    # The I/Os that completed before the run saw `stop` count, those in flight then do not.
+    assert 2000 <= res.read.ios <= device.completed
+    # The rates are over the time measured, not over the runtime asked for.
+    assert res.read.iops == pytest.approx(res.read.ios / res.elapsed)
+    assert res.cpu.wall == res.elapsed
+    # No I/O was cancelled: each one started also completed.
+    assert device.started == device.completed
+
+
+async def test_stop_during_the_ramp_measures_nothing() -> None:
+    stop = asyncio.Event()
+    device = SlowDevice(stop, stop_after=100)
+    w = Workload("randread", bs=4096, iodepth=4, runtime=600, ramp_time=600)
+    res = await asyncio.wait_for(run_workload(device, w, stop=stop), timeout=60)
+    assert res.error is None and res.elapsed < 30
+    assert res.read.iops >= 0 and res.read.ios <= device.completed
+    assert device.started == device.completed
+
+
+async def test_a_set_stop_ends_the_run_at_once() -> None:
+    stop = asyncio.Event()
+    stop.set()
+    w = Workload("randwrite", bs=4096, iodepth=2, runtime=600, ramp_time=0)
+    res = await asyncio.wait_for(run_workload(MemoryDevice(1024 * 1024), w, stop=stop), 60)
+    assert res.error is None and res.elapsed < 5
+
+
+# -- CPU usage ---------------------------------------------------------------------------------
+
+
+async def test_cpu_usage_covers_the_measured_window_only() -> None:
+    # A memory device never suspends: the run keeps this process busy, in its one thread,
+    # during the ramp as during the measurement. Were the ramp counted, the usage over the
+    # measured time would come out well above 100%.
+    w = Workload("randrw", bs=4096, iodepth=4, runtime=0.3, ramp_time=0.6)
+    res = await run_workload(MemoryDevice(1024 * 1024), w)
+    cpu = res.cpu
+    assert cpu.wall == res.elapsed
+    assert cpu.user > 0 and cpu.system >= 0
+    assert 0 < cpu.usr_percent + cpu.sys_percent < 150
+    assert cpu.usr_percent == pytest.approx(cpu.user / res.elapsed * 100)
+    for count in (cpu.ctx, cpu.majf, cpu.minf):
+        assert isinstance(count, int) and count >= 0
+    # getrusage and the process CPU clock see the same CPU time.
+    assert cpu.user + cpu.system == pytest.approx(res.host_cpu * res.elapsed, abs=0.05)
+    assert cpu.usr_percent + cpu.sys_percent <= 100 * (os.cpu_count() or 1) + 1
+
+
+_RUSAGE_FIELDS: tuple[str, ...] = resource.struct_rusage.__match_args__  # in field order
+
+
+def _rusage(**values: float) -> resource.struct_rusage:
+    """A getrusage() sample with the given fields (zero elsewhere)."""
+    return resource.struct_rusage([values.get(name, 0) for name in _RUSAGE_FIELDS])
+
+
+def test_cpu_usage_between_two_samples() -> None:
+    start = _rusage(
+        ru_utime=1.0, ru_stime=0.5, ru_majflt=2, ru_minflt=100, ru_nvcsw=10, ru_nivcsw=3
+    )
+    end = _rusage(ru_utime=1.5, ru_stime=0.6, ru_majflt=3, ru_minflt=140, ru_nvcsw=30, ru_nivcsw=8)
+    usage = cpu_usage(start, end, wall=2.0)
+    assert (usage.wall, usage.ctx, usage.majf, usage.minf) == (2.0, 25, 1, 40)
+    assert usage.user == pytest.approx(0.5) and usage.system == pytest.approx(0.1)
+    assert usage.usr_percent == pytest.approx(25.0)
+    assert usage.sys_percent == pytest.approx(5.0)
+    assert CpuUsage().usr_percent == 0 and CpuUsage().sys_percent == 0  # no time, no division
+    twice = usage + usage
+    assert (twice.wall, twice.ctx, twice.majf, twice.minf) == (4.0, 50, 2, 80)
+    assert twice.usr_percent == pytest.approx(usage.usr_percent)
