@@ -2,7 +2,9 @@
 
 The order is fixed for the known scripts (target_core, inline_data, digests,
 copy_offload, network_matrix, scaling); any other benchmarks/*.py (but this one)
-runs after them, in name order. With --quick each script gets its own --quick
+runs after them, in name order, except crc32c_libs: it compares CRC32C packages
+that only its own throwaway venv holds (see its docstring), so it runs only when
+named with --only. With --quick each script gets its own --quick
 (a script without one, such as target_core.py, gets its shortest settings
 instead). Each script runs with this interpreter from the repository root; the
 exit status is non-zero if any of them failed. copy_offload and network_matrix
@@ -24,6 +26,8 @@ REPO = HERE.parent
 ORDER = ["target_core", "inline_data", "digests", "copy_offload", "network_matrix", "scaling"]
 # What --quick becomes for scripts that have no --quick option.
 QUICK_FALLBACK = {"target_core": ["--runtime", "1", "--repeat", "1"]}
+# Scripts that need an environment of their own: run only when named with --only.
+ON_REQUEST = {"crc32c_libs"}
 
 
 def scripts() -> list[Path]:
@@ -53,7 +57,9 @@ def main() -> int:
     )
     args = parser.parse_args()
     selected = scripts()
-    if args.only:
+    if not args.only:
+        selected = [p for p in selected if p.stem not in ON_REQUEST]
+    else:
         wanted = {name.strip().removesuffix(".py") for name in args.only.split(",")}
         unknown = wanted - {p.stem for p in selected}
         if unknown:
