@@ -16,7 +16,9 @@ Decision rules, per source range, in order of preference:
    The one exception is a copy of a single range on a device with a native copy,
    which has memmove semantics and needs no staging.
 2. Offloaded: the destination implements `CopyOffload` and `can_copy_from` the
-   source's device. Consecutive offloaded ranges are batched into requests that fit
+   source's device (asked once the destination, if it is a `CopyPreparation`, has
+   prepared for the copy's sources: enabled what such copies need, or found that it
+   cannot). Consecutive offloaded ranges are batched into requests that fit
    the destination's `copy_limits`: a range longer than `max_range_blocks` is
    split, a batch is cut at `max_ranges` ranges and at `max_blocks` blocks.
 3. Native: the source is on the destination device and that device copies within
@@ -42,6 +44,7 @@ from pynvmf.block.device import (
     BlockDevice,
     CopyLimits,
     CopyOffload,
+    CopyPreparation,
     NativeCopy,
     check_range,
 )
@@ -215,6 +218,13 @@ def _offers(device: object, protocol: type) -> bool:
     return found
 
 
+async def _prepare(dst: BlockDevice, sources: Sequence[SourceRange]) -> None:
+    """Let the destination settle what `can_copy_from` depends on before the plan asks."""
+    if _offers(dst, CopyOffload) and _offers(dst, CopyPreparation):
+        devices = {id(s.device): s.device for s in sources if s.nblocks}
+        await cast(CopyPreparation, dst).prepare_copy(devices.values())
+
+
 def _can_offload(dst: CopyOffload, s: SourceRange, cache: dict[int, bool]) -> bool:
     key = id(s.device)
     if key not in cache:
@@ -252,6 +262,7 @@ async def copy(
             raise ValueError("source and destination block sizes differ")
         check_range(s.device.capabilities, s.lba, s.nblocks)
 
+    await _prepare(dst, sources)
     steps, staging = _plan(sources, dst, dst_lba, total, staging_limit)
     report = CopyReport()
     for step in steps:

@@ -7,7 +7,7 @@ probing the device type.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -111,6 +111,23 @@ class CopyOffload(Protocol):
     ) -> None:
         """Copy (device, lba, nblocks) sources, in order, to consecutive blocks from
         dst_lba; within copy_limits, every source accepted by can_copy_from."""
+        ...
+
+
+@runtime_checkable
+class CopyPreparation(Protocol):
+    """A CopyOffload device whose `can_copy_from` depends on something it has to settle
+    with the device first, by I/O: a remote namespace may copy from another namespace
+    of its controller only once the controller has enabled NVMe Copy descriptor formats
+    2h/3h for the host, which it can refuse.
+
+    The copy planner awaits `prepare_copy` with a copy's source devices before it asks
+    `can_copy_from` about them, so that the answer is final when the plan is made.
+    """
+
+    async def prepare_copy(self, sources: Iterable[BlockDevice]) -> None:
+        """Settle what copies from `sources` need. A refusal is not an error: it makes
+        `can_copy_from` false for the sources concerned (their copies are emulated)."""
         ...
 
 

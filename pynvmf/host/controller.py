@@ -10,7 +10,12 @@ from collections.abc import Mapping
 from types import TracebackType
 
 from pynvmf.host import fabrics
-from pynvmf.host.errors import NvmeConnectionError, NvmeError, NvmeTimeoutError
+from pynvmf.host.errors import (
+    NvmeConnectionError,
+    NvmeError,
+    NvmeStatusError,
+    NvmeTimeoutError,
+)
 from pynvmf.host.fabrics import HostIdentity
 from pynvmf.host.namespace import RemoteNamespace, remote_namespace
 from pynvmf.host.queue import HostQueue
@@ -86,6 +91,9 @@ class Controller:
         self._keep_alive_task: asyncio.Task[None] | None = None
         self._close_task: asyncio.Task[None] | None = None
         self._closed = False
+        # Copy descriptor formats 2h/3h enabled in Host Behavior Support (None: not asked).
+        self._copy_formats: int | None = None
+        self._copy_formats_lock = asyncio.Lock()
 
     def __repr__(self) -> str:
         return (
@@ -303,17 +311,64 @@ class Controller:
                 return nsids
             start = page[-1]
 
-    async def get_features(self, fid: int, cdw11: int = 0, *, sel: int = 0) -> int:
-        """The feature's value (completion DW0)."""
-        result = await self.admin_command(AdminOpcode.GET_FEATURES, 0, fid | sel << 8, cdw11)
-        return result & 0xFFFFFFFF
-
-    async def set_features(self, fid: int, value: int, *, save: bool = False) -> int:
-        """Completion DW0 (some features, e.g. Number of Queues, report what was granted)."""
+    async def get_features(
+        self, fid: int, cdw11: int = 0, *, sel: int = 0, into: memoryview | None = None
+    ) -> int:
+        """The feature's value (completion DW0); a feature with a data structure (e.g. Host
+        Behavior Support) is read `into` a buffer of its size."""
         result = await self.admin_command(
-            AdminOpcode.SET_FEATURES, 0, fid | (1 << 31 if save else 0), value
+            AdminOpcode.GET_FEATURES, 0, fid | sel << 8, cdw11, into=into
         )
         return result & 0xFFFFFFFF
+
+    async def set_features(
+        self, fid: int, value: int = 0, *, save: bool = False, data: Buffer | None = None
+    ) -> int:
+        """Completion DW0 (some features, e.g. Number of Queues, report what was granted);
+        a feature with a data structure is given it as `data`."""
+        result = await self.admin_command(
+            AdminOpcode.SET_FEATURES, 0, fid | (1 << 31 if save else 0), value, data=data
+        )
+        return result & 0xFFFFFFFF
+
+    # -- copy descriptor formats (TP 4130) ---------------------------------------------------
+
+    @property
+    def copy_formats_enabled(self) -> int | None:
+        """The Copy descriptor formats 2h/3h this association may use (bit N: format N),
+        as `enable_copy_formats()` found them; None until it has run."""
+        return self._copy_formats
+
+    async def enable_copy_formats(self) -> int:
+        """Enable, once per controller, the descriptor formats 2h/3h (a source NSID per
+        range) that OCFS advertises: Host Behavior Support's CDFE, every other byte of it
+        kept. Returns the formats enabled; 0 if the controller refused the feature, in
+        which case no Copy in those formats may be sent to it."""
+        if self._copy_formats is not None:
+            return self._copy_formats
+        # Concurrent copies wait for the first one's answer instead of asking again.
+        async with self._copy_formats_lock:
+            if self._copy_formats is None:
+                self._copy_formats = await self._set_cdfe()
+            return self._copy_formats
+
+    async def _set_cdfe(self) -> int:
+        info = self.info
+        assert info is not None
+        wanted = info.ocfs & C.COPY_CDFE_FORMATS
+        if not wanted:
+            return 0
+        data = bytearray(C.HOST_BEHAVIOR_SIZE)
+        try:
+            await self.get_features(FeatureId.HOST_BEHAVIOR, into=memoryview(data))
+            cdfe = C.host_behavior_cdfe(data)
+            if cdfe & wanted != wanted:
+                C.set_host_behavior_cdfe(data, cdfe | wanted)
+                await self.set_features(FeatureId.HOST_BEHAVIOR, data=data)
+        except NvmeStatusError as exc:
+            log.info("%s: Host Behavior Support refused, Copy formats 2h/3h unused: %s", self, exc)
+            return 0
+        return wanted
 
     async def get_log_page(
         self,

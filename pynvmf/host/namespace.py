@@ -8,17 +8,23 @@ A namespace of a controller that supports the NVMe Copy command (ONCS bit 8) is 
 `CopyingNamespace`, which also implements `pynvmf.block.device.CopyOffload`: the
 copy planner (`pynvmf.block.copy`) then offloads copies to it; any other namespace
 gets its copies emulated by the planner. `remote_namespace()` picks the class.
+
+A source in another namespace of the same controller needs descriptor format 2h or 3h
+(TP 4130), which the host must first enable in Host Behavior Support: the controller
+does that once, before the first such copy is planned; if it refuses, those sources are
+no longer offered for offload and the planner emulates them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from pynvmf.block.device import BlockDevice, Buffer, Capabilities, CopyLimits, check_range
 from pynvmf.host.errors import NvmeConnectionError
 from pynvmf.spec import identify as I
 from pynvmf.spec.command import (
+    COPY_CDFE_FORMATS,
     COPY_DESCRIPTOR_SIZE,
     DSM_ATTR_DEALLOCATE,
     DSM_MAX_RANGES,
@@ -47,6 +53,7 @@ _COPY_MAX_NR = 256
 # end-to-end protection fields, which stay zero: same result, bigger descriptors.
 _OWN_FORMATS = (0, 2, 1, 3)
 _CROSS_FORMATS = (2, 3)
+_ALL_FORMATS = 0xF
 
 
 def capabilities_from_identify(ns: I.IdentifyNamespace, ctrl: I.IdentifyController) -> Capabilities:
@@ -240,17 +247,14 @@ class CopyingNamespace(RemoteNamespace):
         super().__init__(controller, nsid, identify)
         info = controller.info
         assert info is not None
-        # OCFS 0 with Copy in ONCS: a controller from before formats were advertised,
-        # when format 0 was the only one.
-        ocfs = info.ocfs or 1
-        own = next((f for f in _OWN_FORMATS if ocfs & 1 << f), None)
-        self._own_format = 0 if own is None else own
-        self._cross_format = next((f for f in _CROSS_FORMATS if ocfs & 1 << f), None)
+        # OCFS without any format with Copy in ONCS: a controller from before formats
+        # were advertised, when format 0 was the only one.
+        self._ocfs = info.ocfs if info.ocfs & _ALL_FORMATS else 1
+        self._usable = -1  # the formats `_formats` was picked from
+        self._formats: tuple[int | None, int | None] = (None, None)
+        own, cross = self._copy_formats()
         # The descriptors travel as the command's data: they must fit one transfer.
-        formats = [
-            self._own_format,
-            *([self._cross_format] if self._cross_format is not None else []),
-        ]
+        formats = [f for f in (own, cross) if f is not None]
         descriptor = max(COPY_DESCRIPTOR_SIZE[f] for f in formats)
         # A controller with Copy must report non-zero MSSRL and MCL; for one that does
         # not, the fields' own widths are the limit.
@@ -268,17 +272,48 @@ class CopyingNamespace(RemoteNamespace):
     @property
     def cross_namespace_format(self) -> int | None:
         """The descriptor format for sources in other namespaces (2 or 3), if any."""
-        return self._cross_format
+        return self._copy_formats()[1]
 
     def can_copy_from(self, source: BlockDevice) -> bool:
+        return self._format_for(source) is not None
+
+    async def prepare_copy(self, sources: Iterable[BlockDevice]) -> None:
+        """Enable descriptor formats 2h/3h on the controller (once for all its namespaces)
+        if a Copy from one of `sources` would use them; the copy planner awaits this
+        before it asks `can_copy_from`, which says no to such sources if the controller
+        refused (pynvmf.block.device.CopyPreparation)."""
+        if self.controller.copy_formats_enabled is not None:
+            return
+        if any(_needs_enabling(self._format_for(s)) for s in sources):
+            await self.controller.enable_copy_formats()
+
+    def _format_for(self, source: BlockDevice) -> int | None:
+        """The descriptor format of a Copy from `source`; None if no Copy can name it."""
+        own, cross = self._copy_formats()
         if source is self:
-            return True
-        return (
-            self._cross_format is not None
-            and isinstance(source, RemoteNamespace)
+            return own
+        if (
+            isinstance(source, RemoteNamespace)
             and source.controller is self.controller
             and source.capabilities.block_size == self._block_size
-        )
+        ):
+            return cross
+        return None
+
+    def _copy_formats(self) -> tuple[int | None, int | None]:
+        """(format for a copy within this namespace, format for one with sources in other
+        namespaces): the preferred ones usable, that is in OCFS and, for 2h/3h, not
+        refused when the controller was asked to enable them (before it is asked they
+        count: nothing is sent in them without asking)."""
+        enabled = self.controller.copy_formats_enabled
+        usable = self._ocfs if enabled is None else self._ocfs & ~COPY_CDFE_FORMATS | enabled
+        if usable != self._usable:
+            self._usable = usable
+            self._formats = (
+                _first_format(_OWN_FORMATS, usable),
+                _first_format(_CROSS_FORMATS, usable),
+            )
+        return self._formats
 
     async def copy_offload(
         self, sources: Sequence[tuple[BlockDevice, int, int]], dst_lba: int, *, fua: bool = False
@@ -287,6 +322,9 @@ class CopyingNamespace(RemoteNamespace):
         source it cannot copy from, BlockRangeError for a range outside its namespace,
         NvmeStatusError for a command the controller fails."""
         self._check_open()
+        # A direct caller may not have let the planner prepare: the formats must be
+        # settled before the sources are checked against them.
+        await self.prepare_copy(device for device, _lba, nblocks in sources if nblocks)
         limits = self._copy_limits
         ranges: list[CopyRange] = []
         cross = False
@@ -308,8 +346,9 @@ class CopyingNamespace(RemoteNamespace):
         check_range(self._caps, dst_lba, total)
         if not ranges:
             return
-        desfmt = self._cross_format if cross else self._own_format
-        assert desfmt is not None  # can_copy_from admits other namespaces only with one
+        own, cross_format = self._copy_formats()
+        desfmt = cross_format if cross else own
+        assert desfmt is not None  # can_copy_from admits a source only with a format
         await self.controller.next_queue().execute(
             IoOpcode.COPY,
             self.nsid,
@@ -329,6 +368,14 @@ def remote_namespace(
     if info.oncs & I.Oncs.COPY:
         return CopyingNamespace(controller, nsid, identify)
     return RemoteNamespace(controller, nsid, identify)
+
+
+def _first_format(preference: tuple[int, ...], usable: int) -> int | None:
+    return next((f for f in preference if usable & 1 << f), None)
+
+
+def _needs_enabling(desfmt: int | None) -> bool:
+    return desfmt is not None and bool(1 << desfmt & COPY_CDFE_FORMATS)
 
 
 async def _wait_all(submitted: list[tuple[HostQueue, HostCommand]]) -> None:

@@ -251,7 +251,9 @@ COPY_SOPT_FAST_COPY_ONLY = 1 << 15
 class CopyRange:
     slba: int
     nlb: int  # number of blocks (1's based here; the wire carries it 0's based)
-    snsid: int = 0  # source namespace (formats 2 and 3); 0 means the command's NSID
+    # Source namespace, formats 2 and 3 only. Formats 0 and 1 carry none (0 here): their
+    # source is the command's namespace.
+    snsid: int = 0
     sopt: int = 0
 
 
@@ -288,3 +290,25 @@ def pack_copy_ranges(ranges: list[CopyRange], desfmt: int) -> bytes:
             r.sopt if cross else 0,
         )
     return bytes(buf)
+
+
+# ---- Host Behavior Support (Feature Identifier 16h) --------------------------------------
+
+# Its data (Set and Get Features): byte 0 ACRE, 1 ETDAS, 2 LBAFEE, 3 reserved, bytes 5:4
+# CDFE (Copy Descriptor Formats Enable, bit N for format N), the rest reserved.
+HOST_BEHAVIOR_SIZE = 512
+_HBS_CDFE = struct.Struct("<H")
+_HBS_CDFE_OFFSET = 4
+# The Copy descriptor formats a host must enable in CDFE before it may use them (TP 4130:
+# the ones with a source NSID per range).
+COPY_CDFE_FORMATS = 1 << 2 | 1 << 3
+
+
+def host_behavior_cdfe(data: bytes | bytearray | memoryview) -> int:
+    """CDFE of a Host Behavior Support structure."""
+    return int(_HBS_CDFE.unpack_from(data, _HBS_CDFE_OFFSET)[0])
+
+
+def set_host_behavior_cdfe(data: bytearray, cdfe: int) -> None:
+    """Replace CDFE in a Host Behavior Support structure, leaving every other byte."""
+    _HBS_CDFE.pack_into(data, _HBS_CDFE_OFFSET, cdfe)

@@ -67,6 +67,7 @@ class FeatureId(IntEnum):
     HOST_MEM_BUF = 0x0D
     TIMESTAMP = 0x0E
     KATO = 0x0F
+    HOST_BEHAVIOR = 0x16  # Host Behavior Support: a 512-byte structure, not a CDW11 value
     HOST_ID = 0x81
 
 

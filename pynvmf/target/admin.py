@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from pynvmf import __version__
 from pynvmf.spec import identify as I
 from pynvmf.spec import logpages as L
+from pynvmf.spec.command import HOST_BEHAVIOR_SIZE, host_behavior_cdfe
 from pynvmf.spec.opcodes import NSID_ALL, AdminOpcode, FeatureId, IoOpcode
 from pynvmf.spec.status import DNR, Status
 from pynvmf.target.controller import (
@@ -20,7 +21,7 @@ from pynvmf.target.controller import (
     VERSION,
     Controller,
 )
-from pynvmf.target.limits import COPY_FORMATS, MAX_TRANSFER, MDTS, copy_limits
+from pynvmf.target.limits import MAX_TRANSFER, MDTS, OCFS, copy_limits
 
 if TYPE_CHECKING:
     from pynvmf.target.queue import TargetQueue
@@ -71,7 +72,7 @@ async def execute(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome
     if opcode == AdminOpcode.GET_FEATURES:
         return get_features(ctrl, req)
     if opcode == AdminOpcode.SET_FEATURES:
-        return set_features(ctrl, req)
+        return await set_features(ctrl, queue, req)
     if opcode == AdminOpcode.ASYNC_EVENT_REQUEST:
         if len(ctrl.aer) > AERL:
             return Status.ASYNC_EVENT_LIMIT | DNR, 0, None
@@ -185,7 +186,7 @@ def identify_controller(ctrl: Controller, queue: TargetQueue) -> I.IdentifyContr
         cctemp=358,
         nn=max(1024, subsystem.max_nsid),
         oncs=I.Oncs.DSM | I.Oncs.WRITE_ZEROES | I.Oncs.COPY,
-        ocfs=sum(1 << f for f in COPY_FORMATS),
+        ocfs=OCFS,
         vwc=I.Vwc.PRESENT | I.Vwc.FLUSH_BROADCAST_SUPPORTED,
         **common,
     )
@@ -247,9 +248,22 @@ def get_features(ctrl: Controller, req: Request) -> Outcome:
         if req.length < len(ctrl.hostid):
             return Status.SGL_INVALID_DATA | DNR, 0, None
         return Status.SUCCESS, 0, ctrl.hostid
-    if fid in ctrl.features and not ctrl.is_discovery:
+    if ctrl.is_discovery:
+        return Status.INVALID_FIELD | DNR, 0, None
+    if fid == FeatureId.HOST_BEHAVIOR:
+        return _get_host_behavior(ctrl, req, sel)
+    if fid in ctrl.features:
         return Status.SUCCESS, ctrl.features[fid], None
     return Status.INVALID_FIELD | DNR, 0, None
+
+
+def _get_host_behavior(ctrl: Controller, req: Request, sel: int) -> Outcome:
+    if req.length < HOST_BEHAVIOR_SIZE:
+        return Status.SGL_INVALID_DATA | DNR, 0, None
+    if sel:
+        # Default and saved values (the feature is not saveable): all zeros.
+        return Status.SUCCESS, 0, bytes(HOST_BEHAVIOR_SIZE)
+    return Status.SUCCESS, 0, ctrl.host_behavior
 
 
 _DYNAMIC_FEATURES = (
@@ -258,10 +272,11 @@ _DYNAMIC_FEATURES = (
     FeatureId.ASYNC_EVENT,
     FeatureId.VOLATILE_WC,
     FeatureId.IRQ_CONFIG,
+    FeatureId.HOST_BEHAVIOR,
 )
 
 
-def set_features(ctrl: Controller, req: Request) -> Outcome:
+async def set_features(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
     sqe = req.sqe
     fid = sqe.cdw10 & 0xFF
     save = sqe.cdw10 >> 31
@@ -296,12 +311,28 @@ def set_features(ctrl: Controller, req: Request) -> Outcome:
     if fid == FeatureId.HOST_ID:
         # Fabrics hosts give their identifier in Connect; it cannot change afterwards.
         return Status.CMD_SEQ_ERROR | DNR, 0, None
+    if fid == FeatureId.HOST_BEHAVIOR:
+        return await _set_host_behavior(ctrl, queue, req)
     if fid in ctrl.features:
         ctrl.features[fid] = value
         return Status.SUCCESS, 0, None
     if fid == FeatureId.IRQ_CONFIG:
         return Status.SUCCESS, 0, None
     return Status.INVALID_FIELD | DNR, 0, None
+
+
+async def _set_host_behavior(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
+    # Exactly the structure, as for every other command with data: a longer SGL would
+    # have the target fetch bytes it then ignores.
+    if req.length != HOST_BEHAVIOR_SIZE:
+        return Status.SGL_INVALID_DATA | DNR, 0, None
+    data = req.data if req.data is not None else await queue.fetch_data(req)
+    # A host may only enable descriptor formats this controller has (OCFS); what it does
+    # enable decides which formats Copy accepts (TP 4130).
+    if host_behavior_cdfe(data) & ~OCFS:
+        return Status.INVALID_FIELD | DNR, 0, None
+    ctrl.host_behavior = bytes(data)
+    return Status.SUCCESS, 0, None
 
 
 # -- Log pages ----------------------------------------------------------------------------

@@ -68,6 +68,8 @@ class Controller:
             FeatureId.IRQ_COALESCE: 0,
             FeatureId.WRITE_ATOMIC: 0,
         }
+        # Host Behavior Support (Feature 16h) as the host last set it: zeros until then.
+        self.host_behavior = bytes(C.HOST_BEHAVIOR_SIZE)
         self.errors: deque[ErrorLogEntry] = deque(maxlen=ERROR_LOG_ENTRIES)
         self.error_count = 0
         self.created = time.monotonic()
@@ -80,6 +82,11 @@ class Controller:
     @property
     def is_discovery(self) -> bool:
         return self.subsystem.is_discovery
+
+    @property
+    def copy_formats_enabled(self) -> int:
+        """Copy descriptor formats the host enabled in Host Behavior Support (CDFE)."""
+        return C.host_behavior_cdfe(self.host_behavior)
 
     # -- keep alive -------------------------------------------------------------------
 

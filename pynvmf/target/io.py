@@ -13,15 +13,22 @@ from typing import TYPE_CHECKING
 from pynvmf.block import copy as block_copy
 from pynvmf.block.device import BlockRangeError
 from pynvmf.spec.command import (
+    COPY_CDFE_FORMATS,
     COPY_DESCRIPTOR_SIZE,
     DSM_ATTR_DEALLOCATE,
     DSM_RANGE,
     RW_FUA,
     WZ_DEAC,
+    CopyRange,
     parse_copy_ranges,
 )
 from pynvmf.spec.opcodes import NSID_ALL, IoOpcode
-from pynvmf.spec.status import CMD_SIZE_LIMIT_EXCEEDED, DNR, Status
+from pynvmf.spec.status import (
+    CMD_SIZE_LIMIT_EXCEEDED,
+    DNR,
+    INCOMPATIBLE_NS_OR_FORMAT,
+    Status,
+)
 from pynvmf.target.limits import COPY_FORMATS, MAX_TRANSFER, copy_limits
 
 if TYPE_CHECKING:
@@ -169,7 +176,8 @@ class IoHandler:
         return Status.SUCCESS, None
 
     async def copy(self, req: Request) -> Outcome:
-        """Copy (TP 4065 formats 0/1, TP 4130 formats 2/3 with a source NSID per range).
+        """Copy (TP 4065 formats 0/1, TP 4130 formats 2/3 with a source NSID per range,
+        accepted once the host enabled them in Host Behavior Support).
 
         The limits checked here are the ones Identify Namespace reports; the data
         path (native copy inside a device, or emulation across devices) is the copy
@@ -184,6 +192,11 @@ class IoHandler:
         desfmt = (cdw12 >> 8) & 0xF
         if desfmt not in COPY_FORMATS:
             return Status.INVALID_FIELD | DNR, None
+        fmt_bit = 1 << desfmt
+        if fmt_bit & COPY_CDFE_FORMATS and not fmt_bit & self.ctrl.copy_formats_enabled:
+            # TP 4130: a format with source NSIDs only once the host enabled it (CDFE),
+            # checked before the descriptors are fetched.
+            return Status.INVALID_FIELD | DNR, None
         limits = copy_limits(ns.block_size)
         if nr > limits.max_ranges:
             return CMD_SIZE_LIMIT_EXCEEDED | DNR, None
@@ -196,13 +209,9 @@ class IoHandler:
             return CMD_SIZE_LIMIT_EXCEEDED | DNR, None
         sources = []
         for r in ranges:
-            src = self.namespaces.get(r.snsid) if r.snsid else ns
+            status, src = self._copy_source(ns, r, desfmt)
             if src is None:
-                return Status.INVALID_NS | DNR, None
-            if src.block_size != ns.block_size:
-                return Status.INVALID_FIELD | DNR, None
-            if r.slba + r.nlb > src.num_blocks:
-                return Status.LBA_OUT_OF_RANGE | DNR, None
+                return status, None
             sources.append(block_copy.SourceRange(src.device, r.slba, r.nlb))
         sdlba = sqe.cdw10 | sqe.cdw11 << 32
         if sdlba + total > ns.num_blocks:
@@ -212,3 +221,24 @@ class IoHandler:
         self.stats.copy_cmds += 1
         self.stats.copy_bytes += total * ns.block_size
         return Status.SUCCESS, None
+
+    def _copy_source(
+        self, ns: Namespace, r: CopyRange, desfmt: int
+    ) -> tuple[int, Namespace | None]:
+        """(status, source namespace) of one range of a Copy to `ns`; None if refused."""
+        # Formats 0 and 1 have no source NSID: the source is the command's namespace.
+        src = ns if desfmt in (0, 1) else self._source_namespace(r.snsid)
+        if src is None:
+            return Status.INVALID_NS | DNR, None
+        if src.block_size != ns.block_size:
+            return INCOMPATIBLE_NS_OR_FORMAT | DNR, None
+        if r.slba + r.nlb > src.num_blocks:
+            return Status.LBA_OUT_OF_RANGE | DNR, None
+        return Status.SUCCESS, src
+
+    def _source_namespace(self, snsid: int) -> Namespace | None:
+        # 0 and FFFFFFFFh name no single namespace: a source NSID has no shorthand for
+        # "the destination's" or "all", so both are an invalid namespace (TP 4130).
+        if snsid in (0, NSID_ALL):
+            return None
+        return self.namespaces.get(snsid)

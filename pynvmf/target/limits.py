@@ -10,7 +10,8 @@ MAX_TRANSFER = (1 << MDTS) * 4096
 
 COPY_MAX_BYTES = 64 << 20  # MCL, in bytes: bounds what an overlapping copy may stage
 COPY_MAX_RANGES = 128  # MSRC + 1
-COPY_FORMATS = (0, 1, 2, 3)  # OCFS: TP 4065 formats 0/1, TP 4130 formats 2/3
+COPY_FORMATS = (0, 1, 2, 3)  # TP 4065 formats 0/1, TP 4130 formats 2/3
+OCFS = sum(1 << f for f in COPY_FORMATS)  # Identify Controller's bit mask of them
 
 
 def copy_limits(block_size: int) -> CopyLimits:

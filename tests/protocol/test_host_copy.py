@@ -7,9 +7,11 @@ and the bytes that crossed the connections are counted.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import random
+import struct
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -31,7 +33,7 @@ from pynvmf.host.queue import HostQueue
 from pynvmf.spec import command as C
 from pynvmf.spec import identify as I
 from pynvmf.spec.opcodes import AdminOpcode, IoOpcode
-from pynvmf.spec.status import CMD_SIZE_LIMIT_EXCEEDED
+from pynvmf.spec.status import CMD_SIZE_LIMIT_EXCEEDED, DNR, Status
 from pynvmf.target import admin as target_admin
 from pynvmf.target import io as target_io
 from pynvmf.target import limits as target_limits
@@ -188,6 +190,55 @@ def parsed(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, list[C.CopyRange]
 
     monkeypatch.setattr(target_io, "parse_copy_ranges", spy)
     return log
+
+
+HOST_BEHAVIOR = 0x16  # Feature Identifier: Host Behavior Support (CDFE in bytes 5:4)
+
+
+@pytest.fixture
+def feature_16h(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The opcode (Get or Set Features) of every Host Behavior Support command the
+    target receives, refused or not."""
+    log: list[int] = []
+    real = target_admin.execute
+
+    async def execute(ctrl: Any, queue: Any, req: Any) -> Any:
+        sqe = req.sqe
+        if sqe.opcode in _FEATURES and sqe.cdw10 & 0xFF == HOST_BEHAVIOR:
+            log.append(sqe.opcode)
+        return await real(ctrl, queue, req)
+
+    monkeypatch.setattr(target_admin, "execute", execute)
+    return log
+
+
+_FEATURES = (AdminOpcode.GET_FEATURES, AdminOpcode.SET_FEATURES)
+
+
+def refuse_host_behavior(monkeypatch: pytest.MonkeyPatch, refused: tuple[int, ...]) -> None:
+    """The target's Get/Set Features handlers (the `refused` ones) fail Host Behavior
+    Support with Invalid Field, as a controller without the feature does."""
+    refusal = (Status.INVALID_FIELD | DNR, 0, None)
+    real_get, real_set = target_admin.get_features, target_admin.set_features
+
+    def get_features(ctrl: Any, req: Any) -> Any:
+        if AdminOpcode.GET_FEATURES in refused and req.sqe.cdw10 & 0xFF == HOST_BEHAVIOR:
+            return refusal
+        return real_get(ctrl, req)
+
+    async def set_features(ctrl: Any, queue: Any, req: Any) -> Any:
+        if AdminOpcode.SET_FEATURES in refused and req.sqe.cdw10 & 0xFF == HOST_BEHAVIOR:
+            return refusal
+        return await real_set(ctrl, queue, req)
+
+    monkeypatch.setattr(target_admin, "get_features", get_features)
+    monkeypatch.setattr(target_admin, "set_features", set_features)
+
+
+def target_cdfe(rig: Rig, ctrl: Controller) -> int:
+    """CDFE as the target's controller for `ctrl` holds it."""
+    behavior = rig.target.subsystems[NQN].controllers[ctrl.cntlid].host_behavior
+    return int(struct.unpack_from("<H", behavior, 4)[0])
 
 
 def small_copy_limits(monkeypatch: pytest.MonkeyPatch, limits: CopyLimits) -> None:
@@ -392,6 +443,95 @@ async def test_cross_namespace_copy_uses_format_2(
     ((desfmt, descriptors),) = parsed
     assert desfmt == 2
     assert [(r.snsid, r.slba, r.nlb) for r in descriptors] == ranges
+
+
+async def test_cross_namespace_copies_enable_cdfe_once_per_controller(
+    rig: Rig, sent: list[Sent], feature_16h: list[int]
+) -> None:
+    ctrl = await rig.connect()
+    ns1, ns2 = ctrl.namespace(1), ctrl.namespace(2)
+    target_ctrl = rig.target.subsystems[NQN].controllers[ctrl.cntlid]
+    # What the host set before (ACRE, reserved bytes) must survive CDFE being enabled.
+    before = bytearray(os.urandom(512))
+    struct.pack_into("<H", before, 4, 0)
+    target_ctrl.host_behavior = bytes(before)
+    # Within one namespace, format 0: nothing to enable.
+    await block_copy.copy([SourceRange(ns1, 0, 64)], ns1, NS_BLOCKS - 64)
+    model_copy(rig.models, [(1, 0, 64)], 1, NS_BLOCKS - 64)
+    assert feature_16h == [] and ctrl.copy_formats_enabled is None
+    assert target_cdfe(rig, ctrl) == 0
+
+    # Two cross-namespace copies at once: one of them asks, the other waits for it.
+    jobs = [
+        ([(2, 1000 * i, 300), (1, 5000 + 1000 * i, 20), (2, 90000 + 10 * i, 7)], 40000 * (i + 1))
+        for i in range(2)
+    ]
+    reports = await asyncio.gather(
+        *(block_copy.copy(sources_on({1: ns1, 2: ns2}, r), ns1, dst) for r, dst in jobs)
+    )
+    for ranges, dst in jobs:
+        model_copy(rig.models, ranges, 1, dst)
+    assert reports == [CopyReport(offloaded_blocks=327, commands=1)] * 2
+    assert feature_16h == [AdminOpcode.GET_FEATURES, AdminOpcode.SET_FEATURES]
+    assert ctrl.copy_formats_enabled == 1 << 2 | 1 << 3  # OCFS has both
+    assert target_cdfe(rig, ctrl) == 1 << 2 | 1 << 3
+    struct.pack_into("<H", before, 4, 1 << 2 | 1 << 3)
+    assert target_ctrl.host_behavior == before
+    assert [(c.cdw12 >> 8) & 0xF for c in copies(sent)] == [0, 2, 2]
+
+    # Later copies, on any namespace of the controller, do not ask again.
+    await block_copy.copy([SourceRange(ns1, 7, 9)], ns2, 123)
+    model_copy(rig.models, [(1, 7, 9)], 2, 123)
+    assert feature_16h == [AdminOpcode.GET_FEATURES, AdminOpcode.SET_FEATURES]
+    assert rig.copy_commands == 4
+    await rig.assert_matches_model()
+
+
+@pytest.mark.parametrize(
+    "refused",
+    [_FEATURES, (AdminOpcode.SET_FEATURES,)],
+    ids=["get-and-set", "set-only"],
+)
+async def test_cross_namespace_sources_are_emulated_if_host_behavior_is_refused(
+    rig: Rig,
+    sent: list[Sent],
+    feature_16h: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+    refused: tuple[int, ...],
+) -> None:
+    refuse_host_behavior(monkeypatch, refused)
+    ctrl = await rig.connect()
+    ns1, ns2 = ctrl.namespace(1), ctrl.namespace(2)
+    assert isinstance(ns1, CopyOffload)
+    assert ns1.can_copy_from(ns2)  # as far as OCFS says, before the controller is asked
+    ranges = [(2, 3000, 200), (1, 100, 50), (2, 10, 30)]
+    dst_lba = NS_BLOCKS // 2
+
+    report = await block_copy.copy(sources_on({1: ns1, 2: ns2}, ranges), ns1, dst_lba)
+
+    model_copy(rig.models, ranges, 1, dst_lba)
+    await rig.assert_matches_model()
+    # The source in the destination's namespace is still offloaded (format 0), the
+    # others are read and written by the host.
+    assert report == CopyReport(offloaded_blocks=50, emulated_blocks=230, commands=1)
+    assert [(c.nsid, (c.cdw12 >> 8) & 0xF) for c in copies(sent)] == [(1, 0)]
+    assert ctrl.copy_formats_enabled == 0
+    assert not ns1.can_copy_from(ns2) and ns1.can_copy_from(ns1)
+    assert ns1.cross_namespace_format is None
+    # Asked once: Get Features, then Set Features only if Get was answered.
+    asked = [AdminOpcode.GET_FEATURES]
+    if AdminOpcode.GET_FEATURES not in refused:
+        asked.append(AdminOpcode.SET_FEATURES)
+    assert feature_16h == asked
+    # A direct request is refused by the namespace, not sent; nor is the feature re-asked.
+    with pytest.raises(ValueError, match="cannot copy"):
+        await ns1.copy_offload([(ns2, 0, 8)], 0)
+    report = await block_copy.copy([SourceRange(ns2, 0, 8)], ns1, 0)
+    model_copy(rig.models, [(2, 0, 8)], 1, 0)
+    assert report == CopyReport(emulated_blocks=8)
+    assert feature_16h == asked
+    assert len(copies(sent)) == 1 and rig.copy_commands == 1
+    await rig.assert_matches_model()
 
 
 async def test_namespaces_of_two_controllers_are_emulated(rig: Rig, sent: list[Sent]) -> None:

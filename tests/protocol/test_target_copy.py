@@ -5,6 +5,8 @@ Source range descriptors are built here byte by byte from the specification
 32-byte descriptors for formats 0/2, 40-byte ones for formats 1/3), not with the
 project's packer, and every result is checked against a model: one bytearray per
 namespace, a copy being "read every source, then write their concatenation".
+So is the Host Behavior Support feature (16h) that formats 2/3 must be enabled in:
+512 bytes, CDFE (Copy Descriptor Formats Enable) in bytes 5:4.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pynvmf.spec import identify as I
 from pynvmf.spec import logpages as L
 from pynvmf.spec.opcodes import AdminOpcode, FeatureId, IoOpcode
 from pynvmf.spec.status import Status
+from pynvmf.target import admin as target_admin
 from pynvmf.target.limits import copy_limits
 from pynvmf.target.subsystem import Namespace, Subsystem
 from tests.protocol.conftest import RAW_SUBNQN, RawTarget, RawTargetFactory
@@ -37,6 +40,10 @@ pytestmark = pytest.mark.timeout(60)
 
 COPY = 0x19
 SC_CMD_SIZE_LIMIT_EXCEEDED = 0x183  # SCT 1h (command specific), SC 83h
+SC_INCOMPATIBLE_NS_OR_FORMAT = 0x185  # SCT 1h (command specific), SC 85h
+HOST_BEHAVIOR = 0x16  # Feature Identifier: Host Behavior Support
+HOST_BEHAVIOR_SIZE = 512
+CDFE_2_3 = 1 << 2 | 1 << 3  # CDFE bits enabling descriptor formats 2 and 3
 MAX_IO = 1 << 20  # the target's MDTS: reads back go in pieces of this size
 CAPSULE_HLEN = 72  # CapsuleCmd PDU header: 8-byte common header + 64-byte SQE
 CAPSULE_RESP_LEN = 24  # CapsuleResp PDU: 8-byte common header + 16-byte CQE
@@ -77,6 +84,26 @@ def descriptors(ranges: Sequence[Rng], desfmt: int) -> bytes:
 def cdw12(nr: int, desfmt: int, *, fua: bool = False) -> int:
     """NR (0's based) in bits 7:0, DESFMT in bits 11:8, FUA in bit 30."""
     return (nr - 1) & 0xFF | desfmt << 8 | (1 << 30 if fua else 0)
+
+
+def host_behavior(cdfe: int, *, acre: int = 0, filler: bytes = b"") -> bytes:
+    """A Host Behavior Support structure: ACRE in byte 0, CDFE in bytes 5:4, `filler`
+    in the reserved bytes from 6 on."""
+    buf = bytearray(HOST_BEHAVIOR_SIZE)
+    buf[0] = acre
+    struct.pack_into("<H", buf, 4, cdfe)
+    buf[6 : 6 + len(filler)] = filler
+    return bytes(buf)
+
+
+async def set_host_behavior(admin: RawQueue, data: bytes, *, inline: bool = True) -> Completion:
+    return await admin.cmd(AdminOpcode.SET_FEATURES, cdw10=HOST_BEHAVIOR, data=data, inline=inline)
+
+
+async def get_host_behavior(admin: RawQueue, *, sel: int = 0) -> Completion:
+    return await admin.cmd(
+        AdminOpcode.GET_FEATURES, cdw10=HOST_BEHAVIOR | sel << 8, read_len=HOST_BEHAVIOR_SIZE
+    )
 
 
 async def copy(
@@ -163,9 +190,11 @@ async def start(
     *,
     fill: bool = True,
     wrap_io: Callable[[RawQueue], Any] | None = None,
+    cdfe: int = CDFE_2_3,
 ) -> CopyTarget:
     """A target with `subsystem`, each namespace filled with random data (or left zero),
-    an admin and an I/O queue, and every CopyReport of the planner recorded."""
+    an admin and an I/O queue, descriptor formats `cdfe` enabled (2 and 3 unless told
+    otherwise), and every CopyReport of the planner recorded."""
     models: dict[int, bytearray] = {}
     for nsid, ns in subsystem.namespaces.items():
         size = ns.device.capabilities.size
@@ -176,6 +205,9 @@ async def start(
             models[nsid] = bytearray(size)
     rt = await factory([subsystem])
     admin = await rt.admin()
+    if cdfe:
+        done = await set_host_behavior(admin, host_behavior(cdfe))
+        assert done.status == 0, done
     io = await rt.open()
     if wrap_io is not None:
         wrap_io(io)
@@ -199,6 +231,14 @@ async def start(
 @pytest.fixture
 async def ct(raw_target_factory: RawTargetFactory, monkeypatch: pytest.MonkeyPatch) -> CopyTarget:
     return await start(raw_target_factory, monkeypatch, memory_subsystem(LAYOUT))
+
+
+@pytest.fixture
+async def fresh(
+    raw_target_factory: RawTargetFactory, monkeypatch: pytest.MonkeyPatch
+) -> CopyTarget:
+    """The default layout on a controller whose host has enabled no descriptor format."""
+    return await start(raw_target_factory, monkeypatch, memory_subsystem(LAYOUT), cdfe=0)
 
 
 @pytest.fixture
@@ -376,20 +416,159 @@ async def test_mixed_source_namespaces_in_one_copy(ct: CopyTarget) -> None:
     assert ct.reports == [CopyReport(native_blocks=40, emulated_blocks=8)]
 
 
-@pytest.mark.parametrize("snsid", [9, 0xFFFFFFFF])
-async def test_unknown_source_namespace_is_refused(ct: CopyTarget, snsid: int) -> None:
+@pytest.mark.parametrize("desfmt", [2, 3])
+@pytest.mark.parametrize("snsid", [0, 9, 0xFFFFFFFF], ids=["zero", "inactive", "broadcast"])
+async def test_source_namespace_that_names_none_is_invalid_namespace(
+    ct: CopyTarget, snsid: int, desfmt: int
+) -> None:
+    """0 is not "the command's namespace" in these formats, nor FFFFFFFFh "all of them"."""
     ranges = [Rng(0, 8, snsid=1), Rng(0, 8, snsid=snsid)]
-    done = await copy(ct.io, 1, 100, ranges, desfmt=2)
+    done = await copy(ct.io, 1, 100, ranges, desfmt)
     assert_refused(done, Status.INVALID_NS)
     await ct.assert_models()
     assert ct.reports == []
 
 
-async def test_source_namespace_of_another_block_size_is_refused(ct: CopyTarget) -> None:
-    done = await copy(ct.io, 1, 100, [Rng(0, 1, snsid=3)], desfmt=3)
-    assert done.status != 0 and done.dnr, done
+@pytest.mark.parametrize(
+    ("dst", "src", "desfmt"),
+    [(1, 3, 3), (1, 3, 2), (3, 2, 2)],
+    ids=["512<-4096-f3", "512<-4096-f2", "4096<-512-f2"],
+)
+async def test_source_namespace_of_another_block_size_is_incompatible(
+    ct: CopyTarget, dst: int, src: int, desfmt: int
+) -> None:
+    # A compatible range first: refusing the command must leave it uncopied too.
+    ranges = [Rng(0, 4, snsid=dst), Rng(0, 1, snsid=src)]
+    done = await copy(ct.io, dst, 100, ranges, desfmt)
+    assert_refused(done, SC_INCOMPATIBLE_NS_OR_FORMAT)
+    assert (done.status >> 8, done.status & 0xFF) == (1, 0x85)  # command specific
     await ct.assert_models()
     assert ct.reports == []
+    assert ct.subsystem.stats.copy_cmds == 0
+
+
+# -- Host Behavior Support: formats 2 and 3 only once enabled -------------------------------------
+
+
+@pytest.mark.parametrize("desfmt", [2, 3])
+@pytest.mark.parametrize("inline", [True, False], ids=["in-capsule", "via-r2t"])
+async def test_format_2_or_3_before_the_host_enables_it_is_invalid_field(
+    fresh: CopyTarget, desfmt: int, inline: bool
+) -> None:
+    ranges = [Rng(2000, 48, snsid=2), Rng(10, 8, snsid=1)]
+    r2t = fresh.io.counters.r2t
+    done = await copy(fresh.io, 1, 5000, ranges, desfmt, inline=inline)
+    assert_refused(done, Status.INVALID_FIELD)
+    assert fresh.io.counters.r2t == r2t  # refused before the descriptors were asked for
+    await fresh.assert_models()
+    assert fresh.reports == []
+    # Formats 0 and 1 need no enabling.
+    done = await copy(fresh.io, 1, 5000, [Rng(10, 8)], desfmt - 2)
+    assert done.status == 0, done
+
+
+async def test_enabling_a_format_in_cdfe_makes_copy_accept_it(fresh: CopyTarget) -> None:
+    ranges = [Rng(2000, 48, snsid=2), Rng(10, 8, snsid=1)]
+    done = await set_host_behavior(fresh.admin, host_behavior(1 << 2))
+    assert done.status == 0, done
+    done = await copy(fresh.io, 1, 5000, ranges, desfmt=2)
+    assert done.status == 0, done
+    fresh.apply(1, 5000, ranges)
+    # Format 3 was not enabled along with it.
+    done = await copy(fresh.io, 1, 6000, ranges, desfmt=3)
+    assert_refused(done, Status.INVALID_FIELD)
+    await fresh.assert_models()
+    done = await set_host_behavior(fresh.admin, host_behavior(CDFE_2_3), inline=False)
+    assert done.status == 0, done
+    done = await copy(fresh.io, 1, 6000, ranges, desfmt=3)
+    assert done.status == 0, done
+    fresh.apply(1, 6000, ranges)
+    # And disabling it again refuses it again.
+    done = await set_host_behavior(fresh.admin, host_behavior(1 << 3))
+    assert done.status == 0, done
+    done = await copy(fresh.io, 1, 7000, ranges, desfmt=2)
+    assert_refused(done, Status.INVALID_FIELD)
+    await fresh.assert_models()
+    assert fresh.subsystem.stats.copy_cmds == 2
+
+
+async def test_cdfe_belongs_to_one_controller(ct: CopyTarget) -> None:
+    """Another association of the same host starts with nothing enabled."""
+    other = await ct.rt.admin()
+    io = await ct.rt.io_queue(other, 1)
+    done = await copy(io, 1, 100, [Rng(0, 8, snsid=2)], desfmt=2)
+    assert_refused(done, Status.INVALID_FIELD)
+    got = await get_host_behavior(other)
+    assert got.status == 0 and got.data == bytes(HOST_BEHAVIOR_SIZE), got
+    done = await copy(ct.io, 1, 100, [Rng(0, 8, snsid=2)], desfmt=2)  # still enabled here
+    assert done.status == 0, done
+    ct.apply(1, 100, [Rng(0, 8, snsid=2)])
+    await ct.assert_models()
+
+
+@pytest.mark.parametrize(
+    ("ocfs", "cdfe"),
+    [(0xF, 1 << 4), (0xF, CDFE_2_3 | 1 << 15), (0x7, 1 << 3), (0x3, 1 << 2)],
+    ids=["bit4", "bit15", "format3-not-in-ocfs", "format2-not-in-ocfs"],
+)
+async def test_cdfe_for_a_format_the_controller_lacks_is_invalid_field(
+    fresh: CopyTarget, monkeypatch: pytest.MonkeyPatch, ocfs: int, cdfe: int
+) -> None:
+    monkeypatch.setattr(target_admin, "OCFS", ocfs)
+    done = await fresh.admin.identify(I.Cns.CTRL)
+    assert I.IdentifyController.unpack(done.data).ocfs == ocfs  # what the host is told
+    before = host_behavior(0, acre=1)
+    done = await set_host_behavior(fresh.admin, before)
+    assert done.status == 0, done
+    done = await set_host_behavior(fresh.admin, host_behavior(cdfe))
+    assert_refused(done, Status.INVALID_FIELD)
+    got = await get_host_behavior(fresh.admin)
+    assert got.status == 0 and got.data == before, got  # nothing of it was taken
+    done = await copy(fresh.io, 1, 100, [Rng(0, 8, snsid=2)], desfmt=2)
+    assert_refused(done, Status.INVALID_FIELD)
+    await fresh.assert_models()
+
+
+async def test_get_features_host_behavior_returns_what_was_set(fresh: CopyTarget) -> None:
+    got = await get_host_behavior(fresh.admin)
+    assert got.status == 0 and got.data == bytes(HOST_BEHAVIOR_SIZE), got  # zeros at first
+    data = host_behavior(CDFE_2_3, acre=1, filler=random.Random(16).randbytes(506))
+    done = await set_host_behavior(fresh.admin, data)
+    assert done.status == 0, done
+    got = await get_host_behavior(fresh.admin)
+    assert got.status == 0 and got.data == data, got
+    (cdfe,) = struct.unpack_from("<H", got.data, 4)
+    assert cdfe == CDFE_2_3
+    # Default and saved values (not saveable): zeros; the feature is changeable.
+    for sel in (1, 2):
+        got = await get_host_behavior(fresh.admin, sel=sel)
+        assert got.status == 0 and got.data == bytes(HOST_BEHAVIOR_SIZE), (sel, got)
+    caps = await fresh.admin.cmd(AdminOpcode.GET_FEATURES, cdw10=HOST_BEHAVIOR | 3 << 8)
+    assert caps.status == 0 and caps.result == 0x4, caps
+
+
+@pytest.mark.parametrize("length", [0, 256, 511, 513, 4096])
+async def test_set_host_behavior_of_the_wrong_length_is_refused(
+    fresh: CopyTarget, length: int
+) -> None:
+    data = host_behavior(CDFE_2_3).ljust(length, b"\0")[:length]
+    done = await fresh.admin.cmd(
+        AdminOpcode.SET_FEATURES, cdw10=HOST_BEHAVIOR, data=data if length else None
+    )
+    assert_refused(done, Status.SGL_INVALID_DATA)
+    got = await get_host_behavior(fresh.admin)
+    assert got.data == bytes(HOST_BEHAVIOR_SIZE), got
+    short = await fresh.admin.cmd(AdminOpcode.GET_FEATURES, cdw10=HOST_BEHAVIOR, read_len=511)
+    assert_refused(short, Status.SGL_INVALID_DATA)
+
+
+async def test_saving_host_behavior_is_refused(fresh: CopyTarget) -> None:
+    done = await fresh.admin.cmd(
+        AdminOpcode.SET_FEATURES, cdw10=HOST_BEHAVIOR | 1 << 31, data=host_behavior(CDFE_2_3)
+    )
+    assert_refused(done, Status.FEATURE_NOT_SAVEABLE)
+    done = await copy(fresh.io, 1, 100, [Rng(0, 8, snsid=2)], desfmt=2)
+    assert_refused(done, Status.INVALID_FIELD)
 
 
 # -- limits and invalid commands: refused before any data moves -----------------------------------

@@ -13,7 +13,7 @@ import os
 import random
 import tracemalloc
 import types
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,16 @@ from hypothesis import strategies as st
 from pynvmf.block import copy as block_copy
 from pynvmf.block import file as block_file
 from pynvmf.block.copy import CopyReport, CopyTooLarge, SourceRange
-from pynvmf.block.device import BlockRangeError, Buffer, Capabilities, NativeCopy
+from pynvmf.block.device import (
+    BlockDevice,
+    BlockRangeError,
+    Buffer,
+    Capabilities,
+    CopyLimits,
+    CopyOffload,
+    CopyPreparation,
+    NativeCopy,
+)
 from pynvmf.block.file import FileDevice
 from pynvmf.block.memory import MemoryDevice
 
@@ -527,6 +536,69 @@ async def test_emulation_writes_through_a_non_native_destination() -> None:
 
 
 # -- zero-length copies ------------------------------------------------------------------------
+
+
+class PreparingOffloadDevice(SpyDevice):
+    """A CopyOffload whose other-device sources are offloadable only if its
+    prepare_copy was granted (as a remote namespace after enabling Copy formats 2h/3h)."""
+
+    def __init__(self, inner: Device, *, grant: bool) -> None:
+        super().__init__(inner)
+        self.grant = grant
+        self.granted: set[int] = set()
+
+    @property
+    def copy_limits(self) -> CopyLimits:
+        return CopyLimits(1 << 16, 1 << 16, 256)
+
+    async def prepare_copy(self, sources: Iterable[BlockDevice]) -> None:
+        devices = list(sources)
+        self.events.append(("prepare", devices))
+        await yield_to_loop()
+        if self.grant:
+            self.granted = {id(d) for d in devices}
+
+    def can_copy_from(self, source: BlockDevice) -> bool:
+        self.events.append(("can_copy_from", source))
+        return source is self or id(source) in self.granted
+
+    async def copy_offload(
+        self, sources: Sequence[tuple[BlockDevice, int, int]], dst_lba: int, *, fua: bool = False
+    ) -> None:
+        self.events.append(("offload", [(lba, n) for _d, lba, n in sources], dst_lba))
+        for device, lba, n in sources:
+            buf = bytearray(n * BS)
+            await device.read(lba, memoryview(buf))
+            await self.inner.write(dst_lba, buf)
+            dst_lba += n
+
+
+@pytest.mark.parametrize("grant", [True, False], ids=["granted", "refused"])
+async def test_planner_prepares_the_destination_before_asking_can_copy_from(grant: bool) -> None:
+    a, model_a = await memory(256, 1)
+    b, model_b = await memory(256, 2)
+    dst = PreparingOffloadDevice(a, grant=grant)
+    other, unused = SpyDevice(b), SpyDevice(MemoryDevice(8 * BS, BS))
+    assert isinstance(dst, CopyOffload) and isinstance(dst, CopyPreparation)
+    models = {id(dst): model_a, id(other): model_b, id(unused): bytearray(8 * BS)}
+    sources = [
+        SourceRange(other, 0, 8),
+        SourceRange(dst, 100, 8),
+        SourceRange(unused, 0, 0),  # empty: not among the copy's devices
+        SourceRange(other, 20, 4),
+    ]
+
+    report = await block_copy.copy(sources, dst, 200)
+
+    model_copy(models, sources, dst, 200)
+    assert await contents(a) == model_a
+    # Prepared once, with each device of a non-empty source once, before any question.
+    assert dst.kinds()[0] == "prepare" and dst.kinds().count("prepare") == 1
+    assert dst.events[0][1] == [other, dst]
+    if grant:
+        assert report == CopyReport(offloaded_blocks=20, commands=1)
+    else:
+        assert report == CopyReport(offloaded_blocks=8, emulated_blocks=12, commands=1)
 
 
 async def test_zero_length_copies_change_nothing(tmp_path: Path) -> None:
