@@ -24,7 +24,7 @@ class NvmeStatusError(NvmeError):
         self.sct, self.sc = S.split(status)
         self.dnr = bool(status & S.DNR)
         self.more = bool(status & S.MORE)
-        self.name = S.status_name(status)
+        self.name = S.status_name(status, io=not admin and command.opcode != AdminOpcode.FABRICS)
         self.command = command
         self.opcode = command.opcode
         self.admin = admin

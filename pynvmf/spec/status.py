@@ -74,10 +74,26 @@ class Status(IntEnum):
 # so they are plain constants rather than enum members (an IntEnum would alias them).
 CMD_SIZE_LIMIT_EXCEEDED = 0x183  # Copy: more than MSSRL / MCL / MSRC
 ATTEMPTED_WRITE_TO_READ_ONLY = 0x182
+INCOMPATIBLE_NS_OR_FORMAT = 0x185  # Copy: a source namespace formatted unlike the destination
 
 
-def status_name(value: int) -> str:
+# Names of the NVM command set's command specific codes, for I/O commands: the same
+# numbers mean Connect statuses on a Fabrics command.
+_NVM_COMMAND_SPECIFIC = {
+    0x180: "CONFLICTING_ATTRIBUTES",
+    0x181: "INVALID_PROTECTION_INFO",
+    ATTEMPTED_WRITE_TO_READ_ONLY: "ATTEMPTED_WRITE_TO_READ_ONLY",
+    CMD_SIZE_LIMIT_EXCEEDED: "CMD_SIZE_LIMIT_EXCEEDED",
+    INCOMPATIBLE_NS_OR_FORMAT: "INCOMPATIBLE_NS_OR_FORMAT",
+}
+
+
+def status_name(value: int, *, io: bool = False) -> str:
+    """The status's name; `io` for a status an NVM I/O command completed with, whose
+    command specific codes are the NVM command set's rather than Connect's."""
     code = value & 0x7FF
+    if io and code in _NVM_COMMAND_SPECIFIC:
+        return _NVM_COMMAND_SPECIFIC[code]
     try:
         return Status(code).name
     except ValueError:
