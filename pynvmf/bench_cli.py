@@ -2,7 +2,8 @@
 
     pynvmf bench -a 10.0.0.1 -s 4420 -n NQN --rw randread --bs 4k --iodepth 32 \\
         --numjobs 2 --runtime 10 [--size 1G] [--rwmixread 70] [--verify] \\
-        [--inline-data-size BYTES] [-o json] [--group-reporting]
+        [--inline-data-size BYTES] [-o json] [--group-reporting] \\
+        [--bwavgtime MS] [--iopsavgtime MS]
     pynvmf bench ... --rw copy --bs 64k --copy-ranges 4 --copy-mode offload|emulate|auto
 
 Each of the `--numjobs` jobs owns one I/O queue of the connection and keeps
@@ -20,6 +21,27 @@ stddev is computed from the latency histogram, so it is approximate like the
 percentiles (within half a bucket, 0.4%). The cpu figures (usr_cpu, sys_cpu, ctx,
 majf, minf) are the whole process's over each job's measured time: all jobs run in
 one thread, so every job reports (nearly) the same process-wide usage.
+
+Bandwidth and IOPS are sampled per job every --bwavgtime / --iopsavgtime ms (500,
+fio's default) of the measured time and reported per direction as fio does: in JSON
+bw_min, bw_max, bw_agg (the job's mean bandwidth in percent of the group's aggregate
+bandwidth, at most 100), bw_mean, bw_dev, bw_samples (KiB/s), iops_min, iops_max,
+iops_mean, iops_stddev, iops_samples; in the human report the `   bw (  KiB/s):` and
+`   iops        :` lines after the latency lines (none for a direction without
+samples; MiB/s above 1 GiB/s). As fio's: a sample is what completed since the
+previous one over the time actually elapsed, truncated to a whole number; an
+interval in which a direction completed nothing gives that direction no sample (a
+stall shows as fewer samples, not as a zero); standard deviations divide by n - 1;
+a run shorter than one interval has no samples and reports zeros; and the group
+entry (--group-reporting, and the human report's "all jobs") adds the jobs'
+statistics up: its mean is the group's, but its min and max are the sums of the
+jobs' minima and maxima and its samples the jobs' total, fio's arithmetic rather
+than a sum per interval. What differs from fio: samples fall on a grid from the
+start of the measurement, taken by the coroutine that waits for its end, so they
+all lie wholly within it (the ramp and the last, unfinished interval give none) and
+a run stopped by Ctrl-C keeps the whole intervals it measured; copy mode samples
+its copies in the write direction (bw: bytes copied, iops: copies), as it reports
+them.
 
 Ctrl-C during the measurement stops the jobs as the end of --runtime does and
 reports the time measured so far (exit status 130); a second Ctrl-C aborts at once.
@@ -40,7 +62,7 @@ import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, TextIO, cast
 
@@ -51,11 +73,15 @@ from pynvmf.bench.loadgen import (
     LatencyHistogram,
     LatencyStats,
     OpResult,
+    RateSampler,
+    RateSamples,
+    SampleStats,
     Workload,
     bucket_bounds,
     cpu_usage,
     run_workload,
     rusage,
+    sleep_sampling,
     sleep_unless_set,
 )
 from pynvmf.block.copy import SourceRange, copy
@@ -86,6 +112,7 @@ _EIO = 5
 _PROGRESS_INTERVAL = 0.25  # at most 4 refreshes a second
 _PREFILL_CHUNK = 1 << 20
 _PREFILL_DEPTH = 8
+_AVG_TIME_MS = 500  # fio's bwavgtime and iopsavgtime
 
 # -- argument parsing --------------------------------------------------------------------------
 
@@ -161,6 +188,20 @@ def add_bench_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     p.add_argument("--seed", type=_int_at_least(0), default=0, help="offsets and patterns seed")
     p.add_argument(
         "--group-reporting", action="store_true", help="one aggregated JSON job, as fio's"
+    )
+    p.add_argument(
+        "--bwavgtime",
+        type=_int_at_least(1),
+        default=_AVG_TIME_MS,
+        metavar="MS",
+        help=f"bandwidth sampling interval (default {_AVG_TIME_MS})",
+    )
+    p.add_argument(
+        "--iopsavgtime",
+        type=_int_at_least(1),
+        default=_AVG_TIME_MS,
+        metavar="MS",
+        help=f"IOPS sampling interval (default {_AVG_TIME_MS})",
     )
 
 
@@ -360,6 +401,17 @@ class JobResult:
     error: str | None = None
     verify_failed: bool = False
     copy: CopyStats | None = None
+    # Per-interval bandwidth (KiB/s) and IOPS, per direction.
+    read_bw: SampleStats = field(default_factory=SampleStats)
+    read_iops: SampleStats = field(default_factory=SampleStats)
+    write_bw: SampleStats = field(default_factory=SampleStats)
+    write_iops: SampleStats = field(default_factory=SampleStats)
+
+    def rates(self, which: str) -> tuple[SampleStats, SampleStats]:
+        """Bandwidth and IOPS sample statistics of `which` direction."""
+        if which == "read":
+            return self.read_bw, self.read_iops
+        return self.write_bw, self.write_iops
 
     def op(self, which: str) -> OpResult:
         hist = self.read_hist if which == "read" else self.write_hist
@@ -375,8 +427,19 @@ class JobResult:
         )
 
 
+def _rate_stats(reads: RateSamples, writes: RateSamples) -> dict[str, SampleStats]:
+    """JobResult's sample statistics fields, from the samples."""
+    return {
+        "read_bw": SampleStats.of(reads.bw),
+        "read_iops": SampleStats.of(reads.iops),
+        "write_bw": SampleStats.of(writes.bw),
+        "write_iops": SampleStats.of(writes.iops),
+    }
+
+
 def aggregate(results: Sequence[JobResult]) -> JobResult:
-    """fio's group_reporting: I/Os add up over the longest job's runtime."""
+    """fio's group_reporting: I/Os add up over the longest job's runtime, and so do the
+    per-interval statistics (SampleStats.group_sum)."""
     first = results[0]
     reads, writes = LatencyHistogram(), LatencyHistogram()
     copy_total = CopyStats() if first.copy is not None else None
@@ -388,6 +451,10 @@ def aggregate(results: Sequence[JobResult]) -> JobResult:
                 setattr(copy_total, name, getattr(copy_total, name) + getattr(r.copy, name))
     failed = next((r for r in results if r.error), None)
     longest = max(results, key=lambda r: r.elapsed)
+    rates = {
+        name: functools.reduce(SampleStats.group_sum, (getattr(r, name) for r in results))
+        for name in ("read_bw", "read_iops", "write_bw", "write_iops")
+    }
     return JobResult(
         name=first.name,
         elapsed=longest.elapsed,
@@ -401,6 +468,7 @@ def aggregate(results: Sequence[JobResult]) -> JobResult:
         error=failed.error if failed else None,
         verify_failed=any(r.verify_failed for r in results),
         copy=copy_total,
+        **rates,
     )
 
 
@@ -435,6 +503,8 @@ class _Plan:
     copy_ranges: int
     copy_mode: str
     verify: bool
+    bw_avg_time: float = _AVG_TIME_MS / 1000  # seconds
+    iops_avg_time: float = _AVG_TIME_MS / 1000
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
@@ -457,6 +527,8 @@ def _plan(args: argparse.Namespace) -> _Plan:
         copy_ranges=args.copy_ranges,
         copy_mode=args.copy_mode,
         verify=args.verify,
+        bw_avg_time=args.bwavgtime / 1000,
+        iops_avg_time=args.iopsavgtime / 1000,
     )
 
 
@@ -507,6 +579,8 @@ async def _rw_job(
         offset=first * caps.block_size,
         # Jobs on one region would otherwise issue the very same offsets.
         seed=plan.seed + job,
+        bw_avg_time=plan.bw_avg_time,
+        iops_avg_time=plan.iops_avg_time,
     )
     result = await run_workload(device, workload, stop=stop)
     return JobResult(
@@ -518,6 +592,7 @@ async def _rw_job(
         write_hist=result.write_latency,
         cpu=result.cpu,
         error=result.error,
+        **_rate_stats(result.read_rates, result.write_rates),
     )
 
 
@@ -582,6 +657,14 @@ async def _copy_job(
         while not failure and not stop.is_set() and (left := deadline - time.perf_counter()) > 0:
             await sleep_unless_set(min(left, 0.05), stop)
 
+    # Copies are reported in the write direction: sampled there, from the copy counter
+    # (read at call time: `stats` is replaced when the measurement starts).
+    sampler = RateSampler(
+        lambda: (0, stats.copies),
+        (0, copy_bytes),
+        bw_interval=plan.bw_avg_time,
+        iops_interval=plan.iops_avg_time,
+    )
     tasks = [asyncio.create_task(worker()) for _ in range(plan.iodepth)]
     try:
         await until(plan.ramp_time)
@@ -590,9 +673,12 @@ async def _copy_job(
         sent0, recv0 = queue.bytes_sent, queue.bytes_received
         t0 = time.perf_counter()
         usage0 = rusage()
-        await until(plan.runtime)
+        sampler.start(t0)
+        await sleep_sampling(sampler, t0, plan.runtime, stop, lambda: bool(failure))
         measured = hist.copy()
-        elapsed = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        sampler.poll(t1)
+        elapsed = t1 - t0
         usage = cpu_usage(usage0, rusage(), elapsed)
         done = CopyStats(**{k: getattr(stats, k) for k in CopyStats.__slots__})
         done.wire_sent = queue.bytes_sent - sent0
@@ -602,6 +688,7 @@ async def _copy_job(
         await asyncio.gather(*tasks, return_exceptions=True)
     done.copies = measured.count
     done.copied_bytes = measured.count * copy_bytes
+    _, copy_rates = sampler.samples()
     return JobResult(
         name=name,
         elapsed=elapsed,
@@ -612,6 +699,7 @@ async def _copy_job(
         cpu=usage,
         error=failure[0] if failure else None,
         copy=done,
+        **_rate_stats(RateSamples(), copy_rates),
     )
 
 
@@ -810,6 +898,9 @@ def _job_options(args: argparse.Namespace) -> dict[str, str]:
     if args.rw == "copy":
         options["copy_ranges"] = str(args.copy_ranges)
         options["copy_mode"] = args.copy_mode
+    for name in ("bwavgtime", "iopsavgtime"):
+        if getattr(args, name) != _AVG_TIME_MS:
+            options[name] = str(getattr(args, name))
     return options
 
 
@@ -834,7 +925,41 @@ def _lat_json(hist: LatencyHistogram, *, with_percentiles: bool = True) -> dict[
 _EMPTY_LAT = {"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0}
 
 
-def _dir_json(r: JobResult, which: str) -> dict[str, Any]:
+def group_bandwidth(results: Sequence[JobResult], which: str) -> float:
+    """fio's aggregate bandwidth of a group in `which` direction (bytes/s): all its jobs'
+    bytes over the longest runtime of those that moved any."""
+    ops = [(r.op(which), r.elapsed) for r in results]
+    longest = max((elapsed for op, elapsed in ops if op.ios), default=0.0)
+    return sum(op.bytes for op, _ in ops) / longest if longest > 0 else 0.0
+
+
+def bw_share(bw: SampleStats, group_bytes_per_s: float) -> float:
+    """fio's bw_agg (the human report's per=): a job's mean sampled bandwidth in percent
+    of its group's aggregate bandwidth, at most 100; 0 without samples."""
+    if not bw.samples:
+        return 0.0
+    if group_bytes_per_s <= 1024:  # fio's threshold: no meaningful share of (next to) nothing
+        return 100.0
+    return min(100.0, bw.mean * 100 / (group_bytes_per_s / 1024))
+
+
+def _rates_json(bw: SampleStats, iops: SampleStats, group_bytes_per_s: float) -> dict[str, Any]:
+    return {
+        "bw_min": bw.min_val,
+        "bw_max": bw.max_val,
+        "bw_agg": bw_share(bw, group_bytes_per_s),
+        "bw_mean": float(bw.mean),
+        "bw_dev": bw.stddev,
+        "bw_samples": bw.samples,
+        "iops_min": iops.min_val,
+        "iops_max": iops.max_val,
+        "iops_mean": float(iops.mean),
+        "iops_stddev": iops.stddev,
+        "iops_samples": iops.samples,
+    }
+
+
+def _dir_json(r: JobResult, which: str, group_bytes_per_s: float) -> dict[str, Any]:
     op = r.op(which)
     hist = r.read_hist if which == "read" else r.write_hist
     bw_bytes = op.bytes / r.elapsed if r.elapsed else 0.0
@@ -852,6 +977,7 @@ def _dir_json(r: JobResult, which: str) -> dict[str, Any]:
         "slat_ns": dict(_EMPTY_LAT),
         "clat_ns": lat,
         "lat_ns": dict(lat),
+        **_rates_json(*r.rates(which), group_bytes_per_s),
     }
 
 
@@ -869,10 +995,11 @@ def _empty_dir() -> dict[str, Any]:
         "slat_ns": dict(_EMPTY_LAT),
         "clat_ns": dict(_EMPTY_LAT),
         "lat_ns": dict(_EMPTY_LAT),
+        **_rates_json(SampleStats(), SampleStats(), 0.0),
     }
 
 
-def _job_json(r: JobResult, options: dict[str, str]) -> dict[str, Any]:
+def _job_json(r: JobResult, options: dict[str, str], group_bw: dict[str, float]) -> dict[str, Any]:
     error = 0 if r.error is None else (_EILSEQ if r.verify_failed else _EIO)
     job: dict[str, Any] = {
         "jobname": r.name,
@@ -880,8 +1007,8 @@ def _job_json(r: JobResult, options: dict[str, str]) -> dict[str, Any]:
         "error": error,
         "elapsed": round(r.elapsed),
         "job options": {"name": r.name, **options},
-        "read": _dir_json(r, "read"),
-        "write": _dir_json(r, "write"),
+        "read": _dir_json(r, "read", group_bw["read"]),
+        "write": _dir_json(r, "write", group_bw["write"]),
         "trim": _empty_dir(),
         "job_runtime": round(r.elapsed * 1000),
         "usr_cpu": r.cpu.usr_percent,
@@ -914,12 +1041,14 @@ def fio_json(
 ) -> dict[str, Any]:
     now = time.time()
     jobs = [aggregate(results)] if group else list(results)
+    # All jobs form fio's group 0, reported jointly or not.
+    group_bw = {which: group_bandwidth(results, which) for which in ("read", "write")}
     return {
         "fio version": FIO_VERSION,
         "timestamp": int(now),
         "timestamp_ms": int(now * 1000),
         "time": time.ctime(now),
-        "jobs": [_job_json(r, options) for r in jobs],
+        "jobs": [_job_json(r, options, group_bw) for r in jobs],
     }
 
 
@@ -958,6 +1087,25 @@ def _lat_lines(stats: LatencyStats, hist: LatencyHistogram) -> list[str]:
     ]
 
 
+def rate_lines(bw: SampleStats, iops: SampleStats, share: float) -> list[str]:
+    """fio's per-interval lines of one direction; none for a statistic without samples."""
+    lines = []
+    if bw.samples:
+        # fio switches to MiB/s above 1 GiB/s, min and max truncated to whole MiB/s.
+        unit, scale = ("MiB", 1024) if bw.mean > 1024 * 1024 else ("KiB", 1)
+        lines.append(
+            f"   bw ({unit:>5}/s): min={bw.min_val // scale:5d}, max={bw.max_val // scale:5d}, "
+            f"per={share:3.2f}%, avg={bw.mean / scale:5.2f}, stdev={bw.stddev / scale:5.2f}, "
+            f"samples={bw.samples}"
+        )
+    if iops.samples:
+        lines.append(
+            f"   iops        : min={iops.min_val:5d}, max={iops.max_val:5d}, "
+            f"avg={iops.mean:5.2f}, stdev={iops.stddev:5.2f}, samples={iops.samples}"
+        )
+    return lines
+
+
 def _cpu_line(cpu: CpuUsage) -> str:
     return (
         f"  cpu          : usr={cpu.usr_percent:.2f}%, sys={cpu.sys_percent:.2f}%, "
@@ -965,13 +1113,13 @@ def _cpu_line(cpu: CpuUsage) -> str:
     )
 
 
-def _job_block(r: JobResult, plan: _Plan, jobs: int) -> list[str]:
-    lines = _io_lines(r, plan, jobs)
+def _job_block(r: JobResult, plan: _Plan, jobs: int, group_bw: dict[str, float]) -> list[str]:
+    lines = _io_lines(r, plan, jobs, group_bw)
     lines.append(_cpu_line(r.cpu))
     return lines
 
 
-def _io_lines(r: JobResult, plan: _Plan, jobs: int) -> list[str]:
+def _io_lines(r: JobResult, plan: _Plan, jobs: int, group_bw: dict[str, float]) -> list[str]:
     err = 0 if r.error is None else (_EILSEQ if r.verify_failed else _EIO)
     lines = [f"{r.name}: (groupid=0, jobs={jobs}): err={err:2d}"]
     ms = round(r.elapsed * 1000)
@@ -985,6 +1133,8 @@ def _io_lines(r: JobResult, plan: _Plan, jobs: int) -> list[str]:
             f"per copy, mode={plan.copy_mode}"
         )
         lines.extend(_lat_lines(r.write_hist.stats(), r.write_hist))
+        bw, iops = r.rates("write")
+        lines.extend(rate_lines(bw, iops, bw_share(bw, group_bw["write"])))
         wire = c.wire_sent + c.wire_received
         share = wire / c.copied_bytes * 100 if c.copied_bytes else 0.0
         lines.append(
@@ -1006,17 +1156,20 @@ def _io_lines(r: JobResult, plan: _Plan, jobs: int) -> list[str]:
             f"({_binary(op.bytes)}/{ms}msec)"
         )
         lines.extend(_lat_lines(op.latency, hist))
+        bw, iops = r.rates(which)
+        lines.extend(rate_lines(bw, iops, bw_share(bw, group_bw[which])))
     return lines
 
 
 def human_report(results: Sequence[JobResult], plan: _Plan) -> str:
     lines: list[str] = []
     total = aggregate(results)
+    group_bw = {which: group_bandwidth(results, which) for which in ("read", "write")}
     if len(results) > 1:
         for r in results:
-            lines.extend(_job_block(r, plan, 1))
+            lines.extend(_job_block(r, plan, 1, group_bw))
         lines.append("")
-    block = _job_block(total, plan, len(results))
+    block = _job_block(total, plan, len(results), group_bw)
     block[0] = block[0].replace(total.name, "all jobs", 1)
     lines.extend(block)
     lines.append("")

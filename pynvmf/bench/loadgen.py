@@ -16,12 +16,20 @@ fixed-size log-linear histogram (an index computation and a list increment),
 so memory does not grow with the run time and the run needs no sorting at the
 end. Percentiles are therefore within 0.4% (half a bucket) of the exact value;
 min, max and mean are exact.
+
+Bandwidth and IOPS are also sampled per interval, as fio does (`bw_avg_time`,
+`iops_avg_time`, 0.5 s by default): the coroutine that waits for the end of the
+measurement wakes at each interval's end and reads the histograms' counts (the
+I/O path does nothing more for it), and each sample is what completed since the
+previous one over the time actually elapsed (`RateSampler`). Only intervals that
+lie wholly within the measured window give samples.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
 import resource
 import statistics
@@ -42,6 +50,11 @@ _TABLE_LEN = 1 << 16
 # A device whose I/O never suspends (a memory device) would never let the event loop
 # run the timer that ends the run; a worker yields once per this many I/Os.
 _YIELD_MASK = 255
+# The measuring wait wakes at least this often, to notice an error that stopped the workers.
+_POLL = 0.05
+# A sampling timer that fires a hair early still takes its sample (fio's LOG_MSEC_SLACK):
+# event loops round their timeouts to the millisecond.
+_SAMPLE_SLACK = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +65,9 @@ class Workload:
     `rwmixread` percent reads). `bs` bytes per I/O (a multiple of the device's block
     size). `size` bytes of the device starting at `offset` form the region I/O goes
     to (None: up to the end); random offsets are multiples of `bs`. `seed` makes
-    the offset and mix tables reproducible.
+    the offset and mix tables reproducible. `bw_avg_time` and `iops_avg_time` are
+    the intervals (seconds; fio's bwavgtime and iopsavgtime, in ms there) at which
+    bandwidth and IOPS are sampled during the measurement.
     """
 
     rw: str = "randread"
@@ -64,6 +79,8 @@ class Workload:
     size: int | None = None
     offset: int = 0
     seed: int = 0
+    bw_avg_time: float = 0.5
+    iops_avg_time: float = 0.5
 
     def __post_init__(self) -> None:
         if self.rw not in RW_MODES:
@@ -78,6 +95,9 @@ class Workload:
             raise ValueError("runtime must be positive and ramp_time not negative")
         if self.offset < 0 or (self.size is not None and self.size <= 0):
             raise ValueError("offset must not be negative, size must be positive")
+        for interval in (self.bw_avg_time, self.iops_avg_time):
+            if not (interval > 0 and math.isfinite(interval)):
+                raise ValueError("bw_avg_time and iops_avg_time must be positive")
 
     @property
     def random(self) -> bool:
@@ -280,6 +300,173 @@ def cpu_usage(start: resource.struct_rusage, end: resource.struct_rusage, wall: 
     )
 
 
+# -- per-interval rates ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RateSamples:
+    """One direction's bandwidth (KiB/s) and IOPS over each sampling interval of a measured
+    window, as fio samples them: whole numbers, truncated."""
+
+    bw: tuple[int, ...] = ()
+    iops: tuple[int, ...] = ()
+
+    def __add__(self, other: RateSamples) -> RateSamples:
+        """The samples of two windows (disjoint ones: slices of a run)."""
+        return RateSamples(self.bw + other.bw, self.iops + other.iops)
+
+
+@dataclass(frozen=True, slots=True)
+class SampleStats:
+    """fio's summary of a series of samples (its io_stat): their number, min, max, mean,
+    and `ss`, the sum of the squared deviations from the mean."""
+
+    samples: int = 0
+    min_val: int = 0
+    max_val: int = 0
+    mean: float = 0.0
+    ss: float = 0.0
+
+    @classmethod
+    def of(cls, values: Sequence[int]) -> SampleStats:
+        """The summary of `values` (all zero for none, as fio prints it)."""
+        if not values:
+            return cls()
+        mean = sum(values) / len(values)
+        ss = math.fsum((v - mean) ** 2 for v in values)
+        return cls(len(values), min(values), max(values), mean, ss)
+
+    @property
+    def stddev(self) -> float:
+        """The sample standard deviation (divided by n - 1), as fio's."""
+        return math.sqrt(self.ss / (self.samples - 1)) if self.samples > 1 else 0.0
+
+    def group_sum(self, other: SampleStats) -> SampleStats:
+        """fio's group_reporting sum of two jobs' bandwidth (or IOPS) statistics: what a
+        job without samples lacks is ignored; otherwise min, max, mean, ss and the sample
+        counts add up, so the mean is the group's, and min and max are bounds of the
+        group's extremes (the sums of the jobs' own) rather than those of any interval."""
+        if not other.samples:
+            return self
+        if not self.samples:
+            return other
+        return SampleStats(
+            samples=self.samples + other.samples,
+            min_val=self.min_val + other.min_val,
+            max_val=self.max_val + other.max_val,
+            mean=self.mean + other.mean,
+            ss=self.ss + other.ss,
+        )
+
+
+class _Track:
+    """One kind of sample (bandwidth or IOPS) on its own interval, for both directions."""
+
+    __slots__ = ("due", "interval", "last", "last_time", "scale", "start", "values")
+
+    def __init__(self, interval: float, scale: tuple[float, float]) -> None:
+        self.interval = interval
+        self.scale = scale  # what one completed I/O counts for, per direction
+        self.start = self.last_time = 0.0
+        self.due = math.inf  # nothing is due before start()
+        self.last = (0, 0)
+        self.values: tuple[list[int], list[int]] = ([], [])
+
+    def begin(self, now: float, done: tuple[int, int]) -> None:
+        self.start = self.last_time = now
+        self.due = now + self.interval
+        self.last = done
+        self.values = ([], [])
+
+    def sample(self, now: float, done: tuple[int, int]) -> None:
+        spent = now - self.last_time
+        for d in (0, 1):
+            delta = done[d] - self.last[d]
+            # fio's rule: a direction that completed nothing in the interval gets no sample
+            # (a read-only run has no write samples rather than zeros).
+            if delta and spent > 0:
+                self.values[d].append(int(delta * self.scale[d] / spent))
+        self.last_time, self.last = now, done
+        # The next point of the grid from the start, past any the loop overslept: no drift,
+        # and a stall longer than an interval makes one longer sample rather than several.
+        k = math.floor((now + _SAMPLE_SLACK - self.start) / self.interval) + 1
+        self.due = self.start + k * self.interval
+
+
+class RateSampler:
+    """Per-interval bandwidth and IOPS of a measured window, from cumulative counters.
+
+    `completed()` returns the I/Os completed so far, reads and writes; `bytes_per_io`
+    the bytes one of each moves. `start(now)` opens the window; `poll(now)`, called
+    whenever convenient (see `sleep_sampling`), takes each sample that has fallen due:
+    per direction, the bytes (or I/Os) completed since the previous sample over the
+    time actually elapsed since it. Bandwidth samples fall every `bw_interval`
+    seconds from the start, IOPS samples every `iops_interval`. An interval still
+    running when the window ends gives no sample: whoever ends the window polls at
+    its end, so that a sample due exactly then counts.
+    """
+
+    def __init__(
+        self,
+        completed: Callable[[], tuple[int, int]],
+        bytes_per_io: tuple[int, int],
+        *,
+        bw_interval: float,
+        iops_interval: float,
+    ) -> None:
+        self._completed = completed
+        self._bw = _Track(bw_interval, (bytes_per_io[0] / 1024, bytes_per_io[1] / 1024))
+        self._iops = _Track(iops_interval, (1.0, 1.0))
+
+    def start(self, now: float) -> None:
+        """Open the window at `now` (perf_counter seconds), counting from what has completed."""
+        done = self._completed()
+        self._bw.begin(now, done)
+        self._iops.begin(now, done)
+
+    @property
+    def next_due(self) -> float:
+        """When the next sample falls due (perf_counter seconds)."""
+        return min(self._bw.due, self._iops.due)
+
+    def poll(self, now: float) -> None:
+        """Take the samples due by `now` (perf_counter seconds)."""
+        done: tuple[int, int] | None = None
+        for track in (self._bw, self._iops):
+            if now >= track.due - _SAMPLE_SLACK:
+                if done is None:
+                    done = self._completed()
+                track.sample(now, done)
+
+    def samples(self) -> tuple[RateSamples, RateSamples]:
+        """The samples taken so far: reads', writes'."""
+        bw, iops = self._bw.values, self._iops.values
+        return (
+            RateSamples(tuple(bw[0]), tuple(iops[0])),
+            RateSamples(tuple(bw[1]), tuple(iops[1])),
+        )
+
+
+async def sleep_sampling(
+    sampler: RateSampler,
+    start: float,
+    seconds: float,
+    stop: asyncio.Event | None,
+    stopped: Callable[[], bool],
+) -> None:
+    """Wait until `seconds` after `start` (perf_counter seconds), taking `sampler`'s samples
+    as they fall due; return early once `stopped()` is true or `stop` is set. The caller
+    then polls the sampler once more, at the time it ends the window."""
+    deadline = start + seconds
+    while not stopped() and not (stop is not None and stop.is_set()):
+        now = time.perf_counter()
+        sampler.poll(now)
+        left = deadline - now
+        if left <= 0:
+            return
+        await sleep_unless_set(min(left, _POLL, max(0.0, sampler.next_due - now)), stop)
+
+
 # -- results ------------------------------------------------------------------------------
 
 
@@ -312,6 +499,9 @@ class BenchResult:
     read_latency: LatencyHistogram
     write_latency: LatencyHistogram
     cpu: CpuUsage  # this process's usage over the measured window, as fio reports it
+    # Bandwidth and IOPS per sampling interval (Workload.bw_avg_time, iops_avg_time).
+    read_rates: RateSamples = RateSamples()
+    write_rates: RateSamples = RateSamples()
 
     @property
     def iops(self) -> float:
@@ -341,6 +531,8 @@ def _result(
     errors: int,
     error: str | None,
     cpu: CpuUsage,
+    read_rates: RateSamples,
+    write_rates: RateSamples,
 ) -> BenchResult:
     both = reads.copy()
     both.merge(writes)
@@ -359,13 +551,15 @@ def _result(
         read_latency=reads,
         write_latency=writes,
         cpu=cpu,
+        read_rates=read_rates,
+        write_rates=write_rates,
     )
 
 
 def merge_results(results: Sequence[BenchResult]) -> BenchResult:
     """One result from runs of the same workload (e.g. slices of a run interleaved with
     other runs): I/Os and time add up, latency distributions merge, CPU loads average
-    weighted by time, CPU usages (of disjoint windows) add up."""
+    weighted by time, CPU usages and per-interval samples (of disjoint windows) add up."""
     if not results:
         raise ValueError("no results to merge")
     elapsed = sum(r.elapsed for r in results)
@@ -393,6 +587,8 @@ def merge_results(results: Sequence[BenchResult]) -> BenchResult:
         errors=sum(r.errors for r in results),
         error=next((r.error for r in results if r.error), None),
         cpu=sum((r.cpu for r in results), CpuUsage()),
+        read_rates=sum((r.read_rates for r in results), RateSamples()),
+        write_rates=sum((r.write_rates for r in results), RateSamples()),
     )
 
 
@@ -520,6 +716,13 @@ async def run_workload(
     result covers the time measured until then, and the I/Os in flight complete.
     """
     run = _Run(device, workload)
+    # Sampled from the histograms' counts: the I/O path keeps no counter for it.
+    sampler = RateSampler(
+        lambda: (run.read_hist.count, run.write_hist.count),
+        (workload.bs, workload.bs),
+        bw_interval=workload.bw_avg_time,
+        iops_interval=workload.iops_avg_time,
+    )
     stride = _TABLE_LEN // workload.iodepth
     tasks = [
         asyncio.create_task(run.worker(n * stride), name=f"loadgen slot {n}")
@@ -541,15 +744,18 @@ async def run_workload(
         run.write_hist.reset()
         t0, cpu0, target0, system0 = clocks()
         usage0 = rusage()
-        await _sleep_unless_stopped(run, workload.runtime, stop)
+        sampler.start(t0)
+        await sleep_sampling(sampler, t0, workload.runtime, stop, lambda: run.stop)
         reads, writes = run.read_hist.copy(), run.write_hist.copy()
         t1, cpu1, target1, system1 = clocks()
+        sampler.poll(t1)  # no I/O completes between the copies and this: they agree
         usage1 = rusage()
     finally:
         run.stop = True
         await asyncio.gather(*tasks, return_exceptions=True)
     elapsed = t1 - t0
     per_second = 1 / elapsed if elapsed > 0 else 0.0
+    read_rates, write_rates = sampler.samples()
     return _result(
         workload,
         elapsed,
@@ -561,6 +767,8 @@ async def run_workload(
         errors=run.errors,
         error=run.error,
         cpu=cpu_usage(usage0, usage1, elapsed),
+        read_rates=read_rates,
+        write_rates=write_rates,
     )
 
 

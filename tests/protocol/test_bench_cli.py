@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import io
 import json
+import re
 import threading
 from collections.abc import Coroutine, Iterator
 from typing import Any
@@ -212,6 +213,34 @@ def test_human_output_has_fio_shape(
     assert "99.90th=[" in out
     assert "Run status group 0 (all jobs):" in out
     assert "READ: bw=" in out and "WRITE: bw=" in out
+    # fio's per-interval lines, for reads and for writes: 0.5 s holds one 500 ms interval.
+    assert len(re.findall(r"^   bw \(  [KM]iB/s\): min= *\d+, max= *\d+, per=", out, re.M)) == 2
+    assert len(re.findall(r"^   iops        : min= *\d+, max= *\d+, avg=", out, re.M)) == 2
+
+
+def test_json_has_fios_per_interval_samples(
+    target: BackgroundTarget, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 2 s at fio's default 500 ms intervals.
+    out = run_json(target, capsys, "--rw", "randread", "--iodepth", "4", "--runtime", "2")
+    [job] = out["jobs"]
+    read = job["read"]
+    for key in ("bw_min", "bw_max", "bw_samples", "iops_min", "iops_max", "iops_samples"):
+        assert isinstance(read[key], int), key
+    for key in ("bw_agg", "bw_mean", "bw_dev", "iops_mean", "iops_stddev"):
+        assert isinstance(read[key], float), key
+    assert 3 <= read["bw_samples"] <= 4 and 3 <= read["iops_samples"] <= 4
+    assert 0 < read["iops_min"] <= read["iops_mean"] <= read["iops_max"]
+    assert 0 < read["bw_min"] <= read["bw_mean"] <= read["bw_max"]
+    assert read["iops_stddev"] >= 0 and read["bw_dev"] >= 0
+    # The intervals' mean is the run's rate.
+    assert read["iops_mean"] == pytest.approx(read["iops"], rel=0.3)
+    assert read["bw_mean"] == pytest.approx(read["bw"], rel=0.3)
+    assert read["bw_agg"] == pytest.approx(100.0, abs=30)  # the only job: all the bandwidth
+    # No writes: no write samples (zeros, as fio prints them).
+    write = job["write"]
+    assert write["bw_samples"] == write["iops_samples"] == 0
+    assert write["bw_mean"] == write["iops_mean"] == write["bw_agg"] == 0.0
 
 
 def test_numjobs_uses_one_queue_per_job(

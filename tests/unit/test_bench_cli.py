@@ -1,4 +1,5 @@
-"""`pynvmf bench` (pynvmf.bench_cli): fio's cpu figures, and Ctrl-C reporting what was measured.
+"""`pynvmf bench` (pynvmf.bench_cli): fio's cpu figures and per-interval bandwidth and IOPS
+statistics, and Ctrl-C reporting what was measured.
 
 The live tests run the command's coroutine on the test's event loop against an
 in-process target; Ctrl-C is simulated by calling the handler the command gives
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import io
 import json
 import os
@@ -22,7 +24,7 @@ from typing import Any
 import pytest
 
 from pynvmf import bench_cli
-from pynvmf.bench.loadgen import CpuUsage, LatencyHistogram
+from pynvmf.bench.loadgen import CpuUsage, LatencyHistogram, SampleStats
 from pynvmf.bench_cli import JobResult, add_bench_command, fio_json, human_report
 from pynvmf.block.device import Buffer
 from pynvmf.block.memory import MemoryDevice
@@ -43,6 +45,31 @@ JOB_KEYS = {"jobname", "groupid", "error", "elapsed", "job options", "read", "wr
 CPU_KEYS = ("usr_cpu", "sys_cpu", "ctx", "majf", "minf")
 # Ceiling for a process's CPU percentages: every CPU of the machine busy.
 MAX_PERCENT = 100.0 * (os.cpu_count() or 1)
+# fio's per-direction figures of the per-interval samples, and their JSON types.
+RATE_KEYS: dict[str, type] = {
+    "bw_min": int,
+    "bw_max": int,
+    "bw_agg": float,
+    "bw_mean": float,
+    "bw_dev": float,
+    "bw_samples": int,
+    "iops_min": int,
+    "iops_max": int,
+    "iops_mean": float,
+    "iops_stddev": float,
+    "iops_samples": int,
+}
+# fio's lines of them in the human report (stat.c, show_ddir_status).
+BW_LINE = re.compile(
+    r"^   bw \(  [KM]iB/s\): min= *(\d+), max= *(\d+), per=(\d+\.\d\d)%, "
+    r"avg= *(\d+\.\d\d), stdev= *(\d+\.\d\d), samples=(\d+)$",
+    re.MULTILINE,
+)
+IOPS_LINE = re.compile(
+    r"^   iops        : min= *(\d+), max= *(\d+), avg= *(\d+\.\d\d), "
+    r"stdev= *(\d+\.\d\d), samples=(\d+)$",
+    re.MULTILINE,
+)
 
 
 class CountingDevice(MemoryDevice):
@@ -152,6 +179,24 @@ def check_cpu_keys(job: dict[str, Any]) -> None:
         assert isinstance(job[key], int) and job[key] >= 0, (key, job[key])
 
 
+def check_rate_keys(direction: dict[str, Any]) -> None:
+    """fio's per-interval keys, of fio's types, and consistent with each other."""
+    for key, kind in RATE_KEYS.items():
+        assert type(direction[key]) is kind, (key, direction[key])
+    for name, dev in (("bw", "bw_dev"), ("iops", "iops_stddev")):
+        low, mean, high = (
+            direction[f"{name}_min"],
+            direction[f"{name}_mean"],
+            direction[f"{name}_max"],
+        )
+        if direction[f"{name}_samples"]:
+            assert 0 < low <= mean <= high, (name, low, mean, high)
+        else:
+            assert low == high == mean == direction[dev] == 0  # as fio prints no samples
+        assert direction[dev] >= 0
+    assert 0.0 <= direction["bw_agg"] <= 100.0
+
+
 # -- cpu usage, live ---------------------------------------------------------------------------
 
 
@@ -215,6 +260,92 @@ async def test_cpu_usage_excludes_the_verify_prefill(
     assert cpu_seconds < burned / 2
 
 
+# -- per-interval samples, live ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("group", [False, True])
+async def test_json_reports_per_interval_samples(served: Served, group: bool) -> None:
+    extra = ("--group-reporting",) if group else ()
+    status, out, err = await bench(
+        served,
+        *("--runtime", "0.6", "--numjobs", "2", "--iodepth", "2", "--rw", "randrw"),
+        *("--bwavgtime", "200", "--iopsavgtime", "150", "-o", "json", *extra),
+    )
+    assert status == 0, err
+    jobs = json.loads(out)["jobs"]
+    assert len(jobs) == (1 if group else 2)
+    per_job = 2 if group else 1  # fio's group sums the jobs' sample counts
+    for job in jobs:
+        assert job["job options"]["bwavgtime"] == "200"
+        for which in ("read", "write"):
+            d = job[which]
+            check_rate_keys(d)
+            # 0.6 s measured: 3 bandwidth and 4 IOPS intervals end within it (a stall of
+            # the event loop longer than an interval on a busy machine would merge two).
+            assert 2 * per_job <= d["bw_samples"] <= 3 * per_job, d
+            assert 3 * per_job <= d["iops_samples"] <= 4 * per_job, d
+            # The mean rate of the intervals is the run's (the group's: fio sums the means).
+            assert d["iops_mean"] == pytest.approx(d["iops"], rel=0.3)
+            assert d["bw_mean"] == pytest.approx(d["bw_bytes"] / 1024, rel=0.3)
+            if group:
+                assert d["bw_agg"] == pytest.approx(100.0, abs=30)
+        check_rate_keys(job["trim"])
+        assert job["trim"]["bw_samples"] == job["trim"]["iops_samples"] == 0
+    if not group:
+        # Two jobs of a group of two: each had a share of about half the bandwidth.
+        shares = [job["read"]["bw_agg"] for job in jobs]
+        assert sum(shares) == pytest.approx(100.0, abs=30)
+
+
+async def test_human_report_has_fios_bw_and_iops_lines(served: Served) -> None:
+    status, out, err = await bench(
+        served, "--runtime", "0.6", "--numjobs", "2", "--rw", "randrw", "--bwavgtime", "200"
+    )
+    assert status == 0, err
+    bw_lines, iops_lines = BW_LINE.findall(out), IOPS_LINE.findall(out)
+    # Reads and writes of job0, job1 and all jobs.
+    assert len(bw_lines) == len(iops_lines) == 6
+    # job0's read and write, job1's, all jobs': 0.6 s holds 3 intervals of 200 ms (2 if a
+    # stall merged two), 1 of 500; fio's group counts the jobs' samples together.
+    bw_counts = [int(line[-1]) for line in bw_lines]
+    assert all(2 <= n <= 3 for n in bw_counts[:4]), bw_counts
+    assert bw_counts[4:] == [bw_counts[0] + bw_counts[2], bw_counts[1] + bw_counts[3]]
+    assert [int(line[-1]) for line in iops_lines] == [1, 1, 1, 1, 2, 2]
+    for low, high, _, avg, stdev, _ in bw_lines:
+        assert int(low) <= float(avg) <= int(high) and float(stdev) >= 0
+    # fio's order: a direction's lines follow its latency lines, before the next direction.
+    block = out[out.index("all jobs:") :]
+    assert (
+        block.index("  read: IOPS=")
+        < block.index("99.90th=[")
+        < block.index("   bw (")
+        < block.index("   iops        :")
+        < block.index("  write: IOPS=")
+        < block.rindex("   iops        :")
+        < block.index("  cpu          :")
+    )
+
+
+async def test_copy_samples_its_copies_as_writes(served: Served) -> None:
+    args = ("--runtime", "0.6", "--rw", "copy", "--bs", "4k", "--copy-ranges", "2")
+    status, out, err = await bench(served, *args, "--iopsavgtime", "200", "-o", "json")
+    assert status == 0, err
+    [job] = json.loads(out)["jobs"]
+    write = job["write"]
+    check_rate_keys(write)
+    check_rate_keys(job["read"])
+    assert job["read"]["bw_samples"] == job["read"]["iops_samples"] == 0
+    assert write["bw_samples"] == 1 and 2 <= write["iops_samples"] <= 3
+    copies_per_sec = job["pynvmf_copy"]["copies_per_sec"]
+    assert write["iops_mean"] == pytest.approx(copies_per_sec, rel=0.3)
+    assert write["bw_mean"] == pytest.approx(copies_per_sec * 8, rel=0.3)  # 8 KiB a copy
+    status, out, err = await bench(served, *args, "--iopsavgtime", "200")
+    assert status == 0, err
+    assert len(BW_LINE.findall(out)) == 1
+    assert [int(line[-1]) for line in IOPS_LINE.findall(out)] in ([2], [3])
+    assert out.index("lat (usec):") < out.index("   bw (") < out.index("    planner:")
+
+
 # -- cpu usage, formatting ---------------------------------------------------------------------
 
 
@@ -270,6 +401,90 @@ def test_human_report_cpu_line_is_fios() -> None:
     assert out.index("job1:") < out.index("usr=50.00%") < out.index("all jobs:")
 
 
+# -- per-interval samples, formatting ----------------------------------------------------------
+
+# JOB0 moved 12 KiB in 1 s, JOB1 12 KiB in 2 s: the group, 24 KiB over the longest 2 s.
+RATED0 = dataclasses.replace(
+    JOB0, read_bw=SampleStats.of([2, 4, 6]), read_iops=SampleStats.of([1, 1, 4])
+)
+RATED1 = dataclasses.replace(JOB1, read_bw=SampleStats.of([1, 2, 3]), read_iops=SampleStats.of([3]))
+
+
+def test_fio_json_has_fios_per_interval_keys() -> None:
+    jobs = fio_json([RATED0, RATED1], {"rw": "randread"}, group=False)["jobs"]
+    for job in jobs:
+        for which in ("read", "write", "trim"):
+            check_rate_keys(job[which])
+    read = jobs[0]["read"]
+    assert {k: read[k] for k in RATE_KEYS} == {
+        "bw_min": 2,
+        "bw_max": 6,
+        "bw_agg": pytest.approx(4 / 12 * 100),  # its mean over the group's 12 KiB/s
+        "bw_mean": 4.0,
+        "bw_dev": 2.0,
+        "bw_samples": 3,
+        "iops_min": 1,
+        "iops_max": 4,
+        "iops_mean": 2.0,
+        "iops_stddev": pytest.approx(3**0.5),
+        "iops_samples": 3,
+    }
+    assert jobs[1]["read"]["bw_agg"] == pytest.approx(2 / 12 * 100)
+    assert jobs[1]["read"]["iops_stddev"] == 0.0  # one sample: no deviation, as fio
+    assert jobs[1]["write"]["bw_samples"] == 0 and jobs[1]["write"]["bw_agg"] == 0.0
+
+
+def test_group_adds_the_jobs_rates_up_as_fio() -> None:
+    [job] = fio_json([RATED0, RATED1], {"rw": "randread"}, group=True)["jobs"]
+    read = job["read"]
+    assert (read["bw_min"], read["bw_max"], read["bw_mean"], read["bw_samples"]) == (3, 9, 6.0, 6)
+    assert read["bw_dev"] == pytest.approx(((8 + 2) / 5) ** 0.5)  # fio: sqrt(sum S / (n - 1))
+    assert read["bw_agg"] == pytest.approx(50.0)
+    assert (read["iops_min"], read["iops_max"], read["iops_mean"]) == (4, 7, 5.0)
+    assert read["iops_samples"] == 4
+    # A job without samples adds nothing: fio's group of one job with samples is that job.
+    [alone] = fio_json([RATED0, JOB1], {"rw": "randread"}, group=True)["jobs"]
+    assert (alone["read"]["bw_min"], alone["read"]["bw_samples"]) == (2, 3)
+
+
+def test_human_report_rate_lines_are_fios() -> None:
+    plan = bench_cli._plan(parse("-a", "127.0.0.1", "-n", NQN))
+    out = human_report([RATED0, RATED1], plan)
+    assert (
+        "   bw (  KiB/s): min=    2, max=    6, per=33.33%, avg= 4.00, stdev= 2.00, samples=3\n"
+        "   iops        : min=    1, max=    4, avg= 2.00, stdev= 1.73, samples=3\n"
+        "  cpu          : usr=25.00%"
+    ) in out
+    assert (
+        "   bw (  KiB/s): min=    3, max=    9, per=50.00%, avg= 6.00, stdev= 1.41, samples=6\n"
+    ) in out
+    assert "   iops        : min=    3, max=    3, avg= 3.00, stdev= 0.00, samples=1\n" in out
+    # No samples (JOB0, JOB1 without any): no lines, as fio prints none.
+    assert "   bw (" not in human_report([JOB0, JOB1], plan)
+    assert "   iops " not in human_report([JOB0, JOB1], plan)
+
+
+def test_human_report_shows_mib_above_a_gib_per_second() -> None:
+    lines = bench_cli.rate_lines(SampleStats.of([2_000_000, 2_200_000]), SampleStats(), 100.0)
+    assert lines == [
+        "   bw (  MiB/s): min= 1953, max= 2148, per=100.00%, avg=2050.78, stdev=138.11, samples=2"
+    ]
+
+
+def test_sampling_intervals_are_fios_options() -> None:
+    plan = bench_cli._plan(parse("-a", "127.0.0.1", "-n", NQN))
+    assert (plan.bw_avg_time, plan.iops_avg_time) == (0.5, 0.5)  # fio's 500 ms
+    args = parse("-a", "127.0.0.1", "-n", NQN, "--bwavgtime", "250", "--iopsavgtime", "1000")
+    plan = bench_cli._plan(args)
+    assert (plan.bw_avg_time, plan.iops_avg_time) == (0.25, 1.0)
+    options = bench_cli._job_options(args)
+    assert (options["bwavgtime"], options["iopsavgtime"]) == ("250", "1000")
+    assert "bwavgtime" not in bench_cli._job_options(parse("-a", "127.0.0.1", "-n", NQN))
+    for bad in ("0", "-5", "0.5"):
+        with pytest.raises(SystemExit):
+            parse("-a", "127.0.0.1", "-n", NQN, "--bwavgtime", bad)
+
+
 # -- Ctrl-C ------------------------------------------------------------------------------------
 
 
@@ -312,6 +527,11 @@ async def test_ctrl_c_reports_the_time_measured(
             assert ios > 0 and iops > 0
             # The rates are over the time measured, not over the runtime asked for.
             assert iops == pytest.approx(ios / (job["job_runtime"] / 1000), rel=0.05)
+            # Per-interval samples: whole 500 ms intervals of the time measured only.
+            for which in ("read", "write"):
+                check_rate_keys(job[which])
+                for key in ("bw_samples", "iops_samples"):
+                    assert job[which][key] * 500 <= job["job_runtime"] + 2
     else:
         assert "Run status group 0 (all jobs):" in out
         runs = [int(ms) for ms in re.findall(r"run=(\d+)-\d+msec", out)]

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import os
 import random
 import resource
+import statistics
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -20,7 +23,15 @@ from pynvmf.bench import (
     run_remote,
     run_workload,
 )
-from pynvmf.bench.loadgen import CpuUsage, bucket_bounds, bucket_index, cpu_usage
+from pynvmf.bench.loadgen import (
+    CpuUsage,
+    RateSampler,
+    RateSamples,
+    SampleStats,
+    bucket_bounds,
+    bucket_index,
+    cpu_usage,
+)
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.target.server import Port, Target
 from pynvmf.target.subsystem import Namespace, Subsystem
@@ -83,6 +94,9 @@ def test_workload_validation() -> None:
         {"rwmixread": 101},
         {"runtime": 0},
         {"size": 0},
+        {"bw_avg_time": 0},
+        {"iops_avg_time": -0.5},
+        {"iops_avg_time": math.inf},
     ):
         with pytest.raises(ValueError):
             Workload(**bad)  # type: ignore[arg-type]
@@ -240,3 +254,184 @@ def test_cpu_usage_between_two_samples() -> None:
     twice = usage + usage
     assert (twice.wall, twice.ctx, twice.majf, twice.minf) == (4.0, 50, 2, 80)
     assert twice.usr_percent == pytest.approx(usage.usr_percent)
+
+
+# -- per-interval samples ----------------------------------------------------------------------
+
+
+class Completed:
+    """Cumulative counters a RateSampler reads: I/Os completed, reads and writes."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.writes = 0
+
+    def __call__(self) -> tuple[int, int]:
+        return self.reads, self.writes
+
+
+def test_sampler_rates_are_over_each_interval_actually_elapsed() -> None:
+    done = Completed()
+    sampler = RateSampler(done, (4096, 8192), bw_interval=0.5, iops_interval=0.25)
+    sampler.start(100.0)
+    assert sampler.next_due == 100.25
+    done.reads, done.writes = 100, 50
+    sampler.poll(100.125)  # nothing due yet
+    assert sampler.samples() == (RateSamples(), RateSamples())
+    sampler.poll(100.25)  # IOPS due: 100 reads, 50 writes in 0.25 s
+    done.reads, done.writes = 300, 100
+    sampler.poll(100.5)  # both due: IOPS over the last 0.25 s, bandwidth over 0.5 s
+    reads, writes = sampler.samples()
+    assert reads.iops == (400, 800) and writes.iops == (200, 200)
+    assert reads.bw == (300 * 4 * 2,) and writes.bw == (100 * 8 * 2,)  # KiB/s
+    assert sampler.next_due == 100.75
+
+
+def test_sampler_keeps_to_its_grid_and_skips_what_it_overslept() -> None:
+    done = Completed()
+    sampler = RateSampler(done, (1024, 1024), bw_interval=0.5, iops_interval=0.5)
+    sampler.start(0.0)
+    done.reads = 75
+    sampler.poll(0.75)  # late: one sample over the 0.75 s elapsed, the next due at 1.0
+    assert sampler.samples()[0].iops == (100,)
+    assert sampler.next_due == 1.0
+    done.reads = 100
+    sampler.poll(1.0)  # on time again: 25 I/Os over 0.25 s
+    done.reads = 400
+    sampler.poll(2.5)  # a stall of several intervals makes one sample, not several
+    assert sampler.samples()[0].iops == (100, 100, 200)
+    assert sampler.next_due == 3.0
+
+
+def test_sampler_skips_idle_directions_and_unfinished_intervals() -> None:
+    done = Completed()
+    sampler = RateSampler(done, (4096, 4096), bw_interval=0.5, iops_interval=0.5)
+    sampler.start(10.0)
+    done.reads = 10
+    sampler.poll(10.4995)  # within the slack of the due time: a timer firing a hair early
+    done.reads = 20
+    sampler.poll(10.75)  # the window ends mid-interval: no sample for it
+    reads, writes = sampler.samples()
+    assert len(reads.iops) == len(reads.bw) == 1
+    # As fio: a direction that completed nothing in an interval gets no sample for it.
+    assert writes == RateSamples()
+
+
+def test_sample_stats_are_fios() -> None:
+    assert SampleStats.of([]) == SampleStats(0, 0, 0, 0.0, 0.0)
+    assert SampleStats.of([]).stddev == 0.0 and SampleStats.of([7]).stddev == 0.0
+    values = [3, 5, 4, 10]
+    stats = SampleStats.of(values)
+    assert (stats.samples, stats.min_val, stats.max_val, stats.mean) == (4, 3, 10, 5.5)
+    assert stats.stddev == pytest.approx(statistics.stdev(values))  # n - 1, as fio
+    # group_reporting: fio adds the jobs' figures up; a job without samples adds nothing.
+    other = SampleStats.of([1, 2, 3])
+    both = stats.group_sum(other)
+    assert (both.samples, both.min_val, both.max_val, both.mean) == (7, 4, 13, 7.5)
+    assert both.ss == pytest.approx(stats.ss + other.ss)
+    assert both.stddev == pytest.approx(math.sqrt((stats.ss + other.ss) / 6))
+    assert stats.group_sum(SampleStats()) == stats == SampleStats().group_sum(stats)
+
+
+class PacedDevice(MemoryDevice):
+    """A MemoryDevice whose reads take `fast` seconds for `fast_for` seconds after the end of
+    the ramp (`ramp` seconds after the first I/O) and `slow` seconds after that; during the
+    ramp they only yield, so ramp I/Os would stand out in any sample that counted them."""
+
+    def __init__(self, ramp: float, fast_for: float, fast: float, slow: float) -> None:
+        super().__init__(1024 * 1024)
+        self.ramp, self.fast_for, self.fast, self.slow = ramp, fast_for, fast, slow
+        self.first: float | None = None
+
+    async def read(self, lba: int, buf: memoryview) -> None:
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        since = now - self.first - self.ramp
+        if since < 0:
+            await asyncio.sleep(0)
+        else:
+            await asyncio.sleep(self.fast if since < self.fast_for else self.slow)
+        await super().read(lba, buf)
+
+
+async def test_samples_follow_the_devices_speed_within_the_measured_window() -> None:
+    iodepth, fast, slow = 4, 0.001, 0.004
+    device = PacedDevice(ramp=0.2, fast_for=0.5, fast=fast, slow=slow)
+    w = Workload(
+        "randread",
+        bs=4096,
+        iodepth=iodepth,
+        runtime=1.0,
+        ramp_time=0.2,
+        bw_avg_time=0.25,
+        iops_avg_time=0.2,
+    )
+    res = await run_workload(device, w)
+    assert res.error is None
+    rates = res.read_rates
+    # One sample per whole interval measured: every interval ends within the window.
+    assert w.runtime / 0.25 <= len(rates.bw) <= res.elapsed / 0.25 + 0.01
+    assert w.runtime / 0.2 <= len(rates.iops) <= res.elapsed / 0.2 + 0.01
+    assert res.write_rates == RateSamples()  # no writes, no write samples (not zeros)
+    iops, bw = SampleStats.of(rates.iops), SampleStats.of(rates.bw)
+    for stats in (iops, bw):
+        assert 0 < stats.min_val <= stats.mean <= stats.max_val
+        assert stats.stddev >= 0
+    # No ramp I/O (hundreds of times faster) leaked in: each slot's reads take `fast` at least.
+    assert iops.max_val <= iodepth / fast * 1.1
+    # The samples see the device slow down half-way: rates per interval, not running means.
+    assert rates.iops[0] > 1.5 * rates.iops[-1]
+    assert rates.iops[-1] <= iodepth / slow * 1.1
+    # The samples agree with the run's own rates (4 KiB per I/O).
+    assert iops.mean == pytest.approx(res.read.iops, rel=0.3)
+    assert bw.mean == pytest.approx(res.read.iops * 4, rel=0.3)
+
+
+class StoppingDevice(MemoryDevice):
+    """Reads take `delay` seconds; `stop` is set once `stop_after` have completed."""
+
+    def __init__(self, stop: asyncio.Event, stop_after: int, delay: float) -> None:
+        super().__init__(1024 * 1024)
+        self.stop, self.stop_after, self.delay = stop, stop_after, delay
+        self.completed = 0
+
+    async def read(self, lba: int, buf: memoryview) -> None:
+        await asyncio.sleep(self.delay)
+        await super().read(lba, buf)
+        self.completed += 1
+        if self.completed == self.stop_after:
+            self.stop.set()
+
+
+async def test_a_run_stopped_early_keeps_the_whole_intervals_it_measured() -> None:
+    stop = asyncio.Event()
+    # About 0.4 s at 4 x 1 ms per read: a few 0.1 s intervals, then a stop mid-interval.
+    device = StoppingDevice(stop, stop_after=1500, delay=0.001)
+    w = Workload("randread", bs=4096, iodepth=4, runtime=600, ramp_time=0, iops_avg_time=0.1)
+    res = await asyncio.wait_for(run_workload(device, w, stop=stop), timeout=60)
+    assert res.error is None and res.elapsed < 30
+    samples = res.read_rates.iops
+    assert 1 <= len(samples) <= res.elapsed / 0.1 + 0.01
+    # The unfinished interval gives no sample: the samples account for the I/Os of whole
+    # intervals only, fewer than the run's.
+    assert sum(samples) * 0.1 <= res.read.ios * 1.02
+    assert len(res.read_rates.bw) <= res.elapsed / 0.5 + 0.01
+
+
+async def test_a_run_shorter_than_an_interval_has_no_samples() -> None:
+    w = Workload("randrw", bs=4096, iodepth=2, runtime=0.1, ramp_time=0)
+    res = await run_workload(MemoryDevice(1024 * 1024), w)
+    assert res.read.ios > 0 and res.write.ios > 0
+    assert res.read_rates == res.write_rates == RateSamples()
+    assert SampleStats.of(res.read_rates.iops) == SampleStats()
+
+
+async def test_merged_results_keep_every_slices_samples() -> None:
+    w = Workload("randwrite", bs=4096, iodepth=2, runtime=0.1, ramp_time=0)
+    a = await run_workload(MemoryDevice(1024 * 1024), w)
+    a = dataclasses.replace(a, write_rates=RateSamples((10, 20), (3,)))
+    b = dataclasses.replace(a, write_rates=RateSamples((30,), (4, 5)))
+    merged = merge_results([a, b])
+    assert merged.write_rates == RateSamples((10, 20, 30), (3, 4, 5))
+    assert merged.read_rates == RateSamples()
