@@ -9,6 +9,16 @@ even when sources and the destination overlap: every source is read before any
 destination block it overlaps is written (the result of reading all sources
 first), so the outcome never depends on the order in which ranges are processed.
 
+"On the destination device" is about storage, not objects: two objects may be the same
+storage (two FileDevices on one file, two RemoteNamespaces for one namespace reached
+through two controllers, a LinearDevice whose segments lie on the destination). A
+source object that is the destination object is compared by LBA; any other source is
+compared with the destination by what each device says its storage is
+(`storage_extents`: the `medium` of a `KnownMedium`, the segments of a `MappedDevice`,
+else the object itself), byte ranges on the same storage key being what overlaps. A
+native copy (`copy_within`) is still a method of the destination: only a source that is
+the destination object itself can use it.
+
 Decision rules, per source range, in order of preference:
 
 1. Staged: a source on the destination device that overlaps the destination range
@@ -21,8 +31,8 @@ Decision rules, per source range, in order of preference:
    cannot). Consecutive offloaded ranges are batched into requests that fit
    the destination's `copy_limits`: a range longer than `max_range_blocks` is
    split, a batch is cut at `max_ranges` ranges and at `max_blocks` blocks.
-3. Native: the source is on the destination device and that device copies within
-   itself (`Capabilities.native_copy` and `NativeCopy`).
+3. Native: the source is the destination device (the same object) and that device
+   copies within itself (`Capabilities.native_copy` and `NativeCopy`).
 4. Emulated: read + write in chunks, any mix of devices.
 
 Once sources overlapping the destination are staged, no step reads a block another
@@ -36,7 +46,7 @@ of alternating between a read phase and a write phase.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -45,6 +55,9 @@ from pynvmf.block.device import (
     CopyLimits,
     CopyOffload,
     CopyPreparation,
+    KnownMedium,
+    MappedDevice,
+    Medium,
     NativeCopy,
     check_range,
 )
@@ -157,9 +170,16 @@ def _plan(
     native = dcaps.native_copy and _offers(dst, NativeCopy)
     offload = cast(CopyOffload, dst) if _offers(dst, CopyOffload) else None
     live = [s for s in sources if s.nblocks]
-    overlapping = [
-        s for s in live if s.device is dst and _overlaps(s.lba, s.nblocks, dst_lba, total)
-    ]
+    overlapping: list[SourceRange] = []
+    elsewhere: list[SourceRange] = []
+    for s in live:
+        if s.device is not dst:
+            elsewhere.append(s)
+        elif _overlaps(s.lba, s.nblocks, dst_lba, total):
+            # One object: its LBAs compare as they are (the common case, no lookups).
+            overlapping.append(s)
+    if elsewhere:
+        overlapping += _on_destination_storage(elsewhere, dst, dst_lba, total)
     # copy_within has memmove semantics: a single range copied natively needs no
     # staging (and must then be copied natively, whatever else the device offers).
     memmove_ids: set[int] = set()
@@ -230,6 +250,101 @@ def _can_offload(dst: CopyOffload, s: SourceRange, cache: dict[int, bool]) -> bo
     if key not in cache:
         cache[key] = dst.can_copy_from(s.device)
     return cache[key]
+
+
+# -- what storage a device is -------------------------------------------------------------------
+
+# A device's own storage when it cannot say (no `medium`, no `map_range`): the object.
+# Tagged, so that it cannot equal a key some `medium` returns; by id, since a device
+# type may define equality. The device is alive while its key is in use (a copy, a
+# LinearDevice's construction), so its id names it alone.
+_OBJECT = object()
+_BY_OBJECT, _BY_MEDIUM, _BY_MAP = 0, 1, 2
+_STORAGE_KIND: dict[type, int] = {}
+
+
+def _storage_kind(device: object) -> int:
+    """How `device` says what storage it is, remembered per type (as `_offers` does)."""
+    kind = _STORAGE_KIND.get(type(device))
+    if kind is None:
+        if isinstance(device, MappedDevice):
+            kind = _BY_MAP
+        elif isinstance(device, KnownMedium):
+            kind = _BY_MEDIUM
+        else:
+            kind = _BY_OBJECT
+        _STORAGE_KIND[type(device)] = kind
+    return kind
+
+
+# (keys, first byte, end byte): a range of a device with one medium, on that medium.
+_Piece = tuple[tuple[Hashable, ...], int, int]
+
+
+def _one_piece(device: BlockDevice, lba: int, nblocks: int) -> _Piece | None:
+    """Where [lba, lba + nblocks) of `device` is stored, unless `device` maps ranges
+    onto others (None): the shape nearly every device has, found without lists."""
+    kind = _storage_kind(device)
+    if kind == _BY_MAP:
+        return None
+    bs = device.capabilities.block_size
+    if kind == _BY_MEDIUM:
+        # A KnownMedium, by _storage_kind; not cast(): that is one more call per range.
+        medium: Medium = device.medium  # type: ignore[attr-defined]
+        start = medium.offset + lba * bs
+        return medium.keys, start, start + nblocks * bs
+    return ((_OBJECT, id(device)),), lba * bs, (lba + nblocks) * bs
+
+
+def storage_extents(device: BlockDevice, lba: int, nblocks: int) -> list[tuple[Hashable, int, int]]:
+    """The storage blocks [lba, lba + nblocks) of `device` are, as (key, first byte, end
+    byte) on the storage `key` names: one entry per key of each piece (a storage may
+    have several names, see `Medium`). Two devices' ranges are the same data where they
+    have a key in common and their byte ranges intersect."""
+    piece = _one_piece(device, lba, nblocks)
+    if piece is None:
+        # A MappedDevice (a LinearDevice, possibly over other LinearDevices): its pieces'
+        # storage, with their offsets, so a range that lies beside another on the same
+        # storage is not taken for an overlap.
+        return [
+            extent
+            for part in cast(MappedDevice, device).map_range(lba, nblocks)
+            for extent in storage_extents(part.device, part.start_lba, part.nblocks)
+        ]
+    keys, start, end = piece
+    return [(key, start, end) for key in keys]
+
+
+def _on_destination_storage(
+    sources: list[SourceRange], dst: BlockDevice, dst_lba: int, total: int
+) -> list[SourceRange]:
+    """The sources, on objects other than `dst`, that are storage the copy writes: the
+    destination under another name."""
+    found: list[SourceRange] = []
+    written = _one_piece(dst, dst_lba, total)
+    footprint: dict[Hashable, list[tuple[int, int]]] | None = None
+    for s in sources:
+        if written is not None:
+            src = _one_piece(s.device, s.lba, s.nblocks)
+            if src is not None:
+                # Both on one medium (nearly every copy): bytes first, and the keys
+                # (hashing, comparing) only if the bytes would overlap.
+                keys, lo, hi = written
+                src_keys, start, end = src
+                if start < hi and lo < end and any(k in keys for k in src_keys):
+                    found.append(s)
+                continue
+        if footprint is None:
+            footprint = {}
+            for key, lo, hi in storage_extents(dst, dst_lba, total):
+                footprint.setdefault(key, []).append((lo, hi))
+        if any(
+            start < hi and lo < end
+            for key, start, end in storage_extents(s.device, s.lba, s.nblocks)
+            for lo, hi in footprint.get(key, ())
+        ):
+            found.append(s)
+    return found
 
 
 # -- execution ----------------------------------------------------------------------------------

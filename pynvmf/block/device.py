@@ -7,7 +7,7 @@ probing the device type.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -128,6 +128,57 @@ class CopyPreparation(Protocol):
     async def prepare_copy(self, sources: Iterable[BlockDevice]) -> None:
         """Settle what copies from `sources` need. A refusal is not an error: it makes
         `can_copy_from` false for the sources concerned (their copies are emulated)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Medium:
+    """The storage a device's blocks are: block n of the device is the bytes from
+    `offset + n * block_size` on of the storage that `keys` name.
+
+    Devices whose media share a key are the same storage even as different objects (two
+    FileDevices on one file, two RemoteNamespaces for one namespace reached through two
+    controllers), and the copy planner treats them so. A storage may have several names
+    (a namespace: its NQN and NSID, its NGUID), any one of which another device may
+    share, so there are several keys and one in common is enough. A name that two
+    different storages share only costs a copy between them staging memory; a storage
+    whose devices do not share a name gets a copy between them corrupted: when in doubt,
+    a key should be coarser.
+    """
+
+    keys: tuple[Hashable, ...]
+    offset: int = 0  # in bytes
+
+
+@runtime_checkable
+class KnownMedium(Protocol):
+    """A device that can say what storage it is. A device that cannot (neither this nor
+    `MappedDevice`) is taken to be its own storage, shared with no other object."""
+
+    @property
+    def medium(self) -> Medium: ...
+
+
+class Extent(Protocol):
+    """`nblocks` blocks of `device` from `start_lba` on (a LinearDevice's Segment)."""
+
+    @property
+    def device(self) -> BlockDevice: ...
+
+    @property
+    def start_lba(self) -> int: ...
+
+    @property
+    def nblocks(self) -> int: ...
+
+
+@runtime_checkable
+class MappedDevice(Protocol):
+    """A device whose blocks are blocks of other devices (a LinearDevice): what storage
+    a range of it is depends on the range, so it has no single `medium`."""
+
+    def map_range(self, lba: int, nblocks: int) -> Sequence[Extent]:
+        """Where blocks [lba, lba + nblocks) live, in order: one extent per device piece."""
         ...
 
 

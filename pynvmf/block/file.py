@@ -29,7 +29,7 @@ import os
 import stat
 import struct
 
-from pynvmf.block.device import Buffer, Capabilities, check_range
+from pynvmf.block.device import Buffer, Capabilities, Medium, check_range
 from pynvmf.block.memory import _block_shift
 
 # linux/falloc.h
@@ -121,6 +121,7 @@ class FileDevice:
         "_fd",
         "_is_blockdev",
         "_mask",
+        "_medium",
         "_path",
         "_punch_ok",
         "_read_only",
@@ -169,6 +170,8 @@ class FileDevice:
             st = os.fstat(fd)
             if stat.S_ISBLK(st.st_mode):
                 is_blockdev = True
+                # The device number: every node and path of one block device has it.
+                medium = Medium((("blockdev", st.st_rdev),))
                 size = _blockdev_size(fd)
                 if size_bytes is not None:
                     if size_bytes > size:
@@ -179,6 +182,9 @@ class FileDevice:
                 size -= size % block_size
             elif stat.S_ISREG(st.st_mode):
                 is_blockdev = False
+                # The inode: every path (hard link, bind mount) to one file has it, and it
+                # is not reused while this descriptor holds the file open.
+                medium = Medium((("file", st.st_dev, st.st_ino),))
                 size = st.st_size
                 if size_bytes is not None and size < size_bytes:
                     if read_only:
@@ -204,6 +210,7 @@ class FileDevice:
         self._mask = block_size - 1
         self._size = size
         self._is_blockdev = is_blockdev
+        self._medium = medium
         self._read_only = read_only
         self._dsync = _RWF_DSYNC
         self._zero_range_ok = True
@@ -244,6 +251,12 @@ class FileDevice:
     @property
     def closed(self) -> bool:
         return self._fd < 0
+
+    @property
+    def medium(self) -> Medium:
+        """The file or block device this is (pynvmf.block.device.KnownMedium): another
+        FileDevice on it, under any path, is the same storage."""
+        return self._medium
 
     def fileno(self) -> int:
         """The open file descriptor (e.g. for sendfile); -1 once closed."""

@@ -12,11 +12,18 @@ and destination lie on one device that copies natively (a file, memory) or offlo
 between different devices are emulated. Whatever is decided is the planner's call,
 as everywhere else.
 
-Segments may not map overlapping blocks of one device: an alias would make two
+Segments may not map overlapping blocks of one storage: an alias would make two
 blocks of the linear device one, so concurrent writes to both would race, and the
 copy hazard analysis below relies on distinct linear blocks being distinct
-underlying blocks. (Aliasing through another layer, e.g. one segment on a device
-and another on a LinearDevice over that same device, cannot be detected.)
+underlying blocks. Storage, not objects: two segments alias if their devices say
+they are the same storage (`block.copy.storage_extents`: two FileDevices on one
+file, a LinearDevice over the other segment's device). With that, each block of
+storage is one (segment device, LBA), so the hazard analysis may compare devices by
+object. (Aliasing that no device can tell, e.g. a file and a loop device over it,
+cannot be detected.)
+
+A LinearDevice is a `MappedDevice`: `map_range` is what the copy planner uses to
+tell whether a copy's sources and destination are the same storage.
 """
 
 from __future__ import annotations
@@ -26,11 +33,18 @@ import bisect
 import dataclasses
 import errno
 import itertools
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Awaitable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from pynvmf.block.copy import STAGING_LIMIT, CopyReport, CopyTooLarge, SourceRange, copy
+from pynvmf.block.copy import (
+    STAGING_LIMIT,
+    CopyReport,
+    CopyTooLarge,
+    SourceRange,
+    copy,
+    storage_extents,
+)
 from pynvmf.block.device import (
     BlockDevice,
     Buffer,
@@ -404,16 +418,19 @@ class _Snapshot:
 
 
 def _check_no_alias(segments: Sequence[Segment]) -> None:
-    by_device: dict[int, list[tuple[int, int, int]]] = {}
+    # Byte ranges per storage key, so two objects on one storage are compared too.
+    by_storage: dict[Hashable, list[tuple[int, int, int]]] = {}
     for i, seg in enumerate(segments):
-        by_device.setdefault(id(seg.device), []).append((seg.start_lba, seg.nblocks, i))
-    for ranges in by_device.values():
+        for key, start, end in storage_extents(seg.device, seg.start_lba, seg.nblocks):
+            by_storage.setdefault(key, []).append((start, end, i))
+    for ranges in by_storage.values():
         ranges.sort()
-        for (a_lba, a_n, a_i), (b_lba, _b_n, b_i) in itertools.pairwise(ranges):
-            if b_lba < a_lba + a_n:
+        # Sorted by start, any overlap shows between neighbours too.
+        for (_a_start, a_end, a_i), (b_start, _b_end, b_i) in itertools.pairwise(ranges):
+            if b_start < a_end:
                 first, second = sorted((a_i, b_i))
                 raise ValueError(
-                    f"segments {first} and {second} map overlapping blocks of one device"
+                    f"segments {first} and {second} map overlapping blocks of one storage"
                 )
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import mmap
 
-from pynvmf.block.device import Buffer, Capabilities, check_range
+from pynvmf.block.device import Buffer, Capabilities, Medium, check_range
 
 _PAGE = mmap.PAGESIZE
 _PAGE_MASK = _PAGE - 1
@@ -35,7 +35,7 @@ def _block_shift(block_size: int) -> int:
 class MemoryDevice:
     """`size_bytes` of zeroed memory in blocks of `block_size` (a power of two >= 512)."""
 
-    __slots__ = ("_caps", "_map", "_mask", "_shift", "_size", "_view")
+    __slots__ = ("_caps", "_map", "_mask", "_medium", "_shift", "_size", "_view")
 
     def __init__(self, size_bytes: int, block_size: int = 512) -> None:
         shift = _block_shift(block_size)
@@ -57,6 +57,9 @@ class MemoryDevice:
         )
         self._map = mmap.mmap(-1, size_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         self._view = memoryview(self._map)
+        # A private mapping is no other device's storage: a key of its own. A token
+        # rather than the device itself, which would make device and key a cycle.
+        self._medium = Medium((object(),))
 
     def __repr__(self) -> str:
         c = self._caps
@@ -69,6 +72,11 @@ class MemoryDevice:
     @property
     def closed(self) -> bool:
         return self._map.closed
+
+    @property
+    def medium(self) -> Medium:
+        """Storage of its own, shared with no other device (block.device.KnownMedium)."""
+        return self._medium
 
     # -- I/O ---------------------------------------------------------------------
 

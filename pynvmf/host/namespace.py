@@ -17,10 +17,17 @@ no longer offered for offload and the planner emulates them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from pynvmf.block.device import BlockDevice, Buffer, Capabilities, CopyLimits, check_range
+from pynvmf.block.device import (
+    BlockDevice,
+    Buffer,
+    Capabilities,
+    CopyLimits,
+    Medium,
+    check_range,
+)
 from pynvmf.host.errors import NvmeConnectionError
 from pynvmf.spec import identify as I
 from pynvmf.spec.command import (
@@ -85,6 +92,7 @@ class RemoteNamespace:
         # The most blocks one Read or Write may move.
         self._max_blocks = max(1, min(controller.max_transfer // block_size, _MAX_NLB))
         self._closed = False
+        self._medium = _namespace_medium(controller.subnqn, nsid, identify)
 
     def __repr__(self) -> str:
         c = self._caps
@@ -97,6 +105,12 @@ class RemoteNamespace:
     @property
     def max_io_blocks(self) -> int:
         return self._max_blocks
+
+    @property
+    def medium(self) -> Medium:
+        """The namespace this is (pynvmf.block.device.KnownMedium): the same namespace
+        reached through another controller or connection is the same storage."""
+        return self._medium
 
     # -- I/O -------------------------------------------------------------------------------
 
@@ -368,6 +382,28 @@ def remote_namespace(
     if info.oncs & I.Oncs.COPY:
         return CopyingNamespace(controller, nsid, identify)
     return RemoteNamespace(controller, nsid, identify)
+
+
+def _namespace_medium(subnqn: str, nsid: int, identify: I.IdentifyNamespace) -> Medium:
+    """The storage a namespace is, by every name it has that another path may share.
+
+    Its NSID in its NVM subsystem's NQN is the name every controller of the subsystem
+    knows it by, and where the commands of an object holding it land, even a stale one
+    (a namespace deleted and another made with that NSID). Its NGUID and EUI64 are
+    names too, not parts of that one: a dispersed namespace (NVMe 2.0) keeps them in
+    every subsystem it belongs to. An all-zero NGUID or EUI64 is not reported, so not
+    a name. (The UUID is a name as well, but only the Namespace Identification
+    Descriptor list carries it, which this library does not ask for.) A duplicate NGUID
+    or EUI64 on different namespaces (some devices report one for all) makes copies
+    between them stage overlapping ranges: that costs memory (or refuses a copy over
+    the staging limit), never data.
+    """
+    keys: list[Hashable] = [("nvme-ns", subnqn, nsid)]
+    if any(identify.nguid):
+        keys.append(("nvme-nguid", bytes(identify.nguid)))
+    if any(identify.eui64):
+        keys.append(("nvme-eui64", bytes(identify.eui64)))
+    return Medium(tuple(keys))
 
 
 def _first_format(preference: tuple[int, ...], usable: int) -> int | None:

@@ -615,6 +615,52 @@ async def test_overlapping_sources_are_staged_and_match_the_model(
     assert report.commands == commands == rig.copy_commands
 
 
+@pytest.mark.parametrize("depth", [1, block_copy.EMULATION_DEPTH])
+@pytest.mark.parametrize(
+    ("ranges", "dst_lba", "staged"),
+    [
+        # One range moved forward by more than the emulation reads ahead: in chunks,
+        # later ones would read what earlier ones wrote.
+        ([(1, 0, 256)], 32, 256),
+        # Only the source overlapping the destination 120..280 is staged: not the one
+        # elsewhere in the namespace, nor the one in namespace 2 at overlapping LBAs.
+        ([(1, 5000, 64), (1, 100, 64), (2, 150, 32)], 120, 64),
+        # Apart in the namespace: nothing to stage.
+        ([(1, 1000, 64)], 0, 0),
+    ],
+    ids=["forward-shift", "mixed", "apart"],
+)
+async def test_one_namespace_through_two_controllers_is_one_storage(
+    rig: Rig,
+    sent: list[Sent],
+    ranges: list[tuple[int, int, int]],
+    dst_lba: int,
+    staged: int,
+    depth: int,
+) -> None:
+    a = await rig.connect()
+    b = await rig.connect()
+    # Namespace 1 as two objects, of two controllers (two associations) of one subsystem.
+    src_ns, dst = a.namespace(1), b.namespace(1)
+    assert src_ns is not dst and set(src_ns.medium.keys) & set(dst.medium.keys)
+    assert not set(a.namespace(2).medium.keys) & set(dst.medium.keys)
+    total = sum(n for _nsid, _lba, n in ranges)
+
+    report = await block_copy.copy(
+        sources_on({1: src_ns, 2: a.namespace(2)}, ranges),
+        dst,
+        dst_lba,
+        chunk_bytes=8 * BS,
+        depth=depth,
+    )
+
+    model_copy(rig.models, ranges, 1, dst_lba)
+    await rig.assert_matches_model()
+    # Another association: no Copy command can name the source, everything is emulated.
+    assert report == CopyReport(emulated_blocks=total, staged_blocks=staged)
+    assert copies(sent) == [] and rig.copy_commands == 0
+
+
 # -- errors ---------------------------------------------------------------------------------
 
 

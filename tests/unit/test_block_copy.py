@@ -32,6 +32,8 @@ from pynvmf.block.device import (
     CopyLimits,
     CopyOffload,
     CopyPreparation,
+    KnownMedium,
+    Medium,
     NativeCopy,
 )
 from pynvmf.block.file import FileDevice
@@ -337,6 +339,145 @@ async def test_overlap_with_a_source_on_another_device_is_not_staged() -> None:
     model_copy(models, sources, dst, 0)
     assert await contents(dst) == dst_model
     assert report == CopyReport(native_blocks=4, emulated_blocks=16, staged_blocks=0)
+
+
+# -- overlap through another object of the same storage ----------------------------------------
+
+# (sources as (lba, nblocks), dst_lba): ranges the processing order changes the result of.
+SAME_STORAGE_CASES = {
+    # One range, moved forward by more than the emulation pipeline reads ahead: chunks
+    # copied in order read what earlier chunks have already written.
+    "forward-shift": ([(0, 48)], 8),
+    "backward-shift": ([(8, 48)], 0),
+    **{name: (ranges, dst) for name, (ranges, dst, _naive) in OVERLAP_CASES.items()},
+}
+
+
+async def open_again(path: Path, how: str) -> FileDevice:
+    """A second FileDevice on the file at `path`: by the same path, through a hard link,
+    or read-only (a source need not be writable)."""
+    if how == "hard-link":
+        link = path.with_name(path.name + ".link")
+        os.link(path, link)
+        return FileDevice(link, BS)
+    return FileDevice(path, BS, read_only=how == "read-only")
+
+
+@pytest.mark.parametrize(
+    ("case", "how", "depth"),
+    [
+        *[(case, "same-path", d) for case in SAME_STORAGE_CASES for d in (1, 4)],
+        ("forward-shift", "hard-link", 4),
+        ("forward-shift", "read-only", 4),
+    ],
+)
+async def test_two_file_devices_on_one_file_are_one_storage(
+    tmp_path: Path, case: str, how: str, depth: int
+) -> None:
+    ranges, dst_lba = SAME_STORAGE_CASES[case]
+    path = tmp_path / "one.img"
+    dst, model = await file_device(path, 128, 50)
+    src = await open_again(path, how)
+    assert src is not dst and src.medium == dst.medium
+    sources = [SourceRange(src, lba, n) for lba, n in ranges]
+    # One model for both objects: they are one file.
+    models = {id(src): model, id(dst): model}
+    model_copy(models, sources, dst, dst_lba)
+
+    report = await block_copy.copy(sources, dst, dst_lba, chunk_bytes=2 * BS, depth=depth)
+
+    assert await contents(dst) == model
+    assert await contents(src) == model
+    total = sum(n for _lba, n in ranges)
+    overlapping = [n for lba, n in ranges if lba < dst_lba + total and dst_lba < lba + n]
+    assert overlapping  # every case has a source to stage
+    # copy_within is the destination object's: a source through another object is not
+    # copied natively, even on the same file.
+    assert report == CopyReport(emulated_blocks=total, staged_blocks=sum(overlapping))
+    await src.close()
+    await dst.close()
+    assert path.read_bytes() == model
+
+
+async def test_file_devices_on_different_files_are_not_one_storage(tmp_path: Path) -> None:
+    dst, dst_model = await file_device(tmp_path / "a.img", 64, 51)
+    other, other_model = await file_device(tmp_path / "b.img", 64, 52)
+    assert dst.medium != other.medium
+    # The same LBAs as the destination, on another file: nothing to stage.
+    sources = [SourceRange(other, 0, 16), SourceRange(other, 10, 8)]
+    report = await block_copy.copy(sources, dst, 4)
+    model_copy({id(dst): dst_model, id(other): other_model}, sources, dst, 4)
+    assert await contents(dst) == dst_model
+    assert report == CopyReport(emulated_blocks=24)
+    await dst.close()
+    await other.close()
+
+
+async def test_two_memory_devices_are_not_one_storage() -> None:
+    dst, dst_model = await memory(64, 53)
+    other, other_model = await memory(64, 54)
+    assert not set(dst.medium.keys) & set(other.medium.keys)
+    # Overlapping LBAs, two private mappings: no staging.
+    sources = [SourceRange(other, 0, 16), SourceRange(other, 4, 8)]
+    report = await block_copy.copy(sources, dst, 2)
+    model_copy({id(dst): dst_model, id(other): other_model}, sources, dst, 2)
+    assert await contents(dst) == dst_model
+    assert report.staged_blocks == 0 and report.emulated_blocks == 24
+
+
+class NamedDevice(SpyDevice):
+    """A SpyDevice that says it is the storage `keys`, from `offset` blocks on (only says:
+    its I/O goes to the device it wraps, at the LBAs it is given)."""
+
+    def __init__(self, inner: Device, keys: tuple[str, ...], offset: int = 0) -> None:
+        super().__init__(inner, native_copy=False)
+        self._medium = Medium(keys, offset * BS)
+
+    @property
+    def medium(self) -> Medium:
+        return self._medium
+
+
+@pytest.mark.parametrize(
+    ("dst_keys", "dst_offset", "src_keys", "src_offset", "src_lba", "staged"),
+    [
+        # One name in common is enough (a namespace's NQN + NSID, or its NGUID).
+        (("nqn:1", "nguid:a"), 0, ("nqn:2", "nguid:a"), 0, 14, 8),
+        (("nqn:1",), 0, ("nqn:2",), 0, 14, 0),
+        # Offsets translate LBAs to the storage: source LBA 20 is storage block 20, as
+        # is destination LBA 12 with its offset of 8 blocks.
+        (("disk",), 8, ("disk",), 0, 20, 8),
+        # The same LBAs, apart on the storage.
+        (("disk",), 0, ("disk",), 64, 14, 0),
+    ],
+    ids=["shared-key", "no-shared-key", "offsets-meet", "offsets-apart"],
+)
+async def test_media_with_a_key_in_common_overlap_at_their_offsets(
+    dst_keys: tuple[str, ...],
+    dst_offset: int,
+    src_keys: tuple[str, ...],
+    src_offset: int,
+    src_lba: int,
+    staged: int,
+) -> None:
+    storage, _model = await memory(128, 55)
+    dst = NamedDevice(storage, dst_keys, dst_offset)
+    src = NamedDevice(storage, src_keys, src_offset)
+    report = await block_copy.copy([SourceRange(src, src_lba, 8)], dst, 12)
+    assert report == CopyReport(emulated_blocks=8, staged_blocks=staged)
+
+
+async def test_a_device_that_does_not_say_is_its_own_storage() -> None:
+    dev, _model = await memory(64, 56)
+    spy = SpyDevice(dev)
+    assert not isinstance(spy, KnownMedium)
+    (extent,) = block_copy.storage_extents(spy, 3, 2)
+    _key, start, end = extent
+    assert (start, end) == (3 * BS, 5 * BS)
+    assert block_copy.storage_extents(SpyDevice(dev), 3, 2)[0][0] != extent[0]
+    # Another wrapper of the same memory is taken for another device: nothing tells.
+    report = await block_copy.copy([SourceRange(SpyDevice(dev), 0, 8)], spy, 4)
+    assert report.staged_blocks == 0
 
 
 # -- refusals: nothing written -----------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pynvmf.block.copy import CopyTooLarge, SourceRange, copy
+from pynvmf.block.copy import CopyTooLarge, SourceRange, copy, storage_extents
 from pynvmf.block.device import BlockDevice, BlockRangeError, Buffer, Capabilities, CopyOffload
 from pynvmf.block.file import FileDevice
 from pynvmf.block.linear import LinearDevice, Segment
@@ -531,3 +531,117 @@ async def test_random_copies_match_the_model(seed: int) -> None:
             await dev.copy_offload([(dev, lba, n) for lba, n in ranges], dst_lba)
         model_copy(model, ranges, dst_lba)
         assert await contents(dev) == model, (ranges, dst_lba)
+
+
+# -- copies: the same storage through other objects -------------------------------------------
+
+
+def storage_model(model: bytearray, src_block: int, dst_block: int, nblocks: int) -> None:
+    """A copy on the storage itself: read first, then written (blocks of the storage)."""
+    data = bytes(model[src_block * BS : (src_block + nblocks) * BS])
+    model[dst_block * BS : dst_block * BS + len(data)] = data
+
+
+@pytest.mark.parametrize("depth", [1, 4])
+@pytest.mark.parametrize(
+    ("src_lba", "file_block", "staged"),
+    [
+        # Linear 32.. is file block 0..: the source, file 0..24, overlaps file 8..32.
+        (32, 0, 24),
+        # Linear 0.. is file block 32..: LBAs that overlap as numbers, apart in the file.
+        (0, 32, 0),
+    ],
+    ids=["overlapping-in-the-file", "apart-in-the-file"],
+)
+async def test_source_on_a_linear_device_over_the_destinations_file(
+    tmp_path: Path, src_lba: int, file_block: int, staged: int, depth: int
+) -> None:
+    path = tmp_path / "one.img"
+    model = bytearray(blocks(64, seed=60))
+    path.write_bytes(model)
+    under, dst = FileDevice(path, BS), FileDevice(path, BS)  # two objects, one file
+    try:
+        src = LinearDevice([Segment(under, 32, 32), Segment(under, 0, 32)])
+        report = await copy(
+            [SourceRange(src, src_lba, 24)], dst, 8, chunk_bytes=2 * BS, depth=depth
+        )
+        storage_model(model, file_block, 8, 24)
+        buf = bytearray(64 * BS)
+        await dst.read(0, memoryview(buf))
+        assert buf == model
+        assert report.staged_blocks == staged and report.emulated_blocks == 24
+    finally:
+        under.close_sync()
+        dst.close_sync()
+
+
+@pytest.mark.parametrize("depth", [1, 4])
+@pytest.mark.parametrize(
+    ("src_lba", "staged"),
+    # Linear 40..56 is device 8..24: device 0..16 overlaps it, device 40..56 does not
+    # (though its LBAs are the destination's numbers).
+    [(0, 16), (40, 0)],
+    ids=["overlapping-on-the-device", "apart-on-the-device"],
+)
+async def test_destination_linear_device_over_the_source_device(
+    src_lba: int, staged: int, depth: int
+) -> None:
+    under = Spy(64)
+    model = bytearray(blocks(64, seed=61))
+    await under.write(0, model)
+    dst = LinearDevice([Segment(under, 32, 32), Segment(under, 0, 32)])
+    report = await copy([SourceRange(under, src_lba, 16)], dst, 40, chunk_bytes=2 * BS, depth=depth)
+    storage_model(model, src_lba, 8, 16)
+    assert await raw(under) == model
+    assert report.staged_blocks == staged
+    assert report.emulated_blocks == 16 and report.offloaded_blocks == 0
+
+
+async def test_two_linear_devices_over_one_device_are_one_storage() -> None:
+    under = Spy(64)
+    layout = [Segment(under, 40, 24), Segment(under, 0, 40)]
+    src, dst = LinearDevice(layout), LinearDevice(layout)
+    model = await filled(dst, seed=62)
+    report = await copy([SourceRange(src, 0, 30)], dst, 6, chunk_bytes=2 * BS, depth=1)
+    model_copy(model, [(0, 30)], 6)
+    assert await contents(dst) == model == await contents(src)
+    assert report.staged_blocks == 30
+
+
+def test_storage_extents_follow_linear_devices_down_to_the_devices() -> None:
+    a, b = MemoryDevice(64 * BS), MemoryDevice(64 * BS)
+    inner = LinearDevice([Segment(b, 10, 10), Segment(a, 0, 10)])
+    outer = LinearDevice([Segment(a, 30, 5), Segment(inner, 5, 15)])
+    (key_a,) = a.medium.keys
+    (key_b,) = b.medium.keys
+    # Outer 3..15: a 33..35, then inner 5..15 = b 15..20 and a 0..5.
+    assert storage_extents(outer, 3, 12) == [
+        (key_a, 33 * BS, 35 * BS),
+        (key_b, 15 * BS, 20 * BS),
+        (key_a, 0, 5 * BS),
+    ]
+
+
+@pytest.mark.parametrize(
+    "layout", ["two-objects-one-file", "through-a-linear-device", "nested-overlap"]
+)
+def test_segments_aliasing_through_other_objects_are_refused(tmp_path: Path, layout: str) -> None:
+    path = tmp_path / "one.img"
+    path.write_bytes(bytes(64 * BS))
+    fa, fb = FileDevice(path, BS), FileDevice(path, BS)
+    mem = MemoryDevice(64 * BS)
+    try:
+        if layout == "two-objects-one-file":
+            segments = [Segment(fa, 0, 16), Segment(fb, 8, 16)]
+        elif layout == "through-a-linear-device":
+            segments = [Segment(mem, 0, 16), Segment(LinearDevice([Segment(mem, 10, 4)]), 0, 4)]
+        else:
+            inner = LinearDevice([Segment(mem, 40, 8), Segment(mem, 0, 8)])
+            segments = [Segment(inner, 8, 8), Segment(mem, 4, 2)]
+        with pytest.raises(ValueError, match="segments 0 and 1 map overlapping blocks"):
+            LinearDevice(segments)
+        # Beside each other on the same storage is fine.
+        LinearDevice([Segment(fa, 0, 16), Segment(fb, 16, 16)])
+    finally:
+        fa.close_sync()
+        fb.close_sync()
