@@ -75,6 +75,7 @@ class Status(IntEnum):
 CMD_SIZE_LIMIT_EXCEEDED = 0x183  # Copy: more than MSSRL / MCL / MSRC
 ATTEMPTED_WRITE_TO_READ_ONLY = 0x182
 INCOMPATIBLE_NS_OR_FORMAT = 0x185  # Copy: a source namespace formatted unlike the destination
+OVERLAPPING_IO_RANGE = 0x187  # Copy formats 2/3: a source overlaps the destination
 
 
 # Names of the NVM command set's command specific codes, for I/O commands: the same
@@ -85,6 +86,8 @@ _NVM_COMMAND_SPECIFIC = {
     ATTEMPTED_WRITE_TO_READ_ONLY: "ATTEMPTED_WRITE_TO_READ_ONLY",
     CMD_SIZE_LIMIT_EXCEEDED: "CMD_SIZE_LIMIT_EXCEEDED",
     INCOMPATIBLE_NS_OR_FORMAT: "INCOMPATIBLE_NS_OR_FORMAT",
+    0x186: "FAST_COPY_NOT_POSSIBLE",
+    OVERLAPPING_IO_RANGE: "OVERLAPPING_IO_RANGE",
 }
 
 

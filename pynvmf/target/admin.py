@@ -21,7 +21,7 @@ from pynvmf.target.controller import (
     VERSION,
     Controller,
 )
-from pynvmf.target.limits import MAX_TRANSFER, MDTS, OCFS, copy_limits
+from pynvmf.target.limits import MAX_TRANSFER, MDTS, OCFS, copy_limits, reported_nn
 
 if TYPE_CHECKING:
     from pynvmf.target.queue import TargetQueue
@@ -184,7 +184,7 @@ def identify_controller(ctrl: Controller, queue: TargetQueue) -> I.IdentifyContr
         lpa=I.Lpa.CMD_EFFECTS | I.Lpa.EXTENDED_DATA,
         wctemp=343,
         cctemp=358,
-        nn=max(1024, subsystem.max_nsid),
+        nn=reported_nn(subsystem),
         oncs=I.Oncs.DSM | I.Oncs.WRITE_ZEROES | I.Oncs.COPY,
         ocfs=OCFS,
         vwc=I.Vwc.PRESENT | I.Vwc.FLUSH_BROADCAST_SUPPORTED,

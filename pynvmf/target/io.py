@@ -27,9 +27,10 @@ from pynvmf.spec.status import (
     CMD_SIZE_LIMIT_EXCEEDED,
     DNR,
     INCOMPATIBLE_NS_OR_FORMAT,
+    OVERLAPPING_IO_RANGE,
     Status,
 )
-from pynvmf.target.limits import COPY_FORMATS, MAX_TRANSFER, copy_limits
+from pynvmf.target.limits import COPY_FORMATS, MAX_TRANSFER, copy_limits, reported_nn
 
 if TYPE_CHECKING:
     from pynvmf.target.controller import Controller
@@ -208,14 +209,24 @@ class IoHandler:
         if any(r.nlb > limits.max_range_blocks for r in ranges) or total > limits.max_blocks:
             return CMD_SIZE_LIMIT_EXCEEDED | DNR, None
         sources = []
+        srcs = []
         for r in ranges:
             status, src = self._copy_source(ns, r, desfmt)
             if src is None:
                 return status, None
+            srcs.append(src)
             sources.append(block_copy.SourceRange(src.device, r.slba, r.nlb))
         sdlba = sqe.cdw10 | sqe.cdw11 << 32
         if sdlba + total > ns.num_blocks:
             return Status.LBA_OUT_OF_RANGE | DNR, None
+        if desfmt in (2, 3) and any(
+            src.device is ns.device and s.lba < sdlba + total and sdlba < s.lba + s.nblocks
+            for src, s in zip(srcs, sources, strict=True)
+        ):
+            # NVM Command Set 1.2: with formats 2h/3h a source range in the destination
+            # namespace must not overlap the destination (formats 0h/1h leave the result
+            # to the controller, and get the planner's read-all-sources-first result).
+            return OVERLAPPING_IO_RANGE | DNR, None
         fua = bool(cdw12 & RW_FUA) or not self.ctrl.volatile_write_cache
         await block_copy.copy(sources, ns.device, sdlba, fua=fua)
         self.stats.copy_cmds += 1
@@ -227,18 +238,18 @@ class IoHandler:
     ) -> tuple[int, Namespace | None]:
         """(status, source namespace) of one range of a Copy to `ns`; None if refused."""
         # Formats 0 and 1 have no source NSID: the source is the command's namespace.
-        src = ns if desfmt in (0, 1) else self._source_namespace(r.snsid)
-        if src is None:
+        if desfmt in (0, 1):
+            src: Namespace | None = ns
+        elif not 0 < r.snsid <= reported_nn(self.ctrl.subsystem):
+            # 0, FFFFFFFFh and NSIDs beyond NN name no namespace: Invalid Namespace or
+            # Format; a valid NSID with no namespace behind it is Invalid Field.
             return Status.INVALID_NS | DNR, None
+        else:
+            src = self.namespaces.get(r.snsid)
+            if src is None:
+                return Status.INVALID_FIELD | DNR, None
         if src.block_size != ns.block_size:
             return INCOMPATIBLE_NS_OR_FORMAT | DNR, None
         if r.slba + r.nlb > src.num_blocks:
             return Status.LBA_OUT_OF_RANGE | DNR, None
         return Status.SUCCESS, src
-
-    def _source_namespace(self, snsid: int) -> Namespace | None:
-        # 0 and FFFFFFFFh name no single namespace: a source NSID has no shorthand for
-        # "the destination's" or "all", so both are an invalid namespace (TP 4130).
-        if snsid in (0, NSID_ALL):
-            return None
-        return self.namespaces.get(snsid)

@@ -3,7 +3,12 @@ for each, so that what a host is told and what the target checks never drift apa
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pynvmf.block.device import CopyLimits
+
+if TYPE_CHECKING:
+    from pynvmf.target.subsystem import Subsystem
 
 MDTS = 8  # 2^8 pages of 4 KiB: 1 MiB per command
 MAX_TRANSFER = (1 << MDTS) * 4096
@@ -17,3 +22,13 @@ OCFS = sum(1 << f for f in COPY_FORMATS)  # Identify Controller's bit mask of th
 def copy_limits(block_size: int) -> CopyLimits:
     max_blocks = COPY_MAX_BYTES // block_size
     return CopyLimits(min(0xFFFF, max_blocks), max_blocks, COPY_MAX_RANGES)
+
+
+# Identify Controller NN: at least 1024, so hosts see room for namespaces added later.
+MIN_REPORTED_NN = 1024
+
+
+def reported_nn(subsystem: Subsystem) -> int:
+    """The Number of Namespaces (NN) a subsystem's controllers report: NSIDs 1..NN are
+    valid, and an NSID in that range with no namespace behind it is inactive."""
+    return max(MIN_REPORTED_NN, subsystem.max_nsid)

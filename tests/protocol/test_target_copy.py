@@ -41,6 +41,7 @@ pytestmark = pytest.mark.timeout(60)
 COPY = 0x19
 SC_CMD_SIZE_LIMIT_EXCEEDED = 0x183  # SCT 1h (command specific), SC 83h
 SC_INCOMPATIBLE_NS_OR_FORMAT = 0x185  # SCT 1h (command specific), SC 85h
+SC_OVERLAPPING_IO_RANGE = 0x187  # SCT 1h (command specific), SC 87h
 HOST_BEHAVIOR = 0x16  # Feature Identifier: Host Behavior Support
 HOST_BEHAVIOR_SIZE = 512
 CDFE_2_3 = 1 << 2 | 1 << 3  # CDFE bits enabling descriptor formats 2 and 3
@@ -417,16 +418,59 @@ async def test_mixed_source_namespaces_in_one_copy(ct: CopyTarget) -> None:
 
 
 @pytest.mark.parametrize("desfmt", [2, 3])
-@pytest.mark.parametrize("snsid", [0, 9, 0xFFFFFFFF], ids=["zero", "inactive", "broadcast"])
-async def test_source_namespace_that_names_none_is_invalid_namespace(
-    ct: CopyTarget, snsid: int, desfmt: int
+@pytest.mark.parametrize(
+    ("snsid", "status"),
+    [
+        (0, Status.INVALID_NS),
+        (0xFFFFFFFF, Status.INVALID_NS),
+        (1025, Status.INVALID_NS),  # beyond NN (1024): not a valid NSID
+        (9, Status.INVALID_FIELD),  # valid, but no namespace behind it (inactive)
+    ],
+    ids=["zero", "broadcast", "beyond-nn", "inactive"],
+)
+async def test_source_namespace_that_names_none_is_refused(
+    ct: CopyTarget, snsid: int, status: int, desfmt: int
 ) -> None:
-    """0 is not "the command's namespace" in these formats, nor FFFFFFFFh "all of them"."""
+    """NVM Command Set 1.2: an invalid SNSID, 0 or FFFFFFFFh is Invalid Namespace or
+    Format; an inactive one is Invalid Field in Command."""
     ranges = [Rng(0, 8, snsid=1), Rng(0, 8, snsid=snsid)]
     done = await copy(ct.io, 1, 100, ranges, desfmt)
-    assert_refused(done, Status.INVALID_NS)
+    assert_refused(done, status)
     await ct.assert_models()
     assert ct.reports == []
+
+
+@pytest.mark.parametrize("desfmt", [2, 3])
+@pytest.mark.parametrize(
+    ("ranges", "sdlba"),
+    [
+        ([Rng(0, 8, snsid=1), Rng(96, 8, snsid=1)], 100),  # ends inside the destination
+        ([Rng(0, 8, snsid=1), Rng(104, 2, snsid=1)], 100),  # inside it
+        ([Rng(90, 40, snsid=1)], 100),  # covers its start and end
+    ],
+    ids=["tail", "inside", "covers"],
+)
+async def test_formats_2_3_refuse_a_source_overlapping_the_destination(
+    ct: CopyTarget, ranges: list[Rng], sdlba: int, desfmt: int
+) -> None:
+    """With source NSIDs, overlap in the destination namespace is prohibited
+    (Overlapping I/O Range); formats 0/1 accept it (the overlap tests below)."""
+    done = await copy(ct.io, 1, sdlba, ranges, desfmt)
+    assert_refused(done, SC_OVERLAPPING_IO_RANGE)
+    await ct.assert_models()
+    assert ct.reports == []
+
+
+@pytest.mark.parametrize("desfmt", [2, 3])
+async def test_formats_2_3_same_lbas_in_another_namespace_do_not_overlap(
+    ct: CopyTarget, desfmt: int
+) -> None:
+    # Overlap means the same LBAs of the same namespace: LBAs 100.. of namespace 2 don't.
+    ranges = [Rng(100, 16, snsid=2), Rng(0, 4, snsid=1)]
+    done = await copy(ct.io, 1, 100, ranges, desfmt)
+    assert done.status == 0, done
+    ct.apply(1, 100, ranges)
+    await ct.assert_models()
 
 
 @pytest.mark.parametrize(
