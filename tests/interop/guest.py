@@ -129,7 +129,7 @@ _COMMAND_PORT = "pynvmf.cmd"
 # Per-request bound on script + stdin: the guest stages both in its RAM-backed /tmp.
 _MAX_REQUEST = 512 * 1024
 # Files up to this size travel over the command channel; larger ones over the network.
-_SERIAL_TRANSFER_MAX = 64 * 1024
+_CHANNEL_TRANSFER_MAX = 64 * 1024
 
 _KMOD_TOOLS = ("modprobe", "insmod", "rmmod", "lsmod", "depmod", "modinfo")
 
@@ -1096,7 +1096,7 @@ class Guest:
     # -- console -----------------------------------------------------------------------------
 
     def console_text(self) -> str:
-        """The whole serial log of this guest so far."""
+        """The whole log of this guest so far: kernel console and command channel."""
         try:
             return self.console_log.read_bytes().decode("utf-8", errors="replace")
         except OSError:
@@ -1191,10 +1191,11 @@ class Guest:
         """Create a file in the guest (bulk data travels over the network, not the console)."""
         raw = data.encode() if isinstance(data, str) else data
         q = shlex.quote(path)
-        if len(raw) <= _SERIAL_TRANSFER_MAX:
+        if len(raw) <= _CHANNEL_TRANSFER_MAX:
             self.run(f"cat > {q} && chmod {mode:o} {q}", timeout=timeout, input=raw)
             return
-        # Serial input runs at ~100 KB/s under TCG; user-mode networking at tens of MB/s.
+        # Each request is staged whole in the guest's /tmp and base64 doubles reads; user-mode
+        # networking streams bulk data at tens of MB/s.
         self._transfer(
             f"nc {self.host_address} {{port}} > {q} && chmod {mode:o} {q}"
             f' && test "$(stat -c %s {q})" = {len(raw)}',
@@ -1205,7 +1206,7 @@ class Guest:
     def read_file(self, path: str, timeout: float = 120) -> bytes:
         q = shlex.quote(path)
         size = int(self.run(f"stat -L -c %s {q}").output.strip())
-        if size <= _SERIAL_TRANSFER_MAX:
+        if size <= _CHANNEL_TRANSFER_MAX:
             out = self.run(f"base64 {q}", timeout=timeout).output
             return base64.b64decode("".join(out.split()))
         data = self._transfer(f"nc {self.host_address} {{port}} < {q}", send=None, timeout=timeout)

@@ -183,7 +183,7 @@ class LinuxTarget(TargetUnderTest):
 
     async def read_kernel_log(self) -> list[str]:
         """The kernel log lines logged since the previous call, also kept in kernel_log.
-        Clearing the ring buffer keeps what crosses the (slow) serial console small."""
+        Clearing the ring buffer keeps what crosses the guest's command channel small."""
         out = await self.run("dmesg -c")
         lines = [DMESG_PREFIX.sub("", line) for line in out.splitlines() if line.strip()]
         self.kernel_log.extend(lines)
