@@ -14,6 +14,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from pynvmf.spec import command as C
+from pynvmf.spec.identify import IocsVector
 from pynvmf.spec.logpages import ErrorLogEntry
 from pynvmf.spec.opcodes import FeatureId
 
@@ -32,8 +33,12 @@ AERL = 3  # 0's based: four Asynchronous Event Requests may be outstanding
 ERROR_LOG_ENTRIES = 64
 KAS_100MS = 10  # keep-alive granularity reported in Identify, 100 ms units
 
-# CAP: MQES, CQR (contiguous queues required), TO = 15 (7.5 s), CSS NVM (bit 37)
-CAP = (QUEUE_ENTRIES - 1) | 1 << 16 | 15 << 24 | 1 << 37
+# CAP: MQES, CQR (contiguous queues required), TO = 15 (7.5 s); CSS: the NVM command set
+# alone (CC.CSS 000b) or every I/O command set supported (110b, NVMe 2.0 hosts).
+CAP = (QUEUE_ENTRIES - 1) | 1 << 16 | 15 << 24 | C.CAP_CSS_NVM | C.CAP_CSS_IOCS
+# The I/O command set combinations (Identify CNS 1Ch), selected by index with the I/O
+# Command Set Profile feature: the NVM command set is the only one.
+IOCS_COMBINATIONS: tuple[int, ...] = (IocsVector.NVM,)
 
 
 class Controller:
@@ -57,8 +62,15 @@ class Controller:
         self.csts = 0
         self.queues: dict[int, TargetQueue] = {}
         self.io_queues = MAX_IO_QUEUES
-        self.aer: list[tuple[TargetQueue, Request]] = []
+        # Asynchronous Event Requests waiting for an event, and events waiting for one.
+        self.aer: deque[tuple[TargetQueue, Request]] = deque()
+        self.pending_events: deque[int] = deque()
+        # Log pages whose event was reported and not yet read: further events of the same
+        # log page stay quiet until the host reads it (without Retain Asynchronous Event).
+        self.masked_log_pages: set[int] = set()
         self.aen_config = 0
+        # I/O Command Set Profile: the index into IOCS_COMBINATIONS the host selected.
+        self.iocs_index = 0
         self.volatile_write_cache = True
         self.features: dict[int, int] = {
             FeatureId.ARBITRATION: 0,
@@ -116,6 +128,40 @@ class Controller:
         )
         self.destroy("keep-alive timeout")
 
+    # -- asynchronous events ------------------------------------------------------------
+
+    def park_event_request(self, queue: TargetQueue, req: Request) -> bool:
+        """Keep an Asynchronous Event Request until there is an event for it; False when
+        the host already has AERL + 1 outstanding."""
+        self.aer = deque(item for item in self.aer if not item[1].retired)
+        if len(self.aer) > AERL:
+            return False
+        # The host may take its identifier back without the request completing (SPDK
+        # completes its AERs itself when it detaches and reuses their CIDs).
+        req.reusable = True
+        self.aer.append((queue, req))
+        self._deliver_events()
+        return True
+
+    def notify(self, event_type: int, info: int, log_page: int) -> None:
+        """Raise an asynchronous event: the completion of an outstanding AER now, or of
+        the next one. Events of a log page the host has not read since are not repeated."""
+        if log_page in self.masked_log_pages or self.destroyed:
+            return
+        self.masked_log_pages.add(log_page)
+        self.pending_events.append(event_type & 0x7 | (info & 0xFF) << 8 | log_page << 16)
+        self._deliver_events()
+
+    def log_page_read(self, log_page: int) -> None:
+        self.masked_log_pages.discard(log_page)
+
+    def _deliver_events(self) -> None:
+        while self.pending_events and self.aer:
+            queue, req = self.aer.popleft()
+            if req.retired:
+                continue
+            queue.conn.complete(req, 0, self.pending_events.popleft())
+
     # -- errors -----------------------------------------------------------------------
 
     def record_error(self, sqid: int, req: Request, status: int) -> None:
@@ -152,6 +198,7 @@ class Controller:
         if self.subsystem.controllers.get(self.cntlid) is self:
             del self.subsystem.controllers[self.cntlid]
         self.aer.clear()
+        self.pending_events.clear()
         for queue in list(self.queues.values()):
             queue.close(reason)
         self.queues.clear()

@@ -56,10 +56,15 @@ class TransportConfig:
 class Request:
     """One command in flight on this connection."""
 
-    __slots__ = ("data", "length", "on_data", "received", "sqe", "ttag")
+    __slots__ = ("data", "length", "on_data", "received", "retired", "reusable", "sqe", "ttag")
 
     def __init__(self, sqe: Sqe) -> None:
         self.sqe = sqe
+        # A command that only waits for an event (an Asynchronous Event Request) holds no
+        # data and may be given up by the host: a new command with its CID retires it, and
+        # a retired command never completes.
+        self.reusable = False
+        self.retired = False
         # Host-to-controller data, once it has all arrived (in-capsule or via R2T).
         self.data: bytearray | None = None
         self.length = sqe.sgl_length
@@ -167,10 +172,16 @@ class TargetConnection(PduConnection):
         if not self.sqhd_disabled:
             self._sqhd = (self._sqhd + 1) % self.sq_size
         cid = sqe.cid
-        if cid in self._inflight:
-            self.complete(req, Status.CMDID_CONFLICT | DNR, track=False)
-            return
-        self._inflight[cid] = req
+        inflight = self._inflight
+        if cid in inflight:
+            old = inflight[cid]
+            if not old.reusable:
+                self.complete(req, Status.CMDID_CONFLICT | DNR, track=False)
+                return
+            # SPDK's host completes its outstanding AERs itself when it detaches and
+            # reuses their CIDs (the Linux and SPDK targets accept the new command).
+            old.retired = True
+        inflight[cid] = req
         if sqe.flags >> 6 not in (1, 2) or sqe.flags & FUSE_MASK:
             # Fabrics describe data with SGLs (PSDT 01b or 10b), never PRPs; and fused
             # operations are not supported (Identify FUSES is 0).
@@ -305,11 +316,11 @@ class TargetConnection(PduConnection):
         track: bool = True,
     ) -> None:
         """Send `data` (controller-to-host) if any, then the completion."""
-        if self.closing:
+        if self.closing or req.retired:
             return
         cid = req.sqe.cid
-        if track:
-            self._inflight.pop(cid, None)
+        if track and self._inflight.get(cid) is req:
+            del self._inflight[cid]
         if req.ttag >= 0 and self._r2t.get(req.ttag) is req:
             del self._r2t[req.ttag]
         out = self.outbox

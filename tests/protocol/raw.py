@@ -475,6 +475,13 @@ class RawQueue:
         self.send(self.capsule(sqe, in_capsule) if wire is None else wire)
         return fut
 
+    def abandon(self, cid: int) -> None:
+        """Forget a command in flight, as a host that completes it by itself does (SPDK
+        its AERs at detach): its CID may be sent again, and a completion for it that then
+        arrives belongs to the new command."""
+        pending = self._pending.pop(cid)
+        pending.fut.cancel()
+
     def _forget(self, cid: int, fut: asyncio.Future[Completion]) -> None:
         pending = self._pending.get(cid)
         if pending is not None and pending.fut is fut:

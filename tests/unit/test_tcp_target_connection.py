@@ -398,6 +398,31 @@ def test_duplicate_command_id_in_flight_is_a_conflict() -> None:
     assert len(h.requests) == 2
 
 
+def test_cid_of_a_reusable_command_may_be_taken_back_by_the_host() -> None:
+    """SPDK's host at detach: its AERs (CIDs 0..3 here) are outstanding when it sends a
+    Property Get with one of their CIDs; the new command runs and the old never completes."""
+    h = established()
+    h.conn.sq_size = 32
+    aers = []
+    for cid in range(4):
+        assert h.feed(h.capsule(C.build_sqe(AdminOpcode.ASYNC_EVENT_REQUEST, cid))) == []
+        aers.append(h.requests[-1])
+        aers[-1].reusable = True  # as the controller marks a parked AER
+    prop_get = C.build_sqe(AdminOpcode.FABRICS, 2, FabricsType.PROPERTY_GET, 0, C.PROP_CSTS)
+    assert h.feed(h.capsule(prop_get)) == []
+    new = h.requests[-1]
+    assert new.sqe.opcode == AdminOpcode.FABRICS and aers[2].retired
+    # The retired AER completing (an event arriving) sends nothing, and does not take
+    # the CID from the command now using it.
+    h.conn.complete(aers[2], Status.SUCCESS, 0x020002)
+    assert h.take() == []
+    h.conn.complete(new, Status.SUCCESS, C.CSTS_RDY)
+    cqe = only_resp(h.take())
+    assert (cqe.cid, cqe.status, cqe.result & 0xFFFFFFFF) == (2, Status.SUCCESS, C.CSTS_RDY)
+    # The other AERs are untouched.
+    assert not any(aer.retired for i, aer in enumerate(aers) if i != 2)
+
+
 # -- R2T and H2CData --------------------------------------------------------------------------
 
 
