@@ -207,7 +207,18 @@ PROP_CC = 0x14
 PROP_CSTS = 0x1C
 PROP_NSSR = 0x20
 
+# CAP.CSS (bits 44:37): the command sets CC.CSS may select.
+CAP_CSS_NVM = 1 << 37  # 000b: the NVM command set
+CAP_CSS_IOCS = 1 << 43  # 110b: every I/O command set the controller supports (NVMe 2.0)
+CAP_CSS_ADMIN_ONLY = 1 << 44  # 111b: no I/O command set
+
 CC_EN = 1 << 0
+CC_CSS_SHIFT = 4
+CC_MPS_SHIFT = 7
+CC_AMS_SHIFT = 11
+CC_CSS_NVM = 0b000
+CC_CSS_IOCS = 0b110
+CC_CSS_ADMIN_ONLY = 0b111
 CC_SHN_SHIFT = 14
 CC_SHN_MASK = 0x3 << CC_SHN_SHIFT
 CC_IOSQES_SHIFT = 16

@@ -1,4 +1,4 @@
-"""Identify data structures (NVMe Base 2.0, Identify command, CNS values 00h-03h).
+"""Identify data structures (NVMe Base 2.0 Identify: CNS 00h-03h, 05h, 06h, 08h, 1Ch).
 
 Pure wire formats: each structure packs to the exact 4096 bytes a controller returns and
 unpacks from them, so the target builds replies and the host parses them with the same code.
@@ -11,7 +11,7 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum, IntFlag
-from typing import Any, Protocol, Self
+from typing import Any, ClassVar, Protocol, Self
 
 Buffer = bytes | bytearray | memoryview
 
@@ -956,3 +956,158 @@ class NsIdList:
                 break
             nsids.append(nsid)
         return cls(nsids)
+
+
+# ---------------------------------------------------------------------------------------
+# NVMe 2.0's I/O command set model: structures a host reads once it selected every
+# supported I/O command set (CC.CSS = 110b), and that any NVMe 2.0 host may ask for.
+
+
+class _FixedLayout:
+    """A 4096-byte Identify structure made of fixed fields only (one layout table)."""
+
+    __slots__ = ()
+    LAYOUT: ClassVar[_Layout] = ()
+    SIZE = IDENTIFY_DATA_SIZE
+
+    def pack(self) -> bytes:
+        buf = bytearray(IDENTIFY_DATA_SIZE)
+        _put_fields(self, buf, self.LAYOUT)
+        return bytes(buf)
+
+    @classmethod
+    def unpack(cls, data: Buffer) -> Self:
+        _require(data, IDENTIFY_DATA_SIZE, cls.__name__)
+        return cls(**_get_fields(data, cls.LAYOUT))
+
+
+class Nstat(IntFlag):
+    """Namespace Status (CNS 08h)."""
+
+    READY = 1 << 0
+
+
+@dataclass(slots=True)
+class IdentifyNamespaceIndependent(_FixedLayout):
+    """I/O Command Set Independent Identify Namespace (CNS 08h)."""
+
+    nsfeat: int = 0
+    nmic: int = 0
+    rescap: int = 0
+    fpi: int = 0
+    anagrpid: int = 0
+    nsattr: int = 0
+    nvmsetid: int = 0
+    endgid: int = 0
+    nstat: int = 0
+
+    LAYOUT: ClassVar[_Layout] = (
+        ("nsfeat", 0, _U8),
+        ("nmic", 1, _U8),
+        ("rescap", 2, _U8),
+        ("fpi", 3, _U8),
+        ("anagrpid", 4, _U32),
+        ("nsattr", 8, _U8),
+        ("nvmsetid", 10, _U16),
+        ("endgid", 12, _U16),
+        ("nstat", 14, _U8),
+    )
+
+
+@dataclass(slots=True)
+class IdentifyControllerNvm(_FixedLayout):
+    """The NVM command set's I/O Command Set specific Identify Controller (CNS 06h, CSI 0).
+
+    Size limits are log2 of units of the minimum memory page size (4 KiB), 0 = no limit
+    beyond the command's own fields; DMRL is a count of ranges, DMRSL and DMSL blocks.
+    """
+
+    vsl: int = 0
+    wzsl: int = 0
+    wusl: int = 0
+    dmrl: int = 0
+    dmrsl: int = 0
+    dmsl: int = 0
+
+    LAYOUT: ClassVar[_Layout] = (
+        ("vsl", 0, _U8),
+        ("wzsl", 1, _U8),
+        ("wusl", 2, _U8),
+        ("dmrl", 3, _U8),
+        ("dmrsl", 4, _U32),
+        ("dmsl", 8, _U64),
+    )
+
+
+_ELBAF_OFFSET = 12
+_ELBAF = struct.Struct("<I")
+
+
+@dataclass(slots=True)
+class IdentifyNamespaceNvm:
+    """The NVM command set's I/O Command Set specific Identify Namespace (CNS 05h, CSI 0):
+    the storage tag mask, protection information capabilities and one extended LBA format
+    (storage tag size bits 6:0, protection information format bits 8:7) per LBA format."""
+
+    lbstm: int = 0
+    pic: int = 0
+    elbaf: list[int] = field(default_factory=list)
+
+    SIZE = IDENTIFY_DATA_SIZE
+    _HEAD = struct.Struct("<QB")
+
+    def pack(self) -> bytes:
+        if len(self.elbaf) > LBAF_MAX:
+            raise ValueError(f"IdentifyNamespaceNvm.elbaf holds at most {LBAF_MAX} formats")
+        buf = bytearray(IDENTIFY_DATA_SIZE)
+        self._HEAD.pack_into(buf, 0, self.lbstm, self.pic)
+        for i, value in enumerate(self.elbaf):
+            _ELBAF.pack_into(buf, _ELBAF_OFFSET + 4 * i, value)
+        return bytes(buf)
+
+    @classmethod
+    def unpack(cls, data: Buffer, formats: int = LBAF_MAX) -> Self:
+        """`formats`: how many ELBAF entries to read (the namespace's NLBAF + 1)."""
+        _require(data, IDENTIFY_DATA_SIZE, "Identify Namespace (NVM command set)")
+        lbstm, pic = cls._HEAD.unpack_from(data, 0)
+        count = min(formats, LBAF_MAX)
+        elbaf = [_ELBAF.unpack_from(data, _ELBAF_OFFSET + 4 * i)[0] for i in range(count)]
+        return cls(lbstm, pic, elbaf)
+
+
+IOCS_VECTORS = 512
+_IOCS_VECTOR = struct.Struct("<Q")
+
+
+class IocsVector(IntFlag):
+    """One I/O Command Set Vector: the command sets of one combination (bit = CSI)."""
+
+    NVM = 1 << Csi.NVM
+    KV = 1 << Csi.KV
+    ZNS = 1 << Csi.ZNS
+
+
+@dataclass(slots=True)
+class IoCommandSetList:
+    """I/O Command Set data structure (CNS 1Ch): the combinations a host may select with
+    the I/O Command Set Profile feature, by index; zero vectors after the last."""
+
+    vectors: list[int] = field(default_factory=list)
+
+    SIZE = IDENTIFY_DATA_SIZE
+
+    def pack(self) -> bytes:
+        if len(self.vectors) > IOCS_VECTORS:
+            raise ValueError(f"at most {IOCS_VECTORS} I/O command set combinations fit")
+        buf = bytearray(IDENTIFY_DATA_SIZE)
+        for i, vector in enumerate(self.vectors):
+            _IOCS_VECTOR.pack_into(buf, 8 * i, vector)
+        return bytes(buf)
+
+    @classmethod
+    def unpack(cls, data: Buffer) -> Self:
+        _require(data, IDENTIFY_DATA_SIZE, "I/O Command Set data structure")
+        vectors = [_IOCS_VECTOR.unpack_from(data, 8 * i)[0] for i in range(IOCS_VECTORS)]
+        while vectors and not vectors[-1]:
+            vectors.pop()
+        return cls(vectors)

@@ -68,6 +68,7 @@ class FeatureId(IntEnum):
     TIMESTAMP = 0x0E
     KATO = 0x0F
     HOST_BEHAVIOR = 0x16  # Host Behavior Support: a 512-byte structure, not a CDW11 value
+    IOCS_PROFILE = 0x19  # I/O Command Set Profile: an index into Identify CNS 1Ch
     HOST_ID = 0x81
 
 

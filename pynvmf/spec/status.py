@@ -51,6 +51,10 @@ class Status(IntEnum):
     FEATURE_NOT_SAVEABLE = 0x10D
     FEATURE_NOT_CHANGEABLE = 0x10E
     FEATURE_NOT_PER_NS = 0x10F
+    IOCS_NOT_SUPPORTED = 0x129
+    IOCS_NOT_ENABLED = 0x12A
+    IOCS_COMBINATION_REJECTED = 0x12B
+    INVALID_IOCS = 0x12C
     # Fabrics Connect (SCT 1, command specific to Connect)
     CONNECT_INCOMPATIBLE_FORMAT = 0x180
     CONNECT_CTRL_BUSY = 0x181
@@ -69,6 +73,8 @@ class Status(IntEnum):
     HOST_PATH_ERROR = 0x370
     HOST_ABORTED = 0x371
 
+
+IOCS_COMBINATION_REJECTED = Status.IOCS_COMBINATION_REJECTED
 
 # Command specific codes of the NVM command set share numbers with Connect's,
 # so they are plain constants rather than enum members (an IntEnum would alias them).

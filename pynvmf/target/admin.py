@@ -1,29 +1,48 @@
-"""Admin commands of I/O and discovery controllers."""
+"""Admin commands of I/O and discovery controllers.
+
+Dispatch follows the specification's tables: admin opcodes, Identify CNS values,
+feature identifiers and log page identifiers each map to one handler here, and the
+Commands Supported and Effects log is built from the same tables, so that what a
+host is told is supported is exactly what is dispatched.
+"""
 
 from __future__ import annotations
 
 import logging
 import math
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pynvmf import __version__
 from pynvmf.spec import identify as I
 from pynvmf.spec import logpages as L
 from pynvmf.spec.command import HOST_BEHAVIOR_SIZE, host_behavior_cdfe
-from pynvmf.spec.opcodes import NSID_ALL, AdminOpcode, FeatureId, IoOpcode
-from pynvmf.spec.status import DNR, Status
+from pynvmf.spec.opcodes import AdminOpcode, FeatureId
+from pynvmf.spec.status import DNR, IOCS_COMBINATION_REJECTED, Status
 from pynvmf.target.controller import (
     AERL,
     ERROR_LOG_ENTRIES,
+    IOCS_COMBINATIONS,
     KAS_100MS,
     QUEUE_ENTRIES,
     VERSION,
     Controller,
 )
-from pynvmf.target.limits import MAX_TRANSFER, MDTS, OCFS, copy_limits, reported_nn
+from pynvmf.target.io import IO_COMMANDS
+from pynvmf.target.limits import (
+    MAX_TRANSFER,
+    MDTS,
+    OCFS,
+    VERIFY_SIZE_LIMIT,
+    WRITE_ZEROES_SIZE_LIMIT,
+    copy_limits,
+    reported_nn,
+)
 
 if TYPE_CHECKING:
+    from pynvmf.spec.command import Sqe
     from pynvmf.target.queue import TargetQueue
     from pynvmf.target.subsystem import Namespace
     from pynvmf.tcp.target import Request
@@ -36,111 +55,193 @@ PENDING = None  # an Asynchronous Event Request completes later, not now
 
 FIRMWARE = __version__[:8]
 
-_SUPPORTED_ADMIN = (
-    AdminOpcode.GET_LOG_PAGE,
-    AdminOpcode.IDENTIFY,
-    AdminOpcode.ABORT,
-    AdminOpcode.SET_FEATURES,
-    AdminOpcode.GET_FEATURES,
-    AdminOpcode.ASYNC_EVENT_REQUEST,
-    AdminOpcode.KEEP_ALIVE,
-    AdminOpcode.FABRICS,
-)
-_LBA_CHANGING_IO = (
-    IoOpcode.WRITE,
-    IoOpcode.WRITE_ZEROES,
-    IoOpcode.DATASET_MANAGEMENT,
-    IoOpcode.COPY,
-)
-_SUPPORTED_IO = (IoOpcode.FLUSH, IoOpcode.READ, *_LBA_CHANGING_IO)
 # Optional asynchronous events a host may enable with Set Features (Async Event Config).
 _AEN_SUPPORTED_IO = I.Oaes.NS_ATTR
 _AEN_SUPPORTED_DISCOVERY = I.Oaes.DISCOVERY_CHANGE
 
 
 async def execute(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome | None:
-    sqe = req.sqe
-    opcode = sqe.opcode
-    if ctrl.is_discovery and opcode not in _DISCOVERY_ADMIN:
+    opcode = req.sqe.opcode
+    table = _DISCOVERY_ADMIN if ctrl.is_discovery else _ADMIN
+    command = table.get(opcode)
+    if command is None:
         return Status.INVALID_OPCODE | DNR, 0, None
-    if opcode == AdminOpcode.IDENTIFY:
-        return identify(ctrl, queue, req)
-    if opcode == AdminOpcode.GET_LOG_PAGE:
-        return get_log_page(ctrl, queue, req)
-    if opcode == AdminOpcode.KEEP_ALIVE:
-        return Status.SUCCESS, 0, None
-    if opcode == AdminOpcode.GET_FEATURES:
-        return get_features(ctrl, req)
-    if opcode == AdminOpcode.SET_FEATURES:
-        return await set_features(ctrl, queue, req)
-    if opcode == AdminOpcode.ASYNC_EVENT_REQUEST:
-        if len(ctrl.aer) > AERL:
-            return Status.ASYNC_EVENT_LIMIT | DNR, 0, None
-        ctrl.aer.append((queue, req))
-        return PENDING
-    if opcode == AdminOpcode.ABORT:
-        # Commands complete as soon as they can; report "not aborted" (DW0 bit 0).
-        return Status.SUCCESS, 1, None
-    return Status.INVALID_OPCODE | DNR, 0, None
+    return await command.handler(ctrl, queue, req)
 
 
-_DISCOVERY_ADMIN = (
-    AdminOpcode.IDENTIFY,
-    AdminOpcode.GET_LOG_PAGE,
-    AdminOpcode.KEEP_ALIVE,
-    AdminOpcode.GET_FEATURES,
-    AdminOpcode.SET_FEATURES,
-    AdminOpcode.ASYNC_EVENT_REQUEST,
-)
+AdminHandler = Callable[["Controller", "TargetQueue", "Request"], Awaitable[Outcome | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class AdminCommand:
+    handler: AdminHandler
+    effects: int = L.CmdEffects.CSUPP
+
+
+async def _identify(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
+    return identify(ctrl, queue, req)
+
+
+async def _get_log_page(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
+    return get_log_page(ctrl, queue, req)
+
+
+async def _keep_alive(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
+    return Status.SUCCESS, 0, None
+
+
+async def _get_features(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
+    return get_features(ctrl, req)
+
+
+async def _set_features(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
+    return await set_features(ctrl, queue, req)
+
+
+async def _async_event_request(
+    ctrl: Controller, queue: TargetQueue, req: Request
+) -> Outcome | None:
+    if not ctrl.park_event_request(queue, req):
+        return Status.ASYNC_EVENT_LIMIT | DNR, 0, None
+    return PENDING
+
+
+async def _abort(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
+    # Commands complete as soon as they can; report "not aborted" (DW0 bit 0).
+    return Status.SUCCESS, 1, None
+
+
+_ADMIN: dict[int, AdminCommand] = {
+    AdminOpcode.GET_LOG_PAGE: AdminCommand(_get_log_page),
+    AdminOpcode.IDENTIFY: AdminCommand(_identify),
+    AdminOpcode.ABORT: AdminCommand(_abort),
+    AdminOpcode.SET_FEATURES: AdminCommand(_set_features),
+    AdminOpcode.GET_FEATURES: AdminCommand(_get_features),
+    AdminOpcode.ASYNC_EVENT_REQUEST: AdminCommand(_async_event_request),
+    AdminOpcode.KEEP_ALIVE: AdminCommand(_keep_alive),
+}
+_DISCOVERY_ADMIN: dict[int, AdminCommand] = {
+    op: _ADMIN[op]
+    for op in (
+        AdminOpcode.IDENTIFY,
+        AdminOpcode.GET_LOG_PAGE,
+        AdminOpcode.KEEP_ALIVE,
+        AdminOpcode.GET_FEATURES,
+        AdminOpcode.SET_FEATURES,
+        AdminOpcode.ASYNC_EVENT_REQUEST,
+    )
+}
 
 
 # -- Identify ------------------------------------------------------------------------
 
+IdentifyHandler = Callable[["Controller", "TargetQueue", "Sqe"], Outcome]
+
 
 def identify(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
     sqe = req.sqe
-    cns = sqe.cdw10 & 0xFF
-    csi = sqe.cdw11 >> 24
-    nsid = sqe.nsid
     if req.length < I.IDENTIFY_DATA_SIZE:
         return Status.SGL_INVALID_DATA | DNR, 0, None
-    if cns == I.Cns.CTRL:
-        return Status.SUCCESS, 0, identify_controller(ctrl, queue).pack()
-    if ctrl.is_discovery:
+    table = _DISCOVERY_CNS if ctrl.is_discovery else _CNS
+    handler = table.get(sqe.cdw10 & 0xFF)
+    if handler is None:
         return Status.INVALID_FIELD | DNR, 0, None
-    namespaces = ctrl.subsystem.namespaces
-    if cns == I.Cns.NS:
-        if nsid in (0, NSID_ALL):
-            return Status.INVALID_NS | DNR, 0, None
-        ns = namespaces.get(nsid)
-        if ns is None:
-            return Status.SUCCESS, 0, bytes(I.IDENTIFY_DATA_SIZE)  # inactive NSID
-        return Status.SUCCESS, 0, identify_namespace(ns).pack()
-    if cns == I.Cns.NS_ACTIVE_LIST:
-        if nsid >= 0xFFFFFFFE:
-            return Status.INVALID_NS | DNR, 0, None
-        return Status.SUCCESS, 0, I.NsIdList.active(namespaces, nsid).pack()
-    if cns == I.Cns.NS_DESC_LIST:
-        ns = namespaces.get(nsid)
-        if ns is None:
-            return Status.INVALID_NS | DNR, 0, None
-        descriptors = I.NsIdDescriptorList(
-            [
-                I.NsIdDescriptor.eui64(ns.eui64),
-                I.NsIdDescriptor.nguid(ns.nguid),
-                I.NsIdDescriptor.uuid(ns.uuid.bytes),
-                I.NsIdDescriptor.csi(I.Csi.NVM),
-            ]
-        )
-        return Status.SUCCESS, 0, descriptors.pack()
-    if cns in (I.Cns.CS_NS, I.Cns.CS_CTRL):
-        if csi != I.Csi.NVM:
-            return Status.INVALID_FIELD | DNR, 0, None
-        if cns == I.Cns.CS_NS and nsid not in namespaces:
-            return Status.INVALID_NS | DNR, 0, None
-        # The NVM command set's specific structures: every limit 0 means "not reported".
-        return Status.SUCCESS, 0, bytes(I.IDENTIFY_DATA_SIZE)
-    return Status.INVALID_FIELD | DNR, 0, None
+    return handler(ctrl, queue, sqe)
+
+
+def _csi(sqe: Sqe) -> int:
+    return sqe.cdw11 >> 24
+
+
+def _identify_ctrl(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> Outcome:
+    return Status.SUCCESS, 0, identify_controller(ctrl, queue).pack()
+
+
+def _namespace_or_status(ctrl: Controller, nsid: int) -> tuple[int, Namespace | None]:
+    """The namespace an Identify names: (success, None) for an inactive NSID, which is
+    answered with zeroes; Invalid Namespace for NSIDs that name none (0, beyond NN)."""
+    if not 0 < nsid <= reported_nn(ctrl.subsystem):
+        return Status.INVALID_NS | DNR, None
+    return Status.SUCCESS, ctrl.subsystem.namespaces.get(nsid)
+
+
+def _identify_ns(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> Outcome:
+    status, ns = _namespace_or_status(ctrl, sqe.nsid)
+    if status or ns is None:
+        return status, 0, None if status else bytes(I.IDENTIFY_DATA_SIZE)
+    return Status.SUCCESS, 0, identify_namespace(ns).pack()
+
+
+def _active_nsids(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> Outcome:
+    if sqe.nsid >= 0xFFFFFFFE:
+        return Status.INVALID_NS | DNR, 0, None
+    return Status.SUCCESS, 0, I.NsIdList.active(ctrl.subsystem.namespaces, sqe.nsid).pack()
+
+
+def _ns_descriptors(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> Outcome:
+    ns = ctrl.subsystem.namespaces.get(sqe.nsid)
+    if ns is None:
+        return Status.INVALID_NS | DNR, 0, None
+    descriptors = I.NsIdDescriptorList(
+        [
+            I.NsIdDescriptor.eui64(ns.eui64),
+            I.NsIdDescriptor.nguid(ns.nguid),
+            I.NsIdDescriptor.uuid(ns.uuid.bytes),
+            I.NsIdDescriptor.csi(I.Csi.NVM),
+        ]
+    )
+    return Status.SUCCESS, 0, descriptors.pack()
+
+
+def _cs_namespace(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> Outcome:
+    if _csi(sqe) != I.Csi.NVM:
+        return Status.INVALID_FIELD | DNR, 0, None
+    status, ns = _namespace_or_status(ctrl, sqe.nsid)
+    if status or ns is None:
+        return status, 0, None if status else bytes(I.IDENTIFY_DATA_SIZE)
+    # One LBA format, with no storage tag and no protection information.
+    return Status.SUCCESS, 0, I.IdentifyNamespaceNvm(elbaf=[0]).pack()
+
+
+def _cs_controller(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> Outcome:
+    if _csi(sqe) != I.Csi.NVM:
+        return Status.INVALID_FIELD | DNR, 0, None
+    return Status.SUCCESS, 0, identify_controller_nvm().pack()
+
+
+def _cs_active_nsids(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> Outcome:
+    if _csi(sqe) != I.Csi.NVM:
+        return Status.INVALID_FIELD | DNR, 0, None
+    return _active_nsids(ctrl, queue, sqe)
+
+
+def _cs_independent_ns(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> Outcome:
+    status, ns = _namespace_or_status(ctrl, sqe.nsid)
+    if status or ns is None:
+        return status, 0, None if status else bytes(I.IDENTIFY_DATA_SIZE)
+    return Status.SUCCESS, 0, identify_namespace_independent(ns).pack()
+
+
+def _command_sets(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> Outcome:
+    # CNTID names the controller whose combinations are asked for: this one (FFFFh
+    # meaning "this controller" too, as SPDK's target takes it).
+    if sqe.cdw10 >> 16 not in (ctrl.cntlid, 0xFFFF):
+        return Status.INVALID_FIELD | DNR, 0, None
+    return Status.SUCCESS, 0, I.IoCommandSetList(list(IOCS_COMBINATIONS)).pack()
+
+
+_CNS: dict[int, IdentifyHandler] = {
+    I.Cns.NS: _identify_ns,
+    I.Cns.CTRL: _identify_ctrl,
+    I.Cns.NS_ACTIVE_LIST: _active_nsids,
+    I.Cns.NS_DESC_LIST: _ns_descriptors,
+    I.Cns.CS_NS: _cs_namespace,
+    I.Cns.CS_CTRL: _cs_controller,
+    I.Cns.CS_NS_ACTIVE_LIST: _cs_active_nsids,
+    I.Cns.CS_INDEP_NS: _cs_independent_ns,
+    I.Cns.IOCS: _command_sets,
+}
+_DISCOVERY_CNS: dict[int, IdentifyHandler] = {I.Cns.CTRL: _identify_ctrl}
 
 
 def identify_controller(ctrl: Controller, queue: TargetQueue) -> I.IdentifyController:
@@ -195,6 +296,12 @@ def identify_controller(ctrl: Controller, queue: TargetQueue) -> I.IdentifyContr
 _CTRATT = I.Ctratt.HOST_ID_128 | I.Ctratt.TBKAS
 
 
+def identify_controller_nvm() -> I.IdentifyControllerNvm:
+    # The NVM command set's limits beyond MDTS; Dataset Management has none beyond the
+    # command's own fields (256 ranges of up to 2^32 - 1 blocks), reported as 0.
+    return I.IdentifyControllerNvm(vsl=VERIFY_SIZE_LIMIT, wzsl=WRITE_ZEROES_SIZE_LIMIT)
+
+
 def identify_namespace(ns: Namespace) -> I.IdentifyNamespace:
     caps = ns.device.capabilities
     limits = copy_limits(caps.block_size)
@@ -205,7 +312,7 @@ def identify_namespace(ns: Namespace) -> I.IdentifyNamespace:
         nsze=caps.num_blocks,
         ncap=caps.num_blocks,
         nuse=caps.num_blocks,
-        nsfeat=I.NsFeat.THIN if caps.deallocate else 0,
+        nsfeat=_nsfeat(ns),
         flbas=0,
         nmic=I.NMIC_SHARED,
         dlfeat=dlfeat,
@@ -219,42 +326,143 @@ def identify_namespace(ns: Namespace) -> I.IdentifyNamespace:
     )
 
 
+def _nsfeat(ns: Namespace) -> int:
+    return I.NsFeat.THIN if ns.device.capabilities.deallocate else 0
+
+
+def identify_namespace_independent(ns: Namespace) -> I.IdentifyNamespaceIndependent:
+    # The same facts as CNS 00h reports, for hosts that read the command set
+    # independent structure (the Linux host does when CAP.CRMS asks it to, or for
+    # command sets other than NVM).
+    return I.IdentifyNamespaceIndependent(
+        nsfeat=_nsfeat(ns), nmic=I.NMIC_SHARED, nstat=I.Nstat.READY
+    )
+
+
 # -- Features -----------------------------------------------------------------------------
+
+GetFeature = Callable[["Controller", "Request", int], Outcome]
+SetFeature = Callable[["Controller", "TargetQueue", "Request"], Awaitable[Outcome]]
+
+
+@dataclass(frozen=True, slots=True)
+class Feature:
+    get: GetFeature
+    set: SetFeature
+    # Discovery controllers have only the features their few commands need.
+    discovery: bool = False
 
 
 def get_features(ctrl: Controller, req: Request) -> Outcome:
     sqe = req.sqe
     fid = sqe.cdw10 & 0xFF
     sel = (sqe.cdw10 >> 8) & 0x7
+    feature = FEATURES.get(fid)
+    if feature is None or (ctrl.is_discovery and not feature.discovery):
+        return Status.INVALID_FIELD | DNR, 0, None
     if sel == 3:
         # Supported capabilities: every feature we know is changeable, none saveable.
-        if fid in ctrl.features or fid in _DYNAMIC_FEATURES:
-            return Status.SUCCESS, 0x4, None
+        return Status.SUCCESS, 0x4, None
+    return feature.get(ctrl, req, sel)
+
+
+async def set_features(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
+    sqe = req.sqe
+    fid = sqe.cdw10 & 0xFF
+    if sqe.cdw10 >> 31:
+        return Status.FEATURE_NOT_SAVEABLE | DNR, 0, None
+    feature = FEATURES.get(fid)
+    if feature is None or (ctrl.is_discovery and not feature.discovery):
         return Status.INVALID_FIELD | DNR, 0, None
-    if fid == FeatureId.NUM_QUEUES:
-        n = ctrl.io_queues - 1
-        return Status.SUCCESS, n | n << 16, None
-    if fid == FeatureId.KATO:
-        return Status.SUCCESS, ctrl.kato_ms, None
-    if fid == FeatureId.ASYNC_EVENT:
-        return Status.SUCCESS, ctrl.aen_config, None
-    if fid == FeatureId.VOLATILE_WC:
-        return Status.SUCCESS, int(ctrl.volatile_write_cache), None
-    if fid == FeatureId.IRQ_CONFIG:
-        return Status.SUCCESS, sqe.cdw11 & 0xFFFF, None
-    if fid == FeatureId.HOST_ID:
-        if not sqe.cdw11 & 1:
-            return Status.INVALID_FIELD | DNR, 0, None
-        if req.length < len(ctrl.hostid):
-            return Status.SGL_INVALID_DATA | DNR, 0, None
-        return Status.SUCCESS, 0, ctrl.hostid
-    if ctrl.is_discovery:
-        return Status.INVALID_FIELD | DNR, 0, None
-    if fid == FeatureId.HOST_BEHAVIOR:
-        return _get_host_behavior(ctrl, req, sel)
-    if fid in ctrl.features:
+    return await feature.set(ctrl, queue, req)
+
+
+def _value_feature(fid: int) -> Feature:
+    """A feature that is only a CDW11 value the controller keeps for the host."""
+
+    def get(ctrl: Controller, req: Request, sel: int) -> Outcome:
         return Status.SUCCESS, ctrl.features[fid], None
-    return Status.INVALID_FIELD | DNR, 0, None
+
+    async def set_(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
+        ctrl.features[fid] = req.sqe.cdw11
+        return Status.SUCCESS, 0, None
+
+    return Feature(get, set_)
+
+
+def _get_num_queues(ctrl: Controller, req: Request, sel: int) -> Outcome:
+    n = ctrl.io_queues - 1
+    return Status.SUCCESS, n | n << 16, None
+
+
+async def _set_num_queues(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
+    value = req.sqe.cdw11
+    nsqr, ncqr = value & 0xFFFF, value >> 16
+    if nsqr == 0xFFFF or ncqr == 0xFFFF:
+        return Status.INVALID_FIELD | DNR, 0, None
+    if any(qid for qid in ctrl.queues):
+        # The number of queues is fixed once an I/O queue exists.
+        return Status.CMD_SEQ_ERROR | DNR, 0, None
+    ctrl.io_queues = min(max(nsqr, ncqr) + 1, ctrl.io_queues)
+    return _get_num_queues(ctrl, req, 0)
+
+
+def _get_kato(ctrl: Controller, req: Request, sel: int) -> Outcome:
+    return Status.SUCCESS, ctrl.kato_ms, None
+
+
+async def _set_kato(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
+    ctrl.kato_ms = req.sqe.cdw11
+    ctrl.start_keep_alive()
+    return Status.SUCCESS, 0, None
+
+
+def _get_async_event(ctrl: Controller, req: Request, sel: int) -> Outcome:
+    return Status.SUCCESS, ctrl.aen_config, None
+
+
+async def _set_async_event(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
+    supported = _AEN_SUPPORTED_DISCOVERY if ctrl.is_discovery else _AEN_SUPPORTED_IO
+    ctrl.aen_config = req.sqe.cdw11 & supported
+    return Status.SUCCESS, ctrl.aen_config, None
+
+
+def _get_vwc(ctrl: Controller, req: Request, sel: int) -> Outcome:
+    return Status.SUCCESS, int(ctrl.volatile_write_cache), None
+
+
+async def _set_vwc(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
+    ctrl.volatile_write_cache = bool(req.sqe.cdw11 & 1)
+    return Status.SUCCESS, 0, None
+
+
+def _get_irq_config(ctrl: Controller, req: Request, sel: int) -> Outcome:
+    return Status.SUCCESS, req.sqe.cdw11 & 0xFFFF, None
+
+
+async def _set_irq_config(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
+    return Status.SUCCESS, 0, None
+
+
+async def _set_power_mgmt(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
+    value = req.sqe.cdw11
+    if value & 0x1F:
+        return Status.INVALID_FIELD | DNR, 0, None  # power state 0 is the only one
+    ctrl.features[FeatureId.POWER_MGMT] = value
+    return Status.SUCCESS, 0, None
+
+
+def _get_host_id(ctrl: Controller, req: Request, sel: int) -> Outcome:
+    if not req.sqe.cdw11 & 1:
+        return Status.INVALID_FIELD | DNR, 0, None
+    if req.length < len(ctrl.hostid):
+        return Status.SGL_INVALID_DATA | DNR, 0, None
+    return Status.SUCCESS, 0, ctrl.hostid
+
+
+async def _set_host_id(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
+    # Fabrics hosts give their identifier in Connect; it cannot change afterwards.
+    return Status.CMD_SEQ_ERROR | DNR, 0, None
 
 
 def _get_host_behavior(ctrl: Controller, req: Request, sel: int) -> Outcome:
@@ -264,61 +472,6 @@ def _get_host_behavior(ctrl: Controller, req: Request, sel: int) -> Outcome:
         # Default and saved values (the feature is not saveable): all zeros.
         return Status.SUCCESS, 0, bytes(HOST_BEHAVIOR_SIZE)
     return Status.SUCCESS, 0, ctrl.host_behavior
-
-
-_DYNAMIC_FEATURES = (
-    FeatureId.NUM_QUEUES,
-    FeatureId.KATO,
-    FeatureId.ASYNC_EVENT,
-    FeatureId.VOLATILE_WC,
-    FeatureId.IRQ_CONFIG,
-    FeatureId.HOST_BEHAVIOR,
-)
-
-
-async def set_features(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
-    sqe = req.sqe
-    fid = sqe.cdw10 & 0xFF
-    save = sqe.cdw10 >> 31
-    value = sqe.cdw11
-    if save:
-        return Status.FEATURE_NOT_SAVEABLE | DNR, 0, None
-    if fid == FeatureId.KATO:
-        ctrl.kato_ms = value
-        ctrl.start_keep_alive()
-        return Status.SUCCESS, 0, None
-    if fid == FeatureId.ASYNC_EVENT:
-        supported = _AEN_SUPPORTED_DISCOVERY if ctrl.is_discovery else _AEN_SUPPORTED_IO
-        ctrl.aen_config = value & supported
-        return Status.SUCCESS, ctrl.aen_config, None
-    if ctrl.is_discovery:
-        return Status.INVALID_FIELD | DNR, 0, None
-    if fid == FeatureId.NUM_QUEUES:
-        nsqr, ncqr = value & 0xFFFF, value >> 16
-        if nsqr == 0xFFFF or ncqr == 0xFFFF:
-            return Status.INVALID_FIELD | DNR, 0, None
-        ctrl.io_queues = min(max(nsqr, ncqr) + 1, ctrl.io_queues)
-        n = ctrl.io_queues - 1
-        return Status.SUCCESS, n | n << 16, None
-    if fid == FeatureId.VOLATILE_WC:
-        ctrl.volatile_write_cache = bool(value & 1)
-        return Status.SUCCESS, 0, None
-    if fid == FeatureId.POWER_MGMT:
-        if value & 0x1F:
-            return Status.INVALID_FIELD | DNR, 0, None
-        ctrl.features[fid] = value
-        return Status.SUCCESS, 0, None
-    if fid == FeatureId.HOST_ID:
-        # Fabrics hosts give their identifier in Connect; it cannot change afterwards.
-        return Status.CMD_SEQ_ERROR | DNR, 0, None
-    if fid == FeatureId.HOST_BEHAVIOR:
-        return await _set_host_behavior(ctrl, queue, req)
-    if fid in ctrl.features:
-        ctrl.features[fid] = value
-        return Status.SUCCESS, 0, None
-    if fid == FeatureId.IRQ_CONFIG:
-        return Status.SUCCESS, 0, None
-    return Status.INVALID_FIELD | DNR, 0, None
 
 
 async def _set_host_behavior(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
@@ -335,7 +488,43 @@ async def _set_host_behavior(ctrl: Controller, queue: TargetQueue, req: Request)
     return Status.SUCCESS, 0, None
 
 
+def _get_iocs_profile(ctrl: Controller, req: Request, sel: int) -> Outcome:
+    return Status.SUCCESS, 0 if sel else ctrl.iocs_index, None
+
+
+async def _set_iocs_profile(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
+    index = req.sqe.cdw11 & 0x1FF
+    if any(qid for qid in ctrl.queues):
+        return Status.CMD_SEQ_ERROR | DNR, 0, None
+    if index >= len(IOCS_COMBINATIONS) or not IOCS_COMBINATIONS[index]:
+        return IOCS_COMBINATION_REJECTED | DNR, 0, None
+    ctrl.iocs_index = index
+    return Status.SUCCESS, 0, None
+
+
+FEATURES: dict[int, Feature] = {
+    FeatureId.ARBITRATION: _value_feature(FeatureId.ARBITRATION),
+    FeatureId.POWER_MGMT: Feature(_value_feature(FeatureId.POWER_MGMT).get, _set_power_mgmt),
+    FeatureId.TEMP_THRESHOLD: _value_feature(FeatureId.TEMP_THRESHOLD),
+    FeatureId.ERROR_RECOVERY: _value_feature(FeatureId.ERROR_RECOVERY),
+    FeatureId.VOLATILE_WC: Feature(_get_vwc, _set_vwc),
+    FeatureId.NUM_QUEUES: Feature(_get_num_queues, _set_num_queues),
+    FeatureId.IRQ_COALESCE: _value_feature(FeatureId.IRQ_COALESCE),
+    FeatureId.IRQ_CONFIG: Feature(_get_irq_config, _set_irq_config),
+    FeatureId.WRITE_ATOMIC: _value_feature(FeatureId.WRITE_ATOMIC),
+    FeatureId.ASYNC_EVENT: Feature(_get_async_event, _set_async_event, discovery=True),
+    FeatureId.KATO: Feature(_get_kato, _set_kato, discovery=True),
+    FeatureId.HOST_BEHAVIOR: Feature(_get_host_behavior, _set_host_behavior),
+    FeatureId.IOCS_PROFILE: Feature(_get_iocs_profile, _set_iocs_profile),
+    FeatureId.HOST_ID: Feature(_get_host_id, _set_host_id, discovery=True),
+}
+
+
 # -- Log pages ----------------------------------------------------------------------------
+
+LogPageBuilder = Callable[["Controller", "TargetQueue", "Sqe"], bytes | None]
+# Get Log Page CDW10 bit 15: Retain Asynchronous Event (reading leaves events masked).
+_RAE = 1 << 15
 
 
 def get_log_page(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
@@ -350,45 +539,69 @@ def get_log_page(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
         return Status.SGL_INVALID_DATA | DNR, 0, None
     if offset & 3:
         return Status.INVALID_FIELD | DNR, 0, None
-    page = _log_page(ctrl, queue, lid)
-    if page is None:
+    table = _DISCOVERY_LOG_PAGES if ctrl.is_discovery else _LOG_PAGES
+    builder = table.get(lid)
+    page = builder(ctrl, queue, sqe) if builder is not None else None
+    if page is None or offset > len(page):
         return Status.INVALID_FIELD | DNR, 0, None
-    if offset > len(page):
-        return Status.INVALID_FIELD | DNR, 0, None
+    if not sqe.cdw10 & _RAE:
+        ctrl.log_page_read(lid)
     return Status.SUCCESS, 0, L.log_window(page, offset, length)
 
 
-def _log_page(ctrl: Controller, queue: TargetQueue, lid: int) -> bytes | None:
-    if ctrl.is_discovery:
-        if lid == L.LogPageId.DISCOVERY:
-            return ctrl.target.discovery_log(ctrl.hostnqn, queue)
+def _error_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes:
+    return L.ErrorLog(list(ctrl.errors), slots=ERROR_LOG_ENTRIES).pack()
+
+
+def _smart_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes:
+    stats = ctrl.subsystem.stats
+    hours = int((time.monotonic() - ctrl.target.started) // 3600)
+    return L.SmartLog(
+        composite_temp=313,
+        avail_spare=100,
+        spare_thresh=10,
+        data_units_read=-(-stats.read_bytes // 512_000),
+        data_units_written=-(-stats.write_bytes // 512_000),
+        host_read_cmds=stats.read_cmds,
+        host_write_cmds=stats.write_cmds,
+        power_cycles=1,
+        power_on_hours=hours,
+        num_err_log_entries=ctrl.error_count,
+    ).pack()
+
+
+def _fw_slot_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes:
+    return L.FwSlotLog(afi=1, frs=[FIRMWARE] + [""] * 6).pack()
+
+
+def _changed_ns_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes:
+    return L.ChangedNsList([]).pack()
+
+
+def _cmd_effects_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes | None:
+    # The I/O half is per command set (CSI in CDW14 bits 31:24); NVM is the only one.
+    if sqe.cdw14 >> 24 != I.Csi.NVM:
         return None
-    if lid == L.LogPageId.ERROR:
-        return L.ErrorLog(list(ctrl.errors), slots=ERROR_LOG_ENTRIES).pack()
-    if lid == L.LogPageId.SMART:
-        stats = ctrl.subsystem.stats
-        hours = int((time.monotonic() - ctrl.target.started) // 3600)
-        return L.SmartLog(
-            composite_temp=313,
-            avail_spare=100,
-            spare_thresh=10,
-            data_units_read=-(-stats.read_bytes // 512_000),
-            data_units_written=-(-stats.write_bytes // 512_000),
-            host_read_cmds=stats.read_cmds,
-            host_write_cmds=stats.write_cmds,
-            power_cycles=1,
-            power_on_hours=hours,
-            num_err_log_entries=ctrl.error_count,
-        ).pack()
-    if lid == L.LogPageId.FW_SLOT:
-        return L.FwSlotLog(afi=1, frs=[FIRMWARE] + [""] * 6).pack()
-    if lid == L.LogPageId.CHANGED_NS:
-        return L.ChangedNsList([]).pack()
-    if lid == L.LogPageId.CMD_EFFECTS:
-        csupp = L.CmdEffects.CSUPP
-        admin = {op: int(csupp) for op in _SUPPORTED_ADMIN}
-        io = {op: int(csupp) for op in _SUPPORTED_IO}
-        for op in _LBA_CHANGING_IO:
-            io[op] |= L.CmdEffects.LBCC
-        return L.CmdEffectsLog.from_opcodes(admin, io).pack()
-    return None
+    return command_effects().pack()
+
+
+def command_effects() -> L.CmdEffectsLog:
+    """Commands Supported and Effects of the NVM command set: the dispatch tables."""
+    admin = {op: command.effects for op, command in _ADMIN.items()}
+    admin[AdminOpcode.FABRICS] = L.CmdEffects.CSUPP
+    io = {op: command.effects for op, command in IO_COMMANDS.items()}
+    return L.CmdEffectsLog.from_opcodes(admin, io)
+
+
+def _discovery_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes:
+    return ctrl.target.discovery_log(ctrl.hostnqn, queue)
+
+
+_LOG_PAGES: dict[int, LogPageBuilder] = {
+    L.LogPageId.ERROR: _error_log,
+    L.LogPageId.SMART: _smart_log,
+    L.LogPageId.FW_SLOT: _fw_slot_log,
+    L.LogPageId.CHANGED_NS: _changed_ns_log,
+    L.LogPageId.CMD_EFFECTS: _cmd_effects_log,
+}
+_DISCOVERY_LOG_PAGES: dict[int, LogPageBuilder] = {L.LogPageId.DISCOVERY: _discovery_log}

@@ -84,6 +84,25 @@ async def connect(queue: TargetQueue, req: Request) -> Result:
     return Status.SUCCESS, ctrl.cntlid
 
 
+# CC.CSS values CAP.CSS advertises: the NVM command set, or every I/O command set.
+_SELECTABLE_CSS = (C.CC_CSS_NVM, C.CC_CSS_IOCS)
+
+
+def _valid_configuration(ctrl: Controller, cc: int) -> bool:
+    """Whether the controller can be enabled as `cc` asks (else CSTS.CFS, as nvmet does):
+    4 KiB pages, round robin arbitration, a command set CAP.CSS lists, and (I/O
+    controllers) 64-byte submission and 16-byte completion queue entries."""
+    if (cc >> C.CC_MPS_SHIFT) & 0xF or (cc >> C.CC_AMS_SHIFT) & 0x7:
+        return False
+    if (cc >> C.CC_CSS_SHIFT) & 0x7 not in _SELECTABLE_CSS:
+        return False
+    if ctrl.is_discovery:
+        return True
+    iosqes = (cc >> C.CC_IOSQES_SHIFT) & 0xF
+    iocqes = (cc >> C.CC_IOCQES_SHIFT) & 0xF
+    return iosqes == _IOSQES and iocqes == _IOCQES
+
+
 def _invalid_data(offset: int) -> Result:
     return Status.CONNECT_INVALID_PARAM | DNR, C.connect_invalid_param_result(offset, in_data=True)
 
@@ -129,14 +148,7 @@ async def property_set(ctrl: Controller, attrib: int, offset: int, value: int) -
     old, new = ctrl.cc, value & 0xFFFFFFFF
     ctrl.cc = new
     if new & C.CC_EN and not old & C.CC_EN:
-        iosqes = (new >> C.CC_IOSQES_SHIFT) & 0xF
-        iocqes = (new >> C.CC_IOCQES_SHIFT) & 0xF
-        mps = (new >> 7) & 0xF
-        css = (new >> 4) & 0x7
-        valid = mps == 0 and css == 0
-        if not ctrl.is_discovery:
-            valid = valid and iosqes == _IOSQES and iocqes == _IOCQES
-        ctrl.csts = C.CSTS_RDY if valid else C.CSTS_CFS
+        ctrl.csts = C.CSTS_RDY if _valid_configuration(ctrl, new) else C.CSTS_CFS
     elif old & C.CC_EN and not new & C.CC_EN:
         ctrl.csts &= ~(C.CSTS_RDY | C.CSTS_CFS)
     if new & C.CC_SHN_MASK and not old & C.CC_SHN_MASK:

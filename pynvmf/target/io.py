@@ -8,6 +8,8 @@ range past the end of the namespace touches nothing.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pynvmf.block import copy as block_copy
@@ -22,6 +24,7 @@ from pynvmf.spec.command import (
     CopyRange,
     parse_copy_ranges,
 )
+from pynvmf.spec.logpages import CmdEffects
 from pynvmf.spec.opcodes import NSID_ALL, IoOpcode
 from pynvmf.spec.status import (
     CMD_SIZE_LIMIT_EXCEEDED,
@@ -44,6 +47,27 @@ log = logging.getLogger(__name__)
 Outcome = tuple[int, bytes | bytearray | memoryview | None]
 
 
+@dataclass(frozen=True, slots=True)
+class IoCommand:
+    """An NVM command set opcode: the IoHandler method that executes it and its entry in
+    the Commands Supported and Effects log."""
+
+    method: str
+    effects: int = CmdEffects.CSUPP
+
+
+_WRITES = CmdEffects.CSUPP | CmdEffects.LBCC
+
+IO_COMMANDS: dict[int, IoCommand] = {
+    IoOpcode.READ: IoCommand("read"),
+    IoOpcode.WRITE: IoCommand("write", _WRITES),
+    IoOpcode.FLUSH: IoCommand("flush"),
+    IoOpcode.WRITE_ZEROES: IoCommand("write_zeroes", _WRITES),
+    IoOpcode.DATASET_MANAGEMENT: IoCommand("dataset_management", _WRITES),
+    IoOpcode.COPY: IoCommand("copy", _WRITES),
+}
+
+
 class IoHandler:
     """Executes I/O commands for one queue of one controller."""
 
@@ -52,25 +76,19 @@ class IoHandler:
         self.queue = queue
         self.namespaces = ctrl.subsystem.namespaces
         self.stats = ctrl.subsystem.stats
+        self._handlers: dict[int, Callable[[Request], Awaitable[Outcome]]] = {
+            opcode: getattr(self, command.method) for opcode, command in IO_COMMANDS.items()
+        }
 
     async def execute(self, req: Request) -> None:
         sqe = req.sqe
         opcode = sqe.opcode
         try:
-            if opcode == IoOpcode.READ:
-                status, data = await self.read(req)
-            elif opcode == IoOpcode.WRITE:
-                status, data = await self.write(req)
-            elif opcode == IoOpcode.FLUSH:
-                status, data = await self.flush(req)
-            elif opcode == IoOpcode.WRITE_ZEROES:
-                status, data = await self.write_zeroes(req)
-            elif opcode == IoOpcode.DATASET_MANAGEMENT:
-                status, data = await self.dataset_management(req)
-            elif opcode == IoOpcode.COPY:
-                status, data = await self.copy(req)
-            else:
+            handler = self._handlers.get(opcode)
+            if handler is None:
                 status, data = Status.INVALID_OPCODE | DNR, None
+            else:
+                status, data = await handler(req)
         except BlockRangeError:
             status, data = Status.LBA_OUT_OF_RANGE | DNR, None
         except ConnectionError:
@@ -163,7 +181,9 @@ class IoHandler:
         if ns is None:
             return Status.INVALID_NS | DNR, None
         nr = (sqe.cdw10 & 0xFF) + 1
-        if req.length != nr * DSM_RANGE.size:
+        # The range list may sit in a larger buffer (the Linux host sends a whole page):
+        # only a buffer too short for NR ranges is refused, as nvmet does.
+        if not nr * DSM_RANGE.size <= req.length <= MAX_TRANSFER:
             return Status.SGL_INVALID_DATA | DNR, None
         data = req.data if req.data is not None else await self.queue.fetch_data(req)
         ranges = [DSM_RANGE.unpack_from(data, i * DSM_RANGE.size) for i in range(nr)]

@@ -13,6 +13,11 @@ if TYPE_CHECKING:
 MDTS = 8  # 2^8 pages of 4 KiB: 1 MiB per command
 MAX_TRANSFER = (1 << MDTS) * 4096
 
+# Write Zeroes and Verify carry a 16-bit 0's based block count: 65536 blocks, 32 MiB of
+# 512-byte blocks. Identify (CNS 06h) reports them as log2 of 4 KiB units, so 2^13.
+WRITE_ZEROES_SIZE_LIMIT = 13
+VERIFY_SIZE_LIMIT = 13
+
 COPY_MAX_BYTES = 64 << 20  # MCL, in bytes: bounds what an overlapping copy may stage
 COPY_MAX_RANGES = 128  # MSRC + 1
 COPY_FORMATS = (0, 1, 2, 3)  # TP 4065 formats 0/1, TP 4130 formats 2/3

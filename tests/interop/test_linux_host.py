@@ -25,9 +25,11 @@ MEM = "nqn.2024-11.dev.pynvmf:interop-mem"
 FILE = "nqn.2024-11.dev.pynvmf:interop-file"
 MEM4K = "nqn.2024-11.dev.pynvmf:interop-mem4k"
 RESTRICTED = "nqn.2024-11.dev.pynvmf:interop-restricted"
+# mkfs.xfs (xfsprogs 6.x) refuses filesystems under 300 MiB.
+DISCARD = "nqn.2024-11.dev.pynvmf:interop-discard"
 ALLOWED_HOST = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000a110"
-SIZES = {MEM: 64 * MIB, FILE: 64 * MIB, MEM4K: 64 * MIB, RESTRICTED: 16 * MIB}
-BLOCK_SIZES = {MEM: 512, FILE: 512, MEM4K: 4096, RESTRICTED: 512}
+SIZES = {MEM: 64 * MIB, FILE: 64 * MIB, MEM4K: 64 * MIB, RESTRICTED: 16 * MIB, DISCARD: 512 * MIB}
+BLOCK_SIZES = {MEM: 512, FILE: 512, MEM4K: 4096, RESTRICTED: 512, DISCARD: 512}
 
 # Prints the block device of namespace $2 (default 1) of the controller connected to
 # subsystem $1, waiting (bounded) for the kernel's namespace scan to create it.
@@ -91,6 +93,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
                 "nqn": MEM4K,
                 "namespaces": [{"nsid": 1, "memory": SIZES[MEM4K], "block_size": 4096}],
             },
+            {"nqn": DISCARD, "namespaces": [{"nsid": 1, "memory": SIZES[DISCARD]}]},
             {
                 "nqn": RESTRICTED,
                 "hosts": [ALLOWED_HOST],
@@ -138,7 +141,7 @@ def test_discover_lists_every_subsystem_the_host_may_use(guest: Guest, target: S
         # MEM is on the IPv4 port, the IPv6 port and the 4 KiB in-capsule port; the last
         # entry is the discovery subsystem answering.
         assert sorted(listed) == sorted(
-            [MEM, FILE, MEM4K, MEM, MEM, "nqn.2014-08.org.nvmexpress.discovery"]
+            [MEM, FILE, MEM4K, DISCARD, MEM, MEM, "nqn.2014-08.org.nvmexpress.discovery"]
         ), out
         assert f"trsvcid: {target.io_port}" in out
         assert re.search(rf"adrfam:\s+ipv6\n.*\n.*\n.*\ntrsvcid: {target.io_port6}\n", out), out
@@ -470,3 +473,106 @@ def test_nvme_copy_single_many_ranges_at_the_end_and_past_it(
         assert "LBA Out of Range" in out, out
     finally:
         _disconnect(guest, nqn)
+
+
+# -- discard: what the kernel's block layer sends (a range list in a whole page) ---------------
+
+
+def _region_sums(guest: Guest, dev: str, regions: list[tuple[int, int]]) -> list[str]:
+    """SHA-256 of each (offset MiB, length MiB) region of `dev`, read with O_DIRECT."""
+    sums = []
+    for offset, length in regions:
+        out = guest.run(
+            f"dd if={dev} bs=1M skip={offset} count={length} iflag=direct 2>/dev/null | sha256sum"
+        ).output
+        sums.append(out.split()[0])
+    return sums
+
+
+def test_blkdiscard_deallocates_exactly_its_ranges(guest: Guest, target: Setup) -> None:
+    dev = _connect(guest, target, DISCARD)
+    try:
+        guest.run(
+            "dd if=/dev/urandom of=/tmp/d8 bs=1M count=8 2>/dev/null && "
+            f"dd if=/tmp/d8 of={dev} bs=1M seek=16 oflag=direct 2>/dev/null"
+        )
+        keep = _region_sums(guest, dev, [(16, 1), (18, 1), (20, 4)])
+        # One range (2 MiB in), then two more in one call each side of the kept MiB.
+        guest.run(f"blkdiscard -o {17 * MIB} -l {MIB} {dev}")
+        guest.run(f"blkdiscard -o {19 * MIB} -l {MIB} {dev}")
+        zero_mib = guest.run("dd if=/dev/zero bs=1M count=1 2>/dev/null | sha256sum").output
+        assert _region_sums(guest, dev, [(17, 1), (19, 1)]) == [zero_mib.split()[0]] * 2
+        # DLFEAT: deallocated blocks read as zeroes, and nothing around them changed.
+        assert _region_sums(guest, dev, [(16, 1), (18, 1), (20, 4)]) == keep
+        errors = guest.run("dmesg | grep -c 'I/O Error' || true").output.strip()
+        assert errors == "0", guest.run("dmesg | tail -20").output
+    finally:
+        _disconnect(guest, DISCARD)
+
+
+def test_mkfs_xfs_with_discard_mount_fstrim_and_remount(guest: Guest, target: Setup) -> None:
+    dev = _connect(guest, target, DISCARD)
+    mounted = False
+    try:
+        guest.run(
+            "dd if=/dev/urandom of=/tmp/junk bs=1M count=4 2>/dev/null && "
+            f"dd if=/tmp/junk of={dev} bs=1M seek=200 oflag=direct 2>/dev/null"
+        )
+        # mkfs.xfs discards the whole device first (its default -K off): every block of
+        # the namespace is deallocated, so the junk written above reads back as zeroes.
+        guest.run(f"mkfs.xfs -f {dev}", timeout=300)
+        zero = guest.run("dd if=/dev/zero bs=1M count=4 2>/dev/null | sha256sum").output
+        assert _region_sums(guest, dev, [(200, 4)]) == [zero.split()[0]]
+        guest.run("modprobe xfs && mkdir -p /mnt/x")
+        guest.run(f"mount -t xfs {dev} /mnt/x")
+        mounted = True
+        guest.run(
+            "dd if=/dev/urandom of=/mnt/x/keep bs=1M count=8 2>/dev/null && "
+            "dd if=/dev/urandom of=/mnt/x/gone bs=1M count=32 2>/dev/null && sync && "
+            "sha256sum /mnt/x/keep > /tmp/keep.sum && rm /mnt/x/gone && sync"
+        )
+        trimmed = guest.run("fstrim -v /mnt/x").output
+        # busybox fstrim prints "/mnt/x: N bytes trimmed"
+        assert int(re.search(r"(\d+) bytes", trimmed).group(1)) >= 32 * MIB, trimmed  # type: ignore[union-attr]
+        guest.run("umount /mnt/x")
+        mounted = False
+        guest.run(f"mount -t xfs {dev} /mnt/x")
+        mounted = True
+        guest.run("sha256sum -c /tmp/keep.sum", timeout=60)
+        errors = guest.run("dmesg | grep -c -E 'I/O Error|error' || true").output.strip()
+        assert errors == "0", guest.run("dmesg | tail -20").output
+    finally:
+        if mounted:
+            guest.run("umount /mnt/x", check=False)
+        _disconnect(guest, DISCARD)
+
+
+# -- NVMe 2.0: the host selects every I/O command set (CAP.CSS bit 6) ---------------------------
+
+
+def test_host_selects_all_io_command_sets_and_reads_their_structures(
+    guest: Guest, target: Setup
+) -> None:
+    dev = _connect(guest, target, MEM)
+    ctrl = re.sub(r"n\d+$", "", dev)
+    try:
+        cap = guest.run(f"nvme get-property {ctrl} --offset=0 -o json", check=False).output
+        cc = guest.run(f"nvme get-property {ctrl} --offset=0x14").output
+        # "property: 0x14 (CC), value: 460061": CSS (bits 6:4) = 110b, EN = 1
+        value = int(re.search(r"value: *(?:0x)?([0-9a-fA-F]+)", cc).group(1), 16)  # type: ignore[union-attr]
+        assert (value >> 4) & 0x7 == 0b110 and value & 1, (cc, cap)
+        iocs = guest.run(f"nvme id-iocs {ctrl}").output
+        assert re.search(r"I/O Command Set Combination\[0\]:\s*1\b", iocs), iocs
+        nvm_ctrl = json.loads(guest.run(f"nvme nvm-id-ctrl {ctrl} -o json").output)
+        assert (nvm_ctrl["wzsl"], nvm_ctrl["vsl"]) == (13, 13)
+        indep = guest.run(f"nvme cmdset-ind-id-ns {dev} -n 1 -H").output
+        assert re.search(r"nstat\s*:\s*0x1\b", indep), indep
+        # I/O works as before on the controller enabled this way.
+        guest.run(
+            "dd if=/dev/urandom of=/tmp/css bs=4096 count=4 2>/dev/null && "
+            f"dd if=/tmp/css of={dev} bs=4096 seek=77 oflag=direct 2>/dev/null && "
+            f"dd if={dev} of=/tmp/css.back bs=4096 skip=77 count=4 iflag=direct 2>/dev/null"
+            " && cmp /tmp/css /tmp/css.back"
+        )
+    finally:
+        _disconnect(guest, MEM)
