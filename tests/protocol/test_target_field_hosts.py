@@ -13,7 +13,7 @@ import pytest
 from pynvmf.spec import command as C
 from pynvmf.spec import identify as I
 from pynvmf.spec import logpages as L
-from pynvmf.spec.opcodes import AdminOpcode, FabricsType, FeatureId, IoOpcode
+from pynvmf.spec.opcodes import AdminOpcode, FeatureId, IoOpcode
 from pynvmf.spec.status import IOCS_COMBINATION_REJECTED, Status
 from pynvmf.target.controller import CAP
 from tests.protocol.conftest import RAW_NS1_BLOCK, RAW_NS1_BLOCKS, RawTarget
@@ -111,41 +111,56 @@ async def test_discard_range_list_through_r2t_in_a_larger_buffer(raw_target: Raw
 # -- SPDK's host at detach -------------------------------------------------------------------
 
 
-def _sqe(opcode: int, cid: int, **fields: int) -> bytes:
-    return C.build_sqe(opcode, cid, **fields)
+# Admin SQEs of spdk_nvme_identify (v25.09) against pynvmf, captured at the target: the four
+# AERs it arms (CIDs 0-3, AER_CID0 with the CID patched), and the three commands it sends
+# at detach after completing those AERs itself, each with CID 3: Property Get CC, Property
+# Set CC.SHN = 01b (CC 0x464061: CSS 110b, EN), Property Get CSTS.
+AER_CID0 = bytes.fromhex(
+    "0c40000000000000000000000000000000000000000000000000000000000000"
+    "000000000000005a000000000000000000000000000000000000000000000000"
+)
+SPDK_DETACH = [
+    bytes.fromhex(
+        "7f40030004000000000000000000000000000000000000000000000000000000"
+        "000000000000005a000000001400000000000000000000000000000000000000"
+    ),
+    bytes.fromhex(
+        "7f40030000000000000000000000000000000000000000000000000000000000"
+        "000000000000005a000000001400000061404600000000000000000000000000"
+    ),
+    bytes.fromhex(
+        "7f40030004000000000000000000000000000000000000000000000000000000"
+        "000000000000005a000000001c00000000000000000000000000000000000000"
+    ),
+]
+
+
+def _with_cid(sqe: bytes, cid: int) -> bytes:
+    return sqe[:2] + struct.pack("<H", cid) + sqe[4:]
 
 
 async def test_spdk_detach_reuses_the_cid_of_an_outstanding_aer(raw_target: RawTarget) -> None:
-    """SPDK (v25.09) completes its Asynchronous Event Requests itself when it detaches and
-    sends its shutdown Property Set and Get with their CIDs: the target must answer them."""
-    admin = await raw_target.admin()
-    aer_cids = [admin.next_cid() for _ in range(4)]
-    aers = [admin.submit_nowait(_sqe(AdminOpcode.ASYNC_EVENT_REQUEST, cid)) for cid in aer_cids]
-    # Round trip: the AERs are parked before the reuse (the target answers in order).
+    """SPDK completes its Asynchronous Event Requests itself when it detaches and sends its
+    shutdown Property Get/Set/Get with one of their CIDs: the target must answer them (it
+    answered Command ID Conflict, and SPDK logged "Failed to read the CC register")."""
+    admin = await raw_target.admin(enable=False)
+    await admin.enable(0x460061)  # as SPDK enables a controller that offers CC.CSS 110b
+    aers = [admin.submit_nowait(_with_cid(AER_CID0, cid)) for cid in range(4)]
+    # A round trip, so that the AERs are parked before their CIDs come back.
     assert (await admin.cmd(AdminOpcode.KEEP_ALIVE)).status == 0
-    for cid in aer_cids:
+    for cid in range(4):
         admin.abandon(cid)
     assert all(fut.cancelled() for fut in aers)
-    shutdown = C.CC_EN | (C.CC_CSS_NVM << C.CC_CSS_SHIFT) | 6 << 16 | 4 << 20 | 1 << 14
-    prop_set = _sqe(
-        AdminOpcode.FABRICS,
-        aer_cids[0],
-        nsid=FabricsType.PROPERTY_SET,
-        cdw11=C.PROP_CC,
-        cdw12=shutdown,
-    )
-    done = await admin.submit_nowait(prop_set)
-    assert done.status == 0, done
-    prop_get = _sqe(
-        AdminOpcode.FABRICS, aer_cids[1], nsid=FabricsType.PROPERTY_GET, cdw11=C.PROP_CC
-    )
-    got = await admin.submit_nowait(prop_get)
-    assert (got.status, got.result & 0xFFFFFFFF) == (0, shutdown)
-    csts = await admin.prop_get(C.PROP_CSTS)
+    get_cc, set_shn, get_csts = SPDK_DETACH
+    cc = await admin.submit_nowait(get_cc)
+    assert (cc.status, cc.result & 0xFFFFFFFF) == (0, 0x460061)
+    assert (await admin.submit_nowait(set_shn)).status == 0
+    csts = await admin.submit_nowait(get_csts)
+    assert csts.status == 0
     assert csts.result & C.CSTS_SHST_MASK == C.CSTS_SHST_COMPLETE
     # A fresh AER may reuse a retired one's CID too, and stays outstanding (AERL counts
     # only the live ones).
-    again = [admin.submit_nowait(_sqe(AdminOpcode.ASYNC_EVENT_REQUEST, cid)) for cid in aer_cids]
+    again = [admin.submit_nowait(_with_cid(AER_CID0, cid)) for cid in range(4)]
     assert (await admin.cmd(AdminOpcode.KEEP_ALIVE)).status == 0
     assert not any(fut.done() for fut in again)
 
