@@ -125,21 +125,28 @@ class PduReader:
             if avail < P.CH_LEN:
                 break
             pdu_type, flags, hlen, pdo, plen = unpack(buf, start)
+            fes = -1
             if pdu_type not in self.accepted_types:
-                self._fatal(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_TYPE, start, avail)
-                return
-            if hlen != P.EXPECTED_HLEN[pdu_type]:
-                self._fatal(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_HLEN, start, avail)
-                return
-            hdgst = self.hdgst and pdu_type not in _NO_DIGEST_TYPES
-            header_end = hlen + (P.DIGEST_LEN if hdgst else 0)
-            if plen < header_end or plen > self.max_pdu_len:
-                fes = (
-                    P.FatalError.DATA_LIMIT_EXCEEDED
-                    if plen > self.max_pdu_len and pdu_type == P.PduType.H2C_DATA
-                    else P.FatalError.INVALID_HEADER_FIELD
-                )
-                self._fatal(fes, P.OFFSET_PLEN, start, avail)
+                fes, fei = P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_TYPE
+            elif hlen != P.EXPECTED_HLEN[pdu_type]:
+                fes, fei = P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_HLEN
+            else:
+                hdgst = self.hdgst and pdu_type not in _NO_DIGEST_TYPES
+                header_end = hlen + (P.DIGEST_LEN if hdgst else 0)
+                if plen < header_end or plen > self.max_pdu_len:
+                    fes = (
+                        P.FatalError.DATA_LIMIT_EXCEEDED
+                        if plen > self.max_pdu_len and pdu_type == P.PduType.H2C_DATA
+                        else P.FatalError.INVALID_HEADER_FIELD
+                    )
+                    fei = P.OFFSET_PLEN
+            if fes >= 0:
+                # The TermReq carries the offending header (HLEN bytes, at most what a
+                # TermReq holds): wait for all of it, so that what the host is told does
+                # not depend on where its stream was cut.
+                if avail < min(max(hlen, P.CH_LEN), P.TERM_REQ_MAX_DATA):
+                    break
+                self._fatal(fes, fei, start, avail)
                 return
             if avail < plen:
                 if start + plen > len(buf):
