@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test setup system-deps lint bench clean
+.PHONY: run test setup system-deps lint bench fuzz clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || bash scripts/install-system-deps.sh --python
@@ -36,6 +36,17 @@ $(BIN)/.bench-installed: $(BIN)/.installed pyproject.toml
 # `make bench ARGS=--quick` for a smoke run.
 bench: $(BIN)/.bench-installed
 	$(BIN)/python benchmarks/run_all.py $(ARGS)
+
+$(BIN)/.fuzz-installed: $(BIN)/.installed pyproject.toml
+	$(BIN)/pip install -q -e '.[test,fuzz]'
+	touch $@
+
+# Coverage-guided fuzzing of both transport ends (atheris / libFuzzer), FUZZ_RUNS inputs
+# each, from the committed corpus (new interesting inputs are added to it).
+FUZZ_RUNS ?= 1000000
+fuzz: $(BIN)/.fuzz-installed
+	PYTHONPATH=. $(BIN)/python tests/fuzz/run_atheris.py target -atheris_runs=$(FUZZ_RUNS) tests/fuzz/corpus/target
+	PYTHONPATH=. $(BIN)/python tests/fuzz/run_atheris.py host -atheris_runs=$(FUZZ_RUNS) tests/fuzz/corpus/host
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
