@@ -47,8 +47,7 @@ def sqes(draw: st.DrawFn) -> bytes:
     if opcode == AdminOpcode.FABRICS:
         nsid = draw(st.sampled_from(list(FabricsType)) | st.integers(0, 255))
     sgl_type = draw(
-        st.sampled_from([C.SGL_DATA_BLOCK_OFFSET, C.SGL_TRANSPORT_DATA_BLOCK])
-        | st.integers(0, 255)
+        st.sampled_from([C.SGL_DATA_BLOCK_OFFSET, C.SGL_TRANSPORT_DATA_BLOCK]) | st.integers(0, 255)
     )
     sgl_length = draw(st.sampled_from([0, 512, 4096, 16384, 1 << 20]) | st.integers(0, 2**32 - 1))
     flags = draw(st.sampled_from([0x40, 0x80, 0x41, 0x42]) | st.integers(0, 255))
