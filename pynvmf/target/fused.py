@@ -174,7 +174,14 @@ class WriteGate:
 
     def leave(self) -> None:
         self.writers -= 1
-        if self.closed and not self.writers:
+        if self.closed:
+            self.left()
+
+    def left(self) -> None:
+        """A write has left (`writers` already counted down) while the gate is closed:
+        the fused operation waiting for the device to drain may go once none is left.
+        (The hot path inlines leave() as the decrement and this call.)"""
+        if not self.writers:
             drained = self._drained
             if drained is not None and not drained.done():
                 drained.set_result(None)

@@ -154,7 +154,9 @@ class IoHandler:
         try:
             await ns.device.write(slba, data, fua=fua)
         finally:
-            gate.leave()
+            gate.writers -= 1
+            if gate.closed:
+                gate.left()
         stats = self.stats
         stats.write_cmds += 1
         stats.write_bytes += length
