@@ -8,6 +8,7 @@ from pynvmf.host.errors import (
     NvmeError,
     NvmeStatusError,
     NvmeTimeoutError,
+    NvmeUnsupportedError,
 )
 from pynvmf.host.fabrics import HostIdentity
 from pynvmf.host.namespace import RemoteNamespace
@@ -21,6 +22,7 @@ __all__ = [
     "NvmeError",
     "NvmeStatusError",
     "NvmeTimeoutError",
+    "NvmeUnsupportedError",
     "RemoteNamespace",
     "connect",
     "discover",

@@ -94,6 +94,8 @@ class Controller:
         # Copy descriptor formats 2h/3h enabled in Host Behavior Support (None: not asked).
         self._copy_formats: int | None = None
         self._copy_formats_lock = asyncio.Lock()
+        # The NVM command set's Identify Controller (CNS 06h), asked for when first needed.
+        self._nvm_info: I.IdentifyControllerNvm | None = None
 
     def __repr__(self) -> str:
         return (
@@ -300,6 +302,22 @@ class Controller:
 
     async def identify_namespace(self, nsid: int) -> I.IdentifyNamespace:
         return I.IdentifyNamespace.unpack(await self._identify(I.Cns.NS, nsid))
+
+    async def nvm_limits(self) -> I.IdentifyControllerNvm:
+        """The NVM command set's limits (Identify CNS 06h, CSI 0: VSL, WZSL, ...), asked
+        once; a controller from before NVMe 2.0 that does not know the structure has no
+        limits beyond each command's own fields (all zero)."""
+        if self._nvm_info is None:
+            try:
+                self._nvm_info = I.IdentifyControllerNvm.unpack(await self._identify(I.Cns.CS_CTRL))
+            except NvmeStatusError as exc:
+                log.info("%s: no NVM command set Identify Controller: %s", self, exc)
+                self._nvm_info = I.IdentifyControllerNvm()
+        return self._nvm_info
+
+    def size_limit_bytes(self, limit: int) -> int:
+        """A size limit of Identify CNS 06h (log2 of minimum memory pages) in bytes; 0 if none."""
+        return (1 << limit) * (_MPS_BASE << cap_mpsmin(self.cap)) if limit else 0
 
     async def active_namespaces(self) -> list[int]:
         nsids: list[int] = []

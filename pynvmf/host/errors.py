@@ -34,6 +34,10 @@ class NvmeStatusError(NvmeError):
         )
 
 
+class NvmeUnsupportedError(NvmeError):
+    """The controller does not support the command (Identify says so): nothing was sent."""
+
+
 class NvmeConnectionError(NvmeError, ConnectionError):
     """The queue's connection is gone (closed, lost, or ended by a protocol error):
     the command's outcome is unknown."""

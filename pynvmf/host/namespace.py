@@ -28,6 +28,7 @@ from pynvmf.block.device import (
     Medium,
     check_range,
 )
+from pynvmf.host import compare
 from pynvmf.host.errors import NvmeConnectionError
 from pynvmf.spec import identify as I
 from pynvmf.spec.command import (
@@ -193,6 +194,23 @@ class RemoteNamespace:
                 DSM_ATTR_DEALLOCATE,
                 data=data,
             )
+
+    # -- Compare, Verify, Compare and Write (pynvmf.host.compare) ---------------------
+
+    async def compare(self, lba: int, data: Buffer, *, fua: bool = False) -> bool:
+        """Whether the blocks from `lba` hold `data` (Compare; False on Compare Failure)."""
+        return await compare.compare(self, lba, data, fua=fua)
+
+    async def verify(self, lba: int, nblocks: int, *, fua: bool = False) -> None:
+        """Have the controller check the blocks are readable; no data moves (Verify)."""
+        await compare.verify(self, lba, nblocks, fua=fua)
+
+    async def compare_and_write(
+        self, lba: int, expected: Buffer, new: Buffer, *, fua: bool = False
+    ) -> bool:
+        """Atomically write `new` if the blocks hold `expected` (the fused Compare and
+        Write): True if written, False if they did not match and nothing was written."""
+        return await compare.compare_and_write(self, lba, expected, new, fua=fua)
 
     async def close(self) -> None:
         """Stop using this namespace; the controller and its queues stay up."""

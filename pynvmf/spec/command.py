@@ -21,6 +21,10 @@ SGL_TRANSPORT_DATA_BLOCK = 0x5A  # data moved by the transport (R2T/H2CData, C2H
 # Command flags byte: PSDT in bits 7:6; 01b or 10b select SGLs (fabrics require them).
 FLAG_PSDT_MASK = 0xC0
 FUSE_MASK = 0x03
+# FUSE (flags bits 1:0): the first and the second command of a fused operation; 11b is
+# reserved. Compare and Write is the one fused operation (Compare first, Write second).
+FUSE_FIRST = 0x01
+FUSE_SECOND = 0x02
 
 
 @dataclass(slots=True)
@@ -241,7 +245,7 @@ def nvme_version(major: int, minor: int, tertiary: int = 0) -> int:
 
 # ---- NVM command set fields shared by hosts and targets ----------------------------
 
-RW_FUA = 1 << 30  # Read/Write/Write Zeroes CDW12: Force Unit Access
+RW_FUA = 1 << 30  # Read/Write/Write Zeroes/Compare/Verify CDW12: Force Unit Access
 WZ_DEAC = 1 << 25  # Write Zeroes CDW12: deallocate the blocks if that reads back zeroes
 DSM_ATTR_DEALLOCATE = 1 << 2  # Dataset Management CDW11: AD
 # Dataset Management range: context attributes, length in LBAs, starting LBA.

@@ -149,6 +149,12 @@ class Oncs(IntFlag):
     COPY = 1 << 8
 
 
+class Fuses(IntFlag):
+    """Fused Operation Support."""
+
+    COMPARE_AND_WRITE = 1 << 0
+
+
 class Vwc(IntFlag):
     """Volatile Write Cache. Bits 2:1 say how Flush with NSID FFFFFFFFh behaves."""
 

@@ -32,6 +32,7 @@ from pynvmf.target.controller import (
 )
 from pynvmf.target.io import IO_COMMANDS
 from pynvmf.target.limits import (
+    ACWU,
     MAX_TRANSFER,
     MDTS,
     OCFS,
@@ -286,7 +287,9 @@ def identify_controller(ctrl: Controller, queue: TargetQueue) -> I.IdentifyContr
         wctemp=343,
         cctemp=358,
         nn=reported_nn(subsystem),
-        oncs=I.Oncs.DSM | I.Oncs.WRITE_ZEROES | I.Oncs.COPY,
+        oncs=I.Oncs.COMPARE | I.Oncs.DSM | I.Oncs.WRITE_ZEROES | I.Oncs.VERIFY | I.Oncs.COPY,
+        fuses=I.Fuses.COMPARE_AND_WRITE,
+        acwu=ACWU,
         ocfs=OCFS,
         vwc=I.Vwc.PRESENT | I.Vwc.FLUSH_BROADCAST_SUPPORTED,
         **common,

@@ -17,6 +17,12 @@ MAX_TRANSFER = (1 << MDTS) * 4096
 # 512-byte blocks. Identify (CNS 06h) reports them as log2 of 4 KiB units, so 2^13.
 WRITE_ZEROES_SIZE_LIMIT = 13
 VERIFY_SIZE_LIMIT = 13
+VERIFY_MAX_BYTES = (1 << VERIFY_SIZE_LIMIT) * 4096  # a longer Verify is Invalid Field
+
+# Atomic Compare & Write Unit (Identify Controller ACWU, 0's based blocks): a fused Compare
+# and Write runs alone on its namespace whatever its length, so the unit is the most
+# blocks one command may carry (MDTS) in the largest block size, good for every namespace.
+ACWU = MAX_TRANSFER // 4096 - 1
 
 COPY_MAX_BYTES = 64 << 20  # MCL, in bytes: bounds what an overlapping copy may stage
 COPY_MAX_RANGES = 128  # MSRC + 1

@@ -7,10 +7,11 @@ import logging
 from typing import TYPE_CHECKING
 
 from pynvmf.aio import start_eager
-from pynvmf.spec.command import CSTS_RDY
+from pynvmf.spec.command import CSTS_RDY, FUSE_MASK
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType
 from pynvmf.spec.status import DNR, Status
-from pynvmf.target import admin, fabrics
+from pynvmf.target import admin, compare, fabrics
+from pynvmf.target.fused import FusedPairing
 from pynvmf.target.io import IoHandler
 from pynvmf.tcp.target import ADMIN_INLINE_LIMIT, Request, TargetConnection, TransferAborted
 
@@ -32,11 +33,29 @@ class TargetQueue:
         self.controller: Controller | None = None
         self.qid = -1
         self.io: IoHandler | None = None
+        # Consulted on an I/O queue only, for commands with FUSE bits or after a held first.
+        self.fused = FusedPairing(self.finish, self._start_pair)
         self._waiters: set[asyncio.Future[bytearray]] = set()
 
     def on_command(self, req: Request) -> None:
         ctrl = self.controller
         opcode = req.sqe.opcode
+        io = self.io
+        if io is not None:
+            io.ctrl.traffic = True
+            fused = self.fused
+            if (req.sqe.flags & FUSE_MASK or fused.first is not None) and fused.arrive(req):
+                return
+            if opcode != AdminOpcode.FABRICS:
+                start_eager(io.execute(req))
+            else:
+                start_eager(self._admin(req))
+            return
+        if req.sqe.flags & FUSE_MASK:
+            # Fused operations belong to I/O command sets: none on the admin queue, and
+            # Connect has no FUSE field.
+            self.conn.complete(req, Status.INVALID_FIELD | DNR)
+            return
         if ctrl is None:
             if opcode == AdminOpcode.FABRICS and req.sqe.fctype == FabricsType.CONNECT:
                 start_eager(self._connect(req))
@@ -45,11 +64,18 @@ class TargetQueue:
                 self.conn.complete(req, Status.CMD_SEQ_ERROR | DNR)
             return
         ctrl.traffic = True
-        io = self.io
-        if io is not None and opcode != AdminOpcode.FABRICS:
-            start_eager(io.execute(req))
-        else:
-            start_eager(self._admin(req))
+        start_eager(self._admin(req))
+
+    def finish(self, req: Request, status: int) -> None:
+        """Complete a command that carries no data back, recording a failure."""
+        ctrl = self.controller
+        if status and ctrl is not None:
+            ctrl.record_error(self.qid, req, status)
+        self.conn.complete(req, status)
+
+    def _start_pair(self, first: Request, second: Request) -> None:
+        assert self.io is not None
+        start_eager(compare.compare_and_write(self.io, first, second))
 
     def bind(self, ctrl: Controller, qid: int, sq_size: int, sqhd_disabled: bool) -> None:
         self.controller = ctrl
@@ -62,6 +88,7 @@ class TargetQueue:
         conn.inline_limit = ADMIN_INLINE_LIMIT if qid == 0 else self.port.transport.inline_data_size
         if qid:
             self.io = IoHandler(ctrl, self)
+            conn.on_refused = self.fused.refused
 
     async def _connect(self, req: Request) -> None:
         try:
@@ -120,6 +147,7 @@ class TargetQueue:
         self.conn.close(reason)
 
     def connection_lost(self) -> None:
+        self.fused.connection_lost()
         for fut in self._waiters:
             if not fut.done():
                 fut.set_exception(TransferAborted("connection closed"))

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from pynvmf.block.device import BlockDevice
 from pynvmf.spec.opcodes import DISCOVERY_NQN
+from pynvmf.target.fused import WriteGate
 
 if TYPE_CHECKING:
     from pynvmf.target.controller import Controller
@@ -27,6 +28,8 @@ class Namespace:
     uuid: uuid.UUID
     nguid: bytes
     eui64: bytes
+    # Shared by every controller's queues: a fused Compare and Write excludes the others' writes.
+    gate: WriteGate = field(default_factory=WriteGate, repr=False, compare=False)
 
     @classmethod
     def create(

@@ -315,9 +315,11 @@ class HostConnection(PduConnection):
         *,
         data: Buffer | None = None,
         into: memoryview | None = None,
+        fuse: int = 0,
     ) -> HostCommand:
         """Send a command; `data` goes to the controller, `into` (a byte memoryview)
-        receives its data. For a Fabrics command `nsid` is the FCTYPE.
+        receives its data. For a Fabrics command `nsid` is the FCTYPE; `fuse` is the
+        FUSE field (CDW0 bits 9:8), set for the two commands of a fused operation.
 
         The caller checks `free_slots` first; the connection must be established.
         """
@@ -356,6 +358,7 @@ class HostConnection(PduConnection):
             cdw15,
             sgl_type=sgl_type,
             sgl_length=length,
+            flags=0x40 | fuse,
         )
         cmd = HostCommand(cid, opcode, sqe, length)
         cmd.into = into

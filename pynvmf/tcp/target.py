@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 from pynvmf.spec import pdu as P
 from pynvmf.spec.command import (
-    FUSE_MASK,
     SGL_DATA_BLOCK_OFFSET,
     SGL_TRANSPORT_DATA_BLOCK,
     Sqe,
@@ -93,6 +92,10 @@ class TargetConnection(PduConnection):
     ) -> None:
         self.config = config
         self.on_command = on_command
+        # Told of every command this module fails by itself (its submission queue entry is
+        # consumed all the same), so the NVMe layer's view of the queue's order (fused
+        # operations pair adjacent entries) has no holes.
+        self.on_refused: Callable[[Request], None] | None = None
         self.stats = TransportStats()
         super().__init__(
             PduReader(
@@ -176,27 +179,27 @@ class TargetConnection(PduConnection):
         if cid in inflight:
             old = inflight[cid]
             if not old.reusable:
-                self.complete(req, Status.CMDID_CONFLICT | DNR, track=False)
+                self._refuse(req, Status.CMDID_CONFLICT | DNR, track=False)
                 return
             # SPDK's host completes its outstanding AERs itself when it detaches and
             # reuses their CIDs (the Linux and SPDK targets accept the new command).
             old.retired = True
         inflight[cid] = req
-        if sqe.flags >> 6 not in (1, 2) or sqe.flags & FUSE_MASK:
-            # Fabrics describe data with SGLs (PSDT 01b or 10b), never PRPs; and fused
-            # operations are not supported (Identify FUSES is 0).
-            self.complete(req, Status.INVALID_FIELD | DNR)
+        if sqe.flags >> 6 not in (1, 2):
+            # Fabrics describe data with SGLs (PSDT 01b or 10b), never PRPs. (The FUSE
+            # bits are the NVMe layer's: fused operations pair queue entries.)
+            self._refuse(req, Status.INVALID_FIELD | DNR)
             return
         data_len = data_end - pdo if pdo else 0
         if data_len:
             if sqe.sgl_type != SGL_DATA_BLOCK_OFFSET:
-                self.complete(req, Status.SGL_INVALID_TYPE | DNR)
+                self._refuse(req, Status.SGL_INVALID_TYPE | DNR)
             elif not _host_to_controller(sqe):
-                self.complete(req, Status.INVALID_FIELD | DNR)
+                self._refuse(req, Status.INVALID_FIELD | DNR)
             elif data_len > self._capsule_limit(sqe) or sqe.sgl_addr != 0:
-                self.complete(req, Status.SGL_INVALID_OFFSET | DNR)
+                self._refuse(req, Status.SGL_INVALID_OFFSET | DNR)
             elif sqe.sgl_length != data_len:
-                self.complete(req, Status.SGL_INVALID_DATA | DNR)
+                self._refuse(req, Status.SGL_INVALID_DATA | DNR)
             else:
                 req.data = bytearray(pdu[pdo:data_end])
                 self.stats.in_capsule_bytes += data_len
@@ -204,12 +207,18 @@ class TargetConnection(PduConnection):
             return
         if sqe.sgl_type == SGL_DATA_BLOCK_OFFSET and sqe.sgl_length:
             # The SGL promises in-capsule data that the capsule does not carry.
-            self.complete(req, Status.SGL_INVALID_DATA | DNR)
+            self._refuse(req, Status.SGL_INVALID_DATA | DNR)
             return
         if sqe.sgl_length and sqe.sgl_type != SGL_TRANSPORT_DATA_BLOCK:
-            self.complete(req, Status.SGL_INVALID_TYPE | DNR)
+            self._refuse(req, Status.SGL_INVALID_TYPE | DNR)
             return
         self.on_command(req)
+
+    def _refuse(self, req: Request, status: int, *, track: bool = True) -> None:
+        """Fail a command before the NVMe layer sees it, and tell it so."""
+        self.complete(req, status, track=track)
+        if self.on_refused is not None:
+            self.on_refused(req)
 
     def _capsule_limit(self, sqe: Sqe) -> int:
         if sqe.opcode == AdminOpcode.FABRICS and sqe.fctype == FabricsType.CONNECT:
@@ -291,7 +300,7 @@ class TargetConnection(PduConnection):
             if not self.sqhd_disabled:
                 self._sqhd = (self._sqhd + 1) % self.sq_size
             # Not tracked: a CID already in flight belongs to that command, not this one.
-            self.complete(Request(sqe), Status.TRANSIENT_TRANSPORT_ERROR, track=False)
+            self._refuse(Request(sqe), Status.TRANSIENT_TRANSPORT_ERROR, track=False)
         elif pdu_type == P.PduType.H2C_DATA:
             _cccid, ttag, _datao, _datal = P.DATA_BODY.unpack_from(pdu, P.CH_LEN)
             req = self._r2t.pop(ttag, None)

@@ -282,25 +282,33 @@ async def garbage_host_that_does_not_read(rt: RawTarget) -> None:
     assert done == set(range(count))
 
 
-async def garbage_prp_or_fused_command(rt: RawTarget) -> None:
-    """Fabrics commands describe data with SGLs (PSDT 01b or 10b), and fused operations
-    are not supported (Identify FUSES is 0): either is Invalid Field, and nothing runs."""
+async def garbage_prp_or_bad_fuse(rt: RawTarget) -> None:
+    """Fabrics commands describe data with SGLs (PSDT 01b or 10b): a PRP or the reserved
+    PSDT is Invalid Field. A Write cannot start a fused operation, nor end one that was not
+    started (Missing Fused Command); FUSE 11b is reserved, and the admin queue has no fused
+    operations (Invalid Field). Nothing runs."""
     host = await rt.host()
     io = host.io[0]
-    ident = I.IdentifyController.unpack((await host.admin.identify(I.Cns.CTRL)).data)
-    assert ident.fuses == 0
     data = b"\x99" * RAW_NS1_BLOCK
-    for flags in (0x00, 0xC0, 0x40 | 0x01, 0x40 | 0x02):  # PRP, reserved PSDT, fused
+    cases = [
+        (0x00, Status.INVALID_FIELD),  # PRP
+        (0xC0, Status.INVALID_FIELD),  # reserved PSDT
+        (0x40 | 0x01, Status.FUSED_MISSING),  # a Write as the first command
+        (0x40 | 0x02, Status.FUSED_MISSING),  # a second command without a first
+        (0x40 | 0x03, Status.INVALID_FIELD),  # reserved FUSE
+    ]
+    for flags, status in cases:
         sqe = bytearray(rw_sqe(IoOpcode.WRITE, io.next_cid(), 1, 2000, 1, len(data), inline=True))
         sqe[1] = flags
         done = await io.submit_nowait(bytes(sqe), data)
-        assert (done.status, done.dnr) == (Status.INVALID_FIELD, True), (hex(flags), done)
+        assert (done.status, done.dnr) == (status, True), (hex(flags), done)
     back = await io.read(1, 2000, 1, RAW_NS1_BLOCK)
     assert back.data == bytes(RAW_NS1_BLOCK)
-    sqe = bytearray(C.build_sqe(AdminOpcode.KEEP_ALIVE, host.admin.next_cid()))
-    sqe[1] = 0x00
-    done = await host.admin.submit_nowait(bytes(sqe))
-    assert (done.status, done.dnr) == (Status.INVALID_FIELD, True)
+    for flags in (0x00, 0x41, 0x42):
+        sqe = bytearray(C.build_sqe(AdminOpcode.KEEP_ALIVE, host.admin.next_cid()))
+        sqe[1] = flags
+        done = await host.admin.submit_nowait(bytes(sqe))
+        assert (done.status, done.dnr) == (Status.INVALID_FIELD, True), hex(flags)
 
 
 GARBAGE: dict[str, Callable[[RawTarget], Awaitable[None]]] = {
@@ -319,7 +327,7 @@ GARBAGE: dict[str, Callable[[RawTarget], Awaitable[None]]] = {
     "h2c_term_req": garbage_h2c_term_req,
     "close_in_the_middle_of_a_write": garbage_close_in_the_middle_of_a_write,
     "host_that_does_not_read": garbage_host_that_does_not_read,
-    "prp_or_fused_command": garbage_prp_or_fused_command,
+    "prp_or_bad_fuse": garbage_prp_or_bad_fuse,
 }
 
 
