@@ -58,6 +58,18 @@ class TargetProcess:
             self._lines.put(line)
         self._lines.put(None)
 
+    def wait_stdout(self, text: str, timeout: float = 30) -> str:
+        """Everything printed so far, once `text` is in it (the banner goes on after the
+        ready line)."""
+        while text not in "".join(self.stdout_lines):
+            try:
+                line = self._lines.get(timeout=timeout)
+            except queue.Empty:
+                raise RuntimeError(f"target never printed {text!r}") from None
+            if line is None:
+                raise RuntimeError(f"target exited before printing {text!r}:\n{self.stderr()}")
+        return "".join(self.stdout_lines)
+
     def stderr(self) -> str:
         return self.stderr_path.read_text() if self.stderr_path.exists() else ""
 

@@ -21,7 +21,7 @@ def test_banner_prints_the_commands_a_linux_host_types(tmp_path: Path) -> None:
     )
     proc.start()
     try:
-        out = "".join(proc.stdout_lines)
+        out = proc.wait_stdout(f"-n {DEFAULT_NQN}\n")
         assert f"listening nvme 127.0.0.1:{io_port}" in out
         assert f"listening discovery 127.0.0.1:{disc_port}" in out
         assert f"nvme discover -t tcp -a 127.0.0.1 -s {disc_port}\n" in out
