@@ -1,4 +1,4 @@
-"""The `pynvmf` command."""
+"""`pynvmf target`: run an NVMe/TCP target."""
 
 from __future__ import annotations
 
@@ -9,10 +9,6 @@ import signal
 import sys
 from typing import Any
 
-from pynvmf.bench_cli import add_bench_command, run_bench_command
-from pynvmf.copy_cli import add_copy_command, run_copy_command
-from pynvmf.host_cli import add_host_commands, run_host_command
-from pynvmf.malloc import tune_for_io_buffers
 from pynvmf.target.config import (
     DEFAULT_NQN,
     ConfigError,
@@ -31,7 +27,7 @@ def _install_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-def _target_parser(sub: Any) -> None:
+def add_target_command(sub: Any) -> None:
     p = sub.add_parser("target", help="run an NVMe/TCP target")
     p.add_argument("--config", help="JSON configuration file (see README)")
     p.add_argument(
@@ -104,47 +100,23 @@ async def _run_target(config: dict[str, Any]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pynvmf", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    _target_parser(sub)
-    add_host_commands(sub)
-    add_copy_command(sub)
-    add_bench_command(sub)
-    args = parser.parse_args(argv)
-    tune_for_io_buffers()
-    logging.basicConfig(
-        level=logging.WARNING - 10 * min(args.verbose, 2),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if args.command == "copy":
-        return run_copy_command(args)
-    if args.command == "bench":
-        return run_bench_command(args)
-    if args.command != "target":
-        return run_host_command(args)
-    if args.command == "target":
-        try:
-            if args.config:
-                config = load_config(args.config)
-            else:
-                config = config_from_options(
-                    listen=args.listen,
-                    memory=args.memory,
-                    files=args.file,
-                    nqn=args.nqn,
-                    allow_hosts=args.allow_host,
-                    block_size=args.block_size,
-                    inline_data_size=args.inline_data_size,
-                    discovery_port=args.discovery_port,
-                )
-            _install_uvloop()
-            return asyncio.run(_run_target(config))
-        except (ConfigError, OSError, ValueError) as exc:
-            print(f"pynvmf target: {exc}", file=sys.stderr)
-            return 2
-    return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def run_target_command(args: argparse.Namespace) -> int:
+    try:
+        if args.config:
+            config = load_config(args.config)
+        else:
+            config = config_from_options(
+                listen=args.listen,
+                memory=args.memory,
+                files=args.file,
+                nqn=args.nqn,
+                allow_hosts=args.allow_host,
+                block_size=args.block_size,
+                inline_data_size=args.inline_data_size,
+                discovery_port=args.discovery_port,
+            )
+        _install_uvloop()
+        return asyncio.run(_run_target(config))
+    except (ConfigError, OSError, ValueError) as exc:
+        print(f"pynvmf target: {exc}", file=sys.stderr)
+        return 2
