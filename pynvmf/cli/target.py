@@ -71,7 +71,6 @@ def add_target_command(sub: Any) -> None:
 
 
 def _print_banner(target: Target) -> None:
-    print("pynvmf target ready", flush=True)
     io_ports = [p for p in target.ports if not p.discovery_only]
     for port in target.ports:
         kind = "discovery" if port.discovery_only else "nvme"
@@ -83,11 +82,12 @@ def _print_banner(target: Target) -> None:
         for nqn in target.subsystems:
             if port.exposes(nqn):
                 print(f"  nvme connect -t tcp -a {port.address} -s {port.port} -n {nqn}")
-    sys.stdout.flush()
+    # Last, so that whoever waits for it has the lines above too.
+    print("pynvmf target ready", flush=True)
 
 
 async def _run_target(config: dict[str, Any]) -> int:
-    target = build_target(config)
+    target = await build_target(config)
     await target.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -27,7 +27,6 @@ from pynvmf.target.controller import (
     IOCS_COMBINATIONS,
     KAS_100MS,
     QUEUE_ENTRIES,
-    VERSION,
     Controller,
 )
 from pynvmf.target.io import IO_COMMANDS
@@ -251,9 +250,10 @@ def identify_controller(ctrl: Controller, queue: TargetQueue) -> I.IdentifyContr
     common = dict(
         sn=subsystem.serial[:20],
         mn=subsystem.model[:40],
-        fr=FIRMWARE,
+        fr=subsystem.firmware or FIRMWARE,
         cntlid=ctrl.cntlid,
-        ver=VERSION,
+        ver=subsystem.version,
+        ieee=subsystem.ieee_oui,
         maxcmd=QUEUE_ENTRIES,
         kas=KAS_100MS,
         sgls=I.Sgls.SUPPORTED | (I.Sgls.OFFSET if inline else 0),
@@ -574,11 +574,12 @@ def _smart_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes:
 
 
 def _fw_slot_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes:
-    return L.FwSlotLog(afi=1, frs=[FIRMWARE] + [""] * 6).pack()
+    return L.FwSlotLog(afi=1, frs=[ctrl.subsystem.firmware or FIRMWARE] + [""] * 6).pack()
 
 
 def _changed_ns_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes:
-    return L.ChangedNsList([]).pack()
+    # Reading the log clears it, whatever RAE says (RAE is about the event, as for nvmet).
+    return L.ChangedNsList(ctrl.take_changed_nsids()).pack()
 
 
 def _cmd_effects_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes | None:
