@@ -13,6 +13,7 @@ import sys
 from pynvmf.cli.bench import add_bench_command, run_bench_command
 from pynvmf.cli.copy import add_copy_command, run_copy_command
 from pynvmf.cli.host import add_host_commands, run_host_command
+from pynvmf.cli.rpc import add_rpc_command, run_rpc_command
 from pynvmf.cli.target import add_target_command, run_target_command
 from pynvmf.malloc import tune_for_io_buffers
 
@@ -24,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     add_host_commands(sub)
     add_copy_command(sub)
     add_bench_command(sub)
+    add_rpc_command(sub)
     args = parser.parse_args(argv)
     tune_for_io_buffers()
     logging.basicConfig(
@@ -36,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_copy_command(args)
     if args.command == "bench":
         return run_bench_command(args)
+    if args.command == "rpc":
+        return run_rpc_command(args)
     return run_host_command(args)
 
 

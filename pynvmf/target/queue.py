@@ -31,6 +31,8 @@ class TargetQueue:
         self.port = port
         self.conn = conn
         self.local_address = local_address
+        # The host's (address, port), as the socket reports it.
+        self.peer_address: tuple[str, int] | None = None
         self.controller: Controller | None = None
         self.qid = -1
         self.io: IoHandler | None = None

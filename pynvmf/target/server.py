@@ -772,6 +772,8 @@ class TargetProtocol(asyncio.BufferedProtocol):
         peer = transport.get_extra_info("peername")
         log.debug("connection from %s on %s", peer, self.port)
         self.queue = TargetQueue(self.target, self.port, self.conn, sockname[0])
+        if peer:
+            self.queue.peer_address = (peer[0], peer[1])
         self.conn.on_command = self.queue.on_command
         self.port.connections.add(self)
 
