@@ -66,10 +66,11 @@ class ChangeError(ValueError):
         self.reason = reason
 
 
-@dataclass
+@dataclass(eq=False)
 class Port:
-    """A listener. An I/O port exposes subsystems (all of them, or the NQNs listed);
-    a discovery-only port answers the discovery subsystem alone."""
+    """A listener. An I/O port exposes subsystems (all of them, or the NQNs listed); a
+    discovery-only port answers the discovery subsystem alone. Compared by identity:
+    two Port objects are two listeners."""
 
     address: str
     port: int
@@ -183,7 +184,7 @@ class Target:
                 await entry.device.close()
 
     def find_subsystem(self, nqn: str, port: Port) -> Subsystem | None:
-        if not port.exposes(nqn) or port not in self.ports:
+        if not port.exposes(nqn) or not any(p is port for p in self.ports):
             return None
         if nqn == DISCOVERY_NQN:
             return self.discovery
@@ -575,9 +576,9 @@ class Target:
     async def remove_port(self, port: Port) -> None:
         """Stop listening on `port`: every controller with a queue through it is torn
         down and every connection through it closed."""
-        if port not in self.ports:
+        if not any(p is port for p in self.ports):
             raise ChangeError("port", f"the target does not listen on {port}")
-        self.ports.remove(port)
+        self.ports = [p for p in self.ports if p is not port]
         for subsystem in [*self.subsystems.values(), self.discovery]:
             for ctrl in list(subsystem.controllers.values()):
                 if any(queue.port is port for queue in ctrl.queues.values()):
@@ -649,7 +650,7 @@ class Target:
         """An I/O port whose last subsystem left: discovery-only if asked for, else gone."""
         if port.discovery_listener:
             port.discovery_only = True
-        elif port in self.ports:
+        elif any(p is port for p in self.ports):
             await self.remove_port(port)
 
     # -- discovery ------------------------------------------------------------------------
