@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import os
+import socket
 import stat
 import sys
 from collections.abc import AsyncIterator
@@ -25,6 +26,7 @@ from pynvmf.spec import logpages as L
 from pynvmf.spec.identify import Oaes
 from pynvmf.spec.opcodes import DISCOVERY_NQN, AdminOpcode, FeatureId, IoOpcode
 from pynvmf.spec.status import Status
+from pynvmf.target import server as target_server
 from tests.interop.guest import free_tcp_port
 from tests.protocol import raw as R
 from tests.protocol.conftest import (
@@ -446,3 +448,50 @@ async def test_removing_a_listener_tears_down_controllers_through_it(rig: Rig) -
     finally:
         with contextlib.suppress(NvmeError):
             await ctrl.close()
+
+
+async def test_a_listener_address_that_cannot_be_bound_is_refused_and_nothing_changes(
+    rig: Rig,
+) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        rpc = await rig.rpc()
+        before = [(p.address, p.port) for p in rig.target.ports]
+        genctr = rig.target.genctr
+        rid = rpc.request(
+            "nvmf_subsystem_add_listener",
+            nqn=RAW_SUBNQN,
+            listen_address={"trtype": "tcp", "traddr": "127.0.0.1", "trsvcid": str(port)},
+        )
+        response = await rpc.recv()
+        assert response["id"] == rid
+        assert response["error"]["message"].startswith(
+            f"listen_address.traddr: cannot listen on 127.0.0.1:{port}: "
+        )
+        assert "in use" in response["error"]["message"].lower()
+        assert [(p.address, p.port) for p in rig.target.ports] == before
+        assert rig.target.genctr == genctr
+        await rpc.close()
+    finally:
+        taken.close()
+
+
+async def test_a_write_whose_data_never_comes_does_not_hold_a_removal_forever(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host that starts a write and never sends its data: after the drain timeout the
+    removal tears that controller down (the host sees its connection close) and ends."""
+    monkeypatch.setattr(target_server, "DRAIN_TIMEOUT", 0.5)
+    host = await rig.raw.host()
+    io = host.io[0]
+    await io.detach()
+    io.send(io.capsule(R.rw_sqe(IoOpcode.WRITE, 5, 2, 0, 16, 16 * 4096)))
+    assert (await io.recv_pdu()).type == R.P.PduType.R2T
+    rpc = await rig.rpc()
+    assert await rpc.call("nvmf_subsystem_remove_ns", nqn=RAW_SUBNQN, nsid=2) is True
+    assert await io.expect_eof() == b""
+    assert sorted(rig.target.subsystems[RAW_SUBNQN].namespaces) == [1]
+    await rpc.close()
