@@ -43,10 +43,7 @@ class Params:
             return _MISSING
         return value
 
-    def has(self, key: str) -> bool:
-        return self._params.get(key) is not None
-
-    def str(self, key: str, default: Any = _MISSING, *, required: bool = False) -> Any:
+    def string(self, key: str, default: Any = _MISSING, *, required: bool = False) -> Any:
         value = self._get(key, required or default is _MISSING)
         if value is _MISSING:
             return default
@@ -54,10 +51,7 @@ class Params:
             raise RpcError(INVALID_PARAMS, f"{self.name(key)}: {value!r} is not a string")
         return value
 
-    def optional_str(self, key: str) -> str | None:
-        return self.str(key, None)
-
-    def int(
+    def integer(
         self,
         key: str,
         default: Any = _MISSING,
@@ -74,7 +68,7 @@ class Params:
             raise RpcError(INVALID_PARAMS, f"{self.name(key)}: {value} not in {low}..{high}")
         return value
 
-    def bool(self, key: str, default: Any = _MISSING) -> Any:
+    def boolean(self, key: str, default: Any = _MISSING) -> Any:
         value = self._get(key, default is _MISSING)
         if value is _MISSING:
             return default
@@ -82,8 +76,8 @@ class Params:
             raise RpcError(INVALID_PARAMS, f"{self.name(key)}: {value!r} is not a boolean")
         return value
 
-    def uuid(self, key: str) -> uuid.UUID | None:
-        text = self.str(key, None)
+    def uuid_value(self, key: str) -> uuid.UUID | None:
+        text = self.string(key, None)
         if text is None:
             return None
         try:
@@ -91,8 +85,8 @@ class Params:
         except ValueError:
             raise RpcError(INVALID_PARAMS, f"{self.name(key)}: {text!r} is not a UUID") from None
 
-    def hex(self, key: str, size: int) -> bytes | None:
-        text = self.str(key, None)
+    def hex_bytes(self, key: str, size: int) -> bytes | None:
+        text = self.string(key, None)
         if text is None:
             return None
         try:
@@ -111,7 +105,7 @@ class Params:
             raise RpcError(INVALID_PARAMS, f"{self.name(key)}: not a list of strings")
         return value
 
-    def object(self, key: str, *, required: bool = True) -> Params | None:
+    def nested(self, key: str, *, required: bool = True) -> Params | None:
         value = self._get(key, required)
         if value is _MISSING:
             return None

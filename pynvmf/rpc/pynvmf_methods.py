@@ -42,15 +42,15 @@ def _config(cp: ControlPlane, fmt: str) -> Any:
 
 @method("pynvmf_get_config")
 async def pynvmf_get_config(cp: ControlPlane, p: Params) -> Any:
-    fmt = p.str("format", "pynvmf")
+    fmt = p.string("format", "pynvmf")
     p.done()
     return _config(cp, fmt)
 
 
 @method("pynvmf_save_config")
 async def pynvmf_save_config(cp: ControlPlane, p: Params) -> bool:
-    path = p.str("path")
-    fmt = p.str("format", "pynvmf")
+    path = p.string("path")
+    fmt = p.string("format", "pynvmf")
     p.done()
     config = _config(cp, fmt)
     try:
@@ -62,16 +62,16 @@ async def pynvmf_save_config(cp: ControlPlane, p: Params) -> bool:
 
 @method("pynvmf_add_port")
 async def pynvmf_add_port(cp: ControlPlane, p: Params) -> int:
-    address = p.str("address")
-    port_number = p.int("port", high=0xFFFF)
+    address = p.string("address")
+    port_number = p.integer("port", high=0xFFFF)
     subsystems = p.strings("subsystems")
-    discovery_only = p.bool("discovery_only", False)
+    discovery_only = p.boolean("discovery_only", False)
     base = cp.target.transport
     transport = TransportConfig(
-        inline_data_size=p.int("inline_data_size", base.inline_data_size, high=0xFFFFFFFF),
-        max_h2c_data=p.int("max_h2c_data", base.max_h2c_data, high=0xFFFFFFFF),
-        allow_header_digest=p.bool("header_digest", base.allow_header_digest),
-        allow_data_digest=p.bool("data_digest", base.allow_data_digest),
+        inline_data_size=p.integer("inline_data_size", base.inline_data_size, high=0xFFFFFFFF),
+        max_h2c_data=p.integer("max_h2c_data", base.max_h2c_data, high=0xFFFFFFFF),
+        allow_header_digest=p.boolean("header_digest", base.allow_header_digest),
+        allow_data_digest=p.boolean("data_digest", base.allow_data_digest),
         cpda=base.cpda,
     )
     p.done()
@@ -97,8 +97,8 @@ async def pynvmf_add_port(cp: ControlPlane, p: Params) -> int:
 
 @method("pynvmf_remove_port")
 async def pynvmf_remove_port(cp: ControlPlane, p: Params) -> bool:
-    address = p.str("address")
-    port_number = p.int("port", high=0xFFFF)
+    address = p.string("address")
+    port_number = p.integer("port", high=0xFFFF)
     p.done()
     port = cp.target.find_port(address, port_number)
     if port is None:

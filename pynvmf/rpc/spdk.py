@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import uuid as uuid_mod
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pynvmf import __version__
@@ -43,16 +44,14 @@ def _no_target_name(p: Params) -> None:
     p.refuse_unless("tgt_name", (), "pynvmf has one target, and it has no name")
 
 
-async def _apply(coro_or_value: Any, names: dict[str, str]) -> Any:
+async def _apply(change: Awaitable[Any], names: dict[str, str]) -> Any:
     try:
-        if hasattr(coro_or_value, "__await__"):
-            return await coro_or_value
-        return coro_or_value
+        return await change
     except ChangeError as exc:
         raise change_error(exc, names) from exc
 
 
-def _sync(call: Any, names: dict[str, str]) -> Any:
+def _sync(call: Callable[[], Any], names: dict[str, str]) -> Any:
     try:
         return call()
     except ChangeError as exc:
@@ -64,8 +63,8 @@ def _sync(call: Any, names: dict[str, str]) -> Any:
 
 @method("rpc_get_methods")
 async def rpc_get_methods(cp: ControlPlane, p: Params) -> list[str]:
-    p.bool("current", False)
-    p.bool("include_aliases", False)
+    p.boolean("current", False)
+    p.boolean("include_aliases", False)
     p.done()
     return sorted(cp.table.methods)
 
@@ -94,7 +93,7 @@ async def framework_get_subsystems(cp: ControlPlane, p: Params) -> list[dict[str
 
 @method("framework_get_config")
 async def framework_get_config(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
-    name = p.str("name")
+    name = p.string("name")
     p.done()
     if name == "bdev":
         return bdev_config(cp.target)
@@ -105,7 +104,7 @@ async def framework_get_config(cp: ControlPlane, p: Params) -> list[dict[str, An
 
 @method("spdk_kill_instance")
 async def spdk_kill_instance(cp: ControlPlane, p: Params) -> bool:
-    sig = p.str("sig_name")
+    sig = p.string("sig_name")
     p.done()
     if sig.upper().removeprefix("SIG") not in ("INT", "TERM", "KILL") and sig not in (
         "2",
@@ -133,10 +132,10 @@ def _free_name(target: Target, prefix: str) -> str:
 
 @method("bdev_malloc_create")
 async def bdev_malloc_create(cp: ControlPlane, p: Params) -> str:
-    name = p.str("name", None)
-    dev_uuid = p.uuid("uuid")
-    num_blocks = p.int("num_blocks", low=1)
-    block_size = p.int("block_size", low=1)
+    name = p.string("name", None)
+    dev_uuid = p.uuid_value("uuid")
+    num_blocks = p.integer("num_blocks", low=1)
+    block_size = p.integer("block_size", low=1)
     p.refuse_unless("physical_block_size", (0, block_size), "pynvmf reports no physical block size")
     p.refuse_unless("optimal_io_boundary", (0,), "pynvmf splits I/O at no boundary")
     p.refuse_unless("md_size", (0,), "pynvmf namespaces have no metadata")
@@ -166,12 +165,12 @@ async def bdev_malloc_create(cp: ControlPlane, p: Params) -> str:
 
 @method("bdev_aio_create")
 async def bdev_aio_create(cp: ControlPlane, p: Params) -> str:
-    name = p.str("name")
-    filename = p.str("filename")
-    block_size = p.int("block_size", 0)
-    read_only = p.bool("readonly", False)
+    name = p.string("name")
+    filename = p.string("filename")
+    block_size = p.integer("block_size", 0)
+    read_only = p.boolean("readonly", False)
     p.ignore("fallocate")  # pynvmf's file devices zero and deallocate with fallocate anyway
-    dev_uuid = p.uuid("uuid")
+    dev_uuid = p.uuid_value("uuid")
     p.done()
     target = cp.target
     if name in target.block_devices:
@@ -192,7 +191,7 @@ async def bdev_aio_create(cp: ControlPlane, p: Params) -> str:
 
 
 async def _delete_bdev(cp: ControlPlane, p: Params, kind: str) -> bool:
-    name = p.str("name")
+    name = p.string("name")
     p.done()
     entry = cp.target.block_devices.get(name)
     if entry is None or entry.kind != kind:
@@ -214,7 +213,7 @@ async def bdev_aio_delete(cp: ControlPlane, p: Params) -> bool:
 
 @method("bdev_get_bdevs")
 async def bdev_get_bdevs(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
-    name = p.str("name", None)
+    name = p.string("name", None)
     p.ignore("timeout")  # SPDK waits that long for a bdev to appear; pynvmf's do not appear
     p.done()
     target = cp.target
@@ -327,7 +326,7 @@ _TRANSPORT_OPTIONS = (
 
 
 def _check_trtype(p: Params, key: str = "trtype") -> None:
-    trtype = p.str(key)
+    trtype = p.string(key)
     if trtype.upper() != "TCP":
         raise RpcError(INVALID_PARAMS, f"{p.name(key)}: {trtype!r}: pynvmf serves NVMe/TCP only")
 
@@ -336,7 +335,7 @@ def _check_trtype(p: Params, key: str = "trtype") -> None:
 async def nvmf_create_transport(cp: ControlPlane, p: Params) -> bool:
     _check_trtype(p)
     _no_target_name(p)
-    inline = p.int("in_capsule_data_size", None, high=0xFFFFFFFF)
+    inline = p.integer("in_capsule_data_size", None, high=0xFFFFFFFF)
     p.ignore(*_TRANSPORT_OPTIONS)
     p.done()
     if cp.transport_created:
@@ -379,7 +378,7 @@ def transport_json(target: Target) -> dict[str, Any]:
 
 @method("nvmf_get_transports")
 async def nvmf_get_transports(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
-    trtype = p.str("trtype", None)
+    trtype = p.string("trtype", None)
     _no_target_name(p)
     p.done()
     if trtype is not None and trtype.upper() != "TCP":
@@ -389,7 +388,7 @@ async def nvmf_get_transports(cp: ControlPlane, p: Params) -> list[dict[str, Any
 
 @method("nvmf_set_max_subsystems")
 async def nvmf_set_max_subsystems(cp: ControlPlane, p: Params) -> bool:
-    limit = p.int("max_subsystems", low=1, high=0xFFFFFFFF)
+    limit = p.integer("max_subsystems", low=1, high=0xFFFFFFFF)
     p.done()
     if limit < len(cp.target.subsystems):
         raise RpcError(
@@ -410,7 +409,7 @@ async def nvmf_set_crdt(cp: ControlPlane, p: Params) -> bool:
 
 @method("nvmf_set_config")
 async def nvmf_set_config(cp: ControlPlane, p: Params) -> bool:
-    passthru = p.object("admin_cmd_passthru", required=False)
+    passthru = p.nested("admin_cmd_passthru", required=False)
     if passthru is not None:
         for key in ("identify_ctrlr", "vendor_specific"):
             passthru.refuse_unless(key, (False,), "pynvmf passes no admin commands through")
@@ -437,15 +436,15 @@ async def bdev_wait_for_examine(cp: ControlPlane, p: Params) -> bool:
 
 @method("nvmf_create_subsystem")
 async def nvmf_create_subsystem(cp: ControlPlane, p: Params) -> bool:
-    nqn = p.str("nqn")
+    nqn = p.string("nqn")
     _no_target_name(p)
-    serial = p.str("serial_number", "")
-    model = p.str("model_number", "pynvmf")
-    max_namespaces = p.int("max_namespaces", 0, high=0xFFFFFFFF)
-    allow_any_host = p.bool("allow_any_host", False)
+    serial = p.string("serial_number", "")
+    model = p.string("model_number", "pynvmf")
+    max_namespaces = p.integer("max_namespaces", 0, high=0xFFFFFFFF)
+    allow_any_host = p.boolean("allow_any_host", False)
     p.refuse_unless("ana_reporting", (False,), "pynvmf has no ANA reporting")
-    min_cntlid = p.int("min_cntlid", CNTLID_MIN, high=0xFFFF)
-    max_cntlid = p.int("max_cntlid", CNTLID_MAX, high=0xFFFF)
+    min_cntlid = p.integer("min_cntlid", CNTLID_MIN, high=0xFFFF)
+    max_cntlid = p.integer("max_cntlid", CNTLID_MAX, high=0xFFFF)
     p.refuse_unless("max_discard_size_kib", (0,), "pynvmf limits no discard size")
     p.refuse_unless("max_write_zeroes_size_kib", (0,), "pynvmf has its own Write Zeroes limit")
     p.refuse_unless("passthrough", (False,), "pynvmf passes no commands through")
@@ -468,7 +467,7 @@ async def nvmf_create_subsystem(cp: ControlPlane, p: Params) -> bool:
 
 @method("nvmf_delete_subsystem")
 async def nvmf_delete_subsystem(cp: ControlPlane, p: Params) -> bool:
-    nqn = p.str("nqn")
+    nqn = p.string("nqn")
     _no_target_name(p)
     p.done()
     await _apply(cp.target.remove_subsystem(nqn), {})
@@ -523,7 +522,7 @@ def _subsystem_json(target: Target, subsystem: Subsystem) -> dict[str, Any]:
 
 @method("nvmf_get_subsystems")
 async def nvmf_get_subsystems(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
-    nqn = p.str("nqn", None)
+    nqn = p.string("nqn", None)
     _no_target_name(p)
     p.done()
     target = cp.target
@@ -539,12 +538,12 @@ async def nvmf_get_subsystems(cp: ControlPlane, p: Params) -> list[dict[str, Any
 
 
 def _listen_address(p: Params, key: str = "listen_address") -> tuple[str, int]:
-    a = p.object(key)
+    a = p.nested(key)
     assert a is not None
     _check_trtype(a)
-    adrfam = a.str("adrfam", "ipv4")
-    traddr = a.str("traddr")
-    trsvcid = a.str("trsvcid")
+    adrfam = a.string("adrfam", "ipv4")
+    traddr = a.string("traddr")
+    trsvcid = a.string("trsvcid")
     a.done()
     try:
         ip = ipaddress.ip_address(traddr)
@@ -568,7 +567,7 @@ _LISTENER_NAMES = {"address": "listen_address.traddr", "port": "listen_address.t
 
 @method("nvmf_subsystem_add_listener")
 async def nvmf_subsystem_add_listener(cp: ControlPlane, p: Params) -> bool:
-    nqn = p.str("nqn")
+    nqn = p.string("nqn")
     address, port = _listen_address(p)
     _no_target_name(p)
     p.refuse_unless("secure_channel", (False,), "pynvmf has no TLS")
@@ -581,7 +580,7 @@ async def nvmf_subsystem_add_listener(cp: ControlPlane, p: Params) -> bool:
 
 @method("nvmf_subsystem_remove_listener")
 async def nvmf_subsystem_remove_listener(cp: ControlPlane, p: Params) -> bool:
-    nqn = p.str("nqn")
+    nqn = p.string("nqn")
     address, port = _listen_address(p)
     _no_target_name(p)
     p.ignore("secure_channel", "ana_state", "sock_impl")  # SPDK's decoder takes them here too
@@ -592,7 +591,7 @@ async def nvmf_subsystem_remove_listener(cp: ControlPlane, p: Params) -> bool:
 
 @method("nvmf_subsystem_get_listeners")
 async def nvmf_subsystem_get_listeners(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
-    nqn = p.str("nqn")
+    nqn = p.string("nqn")
     _no_target_name(p)
     p.done()
     if nqn != DISCOVERY_NQN and nqn not in cp.target.subsystems:
@@ -613,15 +612,15 @@ _NS_NAMES = {
 
 @method("nvmf_subsystem_add_ns")
 async def nvmf_subsystem_add_ns(cp: ControlPlane, p: Params) -> int:
-    nqn = p.str("nqn")
+    nqn = p.string("nqn")
     _no_target_name(p)
-    ns = p.object("namespace")
+    ns = p.nested("namespace")
     assert ns is not None
-    bdev_name = ns.str("bdev_name")
-    nsid = ns.int("nsid", 0, high=0xFFFFFFFF)
-    ns_uuid = ns.uuid("uuid")
-    nguid = ns.hex("nguid", 16)
-    eui64 = ns.hex("eui64", 8)
+    bdev_name = ns.string("bdev_name")
+    nsid = ns.integer("nsid", 0, high=0xFFFFFFFF)
+    ns_uuid = ns.uuid_value("uuid")
+    nguid = ns.hex_bytes("nguid", 16)
+    eui64 = ns.hex_bytes("eui64", 8)
     ns.refuse_unless("ptpl_file", (), "pynvmf keeps no reservation state in a file")
     ns.refuse_unless("anagrpid", (), "pynvmf has no ANA groups")
     ns.refuse_unless("no_auto_visible", (False,), "pynvmf shows every namespace to every host")
@@ -639,8 +638,8 @@ async def nvmf_subsystem_add_ns(cp: ControlPlane, p: Params) -> int:
 
 @method("nvmf_subsystem_remove_ns")
 async def nvmf_subsystem_remove_ns(cp: ControlPlane, p: Params) -> bool:
-    nqn = p.str("nqn")
-    nsid = p.int("nsid", high=0xFFFFFFFF)
+    nqn = p.string("nqn")
+    nsid = p.integer("nsid", high=0xFFFFFFFF)
     _no_target_name(p)
     p.done()
     await _apply(cp.target.remove_namespace(nqn, nsid), {})
@@ -652,8 +651,8 @@ async def nvmf_subsystem_remove_ns(cp: ControlPlane, p: Params) -> bool:
 
 @method("nvmf_subsystem_add_host")
 async def nvmf_subsystem_add_host(cp: ControlPlane, p: Params) -> bool:
-    nqn = p.str("nqn")
-    host = p.str("host")
+    nqn = p.string("nqn")
+    host = p.string("host")
     _no_target_name(p)
     p.refuse_unless("psk", (), "pynvmf has no TLS")
     p.refuse_unless("dhchap_key", (), "pynvmf has no DH-HMAC-CHAP")
@@ -665,8 +664,8 @@ async def nvmf_subsystem_add_host(cp: ControlPlane, p: Params) -> bool:
 
 @method("nvmf_subsystem_remove_host")
 async def nvmf_subsystem_remove_host(cp: ControlPlane, p: Params) -> bool:
-    nqn = p.str("nqn")
-    host = p.str("host")
+    nqn = p.string("nqn")
+    host = p.string("host")
     _no_target_name(p)
     p.done()
     _sync(lambda: cp.target.remove_host(nqn, host), {"hostnqn": "host"})
@@ -675,8 +674,8 @@ async def nvmf_subsystem_remove_host(cp: ControlPlane, p: Params) -> bool:
 
 @method("nvmf_subsystem_allow_any_host")
 async def nvmf_subsystem_allow_any_host(cp: ControlPlane, p: Params) -> bool:
-    nqn = p.str("nqn")
-    allow = p.bool("allow_any_host")
+    nqn = p.string("nqn")
+    allow = p.boolean("allow_any_host")
     _no_target_name(p)
     p.done()
     _sync(lambda: cp.target.set_allow_any_host(nqn, allow), {})
@@ -687,7 +686,7 @@ async def nvmf_subsystem_allow_any_host(cp: ControlPlane, p: Params) -> bool:
 
 
 def _subsystem_or_discovery(cp: ControlPlane, p: Params) -> Subsystem:
-    nqn = p.str("nqn")
+    nqn = p.string("nqn")
     _no_target_name(p)
     p.done()
     if nqn == DISCOVERY_NQN:
