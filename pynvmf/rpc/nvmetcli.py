@@ -107,7 +107,12 @@ _SUBSYSTEM_ATTRS = {
 
 
 def _subsystem(target: Target, spec: dict[str, Any], where: str) -> None:
-    _known(spec, where, {"nqn", "attr", "allowed_hosts", "namespaces"})
+    _known(spec, where, {"nqn", "attr", "allowed_hosts", "namespaces", "passthru"})
+    for k, passthru in enumerate(_list(spec.get("passthru"), f"{where}.passthru")):
+        # Kernels with passthru support dump it for every subsystem; disabled, it is nothing.
+        p_where = f"{where}.passthru[{k}]"
+        if _text(_obj(passthru, p_where).get("enable", 0)) != "0":
+            raise NvmetcliError(f"{p_where}.enable", "pynvmf passes no commands through")
     nqn = spec.get("nqn")
     if not isinstance(nqn, str):
         raise NvmetcliError(f"{where}.nqn", "a subsystem needs an NQN")
@@ -171,8 +176,10 @@ def _namespace(target: Target, nqn: str, spec: dict[str, Any], where: str) -> No
     if not isinstance(path, str) or not path:
         raise NvmetcliError(f"{d}.path", "a namespace needs a device path")
     ns_uuid = _uuid(device.get("uuid"), f"{d}.uuid")
-    nguid = _hex(device.get("nguid"), 16, f"{d}.nguid")
-    eui64 = _hex(device.get("eui64"), 8, f"{d}.eui64")
+    # What nvmet reports and no more: an NGUID only if set, an EUI-64 only if the kernel
+    # has the attribute and it is set (pynvmf would otherwise derive both).
+    nguid = _hex(device.get("nguid"), 16, f"{d}.nguid") or bytes(16)
+    eui64 = _hex(device.get("eui64"), 8, f"{d}.eui64") or bytes(8)
     try:
         opened = FileDevice(path, _nvmet_block_size(path))
     except (OSError, ValueError) as exc:
@@ -240,9 +247,7 @@ def _hex(value: Any, size: int, where: str) -> bytes | None:
         raw = b""
     if len(raw) != size:
         raise NvmetcliError(where, f"{value!r} is not {size} bytes in hex")
-    if not any(raw):
-        return None  # nvmet shows an unset NGUID as zeros
-    return raw
+    return raw  # zeros included: nvmet shows an NGUID it does not report as zeros
 
 
 _ADDR_KEYS = {"trtype", "adrfam", "traddr", "trsvcid", "treq", "tsas"}
@@ -353,6 +358,14 @@ def _change(apply: Any, where: str, names: dict[str, str], prefix: str | None = 
 # -- writing ----------------------------------------------------------------------------------
 
 
+def _device_json(nguid: bytes, eui64: bytes, path: str, ns_uuid: str) -> dict[str, str]:
+    device = {"nguid": str(uuid.UUID(bytes=nguid)), "path": path, "uuid": ns_uuid}
+    if any(eui64):
+        # Only newer kernels have device_eui64; an older one refuses the key, and says so.
+        device["eui64"] = eui64.hex()
+    return device
+
+
 def nvmetcli_config(target: Target) -> dict[str, Any]:
     """The target as nvmetcli's JSON: what `nvmetcli restore` sets up on a Linux target."""
     hosts = sorted({h for s in target.subsystems.values() for h in s.allowed_hosts})
@@ -369,11 +382,7 @@ def nvmetcli_config(target: Target) -> dict[str, Any]:
                 )
             namespaces.append(
                 {
-                    "device": {
-                        "nguid": str(uuid.UUID(bytes=ns.nguid)),
-                        "path": entry.path,
-                        "uuid": str(ns.uuid),
-                    },
+                    "device": _device_json(ns.nguid, ns.eui64, entry.path, str(ns.uuid)),
                     "enable": 1,
                     "nsid": nsid,
                     "ana_grpid": 1,
@@ -417,7 +426,6 @@ def nvmetcli_config(target: Target) -> dict[str, Any]:
                     "treq": "not specified",
                     "trsvcid": str(port.port),
                     "trtype": "tcp",
-                    "tsas": "none",
                 },
                 "ana_groups": [{"ana": {"state": "optimized"}, "grpid": 1}],
                 "param": {"inline_data_size": str(port.transport.inline_data_size)},

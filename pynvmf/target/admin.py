@@ -182,13 +182,15 @@ def _ns_descriptors(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> Outcome:
     ns = ctrl.subsystem.namespaces.get(sqe.nsid)
     if ns is None:
         return Status.INVALID_NS | DNR, 0, None
+    # An identifier of zeroes is one the namespace does not have (a namespace moved from
+    # nvmet, which reports no EUI-64): not described, as Identify Namespace leaves it zero.
+    ids = [
+        I.NsIdDescriptor.eui64(ns.eui64) if any(ns.eui64) else None,
+        I.NsIdDescriptor.nguid(ns.nguid) if any(ns.nguid) else None,
+        I.NsIdDescriptor.uuid(ns.uuid.bytes) if ns.uuid.int else None,
+    ]
     descriptors = I.NsIdDescriptorList(
-        [
-            I.NsIdDescriptor.eui64(ns.eui64),
-            I.NsIdDescriptor.nguid(ns.nguid),
-            I.NsIdDescriptor.uuid(ns.uuid.bytes),
-            I.NsIdDescriptor.csi(I.Csi.NVM),
-        ]
+        [d for d in ids if d is not None] + [I.NsIdDescriptor.csi(I.Csi.NVM)]
     )
     return Status.SUCCESS, 0, descriptors.pack()
 

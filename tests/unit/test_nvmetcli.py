@@ -91,6 +91,7 @@ async def test_a_linux_targets_configuration_loads(image: Path) -> None:
     assert sub.version == 0x10300 and sub.max_io_queues == 128
     ns = sub.namespaces[1]
     assert str(ns.uuid) == NS_UUID and ns.nguid == uuid.UUID(NGUID).bytes
+    assert ns.eui64 == bytes(8)  # nvmet reports none, so neither does pynvmf
     assert target.block_devices[ns.device_name].path == str(image.resolve())
     assert target.subsystems[OPEN].allow_any_host
     (port,) = target.ports
@@ -145,7 +146,11 @@ def _set(config: dict[str, Any], path: str, value: Any) -> None:
         ("subsystems.0.attr.pi_enable", "1", "config.subsystems[0].attr.pi_enable"),
         ("subsystems.0.attr.offload", "1", "config.subsystems[0].attr.offload"),
         ("subsystems.0.attr.serial", "S" * 21, "config.subsystems[0].attr.serial"),
-        ("subsystems.0.passthru", [{}], "config.subsystems[0].passthru"),
+        (
+            "subsystems.0.passthru",
+            [{"device": {"path": "/dev/nvme0"}, "enable": 1}],
+            "config.subsystems[0].passthru[0].enable",
+        ),
         ("subsystems.0.namespaces.0.enable", 0, "config.subsystems[0].namespaces[0].enable"),
         ("subsystems.0.namespaces.0.ana_grpid", 2, "config.subsystems[0].namespaces[0].ana_grpid"),
         (
@@ -175,6 +180,16 @@ async def test_what_pynvmf_cannot_honour_is_refused_naming_the_key(
     with pytest.raises(RpcError) as info:
         await load_nvmetcli(target, config)
     assert info.value.message.startswith(f"{named}: "), info.value.message
+    await target.stop()
+
+
+async def test_a_disabled_passthru_is_nothing_to_honour(image: Path) -> None:
+    config = saved(image)
+    passthru = {"device": {"path": ""}, "enable": 0, "admin_timeout": 0, "io_timeout": 0}
+    config["subsystems"][0]["passthru"] = [passthru]
+    target = Target()
+    await load_nvmetcli(target, config)
+    assert NQN in target.subsystems
     await target.stop()
 
 
