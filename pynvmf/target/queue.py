@@ -54,7 +54,10 @@ class TargetQueue:
             if (req.sqe.flags & FUSE_MASK or fused.first is not None) and fused.arrive(req):
                 return
             if opcode != AdminOpcode.FABRICS:
-                self._run(io.execute(req))
+                # The hot path: only a command that suspends pays for being tracked.
+                task = start_eager(io.execute(req))
+                if task is not None:
+                    self._track(task)
             else:
                 self._run(self._admin(req))
             return
@@ -76,9 +79,12 @@ class TargetQueue:
     def _run(self, command: Coroutine[Any, Any, None]) -> None:
         task = start_eager(command)
         if task is not None:
-            waiting = self.commands_waiting
-            waiting.add(task)
-            task.add_done_callback(waiting.discard)
+            self._track(task)
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        waiting = self.commands_waiting
+        waiting.add(task)
+        task.add_done_callback(waiting.discard)
 
     def finish(self, req: Request, status: int) -> None:
         """Complete a command that carries no data back, recording a failure."""
