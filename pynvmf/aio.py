@@ -13,8 +13,9 @@ log = logging.getLogger(__name__)
 _background: set[asyncio.Task[Any]] = set()
 
 
-def start_eager(coro: Coroutine[Any, Any, Any]) -> None:
-    """Run `coro` now, up to its first real suspension; a Task takes over only then.
+def start_eager(coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any] | None:
+    """Run `coro` now, up to its first real suspension; a Task takes over only then,
+    and is returned (None: the coroutine already finished).
 
     Most commands on an in-memory or page-cached namespace never suspend, so this
     saves the Task and the event-loop round trip that create_task would cost per
@@ -24,13 +25,14 @@ def start_eager(coro: Coroutine[Any, Any, Any]) -> None:
     try:
         yielded = coro.send(None)
     except StopIteration:
-        return
+        return None
     except Exception:
         log.exception("command handler failed")
-        return
+        return None
     task = asyncio.ensure_future(_continue(coro, yielded))
     _background.add(task)
     task.add_done_callback(_finished)
+    return task
 
 
 def _finished(task: asyncio.Task[Any]) -> None:

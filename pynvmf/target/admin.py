@@ -27,7 +27,6 @@ from pynvmf.target.controller import (
     IOCS_COMBINATIONS,
     KAS_100MS,
     QUEUE_ENTRIES,
-    VERSION,
     Controller,
 )
 from pynvmf.target.io import IO_COMMANDS
@@ -183,13 +182,15 @@ def _ns_descriptors(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> Outcome:
     ns = ctrl.subsystem.namespaces.get(sqe.nsid)
     if ns is None:
         return Status.INVALID_NS | DNR, 0, None
+    # An identifier of zeroes is one the namespace does not have (a namespace moved from
+    # nvmet, which reports no EUI-64): not described, as Identify Namespace leaves it zero.
+    ids = [
+        I.NsIdDescriptor.eui64(ns.eui64) if any(ns.eui64) else None,
+        I.NsIdDescriptor.nguid(ns.nguid) if any(ns.nguid) else None,
+        I.NsIdDescriptor.uuid(ns.uuid.bytes) if ns.uuid.int else None,
+    ]
     descriptors = I.NsIdDescriptorList(
-        [
-            I.NsIdDescriptor.eui64(ns.eui64),
-            I.NsIdDescriptor.nguid(ns.nguid),
-            I.NsIdDescriptor.uuid(ns.uuid.bytes),
-            I.NsIdDescriptor.csi(I.Csi.NVM),
-        ]
+        [d for d in ids if d is not None] + [I.NsIdDescriptor.csi(I.Csi.NVM)]
     )
     return Status.SUCCESS, 0, descriptors.pack()
 
@@ -251,9 +252,10 @@ def identify_controller(ctrl: Controller, queue: TargetQueue) -> I.IdentifyContr
     common = dict(
         sn=subsystem.serial[:20],
         mn=subsystem.model[:40],
-        fr=FIRMWARE,
+        fr=subsystem.firmware or FIRMWARE,
         cntlid=ctrl.cntlid,
-        ver=VERSION,
+        ver=subsystem.version,
+        ieee=subsystem.ieee_oui,
         maxcmd=QUEUE_ENTRIES,
         kas=KAS_100MS,
         sgls=I.Sgls.SUPPORTED | (I.Sgls.OFFSET if inline else 0),
@@ -574,11 +576,12 @@ def _smart_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes:
 
 
 def _fw_slot_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes:
-    return L.FwSlotLog(afi=1, frs=[FIRMWARE] + [""] * 6).pack()
+    return L.FwSlotLog(afi=1, frs=[ctrl.subsystem.firmware or FIRMWARE] + [""] * 6).pack()
 
 
 def _changed_ns_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes:
-    return L.ChangedNsList([]).pack()
+    # Reading the log clears it, whatever RAE says (RAE is about the event, as for nvmet).
+    return L.ChangedNsList(ctrl.take_changed_nsids()).pack()
 
 
 def _cmd_effects_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes | None:

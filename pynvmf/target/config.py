@@ -1,28 +1,74 @@
-"""Target configuration: the JSON file format and the objects it builds.
+"""Target configuration: pynvmf's JSON file format, read into and written from a Target.
 
-The CLI's options build the same dictionary a JSON file holds, so there is
-one path from configuration to a running target.
+Reading builds the target through the Target's change methods (the ones the RPC
+methods call), so there is one path from any configuration to a running target.
+The CLI's options build the same dictionary a JSON file holds. Writing describes a
+running target in the same format, so that `pynvmf target --config` starts it again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pynvmf.block.device import BlockDevice
 from pynvmf.block.file import FileDevice
 from pynvmf.block.memory import MemoryDevice
-from pynvmf.target.server import DISCOVERY_PORT, NVME_TCP_PORT, Port, Target
-from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.spec.opcodes import DISCOVERY_NQN
+from pynvmf.target import devices as D
+from pynvmf.target.devices import NamedDevice
+from pynvmf.target.server import (
+    DISCOVERY_PORT,
+    NVME_TCP_PORT,
+    ChangeError,
+    Port,
+    Target,
+)
+from pynvmf.target.subsystem import CNTLID_MAX, CNTLID_MIN, DEFAULT_VERSION, Subsystem
 from pynvmf.tcp.target import TransportConfig
 
 DEFAULT_NQN = "nqn.2024-11.dev.pynvmf:default"
 DEFAULT_MEMORY = 1 << 30
+DEFAULT_BLOCK_SIZE = 512
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_DEFAULT_TRANSPORT = TransportConfig()
+
+_TOP_KEYS = {"ports", "discovery_ports", "subsystems", "devices", "transport"}
+_PORT_KEYS = {
+    "address",
+    "port",
+    "subsystems",
+    "inline_data_size",
+    "max_h2c_data",
+    "header_digest",
+    "data_digest",
+    "discovery",
+}
+_TRANSPORT_KEYS = {"inline_data_size", "max_h2c_data", "header_digest", "data_digest"}
+_SUBSYSTEM_KEYS = {
+    "nqn",
+    "hosts",
+    "allow_any_host",
+    "serial",
+    "model",
+    "namespaces",
+    "max_namespaces",
+    "cntlid_min",
+    "cntlid_max",
+    "max_io_queues",
+    "version",
+    "firmware",
+    "ieee_oui",
+}
+_DEVICE_KEYS = {"memory", "file", "size", "create", "block_size", "read_only"}
+_NAMESPACE_KEYS = _DEVICE_KEYS | {"nsid", "uuid", "nguid", "eui64", "device"}
 
 
 class ConfigError(ValueError):
@@ -31,7 +77,7 @@ class ConfigError(ValueError):
 
 def parse_size(text: str | int) -> int:
     """'1G', '512M', '64KiB', '4096' -> bytes (binary units)."""
-    if isinstance(text, int):
+    if isinstance(text, int) and not isinstance(text, bool):
         return text
     m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
     if not m:
@@ -52,82 +98,263 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _transport(spec: dict[str, Any]) -> TransportConfig:
-    inline = parse_size(spec.get("inline_data_size", 16384))
-    if inline % 16 or inline < 0 or inline > 1 << 20:
-        raise ConfigError("inline_data_size must be a multiple of 16 between 0 and 1 MiB")
+def parse_version(text: str | int) -> int:
+    """'1.3', '2.0', '1.2.1' (or the VS register's value) -> the VS register's value."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    m = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?", str(text).strip())
+    if not m:
+        raise ConfigError(f"not an NVMe version: {text!r}")
+    return int(m.group(1)) << 16 | int(m.group(2)) << 8 | int(m.group(3) or 0)
+
+
+def format_version(vs: int) -> str:
+    tertiary = vs & 0xFF
+    text = f"{vs >> 16}.{(vs >> 8) & 0xFF}"
+    return f"{text}.{tertiary}" if tertiary else text
+
+
+# -- reading ------------------------------------------------------------------------------
+
+
+class _Reader:
+    """Typed access to one object of the file, with error messages that name the key."""
+
+    def __init__(self, obj: Any, where: str, keys: set[str]) -> None:
+        if not isinstance(obj, dict):
+            raise ConfigError(f"{where}: not an object")
+        unknown = sorted(set(obj) - keys)
+        if unknown:
+            raise ConfigError(f"{where}.{unknown[0]}: unknown key")
+        self.obj = obj
+        self.where = where
+
+    def path(self, key: str) -> str:
+        return f"{self.where}.{key}"
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
+        if key not in self.obj:
+            return default
+        value = self.obj[key]
+        if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _tuple(kind)):
+            raise ConfigError(f"{self.path(key)}: {value!r} has the wrong type")
+        return value
+
+    def convert(self, key: str, parse: Callable[[Any], Any], default: Any = None) -> Any:
+        if key not in self.obj:
+            return default
+        try:
+            return parse(self.obj[key])
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{self.path(key)}: {exc}") from None
+
+    def items(self, key: str) -> list[Any]:
+        value = self.get(key, list, [])
+        return list(value)
+
+
+def _tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def transport_of(spec: dict[str, Any], where: str, base: TransportConfig) -> TransportConfig:
+    r = _Reader(
+        {k: v for k, v in spec.items() if k in _TRANSPORT_KEYS},
+        where,
+        _TRANSPORT_KEYS,
+    )
     return TransportConfig(
-        inline_data_size=inline,
-        max_h2c_data=parse_size(spec.get("max_h2c_data", 128 * 1024)),
-        allow_header_digest=bool(spec.get("header_digest", True)),
-        allow_data_digest=bool(spec.get("data_digest", True)),
+        inline_data_size=r.convert("inline_data_size", parse_size, base.inline_data_size),
+        max_h2c_data=r.convert("max_h2c_data", parse_size, base.max_h2c_data),
+        allow_header_digest=r.get("header_digest", bool, base.allow_header_digest),
+        allow_data_digest=r.get("data_digest", bool, base.allow_data_digest),
+        cpda=base.cpda,
     )
 
 
-def _device(spec: dict[str, Any], where: str) -> tuple[BlockDevice, str]:
-    block_size = int(spec.get("block_size", 512))
-    if "memory" in spec:
-        return MemoryDevice(parse_size(spec["memory"]), block_size), "memory"
-    if "file" in spec:
-        path = Path(spec["file"])
-        size = parse_size(spec["size"]) if "size" in spec else None
-        create = bool(spec.get("create", size is not None and not path.exists()))
-        device = FileDevice(path, block_size, size_bytes=size, create=create)
-        return device, f"file:{path.resolve()}"
-    raise ConfigError(f"{where}: a namespace needs 'memory' or 'file'")
-
-
-def build_target(config: dict[str, Any]) -> Target:
-    """Build (but do not start) a Target from a configuration dictionary."""
+def open_device(spec: dict[str, Any], where: str, name: str, *, owned: bool) -> NamedDevice:
+    """The block device a namespace or devices[] entry describes, opened."""
+    r = _Reader(spec, where, _NAMESPACE_KEYS | {"name"})
+    block_size = r.get("block_size", int, DEFAULT_BLOCK_SIZE)
+    dev_uuid = None if owned else r.convert("uuid", uuid.UUID)
     try:
-        subsystems = []
-        for i, sub in enumerate(config.get("subsystems", [])):
-            nqn = sub["nqn"]
-            hosts = set(sub.get("hosts", []))
-            subsystem = Subsystem(
-                nqn,
-                allow_any_host=bool(sub.get("allow_any_host", not hosts)),
-                allowed_hosts=hosts,
-                serial=sub.get("serial", ""),
-                model=sub.get("model", "pynvmf"),
+        if "memory" in spec:
+            size = r.convert("memory", parse_size)
+            return NamedDevice.wrap(
+                name, MemoryDevice(size, block_size), device_uuid=dev_uuid, owned=owned
             )
-            for j, ns_spec in enumerate(sub.get("namespaces", [])):
-                device, backing = _device(ns_spec, f"subsystems[{i}].namespaces[{j}]")
-                ns_uuid = uuid.UUID(ns_spec["uuid"]) if "uuid" in ns_spec else None
-                nsid = int(ns_spec.get("nsid", j + 1))
-                subsystem.add_namespace(Namespace.create(nqn, nsid, device, backing, ns_uuid))
-            subsystems.append(subsystem)
-        ports = []
-        for spec in config.get("ports", []):
-            ports.append(
-                Port(
-                    address=spec.get("address", "127.0.0.1"),
-                    port=int(spec.get("port", NVME_TCP_PORT)),
-                    subsystems=spec.get("subsystems"),
-                    transport=_transport(spec),
-                )
+        if "file" in spec:
+            path = Path(r.get("file", str))
+            size = r.convert("size", parse_size)
+            create = r.get("create", bool, size is not None and not path.exists())
+            read_only = r.get("read_only", bool, False)
+            device = FileDevice(
+                path, block_size, size_bytes=size, create=create, read_only=read_only
             )
+            return NamedDevice.wrap(name, device, device_uuid=dev_uuid, owned=owned)
+    except OSError as exc:
+        raise ConfigError(f"{where}: {exc.filename or ''}: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    raise ConfigError(f"{where}: a namespace needs 'memory', 'file' or 'device'")
+
+
+def _hex_bytes(size: int) -> Callable[[Any], bytes]:
+    def parse(text: Any) -> bytes:
+        if not isinstance(text, str):
+            raise ValueError(f"{text!r} is not a hex string")
+        value = bytes.fromhex(text.replace("-", ""))
+        if len(value) != size:
+            raise ValueError(f"{text!r} is not {size} bytes")
+        return value
+
+    return parse
+
+
+async def apply_config(target: Target, config: dict[str, Any]) -> None:
+    """Add what `config` describes to `target`, through its change methods.
+
+    Each change applies completely or not at all, but a configuration is many changes:
+    one that fails part way leaves the earlier ones applied (a target being started
+    from it is simply not started)."""
+    top = _Reader(config, "config", _TOP_KEYS)
+    try:
+        if "transport" in config:
+            transport = transport_of(
+                top.get("transport", dict), top.path("transport"), target.transport
+            )
+            _change("transport", lambda: target.set_transport(transport))
+        for i, spec in enumerate(top.items("devices")):
+            where = f"devices[{i}]"
+            r = _Reader(spec, where, _DEVICE_KEYS | {"name", "uuid"})
+            name = r.get("name", str)
+            if not name:
+                raise ConfigError(f"{where}.name: a device needs a name")
+            entry = open_device(spec, where, name, owned=False)
+            _change(where, lambda entry=entry: target.add_block_device(entry), entry)
+        for i, spec in enumerate(top.items("subsystems")):
+            _subsystem(target, spec, f"subsystems[{i}]")
+        ports = top.items("ports")
+        for i, spec in enumerate(ports):
+            where = f"ports[{i}]"
+            r = _Reader(spec, where, _PORT_KEYS)
+            subsystems = r.get("subsystems", list)
+            if subsystems is not None and not all(isinstance(n, str) for n in subsystems):
+                raise ConfigError(f"{where}.subsystems: not a list of NQNs")
+            port = Port(
+                address=r.get("address", str, "127.0.0.1"),
+                port=r.get("port", int, NVME_TCP_PORT),
+                subsystems=subsystems,
+                transport=transport_of(spec, where, target.transport),
+                discovery_listener=r.get("discovery", bool, False),
+            )
+            await _change_async(where, target.add_port(port))
         if "discovery_ports" in config:
-            discovery = config["discovery_ports"]
+            discovery = top.items("discovery_ports")
         else:
-            discovery = [
-                {"address": a, "port": DISCOVERY_PORT}
-                for a in dict.fromkeys(p.address for p in ports)
-            ]
-        for spec in discovery:
-            ports.append(
-                Port(
-                    address=spec.get("address", "127.0.0.1"),
-                    port=int(spec.get("port", DISCOVERY_PORT)),
-                    discovery_only=True,
-                    transport=_transport(spec),
-                )
+            addresses = dict.fromkeys(
+                _Reader(p, "ports[]", _PORT_KEYS).get("address", str, "127.0.0.1") for p in ports
             )
+            discovery = [{"address": a, "port": DISCOVERY_PORT} for a in addresses]
+        for i, spec in enumerate(discovery):
+            where = f"discovery_ports[{i}]"
+            r = _Reader(spec, where, _PORT_KEYS - {"subsystems", "discovery"})
+            port = Port(
+                address=r.get("address", str, "127.0.0.1"),
+                port=r.get("port", int, DISCOVERY_PORT),
+                discovery_only=True,
+                discovery_listener=True,
+                transport=transport_of(spec, where, target.transport),
+            )
+            await _change_async(where, target.add_port(port))
     except (KeyError, TypeError) as exc:
         raise ConfigError(f"invalid configuration: {exc!r}") from exc
-    if not ports:
+
+
+def _subsystem(target: Target, spec: Any, where: str) -> None:
+    r = _Reader(spec, where, _SUBSYSTEM_KEYS)
+    nqn = r.get("nqn", str)
+    if nqn is None:
+        raise ConfigError(f"{where}.nqn: a subsystem needs an NQN")
+    hosts = r.items("hosts")
+    if not all(isinstance(h, str) for h in hosts):
+        raise ConfigError(f"{where}.hosts: not a list of NQNs")
+    kwargs: dict[str, Any] = dict(
+        serial=r.get("serial", str, ""),
+        model=r.get("model", str, "pynvmf"),
+        allow_any_host=r.get("allow_any_host", bool, not hosts),
+        hosts=hosts,
+        max_namespaces=r.get("max_namespaces", int, 0),
+        cntlid_min=r.get("cntlid_min", int, CNTLID_MIN),
+        cntlid_max=r.get("cntlid_max", int, CNTLID_MAX),
+        max_io_queues=r.get("max_io_queues", int),
+        version=r.convert("version", parse_version, DEFAULT_VERSION),
+        firmware=r.get("firmware", str, ""),
+        ieee_oui=r.get("ieee_oui", int, 0),
+    )
+    _change(where, lambda: target.add_subsystem(nqn, **kwargs))
+    for j, ns_spec in enumerate(r.items("namespaces")):
+        ns_where = f"{where}.namespaces[{j}]"
+        ns = _Reader(ns_spec, ns_where, _NAMESPACE_KEYS)
+        nsid = ns.get("nsid", int, j + 1)
+        ns_uuid = ns.convert("uuid", uuid.UUID)
+        nguid = ns.convert("nguid", _hex_bytes(16))
+        eui64 = ns.convert("eui64", _hex_bytes(8))
+        name = ns.get("device", str)
+        device: str | NamedDevice
+        entry = None
+        if name is None:
+            device = entry = open_device(ns_spec, ns_where, f"{nqn}/{nsid}", owned=True)
+        elif set(ns_spec) & _DEVICE_KEYS:
+            key = sorted(set(ns_spec) & _DEVICE_KEYS)[0]
+            raise ConfigError(f"{ns_where}.{key}: a namespace on a named device describes none")
+        else:
+            device = name
+        _change(
+            ns_where,
+            lambda device=device, nsid=nsid, ns_uuid=ns_uuid, nguid=nguid, eui64=eui64: (
+                target.add_namespace(
+                    nqn, device, nsid=nsid, ns_uuid=ns_uuid, nguid=nguid, eui64=eui64
+                )
+            ),
+            entry,
+        )
+
+
+def _change(where: str, apply: Callable[[], Any], opened: NamedDevice | None = None) -> Any:
+    try:
+        return apply()
+    except ChangeError as exc:
+        if opened is not None:
+            _close_quietly(opened)
+        raise ConfigError(f"{where}.{exc.field}: {exc.reason}") from exc
+
+
+async def _change_async(where: str, change: Any) -> Any:
+    try:
+        return await change
+    except ChangeError as exc:
+        raise ConfigError(f"{where}.{exc.field}: {exc.reason}") from exc
+
+
+def _close_quietly(entry: NamedDevice) -> None:
+    close = getattr(entry.device, "close_sync", None)
+    if close is not None:
+        close()
+
+
+async def build_target(config: dict[str, Any]) -> Target:
+    """Build (but do not start) a Target from a configuration dictionary."""
+    target = Target()
+    try:
+        await apply_config(target, config)
+    except BaseException:
+        await target.stop()
+        raise
+    if not target.ports:
+        await target.stop()
         raise ConfigError("the configuration has no ports")
-    return Target(subsystems, ports)
+    return target
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -174,3 +401,147 @@ def config_from_options(
         addresses = dict.fromkeys(p["address"] for p in ports)
         config["discovery_ports"] = [{"address": a, "port": discovery_port} for a in addresses]
     return config
+
+
+# -- writing ------------------------------------------------------------------------------
+
+
+def config_of(target: Target) -> dict[str, Any]:
+    """The running target in this format: `apply_config` of it builds the same target.
+
+    A device that is neither memory nor a file cannot be described: ConfigError."""
+    config: dict[str, Any] = {}
+    if target.transport != _DEFAULT_TRANSPORT:
+        config["transport"] = _transport_dict(target.transport, _DEFAULT_TRANSPORT)
+    devices = [
+        _device_dict(entry, with_name=True)
+        for entry in target.block_devices.values()
+        if not entry.owned
+    ]
+    if devices:
+        config["devices"] = devices
+    config["subsystems"] = [_subsystem_dict(target, s) for s in target.subsystems.values()]
+    ports = []
+    for port in target.ports:
+        if port.discovery_only:
+            continue
+        spec: dict[str, Any] = {"address": port.address, "port": port.port}
+        if port.subsystems is not None:
+            spec["subsystems"] = list(port.subsystems)
+        if port.discovery_listener:
+            spec["discovery"] = True
+        spec.update(_transport_dict(port.transport, target.transport))
+        ports.append(spec)
+    config["ports"] = ports
+    discovery = []
+    for port in target.ports:
+        if port.discovery_only:
+            spec = {"address": port.address, "port": port.port}
+            spec.update(_transport_dict(port.transport, target.transport))
+            discovery.append(spec)
+    config["discovery_ports"] = discovery
+    return config
+
+
+def _transport_dict(config: TransportConfig, base: TransportConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if config.inline_data_size != base.inline_data_size:
+        out["inline_data_size"] = config.inline_data_size
+    if config.max_h2c_data != base.max_h2c_data:
+        out["max_h2c_data"] = config.max_h2c_data
+    if config.allow_header_digest != base.allow_header_digest:
+        out["header_digest"] = config.allow_header_digest
+    if config.allow_data_digest != base.allow_data_digest:
+        out["data_digest"] = config.allow_data_digest
+    return out
+
+
+def _device_dict(entry: NamedDevice, *, with_name: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": entry.name} if with_name else {}
+    if entry.kind == D.MEMORY:
+        out["memory"] = entry.device.capabilities.size
+    elif entry.kind == D.FILE:
+        out["file"] = entry.path
+        if entry.read_only:
+            out["read_only"] = True
+    else:
+        raise ConfigError(f"block device {entry.name!r} is neither memory nor a file")
+    if entry.block_size != DEFAULT_BLOCK_SIZE:
+        out["block_size"] = entry.block_size
+    if with_name and entry.uuid is not None:
+        out["uuid"] = str(entry.uuid)
+    return out
+
+
+def _subsystem_dict(target: Target, subsystem: Subsystem) -> dict[str, Any]:
+    spec: dict[str, Any] = {"nqn": subsystem.nqn}
+    if subsystem.allowed_hosts:
+        spec["hosts"] = sorted(subsystem.allowed_hosts)
+    if subsystem.allow_any_host != (not subsystem.allowed_hosts):
+        spec["allow_any_host"] = subsystem.allow_any_host
+    spec["serial"] = subsystem.serial
+    if subsystem.model != "pynvmf":
+        spec["model"] = subsystem.model
+    defaults = Subsystem(subsystem.nqn)
+    for key in ("max_namespaces", "cntlid_min", "cntlid_max", "max_io_queues", "firmware"):
+        if getattr(subsystem, key) != getattr(defaults, key):
+            spec[key] = getattr(subsystem, key)
+    if subsystem.ieee_oui:
+        spec["ieee_oui"] = subsystem.ieee_oui
+    if subsystem.version != DEFAULT_VERSION:
+        spec["version"] = format_version(subsystem.version)
+    namespaces = []
+    for nsid, ns in sorted(subsystem.namespaces.items()):
+        entry = target.block_devices.get(ns.device_name)
+        ns_spec: dict[str, Any] = {"nsid": nsid}
+        if entry is not None and entry.owned:
+            ns_spec.update(_device_dict(entry, with_name=False))
+        else:
+            ns_spec["device"] = ns.device_name
+        # Written out, so that the namespace keeps them whatever backs it next time.
+        ns_spec["uuid"] = str(ns.uuid)
+        ns_spec["nguid"] = ns.nguid.hex()
+        ns_spec["eui64"] = ns.eui64.hex()
+        namespaces.append(ns_spec)
+    spec["namespaces"] = namespaces
+    return spec
+
+
+def write_atomically(path: str | Path, data: dict[str, Any] | list[Any]) -> None:
+    """Write JSON to `path` so that a crash leaves the old file or the new one, whole:
+    a temporary file in the same directory, fsync, rename, fsync of the directory."""
+    path = Path(path)
+    directory = path.parent.resolve()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+__all__ = [
+    "DEFAULT_NQN",
+    "DISCOVERY_NQN",
+    "ConfigError",
+    "apply_config",
+    "build_target",
+    "config_from_options",
+    "config_of",
+    "load_config",
+    "parse_listen",
+    "parse_size",
+    "write_atomically",
+]

@@ -14,9 +14,15 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from pynvmf.spec import command as C
-from pynvmf.spec.identify import IocsVector
-from pynvmf.spec.logpages import ErrorLogEntry
-from pynvmf.spec.opcodes import FeatureId
+from pynvmf.spec.identify import IocsVector, Oaes
+from pynvmf.spec.logpages import CHANGED_NS_MAX, ErrorLogEntry, LogPageId
+from pynvmf.spec.opcodes import (
+    NOTICE_DISC_LOG_CHANGED,
+    NOTICE_NS_ATTR_CHANGED,
+    AsyncEventType,
+    FeatureId,
+)
+from pynvmf.target.subsystem import DEFAULT_VERSION
 
 if TYPE_CHECKING:
     from pynvmf.target.queue import TargetQueue
@@ -26,7 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-VERSION = C.nvme_version(2, 0)
+VERSION = DEFAULT_VERSION  # what a subsystem reports unless configured otherwise
 QUEUE_ENTRIES = 1024  # MQES + 1
 MAX_IO_QUEUES = 64
 AERL = 3  # 0's based: four Asynchronous Event Requests may be outstanding
@@ -61,7 +67,7 @@ class Controller:
         self.cc = 0
         self.csts = 0
         self.queues: dict[int, TargetQueue] = {}
-        self.io_queues = MAX_IO_QUEUES
+        self.io_queues = subsystem.max_io_queues or MAX_IO_QUEUES
         # Asynchronous Event Requests waiting for an event, and events waiting for one.
         self.aer: deque[tuple[TargetQueue, Request]] = deque()
         self.pending_events: deque[int] = deque()
@@ -69,6 +75,9 @@ class Controller:
         # log page stay quiet until the host reads it (without Retain Asynchronous Event).
         self.masked_log_pages: set[int] = set()
         self.aen_config = 0
+        # NSIDs added, removed or changed since the host last read the Changed Namespace
+        # List log; past what the log holds it only says "more" (bounded either way).
+        self.changed_nsids: list[int] = []
         # I/O Command Set Profile: the index into IOCS_COMBINATIONS the host selected.
         self.iocs_index = 0
         self.volatile_write_cache = True
@@ -154,6 +163,25 @@ class Controller:
 
     def log_page_read(self, log_page: int) -> None:
         self.masked_log_pages.discard(log_page)
+
+    def namespace_changed(self, nsid: int) -> None:
+        """Namespace `nsid` appeared, went away or changed: note it in the Changed Namespace
+        List log and raise a Namespace Attribute Changed event if the host enabled it."""
+        changed = self.changed_nsids
+        if nsid not in changed and len(changed) <= CHANGED_NS_MAX:
+            changed.append(nsid)
+        if self.aen_config & Oaes.NS_ATTR:
+            self.notify(AsyncEventType.NOTICE, NOTICE_NS_ATTR_CHANGED, LogPageId.CHANGED_NS)
+
+    def take_changed_nsids(self) -> list[int]:
+        """The Changed Namespace List as the host reads it; reading clears it."""
+        changed, self.changed_nsids = self.changed_nsids, []
+        return changed
+
+    def discovery_changed(self) -> None:
+        """The discovery log changed: a Discovery Log Page Change event, if enabled."""
+        if self.aen_config & Oaes.DISCOVERY_CHANGE:
+            self.notify(AsyncEventType.NOTICE, NOTICE_DISC_LOG_CHANGED, LogPageId.DISCOVERY)
 
     def _deliver_events(self) -> None:
         while self.pending_events and self.aer:

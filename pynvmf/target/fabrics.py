@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from pynvmf.spec import command as C
 from pynvmf.spec.opcodes import FabricsType
 from pynvmf.spec.status import DNR, Status
-from pynvmf.target.controller import CAP, QUEUE_ENTRIES, VERSION, Controller
+from pynvmf.target.controller import CAP, QUEUE_ENTRIES, Controller
 
 if TYPE_CHECKING:
     from pynvmf.target.queue import TargetQueue
@@ -130,7 +130,7 @@ def property_get(ctrl: Controller, attrib: int, offset: int) -> Result:
             return Status.SUCCESS, CAP
         return Status.INVALID_FIELD | DNR, 0
     values = {
-        C.PROP_VS: VERSION,
+        C.PROP_VS: ctrl.subsystem.version,
         C.PROP_CC: ctrl.cc,
         C.PROP_CSTS: ctrl.csts,
         C.PROP_NSSR: 0,
@@ -152,7 +152,8 @@ async def property_set(ctrl: Controller, attrib: int, offset: int, value: int) -
     elif old & C.CC_EN and not new & C.CC_EN:
         ctrl.csts &= ~(C.CSTS_RDY | C.CSTS_CFS)
     if new & C.CC_SHN_MASK and not old & C.CC_SHN_MASK:
-        for ns in ctrl.subsystem.namespaces.values():
+        # A copy: the target may remove a namespace while this waits for a flush.
+        for ns in list(ctrl.subsystem.namespaces.values()):
             await ns.device.flush()
         ctrl.csts = (ctrl.csts & ~C.CSTS_SHST_MASK) | C.CSTS_SHST_COMPLETE
     elif not new & C.CC_SHN_MASK:

@@ -165,7 +165,8 @@ class IoHandler:
     async def flush(self, req: Request) -> Outcome:
         nsid = req.sqe.nsid
         if nsid == NSID_ALL:
-            for ns in self.namespaces.values():
+            # A copy: the target may remove a namespace while this waits for a flush.
+            for ns in list(self.namespaces.values()):
                 await ns.device.flush()
             return Status.SUCCESS, None
         ns = self.namespaces.get(nsid)

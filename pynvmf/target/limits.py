@@ -41,5 +41,8 @@ MIN_REPORTED_NN = 1024
 
 def reported_nn(subsystem: Subsystem) -> int:
     """The Number of Namespaces (NN) a subsystem's controllers report: NSIDs 1..NN are
-    valid, and an NSID in that range with no namespace behind it is inactive."""
+    valid, and an NSID in that range with no namespace behind it is inactive. A subsystem
+    created with a namespace limit reports that limit, as nvmet and SPDK do."""
+    if subsystem.max_namespaces:
+        return subsystem.max_namespaces
     return max(MIN_REPORTED_NN, subsystem.max_nsid)

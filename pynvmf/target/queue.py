@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
 from pynvmf.aio import start_eager
 from pynvmf.spec.command import CSTS_RDY, FUSE_MASK
@@ -30,12 +31,18 @@ class TargetQueue:
         self.port = port
         self.conn = conn
         self.local_address = local_address
+        # The host's (address, port), as the socket reports it.
+        self.peer_address: tuple[str, int] | None = None
         self.controller: Controller | None = None
         self.qid = -1
         self.io: IoHandler | None = None
         # Consulted on an I/O queue only, for commands with FUSE bits or after a held first.
         self.fused = FusedPairing(self.finish, self._start_pair)
         self._waiters: set[asyncio.Future[bytearray]] = set()
+        # Commands that are waiting for something (data, storage): what the target waits
+        # for before it closes a namespace's device. Commands that never suspend (most, on
+        # memory or the page cache) finish before anything else can run, so cost nothing.
+        self.commands_waiting: set[asyncio.Task[None]] = set()
 
     def on_command(self, req: Request) -> None:
         ctrl = self.controller
@@ -47,9 +54,12 @@ class TargetQueue:
             if (req.sqe.flags & FUSE_MASK or fused.first is not None) and fused.arrive(req):
                 return
             if opcode != AdminOpcode.FABRICS:
-                start_eager(io.execute(req))
+                # The hot path: only a command that suspends pays for being tracked.
+                task = start_eager(io.execute(req))
+                if task is not None:
+                    self._track(task)
             else:
-                start_eager(self._admin(req))
+                self._run(self._admin(req))
             return
         if req.sqe.flags & FUSE_MASK:
             # Fused operations belong to I/O command sets: none on the admin queue, and
@@ -64,7 +74,17 @@ class TargetQueue:
                 self.conn.complete(req, Status.CMD_SEQ_ERROR | DNR)
             return
         ctrl.traffic = True
-        start_eager(self._admin(req))
+        self._run(self._admin(req))
+
+    def _run(self, command: Coroutine[Any, Any, None]) -> None:
+        task = start_eager(command)
+        if task is not None:
+            self._track(task)
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        waiting = self.commands_waiting
+        waiting.add(task)
+        task.add_done_callback(waiting.discard)
 
     def finish(self, req: Request, status: int) -> None:
         """Complete a command that carries no data back, recording a failure."""
@@ -75,7 +95,7 @@ class TargetQueue:
 
     def _start_pair(self, first: Request, second: Request) -> None:
         assert self.io is not None
-        start_eager(compare.compare_and_write(self.io, first, second))
+        self._run(compare.compare_and_write(self.io, first, second))
 
     def bind(self, ctrl: Controller, qid: int, sq_size: int, sqhd_disabled: bool) -> None:
         self.controller = ctrl
@@ -86,9 +106,13 @@ class TargetQueue:
         conn.sq_size = sq_size
         conn.sqhd_disabled = sqhd_disabled
         conn.inline_limit = ADMIN_INLINE_LIMIT if qid == 0 else self.port.transport.inline_data_size
+        counters = self.target.counters
         if qid:
             self.io = IoHandler(ctrl, self)
             conn.on_refused = self.fused.refused
+            counters.io_queues += 1
+        else:
+            counters.admin_queues += 1
 
     async def _connect(self, req: Request) -> None:
         try:

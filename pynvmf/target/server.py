@@ -1,5 +1,14 @@
 """The target: ports listening for NVMe/TCP, the subsystems behind them, discovery.
 
+`Target` is an object that changes while it runs: one method per change (add or
+remove a block device, subsystem, namespace, host, port, listener). Each method
+validates the whole change before it applies any of it, so a refused change (a
+ChangeError naming the argument at fault) leaves the target as it was; and each
+decides what connected hosts see: controllers torn down, Changed Namespace List
+entries and Namespace Attribute Changed events, a new discovery log generation
+and Discovery Log Page Change events. The configuration loaders and the RPC
+methods only translate their formats into these calls.
+
 The asyncio glue here is deliberately thin: the protocol object moves bytes
 between the socket and the sans-I/O TargetConnection and nothing else.
 """
@@ -11,25 +20,57 @@ import ipaddress
 import logging
 import socket
 import time
+import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import cast
 
 from pynvmf.spec import logpages as L
+from pynvmf.spec.nqn import nqn_problem
 from pynvmf.spec.opcodes import DISCOVERY_NQN
+from pynvmf.target.devices import NamedDevice
 from pynvmf.target.queue import TargetQueue
-from pynvmf.target.subsystem import Subsystem
+from pynvmf.target.subsystem import (
+    CNTLID_MAX,
+    CNTLID_MIN,
+    DEFAULT_VERSION,
+    Namespace,
+    Subsystem,
+)
 from pynvmf.tcp.target import TargetConnection, TransportConfig
 
 log = logging.getLogger(__name__)
 
 NVME_TCP_PORT = 4420
 DISCOVERY_PORT = 8009
+NSID_MAX = 0xFFFFFFFE  # FFFFFFFFh means every namespace
+MAX_SUBSYSTEMS = 1024  # SPDK's default, and plenty for one process
+# How long a namespace removal waits for the commands in flight on its subsystem before
+# it tears down the controllers still holding some (a host that never sends the data
+# of a write it started would otherwise hold the removal, and every RPC after it).
+DRAIN_TIMEOUT = 10.0
+SERIAL_MAX = 20  # Identify Controller SN, MN and FR: ASCII, space padded
+MODEL_MAX = 40
+FIRMWARE_MAX = 8
+INLINE_DATA_MAX = 1 << 20
+MIN_H2C_DATA = 4096  # NVMe/TCP: MAXH2CDATA is at least 4 KiB
 
 
-@dataclass
+class ChangeError(ValueError):
+    """A change the target refused; nothing changed. `field` names the argument at fault
+    (nqn, hostnqn, nsid, device, address, ...), so that a caller can name its own."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+@dataclass(eq=False)
 class Port:
-    """A listener. An I/O port exposes subsystems (all of them, or the NQNs listed);
-    a discovery-only port answers the discovery subsystem alone."""
+    """A listener. An I/O port exposes subsystems (all of them, or the NQNs listed); a
+    discovery-only port answers the discovery subsystem alone. Compared by identity:
+    two Port objects are two listeners."""
 
     address: str
     port: int
@@ -37,6 +78,12 @@ class Port:
     subsystems: list[str] | None = None
     discovery_only: bool = False
     transport: TransportConfig = field(default_factory=TransportConfig)
+    # Asked for as a listener of the discovery subsystem: when the last subsystem leaves
+    # an I/O port with a list of subsystems, the port stays as a discovery-only port
+    # rather than closing.
+    discovery_listener: bool = False
+    connections: set[TargetProtocol] = field(default_factory=set, repr=False, compare=False)
+    server: asyncio.base_events.Server | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_ipv6(self) -> bool:
@@ -49,71 +96,571 @@ class Port:
             return False
         return self.subsystems is None or nqn in self.subsystems
 
+    def same_address(self, address: str, port: int) -> bool:
+        return self.port == port and _normal_address(self.address) == _normal_address(address)
+
     def __str__(self) -> str:
         host = f"[{self.address}]" if self.is_ipv6 else self.address
         return f"{host}:{self.port}"
 
 
+def _normal_address(address: str) -> str:
+    try:
+        return ipaddress.ip_address(address).compressed
+    except ValueError:
+        return address
+
+
+@dataclass
+class TargetCounters:
+    """Cumulative counts for statistics (SPDK's nvmf_get_stats)."""
+
+    admin_queues: int = 0
+    io_queues: int = 0
+
+
 class Target:
-    def __init__(self, subsystems: list[Subsystem], ports: list[Port]) -> None:
+    def __init__(
+        self,
+        subsystems: Iterable[Subsystem] = (),
+        ports: Iterable[Port] = (),
+        *,
+        transport: TransportConfig | None = None,
+    ) -> None:
         self.subsystems: dict[str, Subsystem] = {}
-        for subsystem in subsystems:
-            if subsystem.nqn in self.subsystems or subsystem.nqn == DISCOVERY_NQN:
-                raise ValueError(f"duplicate or reserved subsystem NQN {subsystem.nqn}")
-            self.subsystems[subsystem.nqn] = subsystem
+        self.block_devices: dict[str, NamedDevice] = {}
         self.discovery = Subsystem(DISCOVERY_NQN, model="pynvmf discovery")
-        self.ports = ports
-        for i, port in enumerate(ports, start=1):
-            port.portid = port.portid or i
+        self.ports: list[Port] = []
+        # The transport options of listeners added with add_listener (SPDK creates a
+        # transport once and every listener has its options).
+        self.transport = transport or TransportConfig()
+        self.max_subsystems = MAX_SUBSYSTEMS
         self.genctr = 1
         self.started = time.monotonic()
+        self.counters = TargetCounters()
+        self._running = False
         self._stopped = False
-        self._servers: list[asyncio.base_events.Server] = []
+        for subsystem in subsystems:
+            self._adopt(subsystem)
+        for port in ports:
+            self._check_port(port)
+            self._place_port(port)
+
+    # -- running -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
         try:
             for port in self.ports:
-                server = await loop.create_server(
-                    lambda port=port: TargetProtocol(self, port),
-                    host=port.address,
-                    port=port.port,
-                    reuse_address=True,
-                    family=socket.AF_INET6 if port.is_ipv6 else socket.AF_INET,
-                )
-                port.port = server.sockets[0].getsockname()[1]
-                self._servers.append(server)
-                log.info("listening on %s%s", port, " (discovery)" if port.discovery_only else "")
+                await self._listen(port)
         except BaseException:
             await self.stop()
             raise
+        self._running = True
         self.started = time.monotonic()
 
     async def stop(self) -> None:
         if self._stopped:
             return
         self._stopped = True
-        for server in self._servers:
+        self._running = False
+        servers = [port.server for port in self.ports if port.server is not None]
+        for server in servers:
             server.close()
         for subsystem in [*self.subsystems.values(), self.discovery]:
             for ctrl in list(subsystem.controllers.values()):
                 ctrl.destroy("target shutting down")
-        for server in self._servers:
+        for port in self.ports:
+            for proto in list(port.connections):
+                proto.close("target shutting down")
+        for server in servers:
             await server.wait_closed()
-        self._servers.clear()
-        for subsystem in self.subsystems.values():
-            for ns in subsystem.namespaces.values():
-                await ns.device.flush()
-                await ns.device.close()
+        for port in self.ports:
+            port.server = None
+        closed: set[int] = set()
+        for entry in self.block_devices.values():
+            if id(entry.device) not in closed:  # one device may back several namespaces
+                closed.add(id(entry.device))
+                await entry.device.flush()
+                await entry.device.close()
 
     def find_subsystem(self, nqn: str, port: Port) -> Subsystem | None:
-        if not port.exposes(nqn):
+        if not port.exposes(nqn) or not any(p is port for p in self.ports):
             return None
         if nqn == DISCOVERY_NQN:
             return self.discovery
         return self.subsystems.get(nqn)
 
+    def set_transport(self, config: TransportConfig) -> None:
+        """The transport options of the listeners add_listener opens from now on."""
+        _check_transport(config)
+        self.transport = config
+
+    # -- block devices ------------------------------------------------------------------
+
+    def add_block_device(self, entry: NamedDevice) -> NamedDevice:
+        """Make `entry` available to add_namespace under its name."""
+        if not entry.name or not isinstance(entry.name, str):
+            raise ChangeError("name", "a block device needs a name")
+        if entry.name in self.block_devices:
+            raise ChangeError("name", f"a block device named {entry.name!r} exists")
+        if entry.uuid is not None:
+            for other in self.block_devices.values():
+                if other.uuid == entry.uuid:
+                    raise ChangeError("uuid", f"{entry.uuid} is block device {other.name!r}'s")
+        self.block_devices[entry.name] = entry
+        return entry
+
+    def device_users(self, name: str) -> list[tuple[Subsystem, Namespace]]:
+        return [
+            (subsystem, ns)
+            for subsystem in self.subsystems.values()
+            for ns in subsystem.namespaces.values()
+            if ns.device_name == name
+        ]
+
+    async def remove_block_device(self, name: str) -> None:
+        """Remove a block device; the namespaces on it are removed first (hot removal:
+        their hosts see them go), then it is flushed and closed."""
+        entry = self._block_device(name)
+        for subsystem, ns in self.device_users(name):
+            await self.remove_namespace(subsystem.nqn, ns.nsid)
+        if self.block_devices.get(name) is entry:
+            del self.block_devices[name]
+            await _close_device(entry)
+
+    def _block_device(self, name: str, field: str = "name") -> NamedDevice:
+        entry = self.block_devices.get(name)
+        if entry is None:
+            raise ChangeError(field, f"no block device named {name!r}")
+        return entry
+
+    # -- subsystems ---------------------------------------------------------------------
+
+    def add_subsystem(
+        self,
+        nqn: str,
+        *,
+        serial: str = "",
+        model: str = "pynvmf",
+        allow_any_host: bool = True,
+        hosts: Iterable[str] = (),
+        max_namespaces: int = 0,
+        cntlid_min: int = CNTLID_MIN,
+        cntlid_max: int = CNTLID_MAX,
+        max_io_queues: int | None = None,
+        version: int = DEFAULT_VERSION,
+        firmware: str = "",
+        ieee_oui: int = 0,
+    ) -> Subsystem:
+        """A new subsystem, with no namespaces, on the ports that expose every subsystem."""
+        subsystem = Subsystem(
+            nqn,
+            allow_any_host=allow_any_host,
+            allowed_hosts=set(hosts),
+            serial=serial,
+            model=model,
+            max_namespaces=max_namespaces,
+            cntlid_min=cntlid_min,
+            cntlid_max=cntlid_max,
+            max_io_queues=max_io_queues,
+            version=version,
+            firmware=firmware,
+            ieee_oui=ieee_oui,
+        )
+        self._check_subsystem(subsystem)
+        self.subsystems[nqn] = subsystem
+        log.info("subsystem %s added", nqn)
+        self._discovery_changed()
+        return subsystem
+
+    def _check_subsystem(self, subsystem: Subsystem) -> None:
+        nqn = subsystem.nqn
+        problem = nqn_problem(nqn)
+        if problem:
+            raise ChangeError("nqn", f"{nqn!r} is not a valid NQN: {problem}")
+        if nqn == DISCOVERY_NQN:
+            raise ChangeError("nqn", "the discovery subsystem's NQN is reserved")
+        if nqn in self.subsystems:
+            raise ChangeError("nqn", f"subsystem {nqn} exists")
+        if len(self.subsystems) >= self.max_subsystems:
+            raise ChangeError("nqn", f"the target has its maximum of {self.max_subsystems}")
+        for hostnqn in subsystem.allowed_hosts:
+            _check_hostnqn(hostnqn)
+        _check_text("serial", subsystem.serial, SERIAL_MAX)
+        _check_text("model", subsystem.model, MODEL_MAX)
+        _check_text("firmware", subsystem.firmware, FIRMWARE_MAX)
+        if not CNTLID_MIN <= subsystem.cntlid_min <= subsystem.cntlid_max <= CNTLID_MAX:
+            raise ChangeError(
+                "cntlid_min",
+                f"controller IDs {subsystem.cntlid_min}..{subsystem.cntlid_max} are not a "
+                f"range within {CNTLID_MIN}..{CNTLID_MAX}",
+            )
+        if not 0 <= subsystem.max_namespaces <= NSID_MAX:
+            raise ChangeError("max_namespaces", f"{subsystem.max_namespaces} not in 0..{NSID_MAX}")
+        if subsystem.max_io_queues is not None and not 1 <= subsystem.max_io_queues <= 0xFFFF:
+            raise ChangeError("max_io_queues", f"{subsystem.max_io_queues} not in 1..65535")
+        if not 0 < subsystem.version <= 0xFFFFFFFF:
+            raise ChangeError("version", f"{subsystem.version:#x} is not an NVMe version")
+        if not 0 <= subsystem.ieee_oui < 1 << 24:
+            raise ChangeError("ieee_oui", f"{subsystem.ieee_oui:#x} is not a 24-bit OUI")
+        for ns in subsystem.namespaces.values():
+            self._check_nsid(subsystem, ns.nsid)
+
+    def _adopt(self, subsystem: Subsystem) -> None:
+        """Take a Subsystem built by the caller, with its namespaces, whose devices
+        become block devices of its own (owned: they go with their namespaces)."""
+        self._check_subsystem(subsystem)
+        entries = []
+        for ns in subsystem.namespaces.values():
+            name = ns.device_name or f"{subsystem.nqn}/{ns.nsid}"
+            if name in self.block_devices or any(e.name == name for e in entries):
+                raise ChangeError("name", f"a block device named {name!r} exists")
+            entries.append(NamedDevice.wrap(name, ns.device, owned=True))
+            ns.device_name = name
+        for entry in entries:
+            self.block_devices[entry.name] = entry
+        self.subsystems[subsystem.nqn] = subsystem
+
+    def _subsystem(self, nqn: str, field: str = "nqn") -> Subsystem:
+        subsystem = self.subsystems.get(nqn)
+        if subsystem is None:
+            raise ChangeError(field, f"no subsystem {nqn!r}")
+        return subsystem
+
+    async def remove_subsystem(self, nqn: str) -> None:
+        """Remove a subsystem: new Connects to it fail at once, its controllers are torn
+        down (their connections closed), its listeners go; once the commands that were in
+        flight have finished, its namespaces' devices are flushed (and closed if owned)."""
+        subsystem = self._subsystem(nqn)
+        waiting = self._commands_waiting(subsystem)
+        del self.subsystems[nqn]
+        log.info("subsystem %s removed", nqn)
+        for ctrl in list(subsystem.controllers.values()):
+            ctrl.destroy("subsystem removed")
+        emptied = []
+        for port in self.ports:
+            if port.subsystems is not None and nqn in port.subsystems:
+                port.subsystems.remove(nqn)
+                if not port.subsystems and not port.discovery_only:
+                    emptied.append(port)
+        for port in emptied:
+            await self._emptied(port)
+        self._discovery_changed()
+        await _drain(waiting)
+        for ns in subsystem.namespaces.values():
+            await self._release(ns)
+
+    # -- namespaces ---------------------------------------------------------------------
+
+    def add_namespace(
+        self,
+        nqn: str,
+        device: str | NamedDevice,
+        *,
+        nsid: int | None = None,
+        ns_uuid: uuid.UUID | None = None,
+        nguid: bytes | None = None,
+        eui64: bytes | None = None,
+    ) -> Namespace:
+        """Serve a block device, by name, as namespace `nsid` (default: the lowest free)
+        of subsystem `nqn`; or a new one (a NamedDevice, added with the namespace: it
+        must be `owned` then, to go away with it). Its controllers' hosts are told
+        (Changed Namespace List, Namespace Attribute Changed): a Linux host adds it
+        without reconnecting.
+
+        Identities the caller does not give are the device's UUID (if it has one) or
+        derived from the NQN, NSID and what backs the device, so stable across restarts.
+        """
+        subsystem = self._subsystem(nqn)
+        if isinstance(device, NamedDevice):
+            entry = device
+            if entry.name in self.block_devices:
+                raise ChangeError("device", f"a block device named {entry.name!r} exists")
+            if not entry.owned:
+                raise ChangeError("device", "a device added with its namespace is owned by it")
+        else:
+            entry = self._block_device(device, "device")
+        device_name = entry.name
+        users = self.device_users(device_name)
+        if users:
+            other, used = users[0]
+            raise ChangeError(
+                "device", f"{device_name!r} is in use by namespace {used.nsid} of {other.nqn}"
+            )
+        if nsid is None:
+            nsid = self._free_nsid(subsystem)
+        self._check_nsid(subsystem, nsid)
+        if nsid in subsystem.namespaces:
+            raise ChangeError("nsid", f"NSID {nsid} of {nqn} is in use")
+        if nguid is not None and len(nguid) != 16:
+            raise ChangeError("nguid", "an NGUID is 16 bytes")
+        if eui64 is not None and len(eui64) != 8:
+            raise ChangeError("eui64", "an EUI-64 is 8 bytes")
+        if ns_uuid is None:
+            ns_uuid = entry.uuid
+        if nguid is None and entry.uuid is not None:
+            nguid = entry.uuid.bytes
+        ns = Namespace.create(
+            nqn,
+            nsid,
+            entry.device,
+            entry.identity_key,
+            ns_uuid,
+            nguid=nguid,
+            eui64=eui64,
+            device_name=device_name,
+        )
+        for other in subsystem.namespaces.values():
+            for what, mine, theirs in (
+                ("uuid", ns.uuid.bytes, other.uuid.bytes),
+                ("nguid", ns.nguid, other.nguid),
+                ("eui64", ns.eui64, other.eui64),
+            ):
+                if mine == theirs and any(mine):
+                    raise ChangeError(what, f"namespace {other.nsid} of {nqn} has it")
+        if isinstance(device, NamedDevice):
+            self.block_devices[device_name] = entry
+        subsystem.namespaces[nsid] = ns
+        log.info("namespace %d of %s added on %s", nsid, nqn, device_name)
+        for ctrl in list(subsystem.controllers.values()):
+            ctrl.namespace_changed(nsid)
+        return ns
+
+    def _free_nsid(self, subsystem: Subsystem) -> int:
+        limit = subsystem.max_namespaces or NSID_MAX
+        nsid = 1
+        while nsid in subsystem.namespaces:
+            nsid += 1
+        if nsid > limit:
+            raise ChangeError("nsid", f"{subsystem.nqn} has no free NSID (at most {limit})")
+        return nsid
+
+    @staticmethod
+    def _check_nsid(subsystem: Subsystem, nsid: int) -> None:
+        limit = subsystem.max_namespaces or NSID_MAX
+        if not isinstance(nsid, int) or not 1 <= nsid <= limit:
+            raise ChangeError("nsid", f"{nsid!r} not in 1..{limit}")
+
+    async def remove_namespace(self, nqn: str, nsid: int) -> Namespace:
+        """Stop serving namespace `nsid`: new commands to it fail with Invalid Namespace at
+        once, hosts are told, and the commands in flight finish (each with a status)
+        before its device is flushed, and closed if it was opened for it."""
+        subsystem = self._subsystem(nqn)
+        ns = subsystem.namespaces.get(nsid)
+        if ns is None:
+            raise ChangeError("nsid", f"{nqn} has no namespace {nsid!r}")
+        waiting = self._commands_waiting(subsystem)
+        del subsystem.namespaces[nsid]
+        log.info("namespace %d of %s removed", nsid, nqn)
+        for ctrl in list(subsystem.controllers.values()):
+            ctrl.namespace_changed(nsid)
+        await _drain(waiting, subsystem)
+        await self._release(ns)
+        return ns
+
+    def _commands_waiting(self, subsystem: Subsystem) -> set[asyncio.Task[None]]:
+        """The commands on the subsystem's queues that are waiting for something; any of
+        them may be using any of its namespaces (a Copy reads from several)."""
+        return {
+            task
+            for ctrl in subsystem.controllers.values()
+            for queue in ctrl.queues.values()
+            for task in queue.commands_waiting
+        }
+
+    async def _release(self, ns: Namespace) -> None:
+        entry = self.block_devices.get(ns.device_name)
+        if entry is None or entry.device is not ns.device:
+            return
+        if entry.owned:
+            del self.block_devices[entry.name]
+            shared = any(e.device is entry.device for e in self.block_devices.values())
+            if not shared:
+                await _close_device(entry)
+        else:
+            try:
+                await entry.device.flush()
+            except OSError as exc:
+                log.error("flushing %s failed: %s", entry.name, exc)
+
+    # -- hosts --------------------------------------------------------------------------
+
+    def add_host(self, nqn: str, hostnqn: str) -> None:
+        """Allow `hostnqn` to connect to `nqn` (when it does not allow any host)."""
+        subsystem = self._subsystem(nqn)
+        _check_hostnqn(hostnqn)
+        if hostnqn in subsystem.allowed_hosts:
+            raise ChangeError("hostnqn", f"{hostnqn} is already allowed on {nqn}")
+        subsystem.allowed_hosts.add(hostnqn)
+        self._discovery_changed()
+
+    def remove_host(self, nqn: str, hostnqn: str) -> None:
+        """Take `hostnqn` off the subsystem's hosts; its controllers there are torn down."""
+        subsystem = self._subsystem(nqn)
+        if hostnqn not in subsystem.allowed_hosts:
+            raise ChangeError("hostnqn", f"{hostnqn!r} is not a host of {nqn}")
+        subsystem.allowed_hosts.discard(hostnqn)
+        for ctrl in list(subsystem.controllers.values()):
+            if ctrl.hostnqn == hostnqn:
+                ctrl.destroy("host removed from the subsystem")
+        self._discovery_changed()
+
+    def set_allow_any_host(self, nqn: str, allow: bool) -> None:
+        """Let any host connect, or only the subsystem's hosts: the controllers of hosts
+        that may no longer connect are torn down."""
+        subsystem = self._subsystem(nqn)
+        if not isinstance(allow, bool):
+            raise ChangeError("allow_any_host", "not a boolean")
+        if subsystem.allow_any_host == allow:
+            return
+        subsystem.allow_any_host = allow
+        for ctrl in list(subsystem.controllers.values()):
+            if not subsystem.host_allowed(ctrl.hostnqn):
+                ctrl.destroy("host no longer allowed on the subsystem")
+        self._discovery_changed()
+
+    # -- ports and listeners ------------------------------------------------------------
+
+    def find_port(self, address: str, port: int) -> Port | None:
+        for candidate in self.ports:
+            if candidate.same_address(address, port):
+                return candidate
+        return None
+
+    async def add_port(self, port: Port) -> Port:
+        """Listen on a new port (at once, if the target is running)."""
+        self._check_port(port)
+        if self._running:
+            await self._listen(port)
+        self._place_port(port)
+        self._discovery_changed()
+        return port
+
+    def _check_port(self, port: Port) -> None:
+        try:
+            ip = ipaddress.ip_address(port.address)
+        except ValueError:
+            raise ChangeError("address", f"{port.address!r} is not an IP address") from None
+        if (":" in port.address) != (ip.version == 6):
+            raise ChangeError("address", f"{port.address!r} is not an IP address")
+        if not isinstance(port.port, int) or not 0 <= port.port <= 0xFFFF:
+            raise ChangeError("port", f"{port.port!r} is not a TCP port")
+        if port.port and self.find_port(port.address, port.port) is not None:
+            raise ChangeError("port", f"the target already listens on {port}")
+        if port.subsystems is not None:
+            port.subsystems = list(dict.fromkeys(port.subsystems))
+        _check_transport(port.transport)
+
+    def _place_port(self, port: Port) -> None:
+        used = {p.portid for p in self.ports}
+        if not port.portid or port.portid in used:
+            port.portid = next(i for i in range(1, len(used) + 2) if i not in used)
+        self.ports.append(port)
+
+    async def _listen(self, port: Port) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            server = await loop.create_server(
+                lambda: TargetProtocol(self, port),
+                host=port.address,
+                port=port.port,
+                reuse_address=True,
+                family=socket.AF_INET6 if port.is_ipv6 else socket.AF_INET,
+            )
+        except OSError as exc:
+            raise ChangeError("address", f"cannot listen on {port}: {exc.strerror or exc}") from exc
+        port.port = server.sockets[0].getsockname()[1]
+        port.server = server
+        log.info("listening on %s%s", port, " (discovery)" if port.discovery_only else "")
+
+    async def remove_port(self, port: Port) -> None:
+        """Stop listening on `port`: every controller with a queue through it is torn
+        down and every connection through it closed."""
+        if not any(p is port for p in self.ports):
+            raise ChangeError("port", f"the target does not listen on {port}")
+        self.ports = [p for p in self.ports if p is not port]
+        for subsystem in [*self.subsystems.values(), self.discovery]:
+            for ctrl in list(subsystem.controllers.values()):
+                if any(queue.port is port for queue in ctrl.queues.values()):
+                    ctrl.destroy(f"port {port} removed")
+        for proto in list(port.connections):
+            proto.close(f"port {port} removed")
+        server, port.server = port.server, None
+        if server is not None:
+            server.close()
+            await server.wait_closed()
+        log.info("stopped listening on %s", port)
+        self._discovery_changed()
+
+    async def add_listener(self, nqn: str, address: str, port_number: int) -> Port:
+        """Let subsystem `nqn` (or the discovery subsystem) be reached on address:port,
+        opening the port if the target does not listen there yet."""
+        if nqn != DISCOVERY_NQN:
+            self._subsystem(nqn)
+        port = self.find_port(address, port_number) if port_number else None
+        if port is None:
+            if nqn == DISCOVERY_NQN:
+                new = Port(address, port_number, discovery_only=True, discovery_listener=True)
+            else:
+                new = Port(address, port_number, subsystems=[nqn])
+            new.transport = self.transport
+            return await self.add_port(new)
+        if nqn == DISCOVERY_NQN:
+            port.discovery_listener = True
+            return port
+        if port.discovery_only:
+            port.discovery_only = False
+            port.subsystems = [nqn]
+        elif port.subsystems is None:
+            return port  # it exposes every subsystem: this one already listens there
+        elif nqn in port.subsystems:
+            raise ChangeError("address", f"{nqn} already listens on {port}")
+        else:
+            port.subsystems.append(nqn)
+        self._discovery_changed()
+        return port
+
+    async def remove_listener(self, nqn: str, address: str, port_number: int) -> None:
+        """Subsystem `nqn` is no longer reached on address:port: its controllers with a
+        queue through the port are torn down; a port left with nothing to serve closes."""
+        port = self.find_port(address, port_number)
+        if port is None:
+            raise ChangeError("address", f"the target does not listen on {address} {port_number}")
+        if nqn == DISCOVERY_NQN:
+            if port.discovery_only:
+                await self.remove_port(port)
+            else:
+                port.discovery_listener = False
+            return
+        subsystem = self._subsystem(nqn)
+        if not port.exposes(nqn):
+            raise ChangeError("address", f"{nqn} does not listen on {port}")
+        if port.subsystems is None:
+            port.subsystems = [other for other in self.subsystems if other != nqn]
+        else:
+            port.subsystems.remove(nqn)
+        for ctrl in list(subsystem.controllers.values()):
+            if any(queue.port is port for queue in ctrl.queues.values()):
+                ctrl.destroy(f"listener {port} removed")
+        if not port.subsystems:
+            await self._emptied(port)
+        self._discovery_changed()
+
+    async def _emptied(self, port: Port) -> None:
+        """An I/O port whose last subsystem left: discovery-only if asked for, else gone."""
+        if port.discovery_listener:
+            port.discovery_only = True
+        elif any(p is port for p in self.ports):
+            await self.remove_port(port)
+
     # -- discovery ------------------------------------------------------------------------
+
+    def _discovery_changed(self) -> None:
+        """What some host's discovery log holds may have changed: a new generation, and
+        an event to every discovery controller that asked for one."""
+        self.genctr += 1
+        for ctrl in list(self.discovery.controllers.values()):
+            ctrl.discovery_changed()
 
     def discovery_log(self, hostnqn: str, queue: TargetQueue) -> bytes:
         """Every subsystem the host may use on every I/O port, then the discovery
@@ -147,6 +694,64 @@ class Target:
         )
 
 
+def _check_hostnqn(hostnqn: str) -> None:
+    problem = nqn_problem(hostnqn)
+    if problem:
+        raise ChangeError("hostnqn", f"{hostnqn!r} is not a valid NQN: {problem}")
+    if hostnqn == DISCOVERY_NQN:
+        raise ChangeError("hostnqn", "the discovery NQN is not a host's")
+
+
+def _check_text(field: str, text: str, limit: int) -> None:
+    if not isinstance(text, str) or len(text) > limit or not all(" " <= c <= "~" for c in text):
+        raise ChangeError(field, f"{text!r} is not printable ASCII of at most {limit} characters")
+
+
+def _check_transport(config: TransportConfig) -> None:
+    inline = config.inline_data_size
+    if not isinstance(inline, int) or inline % 16 or not 0 <= inline <= INLINE_DATA_MAX:
+        raise ChangeError(
+            "inline_data_size", f"{inline!r} is not a multiple of 16 between 0 and 1 MiB"
+        )
+    h2c = config.max_h2c_data
+    if not isinstance(h2c, int) or h2c < MIN_H2C_DATA or h2c % 4:
+        raise ChangeError("max_h2c_data", f"{h2c!r} is not a multiple of 4 of at least 4096")
+
+
+async def _drain(waiting: set[asyncio.Task[None]], subsystem: Subsystem | None = None) -> None:
+    """Wait for the commands that were in flight. If some do not finish in time, tear
+    down the controllers holding them (their hosts retry elsewhere or later), whose
+    commands then end as their connections close."""
+    if not waiting:
+        return
+    _done, pending = await asyncio.wait(waiting, timeout=DRAIN_TIMEOUT)
+    if not pending:
+        return
+    if subsystem is not None:
+        for ctrl in list(subsystem.controllers.values()):
+            if any(
+                task in queue.commands_waiting for queue in ctrl.queues.values() for task in pending
+            ):
+                log.warning(
+                    "controller %d of %s: commands did not finish in %.0f s, tearing it down",
+                    ctrl.cntlid,
+                    subsystem.nqn,
+                    DRAIN_TIMEOUT,
+                )
+                ctrl.destroy("commands in flight did not finish")
+    _done, pending = await asyncio.wait(pending, timeout=DRAIN_TIMEOUT)
+    if pending:
+        log.error("%d commands still in flight after their controllers went away", len(pending))
+
+
+async def _close_device(entry: NamedDevice) -> None:
+    try:
+        await entry.device.flush()
+    except OSError as exc:
+        log.error("flushing %s failed: %s", entry.name, exc)
+    await entry.device.close()
+
+
 class TargetProtocol(asyncio.BufferedProtocol):
     def __init__(self, target: Target, port: Port) -> None:
         self.target = target
@@ -168,7 +773,10 @@ class TargetProtocol(asyncio.BufferedProtocol):
         peer = transport.get_extra_info("peername")
         log.debug("connection from %s on %s", peer, self.port)
         self.queue = TargetQueue(self.target, self.port, self.conn, sockname[0])
+        if peer:
+            self.queue.peer_address = (peer[0], peer[1])
         self.conn.on_command = self.queue.on_command
+        self.port.connections.add(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.conn.reader.get_buffer(sizehint)
@@ -179,6 +787,11 @@ class TargetProtocol(asyncio.BufferedProtocol):
 
     def eof_received(self) -> bool:
         return False
+
+    def close(self, reason: str) -> None:
+        """Close the connection (the port or target is going away)."""
+        self.conn.close(reason)
+        self._flush()
 
     def _output_wanted(self) -> None:
         if not self._flush_scheduled:
@@ -232,6 +845,7 @@ class TargetProtocol(asyncio.BufferedProtocol):
                 conn.close_reason or "host closed",
             )
         conn.close("connection lost")
+        self.port.connections.discard(self)
         if self.queue is not None:
             self.queue.connection_lost()
         self.transport = None

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pynvmf.block.device import BlockDevice
+from pynvmf.spec.command import nvme_version
 from pynvmf.spec.opcodes import DISCOVERY_NQN
 from pynvmf.target.fused import WriteGate
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 # Dynamic controller IDs: 0xFFF0 and above are reserved by the specification.
 CNTLID_MIN = 1
 CNTLID_MAX = 0xFFEF
+DEFAULT_VERSION = nvme_version(2, 0)
 
 
 @dataclass
@@ -28,6 +30,8 @@ class Namespace:
     uuid: uuid.UUID
     nguid: bytes
     eui64: bytes
+    # The name of the target's block device behind the namespace (Target.block_devices).
+    device_name: str = ""
     # Shared by every controller's queues: a fused Compare and Write excludes the others' writes.
     gate: WriteGate = field(default_factory=WriteGate, repr=False, compare=False)
 
@@ -39,11 +43,22 @@ class Namespace:
         device: BlockDevice,
         backing: str,
         ns_uuid: uuid.UUID | None = None,
+        *,
+        nguid: bytes | None = None,
+        eui64: bytes | None = None,
+        device_name: str = "",
     ) -> Namespace:
         key = f"{subnqn}\0{nsid}\0{backing}"
         ident = ns_uuid or uuid.uuid5(uuid.NAMESPACE_URL, "pynvmf:" + key)
         digest = hashlib.sha256(key.encode()).digest()
-        return cls(nsid=nsid, device=device, uuid=ident, nguid=ident.bytes, eui64=digest[:8])
+        return cls(
+            nsid=nsid,
+            device=device,
+            uuid=ident,
+            nguid=ident.bytes if nguid is None else nguid,
+            eui64=digest[:8] if eui64 is None else eui64,
+            device_name=device_name,
+        )
 
     @property
     def block_size(self) -> int:
@@ -76,11 +91,24 @@ class Subsystem:
     model: str = "pynvmf"
     controllers: dict[int, Controller] = field(default_factory=dict)
     stats: IoStats = field(default_factory=IoStats)
-    _next_cntlid: int = CNTLID_MIN
+    # NSIDs 1..max_namespaces are valid, and Identify reports that many (NN); 0: no limit.
+    max_namespaces: int = 0
+    # Dynamic controller IDs are allocated from this range (nvmet's cntlid_min/max).
+    cntlid_min: int = CNTLID_MIN
+    cntlid_max: int = CNTLID_MAX
+    # I/O queues a controller may have (nvmet's qid_max); None: the controller's default.
+    max_io_queues: int | None = None
+    # VS and Identify VER (nvmet lets a subsystem report an older version), FR, IEEE OUI.
+    version: int = DEFAULT_VERSION
+    firmware: str = ""
+    ieee_oui: int = 0
+    _next_cntlid: int = 0
 
     def __post_init__(self) -> None:
         if not self.serial:
             self.serial = hashlib.sha256(self.nqn.encode()).hexdigest()[:20]
+        if not self._next_cntlid:
+            self._next_cntlid = self.cntlid_min
 
     @property
     def is_discovery(self) -> bool:
@@ -95,9 +123,12 @@ class Subsystem:
         self.namespaces[ns.nsid] = ns
 
     def allocate_cntlid(self) -> int | None:
-        for _ in range(CNTLID_MAX - CNTLID_MIN + 1):
+        low, high = self.cntlid_min, self.cntlid_max
+        for _ in range(high - low + 1):
             cntlid = self._next_cntlid
-            self._next_cntlid = cntlid + 1 if cntlid < CNTLID_MAX else CNTLID_MIN
+            if not low <= cntlid <= high:
+                cntlid = low
+            self._next_cntlid = cntlid + 1 if cntlid < high else low
             if cntlid not in self.controllers:
                 return cntlid
         return None

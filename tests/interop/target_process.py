@@ -77,6 +77,11 @@ class TargetProcess:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    def wait(self, timeout: float = 30) -> int:
+        """The exit status of a target that is stopping by itself (spdk_kill_instance)."""
+        assert self._proc is not None
+        return self._proc.wait(timeout)
+
     def stop(self, timeout: float = 30, sig: int = signal.SIGTERM) -> int:
         """SIGTERM (as a service manager would) or SIGINT (^C); returns the exit status."""
         if self._proc is None:

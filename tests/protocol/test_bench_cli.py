@@ -1,4 +1,4 @@
-"""`pynvmf bench` (pynvmf.bench_cli) against an in-process target.
+"""`pynvmf bench` (pynvmf.cli.bench) against an in-process target.
 
 The target runs on its own event loop in a background thread, so the command runs
 exactly as the CLI runs it: parse the arguments, then `run_bench_command`, which
@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from pynvmf import bench_cli
-from pynvmf.bench_cli import add_bench_command, format_progress, parse_size, run_bench_command
 from pynvmf.block.device import Buffer, Capabilities
 from pynvmf.block.memory import MemoryDevice
+from pynvmf.cli import bench as bench_cli
+from pynvmf.cli.bench import add_bench_command, format_progress, parse_size, run_bench_command
 from pynvmf.host import Controller
 from pynvmf.target.server import Port, Target
 from pynvmf.target.subsystem import Namespace, Subsystem
@@ -120,7 +120,7 @@ def parse(*argv: str) -> argparse.Namespace:
 
 
 def run(*argv: str) -> int:
-    """`pynvmf bench ARGV...` as cli.py runs it."""
+    """`pynvmf bench ARGV...` as pynvmf.cli runs it."""
     return run_bench_command(parse(*argv))
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from pynvmf.block.device import Buffer
 from pynvmf.block.memory import MemoryDevice
-from pynvmf.host_cli import EXIT_INTERRUPTED
+from pynvmf.cli.common import EXIT_INTERRUPTED
 from pynvmf.target.subsystem import Namespace, Subsystem
 from tests.protocol.conftest import RawTargetFactory
 

@@ -1,4 +1,4 @@
-"""`pynvmf copy` (pynvmf.copy_cli) against an in-process target.
+"""`pynvmf copy` (pynvmf.cli.copy) against an in-process target.
 
 The target runs on its own event loop in a background thread, so the command runs
 exactly as the CLI runs it: parse the arguments, then `run_copy_command`, which
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from pynvmf.block.memory import MemoryDevice
-from pynvmf.copy_cli import (
+from pynvmf.cli.copy import (
     EndpointError,
     LocalEndpoint,
     RemoteEndpoint,
@@ -132,7 +132,7 @@ def target() -> Iterator[BackgroundTarget]:
 
 
 def run(*argv: str) -> int:
-    """`pynvmf copy ARGV...` as cli.py runs it."""
+    """`pynvmf copy ARGV...` as pynvmf.cli runs it."""
     parser = argparse.ArgumentParser(prog="pynvmf")
     sub = parser.add_subparsers(dest="command", required=True)
     add_copy_command(sub)

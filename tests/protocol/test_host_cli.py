@@ -1,4 +1,4 @@
-"""The nvme-cli style host commands (pynvmf.host_cli) against an in-process target.
+"""The nvme-cli style host commands (pynvmf.cli.host) against an in-process target.
 
 The target runs on its own event loop in a background thread, so each command can
 run exactly as the CLI runs it: parse the arguments, then `run_host_command`, which
@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from pynvmf.block.memory import MemoryDevice
+from pynvmf.cli.host import add_host_commands, run_host_command
 from pynvmf.host.controller import DEFAULT_MAX_TRANSFER
-from pynvmf.host_cli import add_host_commands, run_host_command
 from pynvmf.spec.opcodes import DISCOVERY_NQN
 from pynvmf.target.server import Port, Target
 from pynvmf.target.subsystem import Namespace, Subsystem
@@ -79,7 +79,7 @@ def target() -> Iterator[BackgroundTarget]:
 
 
 def run(*argv: str) -> int:
-    """`pynvmf ARGV...` as cli.py runs a host command."""
+    """`pynvmf ARGV...` as pynvmf.cli runs a host command."""
     parser = argparse.ArgumentParser(prog="pynvmf")
     sub = parser.add_subparsers(dest="command", required=True)
     add_host_commands(sub)

@@ -1,4 +1,4 @@
-"""`pynvmf bench` (pynvmf.bench_cli): fio's cpu figures and per-interval bandwidth and IOPS
+"""`pynvmf bench` (pynvmf.cli.bench): fio's cpu figures and per-interval bandwidth and IOPS
 statistics, and Ctrl-C reporting what was measured.
 
 The live tests run the command's coroutine on the test's event loop against an
@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 
-from pynvmf import bench_cli
 from pynvmf.bench.loadgen import CpuUsage, LatencyHistogram, SampleStats
-from pynvmf.bench_cli import JobResult, add_bench_command, fio_json, human_report
 from pynvmf.block.device import Buffer
 from pynvmf.block.memory import MemoryDevice
-from pynvmf.host_cli import EXIT_INTERRUPTED
+from pynvmf.cli import bench as bench_cli
+from pynvmf.cli.bench import JobResult, add_bench_command, fio_json, human_report
+from pynvmf.cli.common import EXIT_INTERRUPTED
 from pynvmf.target.server import Port, Target
 from pynvmf.target.subsystem import Namespace, Subsystem
 

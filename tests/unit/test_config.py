@@ -65,8 +65,8 @@ def _defaults() -> dict:
     )
 
 
-def test_zero_argument_target_is_one_gib_in_memory_on_4420_with_discovery_on_8009() -> None:
-    target = build_target(_defaults())
+async def test_zero_argument_target_is_one_gib_in_memory_on_4420_with_discovery_on_8009() -> None:
+    target = await build_target(_defaults())
     io = [p for p in target.ports if not p.discovery_only]
     disc = [p for p in target.ports if p.discovery_only]
     assert [(p.address, p.port) for p in io] == [("127.0.0.1", 4420)]
@@ -80,7 +80,7 @@ def test_zero_argument_target_is_one_gib_in_memory_on_4420_with_discovery_on_800
     assert ns.device.capabilities.block_size == 512
 
 
-def test_options_make_one_namespace_per_memory_and_file(tmp_path: Path) -> None:
+async def test_options_make_one_namespace_per_memory_and_file(tmp_path: Path) -> None:
     path = tmp_path / "disk.img"
     path.write_bytes(bytes(1 << 20))
     config = config_from_options(
@@ -93,7 +93,7 @@ def test_options_make_one_namespace_per_memory_and_file(tmp_path: Path) -> None:
         inline_data_size=4096,
         discovery_port=0,
     )
-    target = build_target(config)
+    target = await build_target(config)
     assert all(not p.discovery_only for p in target.ports)
     assert [str(p) for p in target.ports] == ["[::1]:4421", "127.0.0.2:4422"]
     assert target.ports[0].transport.inline_data_size == 4096
@@ -104,7 +104,7 @@ def test_options_make_one_namespace_per_memory_and_file(tmp_path: Path) -> None:
     assert subsystem.namespaces[2].device.capabilities.num_blocks == 256
 
 
-def test_json_config_round_trip(tmp_path: Path) -> None:
+async def test_json_config_round_trip(tmp_path: Path) -> None:
     config = {
         "ports": [{"address": "127.0.0.1", "port": 0, "subsystems": ["nqn.a:1"]}],
         "discovery_ports": [],
@@ -123,7 +123,7 @@ def test_json_config_round_trip(tmp_path: Path) -> None:
     }
     path = tmp_path / "target.json"
     path.write_text(json.dumps(config))
-    target = build_target(load_config(path))
+    target = await build_target(load_config(path))
     sub1 = target.subsystems["nqn.a:1"]
     assert sorted(sub1.namespaces) == [7, 9]
     assert str(sub1.namespaces[7].uuid) == "5b1a7c2e-3f4d-4e5f-8a9b-0c1d2e3f4a5b"
@@ -133,9 +133,9 @@ def test_json_config_round_trip(tmp_path: Path) -> None:
     assert target.subsystems["nqn.a:2"].namespaces[1].block_size == 4096
 
 
-def test_namespace_identifiers_are_stable_across_builds() -> None:
-    a = build_target(_defaults()).subsystems[DEFAULT_NQN].namespaces[1]
-    b = build_target(_defaults()).subsystems[DEFAULT_NQN].namespaces[1]
+async def test_namespace_identifiers_are_stable_across_builds() -> None:
+    a = (await build_target(_defaults())).subsystems[DEFAULT_NQN].namespaces[1]
+    b = (await build_target(_defaults())).subsystems[DEFAULT_NQN].namespaces[1]
     assert (a.uuid, a.nguid, a.eui64) == (b.uuid, b.nguid, b.eui64)
 
 
@@ -152,9 +152,9 @@ def test_namespace_identifiers_are_stable_across_builds() -> None:
         },
     ],
 )
-def test_invalid_configs_are_refused_with_a_clear_error(config: dict) -> None:
+async def test_invalid_configs_are_refused_with_a_clear_error(config: dict) -> None:
     with pytest.raises((ConfigError, ValueError)):
-        build_target(config)
+        await build_target(config)
 
 
 def test_malformed_json_names_the_file(tmp_path: Path) -> None:

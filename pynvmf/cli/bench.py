@@ -86,21 +86,21 @@ from pynvmf.bench.loadgen import (
 )
 from pynvmf.block.copy import SourceRange, copy
 from pynvmf.block.device import BlockDevice, Buffer, Capabilities, CopyOffload
-from pynvmf.host import Controller, NvmeError, RemoteNamespace, connect
-from pynvmf.host.namespace import remote_namespace
-from pynvmf.host.queue import HostQueue
-from pynvmf.host_cli import (
+from pynvmf.cli.common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     CommandError,
-    _connect_failure,
-    _connection_options,
-    _int_at_least,
-    _loop_factory,
-    _namespace,
-    _namespace_option,
-    _output_option,
+    active_namespace,
+    connect_failure,
+    connection_options,
+    int_at_least,
+    loop_factory,
+    namespace_option,
+    output_option,
 )
+from pynvmf.host import Controller, NvmeError, RemoteNamespace, connect
+from pynvmf.host.namespace import remote_namespace
+from pynvmf.host.queue import HostQueue
 from pynvmf.target.server import NVME_TCP_PORT
 
 BENCH_RW_MODES = ("randread", "randwrite", "read", "write", "randrw", "copy")
@@ -142,7 +142,7 @@ def _seconds(text: str) -> float:
 
 
 def _percent(text: str) -> int:
-    value = _int_at_least(0)(text)
+    value = int_at_least(0)(text)
     if value > 100:
         raise argparse.ArgumentTypeError(f"{value} is not a percentage (0-100)")
     return value
@@ -156,14 +156,14 @@ def add_bench_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         description="Keep --iodepth I/Os in flight on each of --numjobs I/O queues for "
         "--runtime seconds and report IOPS, bandwidth and latency like fio.",
     )
-    _connection_options(p, default_port=NVME_TCP_PORT)
-    _namespace_option(p)
-    _output_option(p)
+    connection_options(p, default_port=NVME_TCP_PORT)
+    namespace_option(p)
+    output_option(p)
     p.add_argument("--rw", choices=BENCH_RW_MODES, default="randread", help="I/O pattern")
     p.add_argument("--bs", type=parse_size, default=4096, metavar="SIZE", help="block size")
-    p.add_argument("--iodepth", type=_int_at_least(1), default=1, metavar="N")
+    p.add_argument("--iodepth", type=int_at_least(1), default=1, metavar="N")
     p.add_argument(
-        "--numjobs", type=_int_at_least(1), default=1, metavar="N", help="jobs (one I/O queue each)"
+        "--numjobs", type=int_at_least(1), default=1, metavar="N", help="jobs (one I/O queue each)"
     )
     p.add_argument("--runtime", type=_seconds, default=10.0, metavar="SECONDS")
     p.add_argument(
@@ -179,26 +179,26 @@ def add_bench_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     p.add_argument("--verify", action="store_true", help="write patterns and check every read")
     p.add_argument(
         "--inline-data-size",
-        type=_int_at_least(0),
+        type=int_at_least(0),
         metavar="BYTES",
         help="most write data the host sends in-capsule (capped by the target's IOCCSZ)",
     )
-    p.add_argument("--copy-ranges", type=_int_at_least(1), default=1, metavar="N")
+    p.add_argument("--copy-ranges", type=int_at_least(1), default=1, metavar="N")
     p.add_argument("--copy-mode", choices=COPY_MODES, default="auto")
-    p.add_argument("--seed", type=_int_at_least(0), default=0, help="offsets and patterns seed")
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="offsets and patterns seed")
     p.add_argument(
         "--group-reporting", action="store_true", help="one aggregated JSON job, as fio's"
     )
     p.add_argument(
         "--bwavgtime",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=_AVG_TIME_MS,
         metavar="MS",
         help=f"bandwidth sampling interval (default {_AVG_TIME_MS})",
     )
     p.add_argument(
         "--iopsavgtime",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=_AVG_TIME_MS,
         metavar="MS",
         help=f"IOPS sampling interval (default {_AVG_TIME_MS})",
@@ -209,7 +209,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     """Run `pynvmf bench`; the exit status (1 for any failure, verify included; 130 when
     interrupted, with or without a report)."""
     try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
             return runner.run(_bench(args, sys.stdout, sys.stderr))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
@@ -729,9 +729,9 @@ async def _bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             data_digest=args.data_digest,
         )
     except NvmeError as exc:
-        raise _connect_failure(args, exc) from exc
+        raise connect_failure(args, exc) from exc
     async with ctrl:
-        ns = _namespace(ctrl, args)
+        ns = active_namespace(ctrl, args)
         if args.inline_data_size is not None:
             set_inline_limit(ctrl, args.inline_data_size)
         queues = ctrl.io_queues

@@ -34,7 +34,6 @@ import socket
 import stat
 import sys
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -48,8 +47,8 @@ from pynvmf.block.copier import (
 )
 from pynvmf.block.device import BlockDevice
 from pynvmf.block.file import FileDevice
+from pynvmf.cli.common import EXIT_FAILURE, EXIT_INTERRUPTED, CommandError, loop_factory
 from pynvmf.host import Controller, NvmeConnectionError, NvmeError, connect
-from pynvmf.host_cli import EXIT_FAILURE, EXIT_INTERRUPTED, CommandError
 from pynvmf.target.server import NVME_TCP_PORT
 
 DEFAULT_FILE_BLOCK_SIZE = 512
@@ -328,22 +327,13 @@ def _options(args: argparse.Namespace) -> _Options:
 def run_copy_command(args: argparse.Namespace) -> int:
     """Run `pynvmf copy` as parsed by add_copy_command's parser; the exit status."""
     try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
             return runner.run(_copy(args))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except (CommandError, NvmeError, OSError, ValueError) as exc:
         print(f"pynvmf copy: {_error_text(exc)}", file=sys.stderr)
         return EXIT_FAILURE
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    # A loop factory, not uvloop's policy: that is global and would outlive the command.
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
 
 
 def _error_text(exc: BaseException) -> str:

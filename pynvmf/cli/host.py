@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import socket
 import sys
 import threading
 import uuid
@@ -21,12 +20,23 @@ from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, BinaryIO
 
 from pynvmf.block.device import Capabilities
+from pynvmf.cli.common import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    CommandError,
+    active_namespace,
+    connect_failure,
+    connection_options,
+    int_at_least,
+    loop_factory,
+    namespace_option,
+    output_option,
+    where,
+)
 from pynvmf.host import (
     Controller,
     DiscoveryLogEntry,
-    NvmeConnectionError,
     NvmeError,
-    RemoteNamespace,
     connect,
     discover,
 )
@@ -34,93 +44,7 @@ from pynvmf.spec import identify as I
 from pynvmf.spec import logpages as L
 from pynvmf.target.server import DISCOVERY_PORT, NVME_TCP_PORT
 
-EXIT_FAILURE = 1
-EXIT_INTERRUPTED = 130  # what a shell reports for a command ended by SIGINT
-
-
-class CommandError(Exception):
-    """A failure worth exactly one line on stderr: the message says it all."""
-
-
 # -- argument parsing ------------------------------------------------------------------------
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid port {text!r}") from None
-    if not 1 <= value <= 0xFFFF:
-        raise argparse.ArgumentTypeError(f"port {value} not in 1..65535")
-    return value
-
-
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            # Base 0 so LBAs may be given in hex (0x...), as nvme-cli accepts them.
-            value = int(text, 0)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} is less than {minimum}")
-        return value
-
-    return parse
-
-
-def _hostid(text: str) -> bytes:
-    try:
-        return uuid.UUID(text).bytes
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"host ID {text!r} is not a UUID") from None
-
-
-def _connection_options(
-    p: argparse.ArgumentParser, *, default_port: int, subsystem: bool = True
-) -> None:
-    p.add_argument(
-        "-t", "--transport", choices=("tcp",), default="tcp", help="transport (only tcp)"
-    )
-    p.add_argument("-a", "--traddr", required=True, metavar="ADDR", help="target address")
-    p.add_argument(
-        "-s",
-        "--trsvcid",
-        type=_port,
-        default=default_port,
-        metavar="PORT",
-        help=f"target TCP port (default {default_port})",
-    )
-    if subsystem:
-        p.add_argument("-n", "--nqn", required=True, help="subsystem NQN")
-    p.add_argument("-q", "--hostnqn", help="host NQN (default: a UUID NQN for this process)")
-    p.add_argument("-I", "--hostid", type=_hostid, metavar="UUID", help="host identifier")
-    if subsystem:
-        # pynvmf.host.discover() takes no digest options, so discover offers none.
-        p.add_argument("-g", "--hdr-digest", action="store_true", help="enable header digest")
-        p.add_argument("-G", "--data-digest", action="store_true", help="enable data digest")
-    # cli.py configures logging from args.verbose for every subcommand.
-    p.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeatable)")
-
-
-def _output_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "-o",
-        "--output-format",
-        choices=("normal", "json"),
-        default="normal",
-        help="output format (default normal)",
-    )
-
-
-def _namespace_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--namespace-id",
-        type=_int_at_least(1),
-        default=1,
-        metavar="NSID",
-        help="namespace ID (default 1)",
-    )
 
 
 def add_host_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -130,8 +54,8 @@ def add_host_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         help="print the discovery log of a discovery controller",
         description="Read the discovery log page, like `nvme discover -t tcp`.",
     )
-    _connection_options(p, default_port=DISCOVERY_PORT, subsystem=False)
-    _output_option(p)
+    connection_options(p, default_port=DISCOVERY_PORT, subsystem=False)
+    output_option(p)
 
     p = subparsers.add_parser(
         "list",
@@ -139,25 +63,25 @@ def add_host_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         description="The subsystem's active namespaces with size, format and usage, "
         "and its controller's serial number, model and firmware revision.",
     )
-    _connection_options(p, default_port=NVME_TCP_PORT)
-    _output_option(p)
+    connection_options(p, default_port=NVME_TCP_PORT)
+    output_option(p)
 
     p = subparsers.add_parser(
         "id-ctrl",
         help="print a remote controller's Identify Controller data",
         description="Identify Controller, field by field like `nvme id-ctrl`.",
     )
-    _connection_options(p, default_port=NVME_TCP_PORT)
-    _output_option(p)
+    connection_options(p, default_port=NVME_TCP_PORT)
+    output_option(p)
 
     p = subparsers.add_parser(
         "id-ns",
         help="print a remote namespace's Identify Namespace data",
         description="Identify Namespace, field by field like `nvme id-ns`.",
     )
-    _connection_options(p, default_port=NVME_TCP_PORT)
-    _namespace_option(p)
-    _output_option(p)
+    connection_options(p, default_port=NVME_TCP_PORT)
+    namespace_option(p)
+    output_option(p)
 
     p = subparsers.add_parser(
         "read",
@@ -165,8 +89,8 @@ def add_host_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         description="Read --block-count blocks from --start-block on and write them to "
         "--data FILE, or to standard output (binary).",
     )
-    _connection_options(p, default_port=NVME_TCP_PORT)
-    _namespace_option(p)
+    connection_options(p, default_port=NVME_TCP_PORT)
+    namespace_option(p)
     _io_range_options(p, count_required=True)
     p.add_argument("-d", "--data", metavar="FILE", help="output file (default: standard output)")
 
@@ -176,8 +100,8 @@ def add_host_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         description="Write --data FILE (or standard input) from --start-block on. The input "
         "must be a whole number of blocks unless --pad is given.",
     )
-    _connection_options(p, default_port=NVME_TCP_PORT)
-    _namespace_option(p)
+    connection_options(p, default_port=NVME_TCP_PORT)
+    namespace_option(p)
     _io_range_options(p, count_required=False)
     p.add_argument("-d", "--data", metavar="FILE", help="input file (default: standard input)")
     p.add_argument(
@@ -193,7 +117,7 @@ def add_host_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 def _io_range_options(p: argparse.ArgumentParser, *, count_required: bool) -> None:
     p.add_argument(
         "--start-block",
-        type=_int_at_least(0),
+        type=int_at_least(0),
         default=0,
         metavar="LBA",
         help="first logical block (default 0)",
@@ -202,7 +126,7 @@ def _io_range_options(p: argparse.ArgumentParser, *, count_required: bool) -> No
     p.add_argument(
         "-c",
         "--block-count",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         required=count_required,
         metavar="COUNT",
         help=f"number of {what}; 1's based, unlike nvme-cli's 0's based --block-count",
@@ -217,7 +141,7 @@ def run_host_command(args: argparse.Namespace) -> int:
     name = f"pynvmf {args.command}"
     command = _COMMANDS[args.command]
     try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
             return runner.run(command(args))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
@@ -233,33 +157,6 @@ def run_host_command(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
 
 
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    # A loop factory rather than uvloop's event loop policy: that policy is global and
-    # would outlive the command in a process that goes on to use asyncio otherwise.
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
-
-
-def _where(args: argparse.Namespace) -> str:
-    return f"{args.traddr} port {args.trsvcid}"
-
-
-def _connect_failure(args: argparse.Namespace, exc: NvmeError) -> CommandError:
-    if not isinstance(exc, NvmeConnectionError):
-        return CommandError(f"{_where(args)}: {exc}")
-    cause = exc.__cause__
-    if isinstance(cause, socket.gaierror):
-        return CommandError(f"cannot resolve {args.traddr}: {cause.strerror}")
-    if isinstance(cause, OSError) and cause.errno:
-        # asyncio words a refused connection "Connect call failed (addr, port)";
-        # the errno's own text ("Connection refused") is what a user recognises.
-        return CommandError(f"cannot connect to {_where(args)}: {os.strerror(cause.errno)}")
-    return CommandError(f"cannot connect: {exc}")
-
-
 async def _open(args: argparse.Namespace, *, queues: int) -> Controller:
     try:
         return await connect(
@@ -273,17 +170,7 @@ async def _open(args: argparse.Namespace, *, queues: int) -> Controller:
             data_digest=args.data_digest,
         )
     except NvmeError as exc:
-        raise _connect_failure(args, exc) from exc
-
-
-def _namespace(ctrl: Controller, args: argparse.Namespace) -> RemoteNamespace:
-    ns = ctrl.namespaces.get(args.namespace_id)
-    if ns is None:
-        active = ", ".join(str(n) for n in sorted(ctrl.namespaces)) or "none"
-        raise CommandError(
-            f"namespace {args.namespace_id} is not active on {args.nqn} (active: {active})"
-        )
-    return ns
+        raise connect_failure(args, exc) from exc
 
 
 def _check_range(args: argparse.Namespace, caps: Capabilities, nblocks: int) -> None:
@@ -384,7 +271,7 @@ async def _discover(args: argparse.Namespace) -> int:
             args.traddr, args.trsvcid, hostnqn=args.hostnqn, hostid=args.hostid
         )
     except NvmeError as exc:
-        raise _connect_failure(args, exc) from exc
+        raise connect_failure(args, exc) from exc
     records = [_entry_fields(entry) for entry in entries]
     if args.output_format == "json":
         _print_json({"records": records})
@@ -456,7 +343,7 @@ async def _list(args: argparse.Namespace) -> int:
     if args.output_format == "json":
         _print_json({"Devices": devices})
         return 0
-    print(f"Subsystem {args.nqn} at {_where(args)}")
+    print(f"Subsystem {args.nqn} at {where(args)}")
     rows = [
         [
             str(d["NameSpace"]),
@@ -669,7 +556,7 @@ def _emit(path: str | None, data: bytes | bytearray) -> None:
 
 async def _read(args: argparse.Namespace) -> int:
     async with await _open(args, queues=1) as ctrl:
-        ns = _namespace(ctrl, args)
+        ns = active_namespace(ctrl, args)
         caps = ns.capabilities
         _check_range(args, caps, args.block_count)
         buf = bytearray(args.block_count * caps.block_size)
@@ -707,7 +594,7 @@ async def _write(args: argparse.Namespace) -> int:
     # The input is opened first so a missing file fails before any connection is made.
     with _binary_input(args.data) as source:
         async with await _open(args, queues=1) as ctrl:
-            ns = _namespace(ctrl, args)
+            ns = active_namespace(ctrl, args)
             caps = ns.capabilities
             limit = -1
             if args.block_count is not None:

@@ -1,0 +1,204 @@
+"""`pynvmf target`: run an NVMe/TCP target, optionally with its JSON-RPC control plane.
+
+The target starts from one of: the options (the default: one 1 GiB in-memory
+namespace), `--config` (pynvmf's JSON), `--json` (what SPDK's save_config wrote,
+as `nvmf_tgt --json` reads it), `--nvmetcli-config` (what `nvmetcli save` wrote), or
+`--empty` (nothing: subsystems come over RPC).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from typing import Any
+
+from pynvmf.rpc.jsonrpc import RpcError
+from pynvmf.rpc.nvmetcli import load_nvmetcli
+from pynvmf.rpc.server import DEFAULT_SOCKET, RpcServer, control_plane
+from pynvmf.rpc.spdk import load_spdk_config
+from pynvmf.target.config import (
+    DEFAULT_NQN,
+    ConfigError,
+    apply_config,
+    config_from_options,
+    load_config,
+    parse_listen,
+)
+from pynvmf.target.server import DISCOVERY_PORT, Target
+
+log = logging.getLogger("pynvmf")
+
+
+def _install_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def add_target_command(sub: Any) -> None:
+    p = sub.add_parser("target", help="run an NVMe/TCP target")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--config", metavar="FILE", help="pynvmf JSON configuration (see README)")
+    source.add_argument(
+        "--json", metavar="FILE", help="SPDK JSON configuration, as rpc.py save_config writes it"
+    )
+    source.add_argument(
+        "--nvmetcli-config",
+        metavar="FILE",
+        help="the Linux target's configuration, as nvmetcli save writes it",
+    )
+    source.add_argument(
+        "--empty", action="store_true", help="start with no subsystem and no port (use the RPC)"
+    )
+    p.add_argument(
+        "--rpc-socket",
+        nargs="?",
+        const=DEFAULT_SOCKET,
+        metavar="PATH",
+        help=f"serve JSON-RPC on this Unix socket, mode 0600 (default path {DEFAULT_SOCKET})",
+    )
+    p.add_argument(
+        "--rpc-listen",
+        metavar="ADDR:PORT",
+        help="also serve JSON-RPC on TCP (no authentication: a trusted network only)",
+    )
+    p.add_argument(
+        "--listen",
+        action="append",
+        default=[],
+        metavar="ADDR:PORT",
+        help="listen address, repeatable; IPv6 in brackets (default 127.0.0.1:4420)",
+    )
+    p.add_argument(
+        "--memory",
+        action="append",
+        default=[],
+        metavar="SIZE",
+        help="add an in-memory namespace of SIZE (e.g. 1G), repeatable",
+    )
+    p.add_argument(
+        "--file",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="add a namespace backed by a file or block device, repeatable",
+    )
+    p.add_argument("--block-size", type=int, default=512, choices=(512, 4096))
+    p.add_argument("--nqn", default=DEFAULT_NQN, help=f"subsystem NQN (default {DEFAULT_NQN})")
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="HOSTNQN",
+        help="allow only these host NQNs (repeatable; default: any host)",
+    )
+    p.add_argument("--inline-data-size", type=int, default=16384, metavar="BYTES")
+    p.add_argument(
+        "--discovery-port",
+        type=int,
+        default=DISCOVERY_PORT,
+        help=f"discovery-only port on each listen address (default {DISCOVERY_PORT}, 0: none)",
+    )
+    p.add_argument("-v", "--verbose", action="count", default=0)
+
+
+def _print_banner(target: Target, rpc: RpcServer | None, socket_path: str | None) -> None:
+    io_ports = [p for p in target.ports if not p.discovery_only]
+    for port in target.ports:
+        kind = "discovery" if port.discovery_only else "nvme"
+        print(f"listening {kind} {port}", flush=True)
+    if socket_path:
+        print(f"rpc unix {socket_path}")
+    if rpc is not None and rpc.tcp_address is not None:
+        host, port_number = rpc.tcp_address
+        print(f"rpc tcp {f'[{host}]' if ':' in host else host}:{port_number}")
+    for port in target.ports:
+        if port.discovery_only:
+            print(f"  nvme discover -t tcp -a {port.address} -s {port.port}")
+    for port in io_ports:
+        for nqn in target.subsystems:
+            if port.exposes(nqn):
+                print(f"  nvme connect -t tcp -a {port.address} -s {port.port} -n {nqn}")
+    # Last, so that whoever waits for it has the lines above too.
+    print("pynvmf target ready", flush=True)
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+
+
+async def _load(target: Target, args: argparse.Namespace, stop: asyncio.Event) -> Any:
+    """Build the target from the chosen source; the control plane (also used for --json)."""
+    cp = control_plane(target, shutdown=stop.set)
+    if args.json:
+        await load_spdk_config(cp, _read_json(args.json), args.json)
+    elif args.nvmetcli_config:
+        await load_nvmetcli(target, _read_json(args.nvmetcli_config), args.nvmetcli_config)
+    elif args.config:
+        await apply_config(target, load_config(args.config))
+    elif not args.empty:
+        await apply_config(
+            target,
+            config_from_options(
+                listen=args.listen,
+                memory=args.memory,
+                files=args.file,
+                nqn=args.nqn,
+                allow_hosts=args.allow_host,
+                block_size=args.block_size,
+                inline_data_size=args.inline_data_size,
+                discovery_port=args.discovery_port,
+            ),
+        )
+    return cp
+
+
+async def _run_target(args: argparse.Namespace) -> int:
+    stop = asyncio.Event()
+    target = Target()
+    rpc: RpcServer | None = None
+    try:
+        cp = await _load(target, args, stop)
+        if not target.ports and not (args.rpc_socket or args.rpc_listen):
+            raise ConfigError("the configuration has no ports (and there is no RPC to add some)")
+        await target.start()
+        if args.rpc_socket or args.rpc_listen:
+            rpc = RpcServer(cp)
+            if args.rpc_socket:
+                await rpc.listen_unix(args.rpc_socket)
+            if args.rpc_listen:
+                address, port = parse_listen(args.rpc_listen)
+                await rpc.listen_tcp(address, port)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        _print_banner(target, rpc, args.rpc_socket)
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        if rpc is not None:
+            await rpc.close()
+        await target.stop()
+    return 0
+
+
+def run_target_command(args: argparse.Namespace) -> int:
+    try:
+        _install_uvloop()
+        return asyncio.run(_run_target(args))
+    except RpcError as exc:
+        print(f"pynvmf target: {exc.message}", file=sys.stderr)
+        return 2
+    except (ConfigError, OSError, ValueError) as exc:
+        print(f"pynvmf target: {exc}", file=sys.stderr)
+        return 2

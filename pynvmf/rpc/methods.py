@@ -1,0 +1,170 @@
+"""The method table and parameter decoding shared by every RPC method.
+
+`Params` reads one method's parameters with the types SPDK's decoders use and
+fails with the parameter's full name (`namespace.nsid`, `listen_address.traddr`).
+`ControlPlane` is what methods run against: the Target, and what the RPC layer keeps
+for itself (whether SPDK's transport was created, how to stop the process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pynvmf.rpc.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, RpcError
+from pynvmf.target.server import ChangeError, Target
+
+_MISSING = object()
+
+
+class Params:
+    """One method's parameters. Every key must be read (or `ignore`d) before `done`,
+    which refuses what was not: an unknown key is named, never silently dropped."""
+
+    def __init__(self, params: Mapping[str, Any], prefix: str = "") -> None:
+        if not isinstance(params, Mapping):
+            raise RpcError(INVALID_PARAMS, f"{prefix.rstrip('.') or 'params'}: must be an object")
+        self._params = params
+        self._prefix = prefix
+        self._read: set[str] = set()
+
+    def name(self, key: str) -> str:
+        return f"{self._prefix}{key}"
+
+    def _get(self, key: str, required: bool) -> Any:
+        self._read.add(key)
+        value = self._params.get(key, _MISSING)
+        if value is _MISSING or value is None:
+            if required:
+                raise RpcError(INVALID_PARAMS, f"{self.name(key)}: missing")
+            return _MISSING
+        return value
+
+    def string(self, key: str, default: Any = _MISSING, *, required: bool = False) -> Any:
+        value = self._get(key, required or default is _MISSING)
+        if value is _MISSING:
+            return default
+        if not isinstance(value, str):
+            raise RpcError(INVALID_PARAMS, f"{self.name(key)}: {value!r} is not a string")
+        return value
+
+    def integer(
+        self,
+        key: str,
+        default: Any = _MISSING,
+        *,
+        low: int = 0,
+        high: int = (1 << 64) - 1,
+    ) -> Any:
+        value = self._get(key, default is _MISSING)
+        if value is _MISSING:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RpcError(INVALID_PARAMS, f"{self.name(key)}: {value!r} is not an integer")
+        if not low <= value <= high:
+            raise RpcError(INVALID_PARAMS, f"{self.name(key)}: {value} not in {low}..{high}")
+        return value
+
+    def boolean(self, key: str, default: Any = _MISSING) -> Any:
+        value = self._get(key, default is _MISSING)
+        if value is _MISSING:
+            return default
+        if not isinstance(value, bool):
+            raise RpcError(INVALID_PARAMS, f"{self.name(key)}: {value!r} is not a boolean")
+        return value
+
+    def uuid_value(self, key: str) -> uuid.UUID | None:
+        text = self.string(key, None)
+        if text is None:
+            return None
+        try:
+            return uuid.UUID(text)
+        except ValueError:
+            raise RpcError(INVALID_PARAMS, f"{self.name(key)}: {text!r} is not a UUID") from None
+
+    def hex_bytes(self, key: str, size: int) -> bytes | None:
+        text = self.string(key, None)
+        if text is None:
+            return None
+        try:
+            value = bytes.fromhex(text.replace("-", ""))
+        except ValueError:
+            value = b""
+        if len(value) != size:
+            raise RpcError(INVALID_PARAMS, f"{self.name(key)}: {text!r} is not {size} bytes in hex")
+        return value
+
+    def strings(self, key: str) -> list[str] | None:
+        value = self._get(key, False)
+        if value is _MISSING:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise RpcError(INVALID_PARAMS, f"{self.name(key)}: not a list of strings")
+        return value
+
+    def nested(self, key: str, *, required: bool = True) -> Params | None:
+        value = self._get(key, required)
+        if value is _MISSING:
+            return None
+        return Params(value, f"{self.name(key)}.")
+
+    def ignore(self, *keys: str) -> None:
+        """Keys accepted for compatibility that change nothing pynvmf does."""
+        self._read.update(keys)
+
+    def refuse_unless(self, key: str, allowed: Iterable[Any], why: str) -> None:
+        """Accept `key` only absent or with a value pynvmf honours (what it does anyway)."""
+        self._read.add(key)
+        value = self._params.get(key)
+        if value is not None and value not in list(allowed):
+            raise RpcError(INVALID_PARAMS, f"{self.name(key)}: {value!r}: {why}")
+
+    def done(self) -> None:
+        unknown = sorted(set(self._params) - self._read)
+        if unknown:
+            raise RpcError(INVALID_PARAMS, f"{self.name(unknown[0])}: unknown parameter")
+
+
+Method = Callable[["ControlPlane", Params], Awaitable[Any]]
+
+
+@dataclass
+class MethodTable:
+    methods: dict[str, Method] = field(default_factory=dict)
+
+    def register(self, name: str) -> Callable[[Method], Method]:
+        def add(method: Method) -> Method:
+            self.methods[name] = method
+            return method
+
+        return add
+
+
+@dataclass
+class ControlPlane:
+    """What RPC methods act on. Calls are serialised: one change at a time, whichever
+    connection it comes from, so every change sees the one before it complete."""
+
+    target: Target
+    table: MethodTable
+    # SPDK creates its transport once (nvmf_create_transport); pynvmf's exists from the
+    # start, and this says whether a client has created it, as SPDK would refuse twice.
+    transport_created: bool = False
+    # Stops the process (spdk_kill_instance); None: the method is refused.
+    shutdown: Callable[[], None] | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def call(self, method: str, params: dict[str, Any]) -> Any:
+        handler = self.table.methods.get(method)
+        if handler is None:
+            raise RpcError(METHOD_NOT_FOUND, f"method not found: {method}")
+        async with self.lock:
+            return await handler(self, Params(params))
+
+
+def change_error(exc: ChangeError, names: Mapping[str, str]) -> RpcError:
+    """A Target's refusal as a JSON-RPC error naming the method's own parameter."""
+    return RpcError(INVALID_PARAMS, f"{names.get(exc.field, exc.field)}: {exc.reason}")

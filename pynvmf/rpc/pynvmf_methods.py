@@ -1,0 +1,109 @@
+"""pynvmf's own RPC methods (prefix pynvmf_): what SPDK's set has no method for.
+
+- pynvmf_get_config {format?}: the running target as a configuration, in pynvmf's
+  format (what `pynvmf target --config` reads; the default), SPDK's (what
+  `--json` reads) or nvmetcli's (what `--nvmetcli-config` and `nvmetcli restore` read).
+- pynvmf_save_config {path, format?}: the same, written by the target to `path`
+  atomically (a temporary file, fsync, rename), so a crash leaves the old or the new.
+- pynvmf_add_port / pynvmf_remove_port: a listener with transport options of its own
+  (SPDK's listeners share the transport's), or one that exposes every subsystem.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
+from pynvmf.rpc.methods import ControlPlane, MethodTable, Params, change_error
+from pynvmf.rpc.nvmetcli import nvmetcli_config
+from pynvmf.rpc.spdk import spdk_config
+from pynvmf.target.config import ConfigError, config_of, write_atomically
+from pynvmf.target.server import ChangeError, Port
+from pynvmf.tcp.target import TransportConfig
+
+table = MethodTable()
+method = table.register
+
+FORMATS = ("pynvmf", "spdk", "nvmetcli")
+
+
+def _config(cp: ControlPlane, fmt: str) -> Any:
+    if fmt == "pynvmf":
+        try:
+            return config_of(cp.target)
+        except ConfigError as exc:
+            raise RpcError(INVALID_PARAMS, f"format: {exc}") from exc
+    if fmt == "spdk":
+        return spdk_config(cp.target)
+    if fmt == "nvmetcli":
+        return nvmetcli_config(cp.target)
+    raise RpcError(INVALID_PARAMS, f"format: {fmt!r} is not one of {', '.join(FORMATS)}")
+
+
+@method("pynvmf_get_config")
+async def pynvmf_get_config(cp: ControlPlane, p: Params) -> Any:
+    fmt = p.string("format", "pynvmf")
+    p.done()
+    return _config(cp, fmt)
+
+
+@method("pynvmf_save_config")
+async def pynvmf_save_config(cp: ControlPlane, p: Params) -> bool:
+    path = p.string("path")
+    fmt = p.string("format", "pynvmf")
+    p.done()
+    config = _config(cp, fmt)
+    try:
+        write_atomically(path, config)
+    except OSError as exc:
+        raise RpcError(INVALID_PARAMS, f"path: {path}: {exc.strerror or exc}") from exc
+    return True
+
+
+@method("pynvmf_add_port")
+async def pynvmf_add_port(cp: ControlPlane, p: Params) -> int:
+    address = p.string("address")
+    port_number = p.integer("port", high=0xFFFF)
+    subsystems = p.strings("subsystems")
+    discovery_only = p.boolean("discovery_only", False)
+    base = cp.target.transport
+    transport = TransportConfig(
+        inline_data_size=p.integer("inline_data_size", base.inline_data_size, high=0xFFFFFFFF),
+        max_h2c_data=p.integer("max_h2c_data", base.max_h2c_data, high=0xFFFFFFFF),
+        allow_header_digest=p.boolean("header_digest", base.allow_header_digest),
+        allow_data_digest=p.boolean("data_digest", base.allow_data_digest),
+        cpda=base.cpda,
+    )
+    p.done()
+    if discovery_only and subsystems:
+        raise RpcError(INVALID_PARAMS, "subsystems: a discovery-only port exposes none")
+    for i, nqn in enumerate(subsystems or []):
+        if nqn not in cp.target.subsystems:
+            raise RpcError(INVALID_PARAMS, f"subsystems[{i}]: no subsystem {nqn!r}")
+    port = Port(
+        address,
+        port_number,
+        subsystems=subsystems,
+        discovery_only=discovery_only,
+        discovery_listener=discovery_only,
+        transport=transport,
+    )
+    try:
+        await cp.target.add_port(port)
+    except ChangeError as exc:
+        raise change_error(exc, {}) from exc
+    return port.port
+
+
+@method("pynvmf_remove_port")
+async def pynvmf_remove_port(cp: ControlPlane, p: Params) -> bool:
+    address = p.string("address")
+    port_number = p.integer("port", high=0xFFFF)
+    p.done()
+    port = cp.target.find_port(address, port_number)
+    if port is None:
+        raise RpcError(
+            INVALID_PARAMS, f"port: the target does not listen on {address} {port_number}"
+        )
+    await cp.target.remove_port(port)
+    return True

@@ -1,0 +1,884 @@
+"""SPDK-compatible RPC methods: SPDK's scripts/rpc.py drives pynvmf with them unchanged.
+
+Names, parameters and result shapes are SPDK v25.09's. Where SPDK has an option
+pynvmf has no use for (a poll group mask, an RDMA queue size), the option is
+accepted and reported as what pynvmf does; where it asks for something pynvmf
+does not do (ANA reporting, TLS, DH-HMAC-CHAP keys, metadata), the call fails with
+an error naming it. `save_config` (rpc.py's, built from framework_get_config)
+writes what `pynvmf target --json` loads again.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import uuid as uuid_mod
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pynvmf import __version__
+from pynvmf.block.file import FileDevice
+from pynvmf.block.memory import MemoryDevice
+from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
+from pynvmf.rpc.methods import ControlPlane, MethodTable, Params, change_error
+from pynvmf.spec.opcodes import DISCOVERY_NQN
+from pynvmf.target import devices as D
+from pynvmf.target.controller import MAX_IO_QUEUES, QUEUE_ENTRIES
+from pynvmf.target.devices import NamedDevice
+from pynvmf.target.limits import MAX_TRANSFER
+from pynvmf.target.server import ChangeError, Port, Target
+from pynvmf.target.subsystem import CNTLID_MAX, CNTLID_MIN, Subsystem
+from pynvmf.tcp.target import TransportConfig
+
+table = MethodTable()
+method = table.register
+
+# The configuration "subsystems" (SPDK's word for its libraries) pynvmf has.
+CONFIG_SUBSYSTEMS = (
+    {"subsystem": "bdev", "depends_on": []},
+    {"subsystem": "nvmf", "depends_on": ["bdev"]},
+)
+TICK_RATE = 1_000_000_000  # nvmf_get_stats' ticks per second: pynvmf counts nanoseconds
+
+
+def _no_target_name(p: Params) -> None:
+    p.refuse_unless("tgt_name", (), "pynvmf has one target, and it has no name")
+
+
+async def _apply(change: Awaitable[Any], names: dict[str, str]) -> Any:
+    try:
+        return await change
+    except ChangeError as exc:
+        raise change_error(exc, names) from exc
+
+
+def _sync(call: Callable[[], Any], names: dict[str, str]) -> Any:
+    try:
+        return call()
+    except ChangeError as exc:
+        raise change_error(exc, names) from exc
+
+
+# -- application ----------------------------------------------------------------------------
+
+
+@method("rpc_get_methods")
+async def rpc_get_methods(cp: ControlPlane, p: Params) -> list[str]:
+    p.boolean("current", False)
+    p.boolean("include_aliases", False)
+    p.done()
+    return sorted(cp.table.methods)
+
+
+@method("spdk_get_version")
+async def spdk_get_version(cp: ControlPlane, p: Params) -> dict[str, Any]:
+    p.done()
+    parts = [*(int(x) for x in __version__.split(".")[:3]), 0, 0, 0][:3]
+    return {
+        "version": f"pynvmf v{__version__}",
+        "fields": {"major": parts[0], "minor": parts[1], "patch": parts[2], "suffix": ""},
+    }
+
+
+@method("framework_wait_init")
+async def framework_wait_init(cp: ControlPlane, p: Params) -> bool:
+    p.done()
+    return True  # a target that answers RPCs has finished starting
+
+
+@method("framework_get_subsystems")
+async def framework_get_subsystems(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
+    p.done()
+    return [dict(s) for s in CONFIG_SUBSYSTEMS]
+
+
+@method("framework_get_config")
+async def framework_get_config(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
+    name = p.string("name")
+    p.done()
+    if name == "bdev":
+        return bdev_config(cp.target)
+    if name == "nvmf":
+        return nvmf_config(cp.target)
+    raise RpcError(INVALID_PARAMS, f"name: pynvmf has no configuration subsystem {name!r}")
+
+
+@method("spdk_kill_instance")
+async def spdk_kill_instance(cp: ControlPlane, p: Params) -> bool:
+    sig = p.string("sig_name")
+    p.done()
+    if sig.upper().removeprefix("SIG") not in ("INT", "TERM", "KILL") and sig not in (
+        "2",
+        "9",
+        "15",
+    ):
+        raise RpcError(
+            INVALID_PARAMS, f"sig_name: {sig!r}: pynvmf stops on SIGINT, SIGTERM or SIGKILL"
+        )
+    if cp.shutdown is None:
+        raise RpcError(INVALID_PARAMS, "sig_name: this target cannot be stopped over RPC")
+    cp.shutdown()
+    return True
+
+
+# -- block devices ------------------------------------------------------------------------------
+
+
+def _free_name(target: Target, prefix: str) -> str:
+    n = 0
+    while f"{prefix}{n}" in target.block_devices:
+        n += 1
+    return f"{prefix}{n}"
+
+
+@method("bdev_malloc_create")
+async def bdev_malloc_create(cp: ControlPlane, p: Params) -> str:
+    name = p.string("name", None)
+    dev_uuid = p.uuid_value("uuid")
+    num_blocks = p.integer("num_blocks", low=1)
+    block_size = p.integer("block_size", low=1)
+    p.refuse_unless("physical_block_size", (0, block_size), "pynvmf reports no physical block size")
+    p.refuse_unless("optimal_io_boundary", (0,), "pynvmf splits I/O at no boundary")
+    p.refuse_unless("md_size", (0,), "pynvmf namespaces have no metadata")
+    p.refuse_unless("md_interleave", (False,), "pynvmf namespaces have no metadata")
+    p.refuse_unless("dif_type", (0,), "pynvmf namespaces have no protection information")
+    p.refuse_unless("dif_is_head_of_md", (False,), "pynvmf namespaces have no metadata")
+    p.refuse_unless("dif_pi_format", (0,), "pynvmf namespaces have no protection information")
+    p.done()
+    target = cp.target
+    name = name or _free_name(target, "Malloc")
+    if name in target.block_devices:
+        raise RpcError(INVALID_PARAMS, f"name: a bdev named {name!r} exists")
+    try:
+        device = MemoryDevice(num_blocks * block_size, block_size)
+    except ValueError as exc:
+        raise RpcError(INVALID_PARAMS, f"block_size: {exc}") from exc
+    except OSError as exc:
+        raise RpcError(INVALID_PARAMS, f"num_blocks: cannot allocate: {exc.strerror}") from exc
+    entry = NamedDevice.wrap(name, device, device_uuid=dev_uuid or uuid_mod.uuid4())
+    try:
+        target.add_block_device(entry)
+    except ChangeError as exc:
+        await device.close()
+        raise change_error(exc, {}) from exc
+    return name
+
+
+@method("bdev_aio_create")
+async def bdev_aio_create(cp: ControlPlane, p: Params) -> str:
+    name = p.string("name")
+    filename = p.string("filename")
+    block_size = p.integer("block_size", 0)
+    read_only = p.boolean("readonly", False)
+    p.ignore("fallocate")  # pynvmf's file devices zero and deallocate with fallocate anyway
+    dev_uuid = p.uuid_value("uuid")
+    p.done()
+    target = cp.target
+    if name in target.block_devices:
+        raise RpcError(INVALID_PARAMS, f"name: a bdev named {name!r} exists")
+    try:
+        device = FileDevice(filename, block_size or 512, read_only=read_only)
+    except OSError as exc:
+        raise RpcError(INVALID_PARAMS, f"filename: {filename}: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        raise RpcError(INVALID_PARAMS, f"block_size: {exc}") from exc
+    entry = NamedDevice.wrap(name, device, device_uuid=dev_uuid or uuid_mod.uuid4())
+    try:
+        target.add_block_device(entry)
+    except ChangeError as exc:
+        device.close_sync()
+        raise change_error(exc, {}) from exc
+    return name
+
+
+async def _delete_bdev(cp: ControlPlane, p: Params, kind: str) -> bool:
+    name = p.string("name")
+    p.done()
+    entry = cp.target.block_devices.get(name)
+    if entry is None or entry.kind != kind:
+        what = "malloc" if kind == D.MEMORY else "aio"
+        raise RpcError(INVALID_PARAMS, f"name: no {what} bdev named {name!r}")
+    await _apply(cp.target.remove_block_device(name), {})
+    return True
+
+
+@method("bdev_malloc_delete")
+async def bdev_malloc_delete(cp: ControlPlane, p: Params) -> bool:
+    return await _delete_bdev(cp, p, D.MEMORY)
+
+
+@method("bdev_aio_delete")
+async def bdev_aio_delete(cp: ControlPlane, p: Params) -> bool:
+    return await _delete_bdev(cp, p, D.FILE)
+
+
+@method("bdev_get_bdevs")
+async def bdev_get_bdevs(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
+    name = p.string("name", None)
+    p.ignore("timeout")  # SPDK waits that long for a bdev to appear; pynvmf's do not appear
+    p.done()
+    target = cp.target
+    entries = list(target.block_devices.values())
+    if name is not None:
+        entries = [e for e in entries if name in (e.name, str(e.uuid) if e.uuid else None)]
+        if not entries:
+            raise RpcError(INVALID_PARAMS, f"name: no bdev named {name!r}")
+    return [_bdev_json(target, e) for e in entries]
+
+
+def _bdev_json(target: Target, entry: NamedDevice) -> dict[str, Any]:
+    caps = entry.device.capabilities
+    product = {D.MEMORY: "Malloc disk", D.FILE: "AIO disk"}.get(entry.kind, "pynvmf device")
+    out: dict[str, Any] = {
+        "name": entry.name,
+        "aliases": [str(entry.uuid)] if entry.uuid else [],
+        "product_name": product,
+        "block_size": caps.block_size,
+        "num_blocks": caps.num_blocks,
+    }
+    if entry.uuid:
+        out["uuid"] = str(entry.uuid)
+    out["claimed"] = bool(target.device_users(entry.name))
+    out["zoned"] = False
+    out["supported_io_types"] = {
+        "read": True,
+        "write": not entry.read_only,
+        "unmap": caps.deallocate,
+        "flush": True,
+        "write_zeroes": caps.write_zeroes,
+        "copy": True,
+    }
+    driver: dict[str, Any] = {}
+    if entry.kind == D.FILE:
+        driver["aio"] = {
+            "filename": entry.path,
+            "block_size_override": caps.block_size != 512,
+            "readonly": entry.read_only,
+            "fallocate": True,
+        }
+    out["driver_specific"] = driver
+    return out
+
+
+def bdev_config(target: Target) -> list[dict[str, Any]]:
+    """framework_get_config bdev: the calls that create every block device again."""
+    config = []
+    for entry in target.block_devices.values():
+        caps = entry.device.capabilities
+        if entry.kind == D.MEMORY:
+            params: dict[str, Any] = {
+                "name": entry.name,
+                "num_blocks": caps.num_blocks,
+                "block_size": caps.block_size,
+            }
+            if entry.uuid:
+                params["uuid"] = str(entry.uuid)
+            config.append({"method": "bdev_malloc_create", "params": params})
+        elif entry.kind == D.FILE:
+            params = {
+                "name": entry.name,
+                "block_size": caps.block_size,
+                "filename": entry.path,
+                "readonly": entry.read_only,
+            }
+            if entry.uuid:
+                params["uuid"] = str(entry.uuid)
+            config.append({"method": "bdev_aio_create", "params": params})
+        else:
+            raise RpcError(
+                INVALID_PARAMS, f"name: bdev {entry.name!r} is neither memory nor a file"
+            )
+    return config
+
+
+# -- the NVMe-oF target: transport ------------------------------------------------------------
+
+# What nvmf_create_transport takes (SPDK's generic options, TCP's, and those rpc.py sends for
+# every transport): accepted; of them pynvmf applies in_capsule_data_size.
+_TRANSPORT_OPTIONS = (
+    "max_queue_depth",
+    "max_io_qpairs_per_ctrlr",
+    "max_io_size",
+    "io_unit_size",
+    "max_aq_depth",
+    "num_shared_buffers",
+    "buf_cache_size",
+    "dif_insert_or_strip",
+    "abort_timeout_sec",
+    "zcopy",
+    "acceptor_poll_rate",
+    "ack_timeout",
+    "data_wr_pool_size",
+    "disable_command_passthru",
+    "kas",
+    "min_kato",
+    "c2h_success",
+    "control_msg_num",
+    "sock_priority",
+    "no_srq",
+    "num_cqe",
+    "max_srq_depth",
+    "acceptor_backlog",
+    "no_wr_batching",
+    "disable_mappable_bar0",
+    "disable_adaptive_irq",
+    "disable_shadow_doorbells",
+)
+
+
+def _check_trtype(p: Params, key: str = "trtype") -> None:
+    trtype = p.string(key)
+    if trtype.upper() != "TCP":
+        raise RpcError(INVALID_PARAMS, f"{p.name(key)}: {trtype!r}: pynvmf serves NVMe/TCP only")
+
+
+@method("nvmf_create_transport")
+async def nvmf_create_transport(cp: ControlPlane, p: Params) -> bool:
+    _check_trtype(p)
+    _no_target_name(p)
+    inline = p.integer("in_capsule_data_size", None, high=0xFFFFFFFF)
+    p.ignore(*_TRANSPORT_OPTIONS)
+    p.done()
+    if cp.transport_created:
+        raise RpcError(INVALID_PARAMS, "trtype: transport type 'TCP' already exists")
+    current = cp.target.transport
+    if inline is not None:
+        config = TransportConfig(
+            inline_data_size=inline,
+            max_h2c_data=current.max_h2c_data,
+            allow_header_digest=current.allow_header_digest,
+            allow_data_digest=current.allow_data_digest,
+            cpda=current.cpda,
+        )
+        _sync(lambda: cp.target.set_transport(config), {"inline_data_size": "in_capsule_data_size"})
+    cp.transport_created = True
+    return True
+
+
+def transport_json(target: Target) -> dict[str, Any]:
+    t = target.transport
+    return {
+        "trtype": "TCP",
+        "max_queue_depth": QUEUE_ENTRIES,
+        "max_io_qpairs_per_ctrlr": MAX_IO_QUEUES,
+        "in_capsule_data_size": t.inline_data_size,
+        "max_io_size": MAX_TRANSFER,
+        "io_unit_size": t.max_h2c_data,
+        "max_aq_depth": QUEUE_ENTRIES,
+        "num_shared_buffers": 0,
+        "buf_cache_size": 0,
+        "dif_insert_or_strip": False,
+        "zcopy": False,
+        "c2h_success": True,
+        "sock_priority": 0,
+        "abort_timeout_sec": 0,
+        "ack_timeout": 0,
+        "data_wr_pool_size": 0,
+    }
+
+
+@method("nvmf_get_transports")
+async def nvmf_get_transports(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
+    trtype = p.string("trtype", None)
+    _no_target_name(p)
+    p.done()
+    if trtype is not None and trtype.upper() != "TCP":
+        raise RpcError(INVALID_PARAMS, f"trtype: no transport {trtype!r}")
+    return [transport_json(cp.target)]
+
+
+@method("nvmf_set_max_subsystems")
+async def nvmf_set_max_subsystems(cp: ControlPlane, p: Params) -> bool:
+    limit = p.integer("max_subsystems", low=1, high=0xFFFFFFFF)
+    p.done()
+    if limit < len(cp.target.subsystems):
+        raise RpcError(
+            INVALID_PARAMS,
+            f"max_subsystems: the target has {len(cp.target.subsystems)} subsystems already",
+        )
+    cp.target.max_subsystems = limit
+    return True
+
+
+@method("nvmf_set_crdt")
+async def nvmf_set_crdt(cp: ControlPlane, p: Params) -> bool:
+    for key in ("crdt1", "crdt2", "crdt3"):
+        p.refuse_unless(key, (0,), "pynvmf asks for no command retry delays")
+    p.done()
+    return True
+
+
+@method("nvmf_set_config")
+async def nvmf_set_config(cp: ControlPlane, p: Params) -> bool:
+    passthru = p.nested("admin_cmd_passthru", required=False)
+    if passthru is not None:
+        for key in ("identify_ctrlr", "vendor_specific"):
+            passthru.refuse_unless(key, (False,), "pynvmf passes no admin commands through")
+        passthru.done()
+    p.refuse_unless("poll_groups_mask", (), "pynvmf runs its target in one thread")
+    p.refuse_unless(
+        "discovery_filter", ("match_any",), "pynvmf's discovery log lists every listener"
+    )
+    # Without DH-HMAC-CHAP, which digests and groups it would allow changes nothing.
+    p.strings("dhchap_digests")
+    p.strings("dhchap_dhgroups")
+    p.done()
+    return True
+
+
+@method("bdev_wait_for_examine")
+async def bdev_wait_for_examine(cp: ControlPlane, p: Params) -> bool:
+    p.done()
+    return True  # pynvmf's block devices are ready when created
+
+
+# -- subsystems ---------------------------------------------------------------------------------
+
+
+@method("nvmf_create_subsystem")
+async def nvmf_create_subsystem(cp: ControlPlane, p: Params) -> bool:
+    nqn = p.string("nqn")
+    _no_target_name(p)
+    serial = p.string("serial_number", "")
+    model = p.string("model_number", "pynvmf")
+    max_namespaces = p.integer("max_namespaces", 0, high=0xFFFFFFFF)
+    allow_any_host = p.boolean("allow_any_host", False)
+    p.refuse_unless("ana_reporting", (False,), "pynvmf has no ANA reporting")
+    min_cntlid = p.integer("min_cntlid", CNTLID_MIN, high=0xFFFF)
+    max_cntlid = p.integer("max_cntlid", CNTLID_MAX, high=0xFFFF)
+    p.refuse_unless("max_discard_size_kib", (0,), "pynvmf limits no discard size")
+    p.refuse_unless("max_write_zeroes_size_kib", (0,), "pynvmf has its own Write Zeroes limit")
+    p.refuse_unless("passthrough", (False,), "pynvmf passes no commands through")
+    p.refuse_unless("enable_nssr", (False,), "pynvmf has no NVM subsystem reset")
+    p.done()
+    _sync(
+        lambda: cp.target.add_subsystem(
+            nqn,
+            serial=serial,
+            model=model,
+            allow_any_host=allow_any_host,
+            max_namespaces=max_namespaces,
+            cntlid_min=min_cntlid,
+            cntlid_max=max_cntlid,
+        ),
+        {"serial": "serial_number", "model": "model_number", "cntlid_min": "min_cntlid"},
+    )
+    return True
+
+
+@method("nvmf_delete_subsystem")
+async def nvmf_delete_subsystem(cp: ControlPlane, p: Params) -> bool:
+    nqn = p.string("nqn")
+    _no_target_name(p)
+    p.done()
+    await _apply(cp.target.remove_subsystem(nqn), {})
+    return True
+
+
+def _trid(port: Port) -> dict[str, str]:
+    return {
+        "trtype": "TCP",
+        "adrfam": "IPv6" if port.is_ipv6 else "IPv4",
+        "traddr": port.address,
+        "trsvcid": str(port.port),
+    }
+
+
+def _listeners(target: Target, nqn: str) -> list[Port]:
+    if nqn == DISCOVERY_NQN:
+        return list(target.ports)
+    return [port for port in target.ports if not port.discovery_only and port.exposes(nqn)]
+
+
+def _subsystem_json(target: Target, subsystem: Subsystem) -> dict[str, Any]:
+    discovery = subsystem.nqn == DISCOVERY_NQN
+    out: dict[str, Any] = {
+        "nqn": subsystem.nqn,
+        "subtype": "Discovery" if discovery else "NVMe",
+        "listen_addresses": [_trid(port) for port in _listeners(target, subsystem.nqn)],
+        "allow_any_host": subsystem.allow_any_host,
+        "hosts": [{"nqn": h} for h in sorted(subsystem.allowed_hosts)],
+    }
+    if discovery:
+        return out
+    out["serial_number"] = subsystem.serial
+    out["model_number"] = subsystem.model
+    if subsystem.max_namespaces:
+        out["max_namespaces"] = subsystem.max_namespaces
+    out["min_cntlid"] = subsystem.cntlid_min
+    out["max_cntlid"] = subsystem.cntlid_max
+    out["namespaces"] = [
+        {
+            "nsid": ns.nsid,
+            "bdev_name": ns.device_name,
+            "name": ns.device_name,
+            "nguid": ns.nguid.hex().upper(),
+            "eui64": ns.eui64.hex().upper(),
+            "uuid": str(ns.uuid),
+        }
+        for _, ns in sorted(subsystem.namespaces.items())
+    ]
+    return out
+
+
+@method("nvmf_get_subsystems")
+async def nvmf_get_subsystems(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
+    nqn = p.string("nqn", None)
+    _no_target_name(p)
+    p.done()
+    target = cp.target
+    subsystems = [target.discovery, *target.subsystems.values()]
+    if nqn is not None:
+        subsystems = [s for s in subsystems if s.nqn == nqn]
+        if not subsystems:
+            raise RpcError(INVALID_PARAMS, f"nqn: no subsystem {nqn!r}")
+    return [_subsystem_json(target, s) for s in subsystems]
+
+
+# -- listeners ----------------------------------------------------------------------------------
+
+
+def _listen_address(p: Params, key: str = "listen_address") -> tuple[str, int]:
+    a = p.nested(key)
+    assert a is not None
+    _check_trtype(a)
+    adrfam = a.string("adrfam", "ipv4")
+    traddr = a.string("traddr")
+    trsvcid = a.string("trsvcid")
+    a.done()
+    try:
+        ip = ipaddress.ip_address(traddr)
+    except ValueError:
+        raise RpcError(
+            INVALID_PARAMS, f"{a.name('traddr')}: {traddr!r} is not an IP address"
+        ) from None
+    if adrfam.lower() not in ("ipv4", "ipv6"):
+        raise RpcError(
+            INVALID_PARAMS, f"{a.name('adrfam')}: {adrfam!r}: pynvmf serves IPv4 and IPv6"
+        )
+    if adrfam.lower() != f"ipv{ip.version}":
+        raise RpcError(INVALID_PARAMS, f"{a.name('adrfam')}: {adrfam} does not match {traddr}")
+    if not trsvcid.isdigit() or not 1 <= int(trsvcid) <= 0xFFFF:
+        raise RpcError(INVALID_PARAMS, f"{a.name('trsvcid')}: {trsvcid!r} is not a TCP port")
+    return traddr, int(trsvcid)
+
+
+_LISTENER_NAMES = {"address": "listen_address.traddr", "port": "listen_address.trsvcid"}
+
+
+@method("nvmf_subsystem_add_listener")
+async def nvmf_subsystem_add_listener(cp: ControlPlane, p: Params) -> bool:
+    nqn = p.string("nqn")
+    address, port = _listen_address(p)
+    _no_target_name(p)
+    p.refuse_unless("secure_channel", (False,), "pynvmf has no TLS")
+    p.refuse_unless("ana_state", ("optimized",), "pynvmf has no ANA states")
+    p.refuse_unless("sock_impl", ("posix",), "pynvmf listens with the kernel's sockets")
+    p.done()
+    await _apply(cp.target.add_listener(nqn, address, port), _LISTENER_NAMES)
+    return True
+
+
+@method("nvmf_subsystem_remove_listener")
+async def nvmf_subsystem_remove_listener(cp: ControlPlane, p: Params) -> bool:
+    nqn = p.string("nqn")
+    address, port = _listen_address(p)
+    _no_target_name(p)
+    p.ignore("secure_channel", "ana_state", "sock_impl")  # SPDK's decoder takes them here too
+    p.done()
+    await _apply(cp.target.remove_listener(nqn, address, port), _LISTENER_NAMES)
+    return True
+
+
+@method("nvmf_subsystem_get_listeners")
+async def nvmf_subsystem_get_listeners(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
+    nqn = p.string("nqn")
+    _no_target_name(p)
+    p.done()
+    if nqn != DISCOVERY_NQN and nqn not in cp.target.subsystems:
+        raise RpcError(INVALID_PARAMS, f"nqn: no subsystem {nqn!r}")
+    return [{"address": _trid(port)} for port in _listeners(cp.target, nqn)]
+
+
+# -- namespaces ---------------------------------------------------------------------------------
+
+_NS_NAMES = {
+    "nsid": "namespace.nsid",
+    "device": "namespace.bdev_name",
+    "uuid": "namespace.uuid",
+    "nguid": "namespace.nguid",
+    "eui64": "namespace.eui64",
+}
+
+
+@method("nvmf_subsystem_add_ns")
+async def nvmf_subsystem_add_ns(cp: ControlPlane, p: Params) -> int:
+    nqn = p.string("nqn")
+    _no_target_name(p)
+    ns = p.nested("namespace")
+    assert ns is not None
+    bdev_name = ns.string("bdev_name")
+    nsid = ns.integer("nsid", 0, high=0xFFFFFFFF)
+    ns_uuid = ns.uuid_value("uuid")
+    nguid = ns.hex_bytes("nguid", 16)
+    eui64 = ns.hex_bytes("eui64", 8)
+    ns.refuse_unless("ptpl_file", (), "pynvmf keeps no reservation state in a file")
+    ns.refuse_unless("anagrpid", (), "pynvmf has no ANA groups")
+    ns.refuse_unless("no_auto_visible", (False,), "pynvmf shows every namespace to every host")
+    ns.ignore("hide_metadata")  # pynvmf's namespaces have no metadata to hide
+    ns.done()
+    p.done()
+    added = _sync(
+        lambda: cp.target.add_namespace(
+            nqn, bdev_name, nsid=nsid or None, ns_uuid=ns_uuid, nguid=nguid, eui64=eui64
+        ),
+        _NS_NAMES,
+    )
+    return added.nsid
+
+
+@method("nvmf_subsystem_remove_ns")
+async def nvmf_subsystem_remove_ns(cp: ControlPlane, p: Params) -> bool:
+    nqn = p.string("nqn")
+    nsid = p.integer("nsid", high=0xFFFFFFFF)
+    _no_target_name(p)
+    p.done()
+    await _apply(cp.target.remove_namespace(nqn, nsid), {})
+    return True
+
+
+# -- hosts ------------------------------------------------------------------------------------
+
+
+@method("nvmf_subsystem_add_host")
+async def nvmf_subsystem_add_host(cp: ControlPlane, p: Params) -> bool:
+    nqn = p.string("nqn")
+    host = p.string("host")
+    _no_target_name(p)
+    p.refuse_unless("psk", (), "pynvmf has no TLS")
+    p.refuse_unless("dhchap_key", (), "pynvmf has no DH-HMAC-CHAP")
+    p.refuse_unless("dhchap_ctrlr_key", (), "pynvmf has no DH-HMAC-CHAP")
+    p.done()
+    _sync(lambda: cp.target.add_host(nqn, host), {"hostnqn": "host"})
+    return True
+
+
+@method("nvmf_subsystem_remove_host")
+async def nvmf_subsystem_remove_host(cp: ControlPlane, p: Params) -> bool:
+    nqn = p.string("nqn")
+    host = p.string("host")
+    _no_target_name(p)
+    p.done()
+    _sync(lambda: cp.target.remove_host(nqn, host), {"hostnqn": "host"})
+    return True
+
+
+@method("nvmf_subsystem_allow_any_host")
+async def nvmf_subsystem_allow_any_host(cp: ControlPlane, p: Params) -> bool:
+    nqn = p.string("nqn")
+    allow = p.boolean("allow_any_host")
+    _no_target_name(p)
+    p.done()
+    _sync(lambda: cp.target.set_allow_any_host(nqn, allow), {})
+    return True
+
+
+# -- what is connected --------------------------------------------------------------------------
+
+
+def _subsystem_or_discovery(cp: ControlPlane, p: Params) -> Subsystem:
+    nqn = p.string("nqn")
+    _no_target_name(p)
+    p.done()
+    if nqn == DISCOVERY_NQN:
+        return cp.target.discovery
+    subsystem = cp.target.subsystems.get(nqn)
+    if subsystem is None:
+        raise RpcError(INVALID_PARAMS, f"nqn: no subsystem {nqn!r}")
+    return subsystem
+
+
+def _hostid(raw: bytes) -> str:
+    return str(uuid_mod.UUID(bytes=bytes(raw))) if len(raw) == 16 else raw.hex()
+
+
+@method("nvmf_subsystem_get_controllers")
+async def nvmf_subsystem_get_controllers(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
+    subsystem = _subsystem_or_discovery(cp, p)
+    return [
+        {
+            "cntlid": ctrl.cntlid,
+            "cntrltype": "discovery" if ctrl.is_discovery else "io",
+            "hostnqn": ctrl.hostnqn,
+            "hostid": _hostid(ctrl.hostid),
+            "num_io_qpairs": len(ctrl.queues),
+        }
+        for _, ctrl in sorted(subsystem.controllers.items())
+    ]
+
+
+@method("nvmf_subsystem_get_qpairs")
+async def nvmf_subsystem_get_qpairs(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
+    subsystem = _subsystem_or_discovery(cp, p)
+    qpairs = []
+    for _, ctrl in sorted(subsystem.controllers.items()):
+        for qid, queue in sorted(ctrl.queues.items()):
+            entry: dict[str, Any] = {
+                "cntlid": ctrl.cntlid,
+                "qid": qid,
+                "state": "enabled",
+                "thread": "pynvmf",
+                "hostnqn": ctrl.hostnqn,
+                "listen_address": _trid(queue.port),
+            }
+            if queue.peer_address:
+                peer_host, peer_port = queue.peer_address[:2]
+                entry["peer_address"] = {
+                    "trtype": "TCP",
+                    "adrfam": "IPv6" if ":" in peer_host else "IPv4",
+                    "traddr": peer_host,
+                    "trsvcid": str(peer_port),
+                }
+            qpairs.append(entry)
+    return qpairs
+
+
+@method("nvmf_get_stats")
+async def nvmf_get_stats(cp: ControlPlane, p: Params) -> dict[str, Any]:
+    _no_target_name(p)
+    p.done()
+    target = cp.target
+    controllers = [
+        ctrl
+        for subsystem in [target.discovery, *target.subsystems.values()]
+        for ctrl in subsystem.controllers.values()
+    ]
+    current_io = sum(len([q for q in ctrl.queues if q]) for ctrl in controllers)
+    current_admin = sum(1 for ctrl in controllers if 0 in ctrl.queues)
+    completed = sum(
+        s.stats.read_cmds + s.stats.write_cmds + s.stats.copy_cmds
+        for s in target.subsystems.values()
+    )
+    return {
+        "tick_rate": TICK_RATE,
+        "poll_groups": [
+            {
+                "name": "pynvmf",
+                "admin_qpairs": target.counters.admin_queues,
+                "io_qpairs": target.counters.io_queues,
+                "current_admin_qpairs": current_admin,
+                "current_io_qpairs": current_io,
+                "pending_bdev_io": 0,
+                "completed_nvme_io": completed,
+                "transports": [{"trtype": "TCP"}],
+            }
+        ],
+    }
+
+
+# -- configuration --------------------------------------------------------------------------------
+
+
+def nvmf_config(target: Target) -> list[dict[str, Any]]:
+    """framework_get_config nvmf: the calls that build the target's NVMe-oF side again,
+    in SPDK's order (the discovery subsystem's listeners first)."""
+    config: list[dict[str, Any]] = [
+        {"method": "nvmf_set_max_subsystems", "params": {"max_subsystems": target.max_subsystems}},
+        {"method": "nvmf_create_transport", "params": transport_json(target)},
+    ]
+    transport = target.transport
+    for port in target.ports:
+        if port.transport != transport:
+            raise RpcError(
+                INVALID_PARAMS,
+                f"name: port {port} has transport options of its own, which SPDK's "
+                "configuration cannot hold (pynvmf_get_config can)",
+            )
+        if port.discovery_only or port.discovery_listener:
+            config.append(_listener_call(DISCOVERY_NQN, port))
+    defaults = Subsystem("defaults")
+    for subsystem in target.subsystems.values():
+        for key in ("max_io_queues", "version", "firmware", "ieee_oui"):
+            if getattr(subsystem, key) != getattr(defaults, key):
+                raise RpcError(
+                    INVALID_PARAMS,
+                    f"name: subsystem {subsystem.nqn} sets {key}, which SPDK's configuration "
+                    "cannot hold (pynvmf_get_config can)",
+                )
+        params: dict[str, Any] = {
+            "nqn": subsystem.nqn,
+            "allow_any_host": subsystem.allow_any_host,
+            "serial_number": subsystem.serial,
+            "model_number": subsystem.model,
+        }
+        if subsystem.max_namespaces:
+            params["max_namespaces"] = subsystem.max_namespaces
+        params.update(
+            min_cntlid=subsystem.cntlid_min, max_cntlid=subsystem.cntlid_max, ana_reporting=False
+        )
+        config.append({"method": "nvmf_create_subsystem", "params": params})
+        for host in sorted(subsystem.allowed_hosts):
+            config.append(
+                {
+                    "method": "nvmf_subsystem_add_host",
+                    "params": {"nqn": subsystem.nqn, "host": host},
+                }
+            )
+        for nsid, ns in sorted(subsystem.namespaces.items()):
+            config.append(
+                {
+                    "method": "nvmf_subsystem_add_ns",
+                    "params": {
+                        "nqn": subsystem.nqn,
+                        "namespace": {
+                            "nsid": nsid,
+                            "bdev_name": ns.device_name,
+                            "nguid": ns.nguid.hex().upper(),
+                            "eui64": ns.eui64.hex().upper(),
+                            "uuid": str(ns.uuid),
+                            "no_auto_visible": False,
+                        },
+                    },
+                }
+            )
+        for port in _listeners(target, subsystem.nqn):
+            config.append(_listener_call(subsystem.nqn, port))
+    return config
+
+
+def _listener_call(nqn: str, port: Port) -> dict[str, Any]:
+    return {
+        "method": "nvmf_subsystem_add_listener",
+        "params": {"nqn": nqn, "listen_address": _trid(port), "secure_channel": False},
+    }
+
+
+async def load_spdk_config(cp: ControlPlane, config: Any, where: str = "config") -> None:
+    """Make the calls an SPDK JSON configuration (what save_config wrote) holds, in order,
+    as `nvmf_tgt --json` does; the first that fails stops the load, naming its place."""
+    if not isinstance(config, dict) or not isinstance(config.get("subsystems"), list):
+        raise RpcError(INVALID_PARAMS, f"{where}: not an SPDK configuration (no subsystems list)")
+    for i, subsystem in enumerate(config["subsystems"]):
+        place = f"{where}.subsystems[{i}]"
+        if not isinstance(subsystem, dict):
+            raise RpcError(INVALID_PARAMS, f"{place}: not an object")
+        calls = subsystem.get("config") or []
+        if not isinstance(calls, list):
+            raise RpcError(INVALID_PARAMS, f"{place}.config: not a list")
+        for j, call in enumerate(calls):
+            call_place = f"{place}.config[{j}]"
+            if not isinstance(call, dict) or not isinstance(call.get("method"), str):
+                raise RpcError(INVALID_PARAMS, f"{call_place}: not a method call")
+            try:
+                await cp.call(call["method"], call.get("params") or {})
+            except RpcError as exc:
+                raise RpcError(exc.code, f"{call_place} ({call['method']}): {exc.message}") from exc
+
+
+def spdk_config(target: Target) -> dict[str, Any]:
+    """What rpc.py save_config writes for this target."""
+    return {
+        "subsystems": [
+            {"subsystem": "bdev", "config": bdev_config(target)},
+            {"subsystem": "nvmf", "config": nvmf_config(target)},
+        ]
+    }

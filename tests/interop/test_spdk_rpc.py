@@ -1,0 +1,240 @@
+"""SPDK's own rpc.py (v25.09, installed from PyPI as `spdk-rpc`) drives pynvmf's target
+unchanged: every SPDK method pynvmf implements, called as SPDK's users call it, with
+pynvmf's host connected for the methods that report connections; save_config's output
+loads back with rpc.py's load_config and with `pynvmf target --json`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pynvmf.host import connect
+from pynvmf.rpc.server import method_table
+from tests.interop.guest import free_tcp_port
+from tests.interop.target_process import TargetProcess
+
+SPDK_RPC = Path(sys.executable).parent / "spdk-rpc"
+NQN = "nqn.2016-06.io.spdk:cnode1"
+HOST = "nqn.2014-08.org.nvmexpress:uuid:0f8c5d8e-0000-4000-8000-000000000001"
+UUID = "5b1a7c2e-3f4d-4e5f-8a9b-0c1d2e3f4a5b"
+
+# Every SPDK method the RPC server implements (pynvmf's own start with pynvmf_).
+SPDK_METHODS = sorted(m for m in method_table().methods if not m.startswith("pynvmf_"))
+called: set[str] = set()
+
+
+class Spdk:
+    def __init__(self, socket: str) -> None:
+        self.socket = socket
+
+    def run(
+        self, *args: str, stdin: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(SPDK_RPC), "-s", self.socket, *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if check:
+            assert result.returncode == 0, (
+                f"rpc.py {' '.join(args)}:\n{result.stdout}{result.stderr}"
+            )
+        return result
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.run(*args).stdout)
+
+
+def start(workdir: Path, *args: str) -> tuple[TargetProcess, Spdk]:
+    workdir.mkdir(exist_ok=True)
+    socket_path = str(workdir / "spdk.sock")
+    proc = TargetProcess(None, workdir, [*args, "--rpc-socket", socket_path])
+    proc.start()
+    return proc, Spdk(socket_path)
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[TargetProcess, Spdk]]:
+    proc, spdk = start(tmp_path, "--empty")
+    yield proc, spdk
+    if proc.alive:
+        assert proc.stop() == 0, proc.stderr()
+
+
+def hold_connection(port: int) -> tuple[threading.Event, threading.Event, threading.Thread]:
+    """pynvmf's host connected (two I/O queues) until `release` is set."""
+    connected, release = threading.Event(), threading.Event()
+
+    async def hold() -> None:
+        async with await connect("127.0.0.1", port, NQN, hostnqn=HOST, queues=2) as ctrl:
+            await ctrl.namespace(1).write(0, bytes(4096))
+            connected.set()
+            await asyncio.to_thread(release.wait, 60)
+
+    thread = threading.Thread(target=lambda: asyncio.run(hold()), daemon=True)
+    thread.start()
+    assert connected.wait(30)
+    return connected, release, thread
+
+
+def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
+    served: tuple[TargetProcess, Spdk], tmp_path: Path
+) -> None:
+    proc, spdk = served
+    io_port, disc_port = free_tcp_port(), free_tcp_port()
+    image = tmp_path / "aio.img"
+    image.write_bytes(bytes(16 << 20))
+
+    def note(*methods: str) -> None:
+        called.update(methods)
+
+    assert spdk.json("spdk_get_version")["version"].startswith("pynvmf v")
+    methods = spdk.json("rpc_get_methods")
+    assert set(SPDK_METHODS) <= set(methods)
+    assert spdk.run("framework_wait_init").returncode == 0
+    assert [s["subsystem"] for s in spdk.json("framework_get_subsystems")] == ["bdev", "nvmf"]
+    note("spdk_get_version", "rpc_get_methods", "framework_wait_init", "framework_get_subsystems")
+
+    spdk.run("nvmf_create_transport", "-t", "TCP", "-u", "8192", "-c", "8192", "-q", "128")
+    (transport,) = spdk.json("nvmf_get_transports")
+    assert transport["trtype"] == "TCP" and transport["in_capsule_data_size"] == 8192
+    spdk.run("nvmf_set_max_subsystems", "-x", "64")
+    spdk.run("nvmf_set_crdt", "-t1", "0", "-t2", "0", "-t3", "0")
+    spdk.run("nvmf_set_config", "-d", "match_any")
+    note("nvmf_create_transport", "nvmf_get_transports", "nvmf_set_max_subsystems")
+    note("nvmf_set_crdt", "nvmf_set_config")
+
+    assert spdk.run("bdev_malloc_create", "-b", "Malloc0", "64", "512").stdout.strip() == "Malloc0"
+    assert spdk.run("bdev_aio_create", str(image), "Aio0", "4096").stdout.strip() == "Aio0"
+    spdk.run("bdev_wait_for_examine")
+    (malloc,) = spdk.json("bdev_get_bdevs", "-b", "Malloc0")
+    assert malloc["num_blocks"] == 131072 and malloc["block_size"] == 512
+    assert {b["name"] for b in spdk.json("bdev_get_bdevs")} == {"Malloc0", "Aio0"}
+    note("bdev_malloc_create", "bdev_aio_create", "bdev_wait_for_examine", "bdev_get_bdevs")
+
+    spdk.run(
+        "nvmf_create_subsystem",
+        NQN,
+        "-s",
+        "SPDK00000000000001",
+        "-d",
+        "SPDK Controller",
+        "-m",
+        "32",
+    )
+    spdk.run("nvmf_subsystem_add_ns", NQN, "Malloc0")
+    spdk.run("nvmf_subsystem_add_ns", NQN, "Aio0", "-n", "5", "-u", UUID)
+    spdk.run(
+        "nvmf_subsystem_add_listener",
+        NQN,
+        "-t",
+        "tcp",
+        "-a",
+        "127.0.0.1",
+        "-s",
+        str(io_port),
+        "-f",
+        "ipv4",
+    )
+    spdk.run(
+        "nvmf_subsystem_add_listener",
+        "discovery",
+        "-t",
+        "tcp",
+        "-a",
+        "127.0.0.1",
+        "-s",
+        str(disc_port),
+    )
+    spdk.run("nvmf_subsystem_add_host", NQN, HOST)
+    spdk.run("nvmf_subsystem_allow_any_host", "-e", NQN)
+    spdk.run("nvmf_subsystem_allow_any_host", "-d", NQN)
+    note("nvmf_create_subsystem", "nvmf_subsystem_add_ns", "nvmf_subsystem_add_listener")
+    note("nvmf_subsystem_add_host", "nvmf_subsystem_allow_any_host")
+
+    discovery, sub = spdk.json("nvmf_get_subsystems")
+    assert discovery["subtype"] == "Discovery" and sub["nqn"] == NQN
+    assert not sub["allow_any_host"] and sub["hosts"] == [{"nqn": HOST}]
+    assert [(n["nsid"], n["bdev_name"]) for n in sub["namespaces"]] == [(1, "Malloc0"), (5, "Aio0")]
+    assert sub["namespaces"][1]["uuid"] == UUID
+    (listener,) = spdk.json("nvmf_subsystem_get_listeners", NQN)
+    assert listener["address"]["trsvcid"] == str(io_port)
+    note("nvmf_get_subsystems", "nvmf_subsystem_get_listeners")
+
+    _connected, release, thread = hold_connection(io_port)
+    try:
+        (ctrl,) = spdk.json("nvmf_subsystem_get_controllers", NQN)
+        assert ctrl["hostnqn"] == HOST and ctrl["cntrltype"] == "io" and ctrl["num_io_qpairs"] == 3
+        qpairs = spdk.json("nvmf_subsystem_get_qpairs", NQN)
+        assert sorted(q["qid"] for q in qpairs) == [0, 1, 2]
+        assert all(q["peer_address"]["traddr"] == "127.0.0.1" for q in qpairs)
+        (group,) = spdk.json("nvmf_get_stats")["poll_groups"]
+        assert group["current_io_qpairs"] == 2 and group["current_admin_qpairs"] == 1
+        note("nvmf_subsystem_get_controllers", "nvmf_subsystem_get_qpairs", "nvmf_get_stats")
+    finally:
+        release.set()
+        thread.join(30)
+
+    saved = spdk.run("save_config").stdout
+    nvmf_only = json.loads(spdk.run("save_subsystem_config", "-n", "nvmf").stdout)
+    assert nvmf_only["config"] == json.loads(saved)["subsystems"][1]["config"]
+    note("framework_get_config")
+
+    # Bad input: an error response naming the parameter, and rpc.py fails.
+    failed = spdk.run("nvmf_subsystem_add_ns", NQN, "Malloc9", check=False)
+    assert failed.returncode != 0
+    assert "namespace.bdev_name: no block device named 'Malloc9'" in failed.stdout + failed.stderr
+
+    spdk.run(
+        "nvmf_subsystem_remove_listener", NQN, "-t", "tcp", "-a", "127.0.0.1", "-s", str(io_port)
+    )
+    spdk.run("nvmf_subsystem_remove_host", NQN, HOST)
+    spdk.run("nvmf_subsystem_remove_ns", NQN, "5")
+    spdk.run("nvmf_delete_subsystem", NQN)
+    spdk.run("bdev_malloc_delete", "Malloc0")
+    spdk.run("bdev_aio_delete", "Aio0")
+    assert spdk.json("bdev_get_bdevs") == []
+    assert [s["nqn"] for s in spdk.json("nvmf_get_subsystems")] == [
+        "nqn.2014-08.org.nvmexpress.discovery"
+    ]
+    note("nvmf_subsystem_remove_listener", "nvmf_subsystem_remove_host", "nvmf_subsystem_remove_ns")
+    note("nvmf_delete_subsystem", "bdev_malloc_delete", "bdev_aio_delete")
+
+    spdk.run("spdk_kill_instance", "SIGTERM")
+    note("spdk_kill_instance")
+    assert proc.wait() == 0, proc.stderr()  # it stops by itself
+    assert called >= set(SPDK_METHODS), sorted(set(SPDK_METHODS) - called)
+
+    # rpc.py load_config rebuilds it, on a fresh target, from what save_config wrote.
+    fresh, spdk2 = start(tmp_path / "fresh", "--empty")
+    try:
+        spdk2.run("load_config", stdin=saved)
+        assert json.loads(spdk2.run("save_config").stdout) == json.loads(saved)
+    finally:
+        assert fresh.stop() == 0, fresh.stderr()
+
+    # So does nvmf_tgt --json's pynvmf counterpart.
+    config = tmp_path / "saved.json"
+    config.write_text(saved)
+    second, spdk3 = start(tmp_path / "second", "--json", str(config))
+    try:
+        assert json.loads(spdk3.run("save_config").stdout) == json.loads(saved)
+
+        async def io() -> None:
+            async with await connect("127.0.0.1", io_port, NQN, hostnqn=HOST) as ctrl:
+                assert sorted(ctrl.namespaces) == [1, 5]
+
+        asyncio.run(io())
+    finally:
+        assert second.stop() == 0, second.stderr()
