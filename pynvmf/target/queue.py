@@ -166,12 +166,15 @@ class TargetQueue:
             return await fut
         finally:
             self._waiters.discard(fut)
+            # A failed future holds its exception, whose traceback holds this frame,
+            # which holds the future: a cycle that would keep the queue alive.
+            del fut
 
     def close(self, reason: str) -> None:
         self.conn.close(reason)
 
     def connection_lost(self) -> None:
-        self.fused.connection_lost()
+        self.fused.release()
         for fut in self._waiters:
             if not fut.done():
                 fut.set_exception(TransferAborted("connection closed"))
@@ -179,3 +182,5 @@ class TargetQueue:
         ctrl = self.controller
         if ctrl is not None:
             ctrl.remove_queue(self.qid, self)
+        # Commands still running keep their own reference to the handler.
+        self.io = None

@@ -848,4 +848,8 @@ class TargetProtocol(asyncio.BufferedProtocol):
         self.port.connections.discard(self)
         if self.queue is not None:
             self.queue.connection_lost()
+        # Nothing may keep a closed connection alive until a full garbage collection:
+        # its receive buffer alone is 256 KiB.
+        conn.release()
+        self.queue = None
         self.transport = None

@@ -47,6 +47,20 @@ _DATA_TYPES = frozenset(
 )
 
 
+def _ignore_pdu(
+    pdu_type: int, flags: int, hlen: int, pdo: int, data_end: int, pdu: memoryview
+) -> None:
+    pass
+
+
+def _ignore_fatal(fes: int, fei: int, offending: bytes) -> None:
+    pass
+
+
+def _ignore() -> None:
+    pass
+
+
 class PduReader:
     def __init__(
         self,
@@ -74,6 +88,22 @@ class PduReader:
         self._end = 0
         self.dead = False
         self.bytes_received = 0
+
+    def release(self) -> None:
+        """The connection is gone: drop the handlers (bound methods of the connection, a
+        reference cycle) and the receive buffer now rather than at the next full
+        garbage collection."""
+        self.dead = True
+        self._on_pdu = _ignore_pdu
+        self._on_fatal = _ignore_fatal
+        self._on_ddgst_error = None
+        try:
+            self._view.release()
+        except BufferError:
+            return  # a handler still holds a view of a PDU: the buffer goes with it
+        self._buf = bytearray()
+        self._view = memoryview(self._buf)
+        self._start = self._end = 0
 
     def set_max_pdu_len(self, max_pdu_len: int) -> None:
         self.max_pdu_len = max_pdu_len
@@ -294,6 +324,14 @@ class PduConnection:
             self.reader.feed(data)
         finally:
             self._receiving = False
+
+    def release(self) -> None:
+        """Once the connection has closed: break the reference cycles between this end,
+        its reader and the glue's callbacks, so that the connection's memory (its receive
+        buffer above all) is freed as soon as the glue lets go of it."""
+        self.reader.release()
+        self.on_output = _ignore
+        self.outbox = []
 
     def take_output(self) -> list[Buffer]:
         out = self.outbox

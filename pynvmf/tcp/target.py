@@ -399,8 +399,19 @@ class TargetConnection(PduConnection):
             self._r2t.clear()
             self._request_output()
 
+    def release(self) -> None:
+        super().release()
+        self.on_command = _ignore_request
+        self.on_refused = None
+        self._inflight.clear()
+        self._r2t.clear()
+
     def pending_requests(self) -> list[Request]:
         return list(self._inflight.values())
+
+
+def _ignore_request(req: Request) -> None:
+    pass
 
 
 def _host_to_controller(sqe: Sqe) -> bool:
