@@ -396,6 +396,8 @@ class TargetConnection(PduConnection):
             self.closing = True
             self.close_reason = reason
             self.reader.dead = True
+            for req in self._r2t.values():
+                req.on_data = None  # its waiter is failed by the NVMe layer's own cleanup
             self._r2t.clear()
             self._request_output()
 
