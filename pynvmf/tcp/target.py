@@ -270,14 +270,20 @@ class TargetConnection(PduConnection):
             self._terminate(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_DATA_CCCID, pdu)
             return
         data_len = data_end - pdo if pdo else 0
-        if datal != data_len:
+        if datal != data_len or not datal:
+            # An H2CData PDU carries data: an empty one moves the transfer nowhere.
             self._terminate(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_DATA_DATAL, pdu)
             return
         if datal > self.config.max_h2c_data:
             self._terminate(P.FatalError.DATA_LIMIT_EXCEEDED, 0, pdu)
             return
-        if datao != req.received or datao + datal > req.length:
+        end = datao + datal
+        if datao != req.received or end > req.length:
             self._terminate(P.FatalError.DATA_OUT_OF_RANGE, 0, pdu)
+            return
+        if bool(flags & P.FLAG_DATA_LAST) != (end == req.length):
+            # LAST_PDU marks the PDU that ends the R2T's range, and only that one.
+            self._terminate(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_FLAGS, pdu)
             return
         self.stats.h2c_data_pdus += 1
         assert req.data is not None
