@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import resource
+import socket
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +22,8 @@ from pynvmf.target.queue import TargetQueue
 from pynvmf.target.server import TargetProtocol
 from pynvmf.tcp.framing import PduReader
 from pynvmf.tcp.target import TargetConnection
+from tests.interop.guest import free_tcp_port
+from tests.interop.target_process import TargetProcess
 from tests.protocol.conftest import RAW_NS1_BLOCK, RAW_SUBNQN, RawTarget, RawTargetFactory
 from tests.protocol.raw import capsule, icreq, rw_sqe
 
@@ -196,9 +200,7 @@ async def test_keep_alive_expires_within_kato_and_its_slack(raw_target: RawTarge
     assert kato * 0.95 <= silent <= kato + 0.25 + 0.15, silent
 
 
-async def test_kato_zero_is_bounded(
-    raw_target: RawTarget, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_kato_zero_is_bounded(raw_target: RawTarget, monkeypatch: pytest.MonkeyPatch) -> None:
     admin = await raw_target.admin(kato=0)
     got = await admin.cmd(AdminOpcode.GET_FEATURES, cdw10=FeatureId.KATO)
     assert got.result & 0xFFFFFFFF == budget.KATO_DEFAULT_MS
@@ -219,3 +221,22 @@ def test_open_file_limit_is_raised_to_the_hard_limit() -> None:
     now_soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert soft == now_soft
     assert hard == resource.RLIM_INFINITY or now_soft == hard
+
+
+def test_the_target_command_enforces_its_connection_limit(tmp_path: Path) -> None:
+    port = free_tcp_port()
+    proc = TargetProcess(
+        None,
+        tmp_path,
+        ["--listen", f"127.0.0.1:{port}", "--discovery-port", "0", "--max-connections", "1"],
+    )
+    proc.start()
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as first:
+            first.sendall(icreq())
+            assert len(first.recv(128)) == 128  # ICResp
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as second:
+                assert second.recv(1) == b""  # closed at once
+    finally:
+        assert proc.stop() == 0
+    assert "refused: the target has 1 connections, its limit" in proc.stderr()
