@@ -45,16 +45,24 @@ def _finished(task: asyncio.Task[Any]) -> None:
 def _continue(coro: Coroutine[Any, Any, Any], yielded: Any) -> Generator[Any, Any, Any]:
     # Hand the awaitable the coroutine is blocked on to the Task driving us, and
     # pass whatever the Task sends or throws back into the coroutine.
+    # Neither the awaitable nor what it gave back stays referenced from this frame while
+    # the coroutine runs: a failed future would hold this frame through its exception's
+    # traceback (a cycle keeping a closed queue alive), and a result may be a megabyte of
+    # write data.
     while True:
         try:
             sent = yield yielded
         except BaseException as exc:
+            yielded = None
             try:
                 yielded = coro.throw(exc)
             except StopIteration as stop:
                 return stop.value
         else:
+            yielded = None
             try:
                 yielded = coro.send(sent)
             except StopIteration as stop:
                 return stop.value
+            finally:
+                sent = None

@@ -20,6 +20,11 @@ from pynvmf.rpc.jsonrpc import RpcError
 from pynvmf.rpc.nvmetcli import load_nvmetcli
 from pynvmf.rpc.server import DEFAULT_SOCKET, RpcServer, control_plane
 from pynvmf.rpc.spdk import load_spdk_config
+from pynvmf.target.budget import (
+    DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+    ConnectionLimits,
+    raise_open_file_limit,
+)
 from pynvmf.target.config import (
     DEFAULT_NQN,
     ConfigError,
@@ -105,7 +110,28 @@ def add_target_command(sub: Any) -> None:
         default=DISCOVERY_PORT,
         help=f"discovery-only port on each listen address (default {DISCOVERY_PORT}, 0: none)",
     )
+    p.add_argument(
+        "--max-connections",
+        type=_positive,
+        default=0,
+        metavar="N",
+        help="connections the target accepts in all (default: the open file limit, less 256)",
+    )
+    p.add_argument(
+        "--max-connections-per-address",
+        type=_positive,
+        default=DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+        metavar="N",
+        help=f"connections from one remote address (default {DEFAULT_MAX_CONNECTIONS_PER_ADDRESS})",
+    )
     p.add_argument("-v", "--verbose", action="count", default=0)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {text}")
+    return value
 
 
 def _print_banner(target: Target, rpc: RpcServer | None, socket_path: str | None) -> None:
@@ -165,7 +191,12 @@ async def _load(target: Target, args: argparse.Namespace, stop: asyncio.Event) -
 
 async def _run_target(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
-    target = Target()
+    target = Target(
+        limits=ConnectionLimits(
+            max_connections=args.max_connections,
+            max_connections_per_address=args.max_connections_per_address,
+        )
+    )
     rpc: RpcServer | None = None
     try:
         cp = await _load(target, args, stop)
@@ -195,6 +226,8 @@ async def _run_target(args: argparse.Namespace) -> int:
 def run_target_command(args: argparse.Namespace) -> int:
     try:
         _install_uvloop()
+        # Every host connection is a file descriptor: take all the system allows.
+        raise_open_file_limit()
         return asyncio.run(_run_target(args))
     except RpcError as exc:
         print(f"pynvmf target: {exc.message}", file=sys.stderr)

@@ -22,6 +22,7 @@ from pynvmf.spec.opcodes import (
     AsyncEventType,
     FeatureId,
 )
+from pynvmf.target.budget import effective_kato_ms, keep_alive_check_ms
 from pynvmf.target.subsystem import DEFAULT_VERSION
 
 if TYPE_CHECKING:
@@ -94,9 +95,10 @@ class Controller:
         self.errors: deque[ErrorLogEntry] = deque(maxlen=ERROR_LOG_ENTRIES)
         self.error_count = 0
         self.created = time.monotonic()
-        self.kato_ms = kato_ms
+        self._kato_ms = effective_kato_ms(kato_ms)
         # Set by every command; the keep-alive check clears it (traffic based keep alive).
         self.traffic = True
+        self._last_traffic = time.monotonic()
         self._ka_handle: asyncio.TimerHandle | None = None
         self.destroyed = False
 
@@ -111,11 +113,28 @@ class Controller:
 
     # -- keep alive -------------------------------------------------------------------
 
+    @property
+    def kato_ms(self) -> int:
+        return self._kato_ms
+
+    @kato_ms.setter
+    def kato_ms(self, requested: int) -> None:
+        # KATO 0 would let a controller (and what it holds) live for ever: bounded.
+        self._kato_ms = effective_kato_ms(requested)
+
     def start_keep_alive(self) -> None:
+        """(Re)start the keep-alive timer: traffic based, checked every slack interval, so
+        a silent host is noticed after KATO and before KATO + 2 intervals."""
         self._cancel_keep_alive()
-        if self.kato_ms and not self.destroyed:
-            loop = asyncio.get_running_loop()
-            self._ka_handle = loop.call_later(self.kato_ms / 1000, self._keep_alive_check)
+        if not self.destroyed:
+            self.traffic = False
+            self._last_traffic = time.monotonic()
+            self._schedule_check()
+
+    def _schedule_check(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = keep_alive_check_ms(self._kato_ms) / 1000
+        self._ka_handle = loop.call_later(interval, self._keep_alive_check)
 
     def _cancel_keep_alive(self) -> None:
         if self._ka_handle is not None:
@@ -124,18 +143,21 @@ class Controller:
 
     def _keep_alive_check(self) -> None:
         self._ka_handle = None
+        now = time.monotonic()
         if self.traffic:
             self.traffic = False
-            self.start_keep_alive()
+            self._last_traffic = now
+        elif (now - self._last_traffic) * 1000 >= self._kato_ms:
+            log.warning(
+                "controller %d of %s: no keep alive from %s within %d ms, tearing it down",
+                self.cntlid,
+                self.subsystem.nqn,
+                self.hostnqn,
+                self._kato_ms,
+            )
+            self.destroy("keep-alive timeout")
             return
-        log.warning(
-            "controller %d of %s: no keep alive from %s within %d ms, tearing it down",
-            self.cntlid,
-            self.subsystem.nqn,
-            self.hostnqn,
-            self.kato_ms,
-        )
-        self.destroy("keep-alive timeout")
+        self._schedule_check()
 
     # -- asynchronous events ------------------------------------------------------------
 

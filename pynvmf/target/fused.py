@@ -119,8 +119,20 @@ class FusedPairing:
         second = req.sqe.flags & FUSE_MASK == FUSE_SECOND
         self._finish(first, FUSED_FAIL if second else FUSED_MISSING)
 
-    def connection_lost(self) -> None:
+    def release(self) -> None:
+        """The queue's connection is gone: a held first command is dropped unanswered
+        (nothing ran), and the callbacks into the queue (a reference cycle) go."""
         self.first = None
+        self._finish = _ignore_finish
+        self._start_pair = _ignore_pair
+
+
+def _ignore_finish(req: Request, status: int) -> None:
+    pass
+
+
+def _ignore_pair(first: Request, second: Request) -> None:
+    pass
 
 
 class WriteGate:

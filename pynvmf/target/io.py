@@ -80,19 +80,16 @@ class IoHandler:
         self.queue = queue
         self.namespaces = ctrl.subsystem.namespaces
         self.stats = ctrl.subsystem.stats
-        self._handlers: dict[int, Callable[[Request], Awaitable[Outcome]]] = {
-            opcode: getattr(self, command.method) for opcode, command in IO_COMMANDS.items()
-        }
 
     async def execute(self, req: Request) -> None:
         sqe = req.sqe
         opcode = sqe.opcode
         try:
-            handler = self._handlers.get(opcode)
+            handler = _HANDLERS.get(opcode)
             if handler is None:
                 status, data = Status.INVALID_OPCODE | DNR, None
             else:
-                status, data = await handler(req)
+                status, data = await handler(self, req)
         except BlockRangeError:
             status, data = Status.LBA_OUT_OF_RANGE | DNR, None
         except ConnectionError:
@@ -308,3 +305,10 @@ class IoHandler:
         if r.slba + r.nlb > src.num_blocks:
             return Status.LBA_OUT_OF_RANGE | DNR, None
         return Status.SUCCESS, src
+
+
+# The handlers as plain functions: a per-queue table of bound methods would be a
+# reference cycle that keeps every closed queue alive until a full collection.
+_HANDLERS: dict[int, Callable[[IoHandler, Request], Awaitable[Outcome]]] = {
+    opcode: getattr(IoHandler, command.method) for opcode, command in IO_COMMANDS.items()
+}

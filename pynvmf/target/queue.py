@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,16 @@ if TYPE_CHECKING:
     from pynvmf.target.server import Port, Target
 
 log = logging.getLogger(__name__)
+
+
+def _deliver(fut: asyncio.Future[bytearray], req: Request) -> None:
+    """A command's R2T transfer ended: with its data, or (req.data None) without."""
+    if fut.done():
+        return
+    if req.data is None:
+        fut.set_exception(TransferAborted("data transfer failed"))
+    else:
+        fut.set_result(req.data)
 
 
 class TargetQueue:
@@ -152,26 +163,21 @@ class TargetQueue:
         """The host-to-controller data of `req`, fetched with R2T."""
         fut: asyncio.Future[bytearray] = asyncio.get_running_loop().create_future()
         self._waiters.add(fut)
-
-        def arrived(r: Request) -> None:
-            if fut.done():
-                return
-            if r.data is None:
-                fut.set_exception(TransferAborted("data transfer failed"))
-            else:
-                fut.set_result(r.data)
-
+        arrived = functools.partial(_deliver, fut)
         self.conn.fetch_data(req, arrived)
         try:
             return await fut
         finally:
             self._waiters.discard(fut)
+            # A failed future holds its exception, whose traceback holds this frame: the
+            # frame lets go of the future, or the three would keep the queue alive.
+            del fut, arrived
 
     def close(self, reason: str) -> None:
         self.conn.close(reason)
 
     def connection_lost(self) -> None:
-        self.fused.connection_lost()
+        self.fused.release()
         for fut in self._waiters:
             if not fut.done():
                 fut.set_exception(TransferAborted("connection closed"))
@@ -179,3 +185,5 @@ class TargetQueue:
         ctrl = self.controller
         if ctrl is not None:
             ctrl.remove_queue(self.qid, self)
+        # Commands still running keep their own reference to the handler.
+        self.io = None

@@ -28,6 +28,7 @@ from typing import cast
 from pynvmf.spec import logpages as L
 from pynvmf.spec.nqn import nqn_problem
 from pynvmf.spec.opcodes import DISCOVERY_NQN
+from pynvmf.target.budget import SWEEP_INTERVAL_S, ConnectionBudget, ConnectionLimits
 from pynvmf.target.devices import NamedDevice
 from pynvmf.target.queue import TargetQueue
 from pynvmf.target.subsystem import (
@@ -126,6 +127,7 @@ class Target:
         ports: Iterable[Port] = (),
         *,
         transport: TransportConfig | None = None,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         self.subsystems: dict[str, Subsystem] = {}
         self.block_devices: dict[str, NamedDevice] = {}
@@ -138,6 +140,8 @@ class Target:
         self.genctr = 1
         self.started = time.monotonic()
         self.counters = TargetCounters()
+        self.connection_budget = ConnectionBudget(limits or ConnectionLimits())
+        self._sweeper: asyncio.TimerHandle | None = None
         self._running = False
         self._stopped = False
         for subsystem in subsystems:
@@ -157,12 +161,32 @@ class Target:
             raise
         self._running = True
         self.started = time.monotonic()
+        self._sweeper = asyncio.get_running_loop().call_later(SWEEP_INTERVAL_S, self._sweep)
+
+    def _sweep(self) -> None:
+        """Close connections that hold the target waiting on input a host never finishes."""
+        now = time.monotonic()
+        for protocol in [p for port in self.ports for p in port.connections]:
+            reason = protocol.overdue(now)
+            if reason:
+                log.warning(
+                    "closing the connection from %s on %s: %s",
+                    protocol.peer_address,
+                    protocol.port,
+                    reason,
+                )
+                protocol.abort(reason)
+        if not self._stopped:
+            loop = asyncio.get_running_loop()
+            self._sweeper = loop.call_later(SWEEP_INTERVAL_S, self._sweep)
 
     async def stop(self) -> None:
         if self._stopped:
             return
         self._stopped = True
         self._running = False
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         servers = [port.server for port in self.ports if port.server is not None]
         for server in servers:
             server.close()
@@ -761,6 +785,9 @@ class TargetProtocol(asyncio.BufferedProtocol):
         self.queue: TargetQueue | None = None
         self._flush_scheduled = False
         self._loop = asyncio.get_running_loop()
+        self.accepted = time.monotonic()
+        self.peer_address = ""
+        self.admitted = False
 
     @staticmethod
     def _no_command(_req: object) -> None:
@@ -771,12 +798,34 @@ class TargetProtocol(asyncio.BufferedProtocol):
         self.transport = cast(asyncio.Transport, transport)
         sockname = transport.get_extra_info("sockname")
         peer = transport.get_extra_info("peername")
+        self.peer_address = peer[0] if peer else ""
+        if not self.target.connection_budget.admit(self.peer_address):
+            self.transport.abort()
+            return
+        self.admitted = True
         log.debug("connection from %s on %s", peer, self.port)
         self.queue = TargetQueue(self.target, self.port, self.conn, sockname[0])
         if peer:
             self.queue.peer_address = (peer[0], peer[1])
         self.conn.on_command = self.queue.on_command
         self.port.connections.add(self)
+
+    def overdue(self, now: float) -> str:
+        """Why this connection has waited too long for its host, or "" if it has not."""
+        queue = self.queue
+        limits = self.target.connection_budget.limits
+        unbound = queue is not None and queue.controller is None
+        if unbound and now - self.accepted > limits.connect_deadline_s:
+            return f"no Connect within {limits.connect_deadline_s:g} s of the connection"
+        since = self.conn.reader.partial_since
+        if since and now - since > limits.pdu_deadline_s:
+            return f"a PDU started {now - since:.0f} s ago is still incomplete"
+        return ""
+
+    def abort(self, reason: str) -> None:
+        self.conn.close(reason)
+        if self.transport is not None:
+            self.transport.abort()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.conn.reader.get_buffer(sizehint)
@@ -844,8 +893,15 @@ class TargetProtocol(asyncio.BufferedProtocol):
                 s.term_reqs_sent,
                 conn.close_reason or "host closed",
             )
+        if self.admitted:
+            self.admitted = False
+            self.target.connection_budget.release(self.peer_address)
         conn.close("connection lost")
         self.port.connections.discard(self)
         if self.queue is not None:
             self.queue.connection_lost()
+        # Nothing may keep a closed connection alive until a full garbage collection:
+        # its receive buffer alone is 256 KiB.
+        conn.release()
+        self.queue = None
         self.transport = None

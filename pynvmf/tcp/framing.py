@@ -18,6 +18,7 @@ names (FES and FEI), and the reader stops.
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Callable
 
 from pynvmf.spec import pdu as P
@@ -33,6 +34,9 @@ FatalHandler = Callable[[int, int, bytes], None]  # (fes, fei, offending header)
 DataDigestHandler = Callable[[int, int, int, int, int, memoryview], None]
 
 _U32 = struct.Struct("<I")  # a digest as it travels: CRC32C, little endian
+_DIGEST_FLAGS = P.FLAG_HDGST | P.FLAG_DDGST
+# Receive buffer size once a connection is established (each read may fill it).
+_MIN_BUFFER = 256 * 1024
 _NO_DIGEST_TYPES = frozenset(
     (P.PduType.ICREQ, P.PduType.ICRESP, P.PduType.H2C_TERM_REQ, P.PduType.C2H_TERM_REQ)
 )
@@ -45,6 +49,20 @@ _DATA_TYPES = frozenset(
         P.PduType.C2H_TERM_REQ,
     )
 )
+
+
+def _ignore_pdu(
+    pdu_type: int, flags: int, hlen: int, pdo: int, data_end: int, pdu: memoryview
+) -> None:
+    pass
+
+
+def _ignore_fatal(fes: int, fei: int, offending: bytes) -> None:
+    pass
+
+
+def _ignore() -> None:
+    pass
 
 
 class PduReader:
@@ -66,19 +84,42 @@ class PduReader:
         self.ddgst = False
         # Data in PDUs we receive starts on a multiple of this ((C|H)PDA + 1) * 4.
         self.pdo_alignment = 4
-        # The receive buffer holds at least two maximal PDUs so that compaction
-        # (moving a partial PDU to the front) is rare.
-        self._buf = bytearray(max(2 * max_pdu_len, 256 * 1024))
+        # The receive buffer holds two maximal PDUs: before the handshake that is a few
+        # hundred bytes (an idle connection holds next to nothing); set_max_pdu_len grows
+        # it, to at least _MIN_BUFFER, so that compaction (moving a partial PDU to the
+        # front) is rare.
+        self._buf = bytearray(2 * max_pdu_len)
         self._view = memoryview(self._buf)
         self._start = 0
         self._end = 0
         self.dead = False
         self.bytes_received = 0
+        self.pdus_received = 0
+        # When the PDU now arriving started to (time.monotonic()), 0.0 between PDUs: the
+        # glue's deadline for input a peer has started and not finished.
+        self.partial_since = 0.0
+
+    def release(self) -> None:
+        """The connection is gone: drop the handlers (bound methods of the connection, a
+        reference cycle) and the receive buffer now rather than at the next full
+        garbage collection."""
+        self.dead = True
+        self._on_pdu = _ignore_pdu
+        self._on_fatal = _ignore_fatal
+        self._on_ddgst_error = None
+        try:
+            self._view.release()
+        except BufferError:
+            return  # a handler still holds a view of a PDU: the buffer goes with it
+        self._buf = bytearray()
+        self._view = memoryview(self._buf)
+        self._start = self._end = 0
 
     def set_max_pdu_len(self, max_pdu_len: int) -> None:
         self.max_pdu_len = max_pdu_len
-        if len(self._buf) < 2 * max_pdu_len:
-            new = bytearray(2 * max_pdu_len)
+        size = max(2 * max_pdu_len, _MIN_BUFFER)
+        if len(self._buf) < size:
+            new = bytearray(size)
             pending = self._end - self._start
             new[:pending] = self._view[self._start : self._end]
             self._view.release()
@@ -116,6 +157,7 @@ class PduReader:
 
     def _parse(self) -> None:
         unpack = P.COMMON_HEADER.unpack_from
+        pdus_before = self.pdus_received
         while not self.dead:
             # A handler may have replaced the buffer (set_max_pdu_len after an ICReq).
             buf = self._buf
@@ -153,7 +195,17 @@ class PduReader:
                     self._compact()
                 break
             self._start = start + plen
+            self.pdus_received += 1
             pdu = view[start : start + plen]
+            dflags = flags & _DIGEST_FLAGS
+            if dflags and (
+                (dflags & P.FLAG_HDGST and not self.hdgst)
+                or (dflags & P.FLAG_DDGST and not self.ddgst)
+            ):
+                # A digest flag for a digest this connection did not negotiate: the PDU's
+                # layout is not the one both ends agreed on.
+                self._fatal(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_FLAGS, start, avail)
+                return
             if hdgst:
                 if not flags & P.FLAG_HDGST:
                     self._fatal(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_FLAGS, start, avail)
@@ -187,6 +239,9 @@ class PduReader:
                 self._on_pdu(pdu_type, flags, hlen, 0, header_end, pdu)
         if self._start == self._end:
             self._start = self._end = 0
+            self.partial_since = 0.0
+        elif self.pdus_received != pdus_before or not self.partial_since:
+            self.partial_since = time.monotonic()
 
     def _fatal(self, fes: int, fei: int, start: int, avail: int) -> None:
         self.dead = True
@@ -294,6 +349,14 @@ class PduConnection:
             self.reader.feed(data)
         finally:
             self._receiving = False
+
+    def release(self) -> None:
+        """Once the connection has closed: break the reference cycles between this end,
+        its reader and the glue's callbacks, so that the connection's memory (its receive
+        buffer above all) is freed as soon as the glue lets go of it."""
+        self.reader.release()
+        self.on_output = _ignore
+        self.outbox = []
 
     def take_output(self) -> list[Buffer]:
         out = self.outbox

@@ -270,14 +270,20 @@ class TargetConnection(PduConnection):
             self._terminate(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_DATA_CCCID, pdu)
             return
         data_len = data_end - pdo if pdo else 0
-        if datal != data_len:
+        if datal != data_len or not datal:
+            # An H2CData PDU carries data: an empty one moves the transfer nowhere.
             self._terminate(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_DATA_DATAL, pdu)
             return
         if datal > self.config.max_h2c_data:
             self._terminate(P.FatalError.DATA_LIMIT_EXCEEDED, 0, pdu)
             return
-        if datao != req.received or datao + datal > req.length:
+        end = datao + datal
+        if datao != req.received or end > req.length:
             self._terminate(P.FatalError.DATA_OUT_OF_RANGE, 0, pdu)
+            return
+        if bool(flags & P.FLAG_DATA_LAST) != (end == req.length):
+            # LAST_PDU marks the PDU that ends the R2T's range, and only that one.
+            self._terminate(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_FLAGS, pdu)
             return
         self.stats.h2c_data_pdus += 1
         assert req.data is not None
@@ -396,11 +402,24 @@ class TargetConnection(PduConnection):
             self.closing = True
             self.close_reason = reason
             self.reader.dead = True
+            for req in self._r2t.values():
+                req.on_data = None  # its waiter is failed by the NVMe layer's own cleanup
             self._r2t.clear()
             self._request_output()
 
+    def release(self) -> None:
+        super().release()
+        self.on_command = _ignore_request
+        self.on_refused = None
+        self._inflight.clear()
+        self._r2t.clear()
+
     def pending_requests(self) -> list[Request]:
         return list(self._inflight.values())
+
+
+def _ignore_request(req: Request) -> None:
+    pass
 
 
 def _host_to_controller(sqe: Sqe) -> bool:

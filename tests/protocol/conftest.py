@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from pynvmf.block.memory import MemoryDevice
+from pynvmf.target.budget import ConnectionLimits
 from pynvmf.target.server import Port, Target
 from pynvmf.target.subsystem import Namespace, Subsystem
 from tests.protocol.raw import HOSTNQN, RawHost, RawQueue
@@ -125,16 +126,19 @@ RawTargetFactory = Callable[..., Awaitable[RawTarget]]
 
 @pytest.fixture
 async def raw_target_factory() -> AsyncIterator[RawTargetFactory]:
-    """make(subsystems=None, ports=None): a started Target (defaults: the raw subsystems
-    on one 127.0.0.1 port with an ephemeral port number), stopped at teardown."""
+    """make(subsystems=None, ports=None, limits=None): a started Target (defaults: the raw
+    subsystems on one 127.0.0.1 port with an ephemeral port number), stopped at teardown."""
     made: list[RawTarget] = []
 
     async def make(
-        subsystems: list[Subsystem] | None = None, ports: list[Port] | None = None
+        subsystems: list[Subsystem] | None = None,
+        ports: list[Port] | None = None,
+        limits: ConnectionLimits | None = None,
     ) -> RawTarget:
         target = Target(
             raw_default_subsystems() if subsystems is None else subsystems,
             ports or [Port("127.0.0.1", 0)],
+            limits=limits,
         )
         await target.start()
         raw = RawTarget(target)

@@ -14,7 +14,7 @@ from pynvmf.spec import pdu as P
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType, IoOpcode
 from pynvmf.spec.status import DNR, Status
 from pynvmf.tcp.target import Request, TargetConnection, TransportConfig
-from tests.protocol.raw import Pdu, capsule, h2c_data, icreq, parse_pdus, rw_sqe
+from tests.protocol.raw import Pdu, capsule, data_pdu, h2c_data, icreq, parse_pdus, rw_sqe
 
 FES = P.FatalError
 
@@ -549,6 +549,41 @@ def test_h2c_data_at_maxh2cdata_is_accepted() -> None:
     h.feed(h2c_data(20, ttag, 4096, b"\x02" * 4096))
     assert arrived == [req]
     assert req.data == b"\x01" * 4096 + b"\x02" * 4096
+
+
+def test_empty_h2c_data_is_invalid_header_field_fei_16() -> None:
+    h = io_connection()
+    _req, arrived, ttag = r2t_for(h, 21, 4096)
+    # Header only: DATAL 0, no data (PDO 0).
+    empty = data_pdu(P.PduType.H2C_DATA, P.DATA_BODY.pack(21, ttag, 0, 0) + bytes(4))
+    assert_terminated(h, h.feed(empty), FES.INVALID_HEADER_FIELD, P.OFFSET_DATA_DATAL)
+    assert arrived == []
+
+
+def test_last_pdu_flag_must_mark_exactly_the_pdu_that_ends_the_transfer() -> None:
+    h = io_connection()
+    _req, arrived, ttag = r2t_for(h, 22, 8192)
+    early = h2c_data(22, ttag, 0, bytes(4096), last=True)  # 4 KiB of 8 are still to come
+    assert_terminated(h, h.feed(early), FES.INVALID_HEADER_FIELD, P.OFFSET_FLAGS)
+    assert arrived == []
+    h = io_connection()
+    _req, arrived, ttag = r2t_for(h, 23, 8192)
+    assert h.feed(h2c_data(23, ttag, 0, bytes(4096), last=False)) == []
+    unmarked = h2c_data(23, ttag, 4096, bytes(4096), last=False)  # ends it, says it does not
+    assert_terminated(h, h.feed(unmarked), FES.INVALID_HEADER_FIELD, P.OFFSET_FLAGS)
+    assert arrived == []
+
+
+@pytest.mark.parametrize("flag", [P.FLAG_HDGST, P.FLAG_DDGST])
+def test_digest_flag_without_that_digest_negotiated_is_invalid_header_field_fei_1(
+    flag: int,
+) -> None:
+    h = io_connection()
+    _req, arrived, ttag = r2t_for(h, 24, 4096)
+    pdu = bytearray(h2c_data(24, ttag, 0, bytes(4096)))
+    pdu[1] |= flag
+    assert_terminated(h, h.feed(bytes(pdu)), FES.INVALID_HEADER_FIELD, P.OFFSET_FLAGS)
+    assert arrived == []
 
 
 # -- digests ----------------------------------------------------------------------------------

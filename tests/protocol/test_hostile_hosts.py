@@ -1,0 +1,242 @@
+"""Hostile and careless hosts against the live in-process target: what a host can make the
+target hold, for how long, and what is given back when it goes."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import resource
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from pynvmf.spec.opcodes import AdminOpcode, FeatureId, IoOpcode
+from pynvmf.target import budget
+from pynvmf.target.budget import ConnectionLimits
+from pynvmf.target.controller import Controller
+from pynvmf.target.io import IoHandler
+from pynvmf.target.queue import TargetQueue
+from pynvmf.target.server import TargetProtocol
+from pynvmf.tcp.framing import PduReader
+from pynvmf.tcp.target import TargetConnection
+from tests.interop.guest import free_tcp_port
+from tests.interop.target_process import TargetProcess
+from tests.protocol.conftest import RAW_NS1_BLOCK, RAW_SUBNQN, RawTarget, RawTargetFactory
+from tests.protocol.raw import capsule, icreq, rw_sqe
+
+pytestmark = pytest.mark.timeout(120)
+
+CONNECTION_OBJECTS = (TargetProtocol, TargetConnection, PduReader, TargetQueue, IoHandler)
+
+
+def _live(kinds: tuple[type, ...]) -> dict[str, int]:
+    counts = {kind.__name__: 0 for kind in kinds}
+    for obj in gc.get_objects():
+        for kind in kinds:
+            if type(obj) is kind:
+                counts[kind.__name__] += 1
+    return {name: n for name, n in counts.items() if n}
+
+
+async def _until(condition: Callable[[], bool], what: str, timeout: float = 10) -> None:
+    """Poll `condition` (the target reacts to a close on its own schedule)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def no_cycle_collector() -> Iterator[None]:
+    """Only reference counting frees objects: what a cycle keeps alive stays visible."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+async def test_a_closed_connection_is_freed_without_the_cycle_collector(
+    raw_target: RawTarget, no_cycle_collector: None
+) -> None:
+    assert _live((*CONNECTION_OBJECTS, Controller)) == {}
+    host = await raw_target.host(io_queues=2)
+    for io in host.io:
+        assert (await io.write(1, 0, bytes(4096), RAW_NS1_BLOCK)).status == 0
+        assert (await io.read(1, 0, 8, RAW_NS1_BLOCK)).status == 0
+    # A write whose data never comes, and an AER, are in flight when the host goes.
+    host.io[0].cmd_nowait(0x01, nsid=1, cdw12=63, data=bytes(32768), inline=False)
+    host.admin.cmd_nowait(0x0C)
+    assert _live((TargetProtocol,)) == {"TargetProtocol": 3}
+    for queue in [*host.io, host.admin]:
+        await queue.close()
+    raw_target.queues.clear()
+    await _until(lambda: not _live((*CONNECTION_OBJECTS, Controller)), "the objects to go")
+    subsystem = raw_target.target.subsystems[RAW_SUBNQN]
+    assert subsystem.controllers == {}
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+async def test_rss_stays_flat_over_thousands_of_connect_and_close_cycles(
+    raw_target: RawTarget,
+) -> None:
+    async def cycle() -> None:
+        admin = await raw_target.admin()
+        await admin.close()
+        raw_target.queues.clear()
+
+    for _ in range(300):  # warm up: allocator arenas, caches
+        await cycle()
+    await _until(lambda: not _live((TargetProtocol,)), "the warm-up connections to go")
+    before = _rss()
+    for _ in range(3000):
+        await cycle()
+    await _until(lambda: not _live((TargetProtocol,)), "the connections to go")
+    grown = _rss() - before
+    # Each leaked connection would hold its 256 KiB receive buffer: 3000 of them, 750 MiB.
+    assert grown < 16 << 20, f"RSS grew by {grown / (1 << 20):.1f} MiB"
+
+
+# -- connections: limits and deadlines ---------------------------------------------------------
+
+
+async def test_connection_limits_refuse_the_extra_connection_and_say_so(
+    raw_target_factory: RawTargetFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    rt = await raw_target_factory(
+        limits=ConnectionLimits(max_connections=3, max_connections_per_address=2)
+    )
+    first, second = await rt.open(), await rt.open()
+    await first.handshake()
+    await second.handshake()
+    third = await rt.open()  # the same address: over its limit of 2
+    assert await third.expect_eof() == b""
+    assert "refused: 127.0.0.1 has 2 connections, the per-address limit" in caplog.text
+    await first.close()
+    await _until(lambda: rt.target.connection_budget.total == 1, "the close to be counted")
+    again = await rt.open()
+    await again.handshake()  # room again
+    assert rt.target.connection_budget.refused == 1
+
+
+async def test_total_connection_limit(raw_target_factory: RawTargetFactory) -> None:
+    rt = await raw_target_factory(limits=ConnectionLimits(max_connections=2))
+    kept = [await rt.open(), await rt.open()]
+    for queue in kept:
+        await queue.handshake()
+    over = await rt.open()
+    assert await over.expect_eof() == b""
+    assert rt.target.connection_budget.total == 2
+
+
+async def test_a_connection_that_never_connects_is_closed(
+    raw_target_factory: RawTargetFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    rt = await raw_target_factory(limits=ConnectionLimits(connect_deadline_s=0.5))
+    silent, handshaken = await rt.open(), await rt.open()
+    await handshaken.handshake()
+    # An ICReq one byte at a time (slowloris), never finished.
+    drip = await rt.open()
+    drip.send(icreq()[:3])
+    start = time.monotonic()
+    for queue in (silent, handshaken, drip):
+        await queue.expect_eof(timeout=5)
+    assert time.monotonic() - start < 3
+    assert caplog.text.count("no Connect within 0.5 s") == 3
+    # A host that does connect in time keeps its connection.
+    assert (await (await rt.admin()).cmd(AdminOpcode.KEEP_ALIVE)).status == 0
+
+
+async def test_a_pdu_started_and_never_finished_closes_its_connection(
+    raw_target_factory: RawTargetFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    rt = await raw_target_factory(limits=ConnectionLimits(pdu_deadline_s=0.5))
+    host = await rt.host()
+    io = host.io[0]
+    sqe = rw_sqe(IoOpcode.WRITE, io.next_cid(), 1, 0, 8, 4096, inline=True)
+    io.send(capsule(sqe, bytes(4096))[:100])  # header and a little data, then silence
+    await io.expect_eof(timeout=5)
+    assert "is still incomplete" in caplog.text
+    # The controller's other queue lives on.
+    assert (await host.admin.cmd(AdminOpcode.KEEP_ALIVE)).status == 0
+
+
+async def test_an_idle_connection_holds_no_receive_buffer_before_icreq(
+    raw_target: RawTarget,
+) -> None:
+    idle = await raw_target.open()
+    await _until(lambda: len(raw_target.port.connections) == 1, "the connection")
+    (protocol,) = raw_target.port.connections
+    assert len(protocol.conn.reader._buf) <= 4096
+    await idle.handshake()
+    assert len(protocol.conn.reader._buf) >= 2 * protocol.conn.reader.max_pdu_len
+
+
+# -- keep alive --------------------------------------------------------------------------------
+
+
+async def test_keep_alive_expires_within_kato_and_its_slack(raw_target: RawTarget) -> None:
+    kato = 1.0
+    admin = await raw_target.admin(kato=int(kato * 1000))
+    # Traffic for a while, so that the last command falls at an arbitrary point of the
+    # controller's check period; then silence.
+    end = time.monotonic() + 1.1
+    while time.monotonic() < end:
+        assert (await admin.cmd(AdminOpcode.KEEP_ALIVE)).status == 0
+        await asyncio.sleep(0.05)  # the host's own pace, not synchronisation
+    last = time.monotonic()
+    await admin.expect_eof(timeout=10)
+    silent = time.monotonic() - last
+    # Not before KATO; at most KATO + 2 check intervals (2 x 125 ms) and scheduling.
+    assert kato * 0.95 <= silent <= kato + 0.25 + 0.15, silent
+
+
+async def test_kato_zero_is_bounded(raw_target: RawTarget, monkeypatch: pytest.MonkeyPatch) -> None:
+    admin = await raw_target.admin(kato=0)
+    got = await admin.cmd(AdminOpcode.GET_FEATURES, cdw10=FeatureId.KATO)
+    assert got.result & 0xFFFFFFFF == budget.KATO_DEFAULT_MS
+    set_zero = await admin.cmd(AdminOpcode.SET_FEATURES, cdw10=FeatureId.KATO, cdw11=0)
+    assert set_zero.status == 0
+    got = await admin.cmd(AdminOpcode.GET_FEATURES, cdw10=FeatureId.KATO)
+    assert got.result & 0xFFFFFFFF == budget.KATO_DEFAULT_MS
+    # And such a controller is reclaimed when its host goes silent.
+    monkeypatch.setattr(budget, "KATO_DEFAULT_MS", 300)
+    silent = await raw_target.admin(kato=0)
+    start = time.monotonic()
+    await silent.expect_eof(timeout=5)
+    assert time.monotonic() - start < 2
+
+
+def test_open_file_limit_is_raised_to_the_hard_limit() -> None:
+    soft = budget.raise_open_file_limit()
+    now_soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert soft == now_soft
+    assert hard == resource.RLIM_INFINITY or now_soft == hard
+
+
+def test_the_target_command_enforces_its_connection_limit(tmp_path: Path) -> None:
+    port = free_tcp_port()
+    proc = TargetProcess(
+        None,
+        tmp_path,
+        ["--listen", f"127.0.0.1:{port}", "--discovery-port", "0", "--max-connections", "1"],
+    )
+    proc.start()
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as first:
+            first.sendall(icreq())
+            assert len(first.recv(128)) == 128  # ICResp
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as second:
+                assert second.recv(1) == b""  # closed at once
+    finally:
+        assert proc.stop() == 0
+    assert "refused: the target has 1 connections, its limit" in proc.stderr()
