@@ -148,8 +148,8 @@ async def test_pynvmf_format_loads_back_into_the_same_target(
         ),
         (
             "nvmf_subsystem_add_ns",
-            {"nqn": NQN, "namespace": {"bdev_name": "Malloc0", "ptpl_file": "/x"}},
-            "namespace.ptpl_file: ",
+            {"nqn": NQN, "namespace": {"bdev_name": "Malloc0", "ptpl_file": 5}},
+            "namespace.ptpl_file: 5 is not a string",
         ),
         (
             "nvmf_subsystem_add_ns",
