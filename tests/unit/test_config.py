@@ -162,3 +162,37 @@ def test_malformed_json_names_the_file(tmp_path: Path) -> None:
     path.write_text("{ports: ]")
     with pytest.raises(ConfigError, match=r"bad\.json"):
         load_config(path)
+
+
+def _one_subsystem(*namespaces: dict) -> dict:
+    return {
+        "ports": [{"address": "127.0.0.1", "port": 0}],
+        "discovery_ports": [],
+        "subsystems": [{"nqn": "nqn.a:ptpl", "namespaces": list(namespaces)}],
+    }
+
+
+def test_reservations_persist_beside_a_file_and_nowhere_for_memory(tmp_path: Path) -> None:
+    image = tmp_path / "n.img"
+    elsewhere = tmp_path / "state" / "mem.json"
+    config = _one_subsystem(
+        {"nsid": 1, "file": str(image), "size": "1M"},
+        {"nsid": 2, "memory": "1M"},
+        {"nsid": 3, "memory": "1M", "ptpl_file": str(elsewhere)},
+        {"nsid": 4, "file": str(tmp_path / "m.img"), "size": "1M", "ptpl_file": None},
+    )
+    namespaces = build_target(config).subsystems["nqn.a:ptpl"].namespaces
+    assert namespaces[1].reservation.ptpl_file == tmp_path / "n.img.ptpl.json"
+    assert namespaces[2].reservation.ptpl_file is None
+    assert namespaces[3].reservation.ptpl_file == elsewhere
+    assert namespaces[4].reservation.ptpl_file is None
+    # Nothing is written until a host asks for persistence.
+    assert not (tmp_path / "n.img.ptpl.json").exists()
+
+
+def test_a_persistence_file_that_cannot_be_restored_stops_the_target(tmp_path: Path) -> None:
+    state = tmp_path / "bad.json"
+    state.write_text('{"format": 1, "ptpl": true}')
+    config = _one_subsystem({"nsid": 1, "memory": "1M", "ptpl_file": str(state)})
+    with pytest.raises(ConfigError, match=r"bad\.json"):
+        build_target(config)
