@@ -567,6 +567,9 @@ class NamespaceReservation:
             await asyncio.gather(*waits)
 
 
+_LOG_PAGE = LogPageId.RESERVATION
+
+
 def deliver(subsystem: Subsystem, nsid: int, notices: Iterable[Notice]) -> None:
     """Queue each notice on every controller of its host, and raise the event."""
     for host, kind in notices:
@@ -580,7 +583,6 @@ def deliver(subsystem: Subsystem, nsid: int, notices: Iterable[Notice]) -> None:
 # -- per controller: the Reservation Notification log and mask ------------------------------
 
 LOG_CAPACITY = 64
-_LOG_PAGE = LogPageId.RESERVATION
 
 
 class NotificationLog:
