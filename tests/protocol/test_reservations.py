@@ -18,7 +18,7 @@ from pynvmf.block.memory import MemoryDevice
 from pynvmf.host import Controller, NvmeStatusError, connect
 from pynvmf.spec import identify as I
 from pynvmf.spec import reservations as R
-from pynvmf.spec.command import CNTLID_DYNAMIC
+from pynvmf.spec.command import CNTLID_DYNAMIC, CopyRange, copy_cdw12, pack_copy_ranges
 from pynvmf.spec.opcodes import NSID_ALL, AdminOpcode, FeatureId, IoOpcode
 from pynvmf.spec.reservations import (
     AcquireAction,
@@ -547,3 +547,35 @@ async def test_persist_through_power_loss_survives_a_target_restart(
     report = await b.namespace(1).reservation_report()
     assert report.count == 0 and report.rtype == 0 and not report.ptpls
     await b.namespace(1).write(0, bytes(BLOCK))
+
+
+async def test_a_copy_reading_another_namespace_meets_its_reservation(
+    start: Start, hosts: Hosts
+) -> None:
+    target = await start([subsystem(nsids=2)])
+    a, b = await hosts(target, HOST_A), await hosts(target, HOST_B)
+    n2 = a.namespace(2)
+    await n2.write(0, b"\x5a" * BLOCK)
+    await n2.reservation_register(nrkey=KA)
+    await n2.reservation_acquire(EA, crkey=KA)
+    assert await b.enable_copy_formats() & 1 << 2
+
+    def copy_from_2(ctrl: Controller) -> Awaitable[int]:
+        return ctrl.io_command(
+            IoOpcode.COPY,
+            1,
+            0,
+            0,
+            copy_cdw12(1, 2),
+            data=pack_copy_ranges([CopyRange(0, 1, snsid=2)], 2),
+        )
+
+    # B may write namespace 1, but not read namespace 2, which A holds exclusively.
+    assert await _status_of(copy_from_2(b)) == Status.RESERVATION_CONFLICT
+    back = bytearray(BLOCK)
+    await b.namespace(1).read(0, memoryview(back))
+    assert back == bytes(BLOCK)
+    await a.enable_copy_formats()
+    await copy_from_2(a)
+    await b.namespace(1).read(0, memoryview(back))
+    assert back == b"\x5a" * BLOCK
