@@ -215,15 +215,9 @@ def acquire(
             return Decision(Status.SUCCESS)  # acquiring what it holds is not an error
         return Decision(CONFLICT)
     decision = _preempt(state, host, rtype, prkey)
-    if decision.status or decision.state is None:
-        return decision
-    if fields.action == AcquireAction.PREEMPT_AND_ABORT:
-        decision.preempted = tuple(h for h, kind in decision.notices if _is_preemption(kind))
+    if fields.action != AcquireAction.PREEMPT_AND_ABORT:
+        decision.preempted = ()
     return decision
-
-
-def _is_preemption(kind: NotificationType) -> bool:
-    return kind == NotificationType.REGISTRATION_PREEMPTED
 
 
 def _preempt(state: ReservationState, host: bytes, rtype: int, prkey: int) -> Decision:
@@ -269,9 +263,10 @@ def _preempt(state: ReservationState, host: bytes, rtype: int, prkey: int) -> De
                 new.unregister(h)
         else:
             return Decision(INVALID_FIELD)
-    notices = [(h, NotificationType.REGISTRATION_PREEMPTED) for h in victims if h != host] + notices
+    preempted = tuple(h for h in victims if h != host)
+    notices = [(h, NotificationType.REGISTRATION_PREEMPTED) for h in preempted] + notices
     new.bump()
-    return Decision(Status.SUCCESS, new, notices)
+    return Decision(Status.SUCCESS, new, notices, preempted)
 
 
 def check_release(fields: AcquireReleaseFields) -> int:
