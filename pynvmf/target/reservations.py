@@ -63,6 +63,10 @@ _DATA_MAX = 4096
 # Preempt and Abort waits for.
 _DATA_COMMANDS = R.READ_GROUP | R.WRITE_GROUP
 _VALID_TYPES = frozenset(int(t) for t in ReservationType)
+# Registrations outlive controllers, so hosts could grow them without end: one namespace
+# keeps at most this many (a Report of them all is 64 KiB). The specification has no
+# status for it; SPDK (16 registrants) fails such a Register with an internal error too.
+MAX_REGISTRANTS = 1024
 
 Notice = tuple[bytes, NotificationType]  # (host ID to notify, what happened)
 
@@ -164,6 +168,8 @@ def register(
         # Registering again with the key already held is not an error; another key is.
         if current is not None and current != nrkey:
             return Decision(CONFLICT)
+        if current is None and len(state.registrants) >= MAX_REGISTRANTS:
+            return Decision(Status.INTERNAL_ERROR | DNR)
         new.registrants[host] = nrkey
     elif action == RegisterAction.UNREGISTER:
         if current is None or (not fields.iekey and current != crkey):

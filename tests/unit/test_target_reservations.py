@@ -150,6 +150,18 @@ def test_register_twice_with_the_same_key_succeeds_with_another_conflicts() -> N
     assert other.status == CONFLICT and other.state is None
 
 
+def test_registrations_are_bounded() -> None:
+    state = ReservationState(
+        registrants={bytes([n % 256, n // 256]) * 8: n for n in range(T.MAX_REGISTRANTS)}
+    )
+    full = T.register(state, A, reg(RegisterAction.REGISTER), 0, KA, ptpl_capable=False)
+    assert full.status == Status.INTERNAL_ERROR | DNR and full.state is None
+    # A registrant may still register again or replace its key.
+    known = next(iter(state.registrants))
+    again = T.register(state, known, reg(RegisterAction.REGISTER), 0, 0, ptpl_capable=False)
+    assert again.status == 0
+
+
 def test_replace_checks_the_current_key_unless_iekey() -> None:
     state = registered((A, KA))
     wrong = T.register(state, A, reg(RegisterAction.REPLACE), KB, KC, ptpl_capable=False)
