@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
+import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -35,27 +37,27 @@ NQN = "nqn.2024-11.dev.pynvmf:interop-resv"
 PYNVMF_HOST = "nqn.2014-08.org.nvmexpress:uuid:5e5e5e5e-0000-4000-8000-00000000b0b0"
 PYNVMF_HOSTID = uuid.UUID("5e5e5e5e-0000-4000-8000-00000000b0b0").bytes
 MIB = 1 << 20
-# One namespace per test; the last is file backed (able to persist through power loss).
-NS_WRITE_EXCLUSIVE, NS_REPORT, NS_BAD_INPUT, NS_FILE = 1, 2, 3, 4
+# One namespace per test; NS_FILE is file backed (able to persist through power loss).
+NS_WRITE_EXCLUSIVE, NS_REPORT, NS_BAD_INPUT, NS_FILE, NS_PR_OPS = 1, 2, 3, 4, 5
+MEMORY_NAMESPACES = (NS_WRITE_EXCLUSIVE, NS_REPORT, NS_BAD_INPUT, NS_PR_OPS)
+PRTOOL_SOURCE = Path(__file__).with_name("prtool.c")
 LINUX_KEY, PYNVMF_KEY = 0xA1, 0xB2
 WE = ReservationType.WRITE_EXCLUSIVE
 RESERVATION_AEN = 0x800006
 
-# Prints the block device of namespace $1 of the controller connected to $NQN, waiting
-# (bounded) for the kernel's namespace scan to create it.
+# Prints the block device of namespace $1 of subsystem NQN, waiting (bounded) for the
+# kernel's namespace scan to create it.
 DEV_FOR = r"""#!/bin/sh
+# Block devices are numbered in the order the kernel's scan creates them, not by NSID:
+# find the one whose sysfs nsid is $1.
 nsid=$1
 i=0
-while [ $i -lt 200 ]; do
-  for c in /sys/class/nvme/nvme*; do
-    [ "$(cat "$c/subsysnqn" 2>/dev/null)" = "@NQN@" ] || continue
-    for n in $(ls "$c"); do
-      case "$n" in
-        nvme*n"$nsid")
-          dev=/dev/$(echo "$n" | sed -E 's/c[0-9]+n/n/')
-          [ -b "$dev" ] && { echo "$dev"; exit 0; } ;;
-      esac
-    done
+while [ $i -lt 400 ]; do
+  for b in /sys/block/nvme*n*; do
+    [ "$(cat "$b/nsid" 2>/dev/null)" = "$nsid" ] || continue
+    [ "$(cat "$b/device/subsysnqn" 2>/dev/null)" = "@NQN@" ] || continue
+    dev=/dev/${b##*/}
+    [ -b "$dev" ] && { echo "$dev"; exit 0; }
   done
   i=$((i + 1)); sleep 0.05
 done
@@ -81,6 +83,13 @@ class Linux:
         """A guest command, off the event loop (pynvmf's keep-alives keep flowing)."""
         result = await asyncio.to_thread(self.guest.run, cmd, 120, check)
         return result.rc, result.output
+
+    async def pr(self, args: str, nsid: int) -> str:
+        """The kernel's own pr_ops (prtool); the ioctl's return value (0: success)."""
+        _rc, out = await self.run(f"/usr/local/bin/prtool {self.devices[nsid]} {args}", check=False)
+        found = re.search(r"rc=(0x[0-9a-f]+|0|-1)", out)
+        assert found and found.group(1) != "-1", out
+        return found.group(1)
 
     async def nvme(self, args: str, nsid: int) -> tuple[int, str]:
         return await self.run(f"nvme {args.replace('DEV', self.devices[nsid])}", check=False)
@@ -121,9 +130,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     workdir = tmp_path_factory.mktemp("linux-resv")
     io_port = free_tcp_port()
     image = workdir / "resv.img"
-    memory = [
-        {"nsid": n, "memory": 16 * MIB} for n in (NS_WRITE_EXCLUSIVE, NS_REPORT, NS_BAD_INPUT)
-    ]
+    memory = [{"nsid": n, "memory": 16 * MIB} for n in MEMORY_NAMESPACES]
     config = {
         "ports": [{"address": "127.0.0.1", "port": io_port}],
         "discovery_ports": [],
@@ -141,15 +148,32 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     assert status == 0, f"target exited with {status}:\n{proc.stderr()}"
 
 
+def _build_prtool(workdir: Path) -> Path:
+    """The block layer's reservation ioctls as a static program for the guest."""
+    cc = shutil.which("cc")
+    if cc is None:
+        raise RuntimeError(
+            "a C compiler (gcc, libc6-dev) is needed: scripts/install-system-deps.sh"
+        )
+    out = workdir / "prtool"
+    subprocess.run(
+        [cc, "-static", "-O2", "-Wall", "-o", str(out), str(PRTOOL_SOURCE)],
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
 @pytest.fixture(scope="module")
-def linux(target: Setup) -> Iterator[Linux]:
-    guest = Guest(extra_files={"/usr/local/bin/dev-for": DEV_FOR})
+def linux(target: Setup, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Linux]:
+    prtool = _build_prtool(tmp_path_factory.mktemp("prtool"))
+    guest = Guest(extra_files={"/usr/local/bin/dev-for": DEV_FOR, "/usr/local/bin/prtool": prtool})
     guest.start()
     try:
         guest.run(f"nvme connect -t tcp -a {Guest.host_address} -s {target.io_port} -n {NQN}")
         devices = {
             nsid: guest.run(f"sh /usr/local/bin/dev-for {nsid}").output.strip()
-            for nsid in (NS_WRITE_EXCLUSIVE, NS_REPORT, NS_BAD_INPUT, NS_FILE)
+            for nsid in (*MEMORY_NAMESPACES, NS_FILE)
         }
         hostid = uuid.UUID(guest.run("cat /etc/nvme/hostid").output.strip()).bytes
         guest.run("dd if=/dev/urandom of=/tmp/pattern bs=4096 count=1 2>/dev/null")
@@ -335,3 +359,40 @@ async def test_a_file_namespace_persists_when_the_kernel_asks(
     rc, out = await linux.nvme(f"resv-register DEV --crkey={LINUX_KEY} --rrega=1 --cptpl=2", nsid)
     assert rc == 0, out
     assert not json.loads(Path(str(target.image) + ".ptpl.json").read_text())["ptpl"]
+
+
+async def test_the_kernels_own_pr_ops(linux: Linux, pynvmf: Controller) -> None:
+    """IOC_PR_*: the kernel builds the commands (CPTPL 11b on every register, 16 bytes of
+    Release data on 6.1, IEKEY when a Release or Clear key is 0)."""
+    nsid = NS_PR_OPS
+    ns = pynvmf.namespace(nsid)
+    assert await linux.pr(f"register 0 {LINUX_KEY}", nsid) == "0"  # CPTPL 11b, memory
+    await ns.reservation_register(nrkey=PYNVMF_KEY)
+    assert await linux.pr(f"reserve {LINUX_KEY} 1", nsid) == "0"
+    assert await _status_of(ns.write(0, bytes(4096))) == Status.RESERVATION_CONFLICT
+    report = await ns.reservation_report()
+    assert (report.rtype, report.ptpls) == (WE, False)
+    assert [(r.hostid, r.holds) for r in report.registrants] == [
+        (linux.hostid, True),
+        (PYNVMF_HOSTID, False),
+    ]
+    assert await linux.pr(f"release {LINUX_KEY} 1", nsid) == "0"
+    await ns.write(0, bytes(4096))
+    # A key of 0 makes the kernel set IEKEY, which Release does not take.
+    assert await linux.pr("release 0 1", nsid) == hex(0x4000 | Status.INVALID_FIELD)
+    # Preempted by the kernel: pynvmf loses its registration and its reservation.
+    await ns.reservation_acquire(WE, crkey=PYNVMF_KEY)
+    assert await linux.pr(f"preempt {LINUX_KEY} {PYNVMF_KEY} 2", nsid) == "0"
+    report = await ns.reservation_report()
+    assert report.rtype == ReservationType.EXCLUSIVE_ACCESS
+    assert [(r.hostid, r.holds) for r in report.registrants] == [(linux.hostid, True)]
+    buf = memoryview(bytearray(4096))
+    assert await _status_of(ns.read(0, buf)) == Status.RESERVATION_CONFLICT
+    page = await pynvmf.reservation_notification()
+    assert (page.type, page.nsid) == (NotificationType.REGISTRATION_PREEMPTED, nsid)
+    # Replacing the key, then clearing with it.
+    assert await linux.pr(f"register {LINUX_KEY} {LINUX_KEY + 1}", nsid) == "0"
+    assert await linux.pr(f"clear {LINUX_KEY + 1}", nsid) == "0"
+    report = await ns.reservation_report()
+    assert report.count == 0 and report.rtype == 0
+    await ns.read(0, buf)
