@@ -87,7 +87,7 @@ class IoHandler:
         self.stats = ctrl.subsystem.stats
         # Namespaces with registrants (the subsystem keeps it current): empty, no I/O
         # command pays more than testing it.
-        self._registered = ctrl.subsystem.registered
+        self.registered = ctrl.subsystem.registered
 
     async def execute(self, req: Request) -> None:
         sqe = req.sqe
@@ -96,7 +96,7 @@ class IoHandler:
             handler = _HANDLERS.get(opcode)
             if handler is None:
                 status, data = Status.INVALID_OPCODE | DNR, None
-            elif self._registered:
+            elif self.registered:
                 status, data = await self._reserved(req, handler)
             else:
                 status, data = await handler(self, req)
@@ -121,7 +121,7 @@ class IoHandler:
         self, req: Request, handler: Callable[[IoHandler, Request], Awaitable[Outcome]]
     ) -> Outcome:
         """A command while some namespace has registrants: its reservation decides."""
-        reservation = self._registered.get(req.sqe.nsid)
+        reservation = self.registered.get(req.sqe.nsid)
         if reservation is None:
             return await handler(self, req)
         return await reservation.guard(self, req, handler)
@@ -319,9 +319,9 @@ class IoHandler:
             src = self.namespaces.get(r.snsid)
             if src is None:
                 return Status.INVALID_FIELD | DNR, None
-        if src is not ns and self._registered:
+        if src is not ns and self.registered:
             # Another namespace is read: its reservation may refuse reads to this host.
-            held = self._registered.get(src.nsid)
+            held = self.registered.get(src.nsid)
             if held is not None and held.refuses(self.ctrl.hostid, IoOpcode.READ):
                 return reservations.CONFLICT, None
         if src.block_size != ns.block_size:

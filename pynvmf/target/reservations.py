@@ -42,6 +42,7 @@ from pynvmf.spec.reservations import (
     ReservationType,
 )
 from pynvmf.spec.status import DNR, Status
+from pynvmf.target.fused import FUSED_FAIL
 
 if TYPE_CHECKING:
     from pynvmf.target.controller import Controller
@@ -435,6 +436,7 @@ def write_atomically(path: Path, data: bytes) -> None:
 # -- per namespace ----------------------------------------------------------------------
 
 Handler = Callable[["IoHandler", "Request"], Awaitable["Outcome"]]
+Pair = tuple[int | None, int | None]  # statuses of a fused pair's commands (None: completed)
 
 
 class NamespaceReservation:
@@ -536,19 +538,41 @@ class NamespaceReservation:
             return CONFLICT, None
         if opcode not in _DATA_COMMANDS:
             return await handler(io, req)
-        inflight = self._inflight
-        inflight[host] = inflight.get(host, 0) + 1
+        self._enter(host)
         try:
             return await handler(io, req)
         finally:
-            left = inflight[host] - 1
-            if left:
-                inflight[host] = left
-            else:
-                del inflight[host]
-                for fut in self._drain.pop(host, ()):
-                    if not fut.done():
-                        fut.set_result(None)
+            self._leave(host)
+
+    async def guard_fused(
+        self, host: bytes, first: Request, second: Request, run: Callable[[], Awaitable[Pair]]
+    ) -> Pair:
+        """A fused Compare (a read) and Write (a write) under this reservation: a refused
+        half fails the pair (the other half aborted as a failed fused command)."""
+        if self.refuses(host, first.sqe.opcode):
+            return CONFLICT, FUSED_FAIL
+        if self.refuses(host, second.sqe.opcode):
+            return FUSED_FAIL, CONFLICT
+        self._enter(host)
+        try:
+            return await run()
+        finally:
+            self._leave(host)
+
+    def _enter(self, host: bytes) -> None:
+        inflight = self._inflight
+        inflight[host] = inflight.get(host, 0) + 1
+
+    def _leave(self, host: bytes) -> None:
+        inflight = self._inflight
+        left = inflight[host] - 1
+        if left:
+            inflight[host] = left
+            return
+        del inflight[host]
+        for fut in self._drain.pop(host, ()):
+            if not fut.done():
+                fut.set_result(None)
 
     async def wait_for(self, hosts: Iterable[bytes]) -> None:
         """Until the data commands of `hosts` that are under way have ended.
@@ -569,6 +593,18 @@ class NamespaceReservation:
 
 
 _LOG_PAGE = LogPageId.RESERVATION
+
+
+async def run_fused(
+    io: IoHandler, first: Request, second: Request, run: Callable[[], Awaitable[Pair]]
+) -> Pair:
+    """A fused Compare and Write: run by `run` unless the namespace's reservation refuses
+    it (one truth test while no namespace of the subsystem has registrants)."""
+    registered = io.registered
+    reservation = registered.get(first.sqe.nsid) if registered else None
+    if reservation is None:
+        return await run()
+    return await reservation.guard_fused(io.ctrl.hostid, first, second, run)
 
 
 def deliver(subsystem: Subsystem, nsid: int, notices: Iterable[Notice]) -> None:

@@ -16,6 +16,7 @@ import pytest
 from pynvmf.block.device import Buffer
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.host import Controller, NvmeStatusError, connect
+from pynvmf.host.queue import Submission
 from pynvmf.spec import identify as I
 from pynvmf.spec import reservations as R
 from pynvmf.spec.command import CNTLID_DYNAMIC, CopyRange, copy_cdw12, pack_copy_ranges
@@ -579,3 +580,33 @@ async def test_a_copy_reading_another_namespace_meets_its_reservation(
     await copy_from_2(a)
     await b.namespace(1).read(0, memoryview(back))
     assert back == b"\x5a" * BLOCK
+
+
+async def _fused_statuses(ctrl: Controller, expected: bytes, new: bytes) -> tuple[int, int]:
+    """The Compare's and the Write's status of one fused Compare and Write at LBA 0."""
+    queue = ctrl.next_queue()
+    cmp, wr = await queue.submit_fused(
+        Submission(IoOpcode.COMPARE, 1, 0, 0, 0, data=expected),
+        Submission(IoOpcode.WRITE, 1, 0, 0, 0, data=new),
+    )
+    return await _status_of(queue.wait(cmp)), await _status_of(queue.wait(wr))
+
+
+async def test_a_fused_compare_and_write_meets_the_reservation_as_a_read_and_a_write(
+    start: Start, hosts: Hosts
+) -> None:
+    a, b = await _two_registered(start, hosts)
+    na = a.namespace(1)
+    old, new = bytes(BLOCK), b"\x77" * BLOCK
+    await na.reservation_acquire(WE, crkey=KA)
+    # Write Exclusive: B's Compare would be allowed, its Write is not; the pair fails.
+    assert await _fused_statuses(b, old, new) == (Status.FUSED_FAIL, Status.RESERVATION_CONFLICT)
+    await na.reservation_acquire(EA, crkey=KA, prkey=KA, action=AcquireAction.PREEMPT)
+    assert await _fused_statuses(b, old, new) == (Status.RESERVATION_CONFLICT, Status.FUSED_FAIL)
+    back = bytearray(BLOCK)
+    await na.read(0, memoryview(back))
+    assert back == old
+    # The holder's pair runs.
+    assert await na.compare_and_write(0, old, new)
+    await na.read(0, memoryview(back))
+    assert back == new
