@@ -304,7 +304,7 @@ def _subsystem(target: Target, spec: Any, where: str) -> None:
         eui64 = ns.convert("eui64", _hex_bytes(8))
         name = ns.get("device", str)
         ptpl_given = "ptpl_file" in ns_spec
-        ptpl = ns.get("ptpl_file", str)
+        ptpl = ns.get("ptpl_file", (str, type(None)))
         device: str | NamedDevice
         entry = None
         if name is None:

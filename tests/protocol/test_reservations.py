@@ -516,7 +516,7 @@ async def test_persist_through_power_loss_survives_a_target_restart(
         "discovery_ports": [],
         "subsystems": [{"nqn": NQN, "namespaces": [{"nsid": 1, "file": str(image), "size": "2M"}]}],
     }
-    first = build_target(config)
+    first = await build_target(config)
     await start(first)
     a, b = await hosts(first, HOST_A), await hosts(first, HOST_B)
     na = a.namespace(1)
@@ -530,7 +530,7 @@ async def test_persist_through_power_loss_survives_a_target_restart(
     await b.close()
     await first.stop()
 
-    second = build_target(config)
+    second = await build_target(config)
     await start(second)
     a, b = await hosts(second, HOST_A), await hosts(second, HOST_B)
     report = await b.namespace(1).reservation_report()
@@ -542,7 +542,7 @@ async def test_persist_through_power_loss_survives_a_target_restart(
     await a.close()
     await b.close()
     await second.stop()
-    third = build_target(config)
+    third = await build_target(config)
     await start(third)
     b = await hosts(third, HOST_B)
     report = await b.namespace(1).reservation_report()
