@@ -32,6 +32,7 @@ from pynvmf.spec.reservations import (
 )
 from pynvmf.spec.status import Status
 from pynvmf.target.config import build_target
+from pynvmf.target.devices import NamedDevice
 from pynvmf.target.server import Port, Target
 from pynvmf.target.subsystem import Namespace, Subsystem
 from tests.protocol.conftest import RawTarget
@@ -610,3 +611,23 @@ async def test_a_fused_compare_and_write_meets_the_reservation_as_a_read_and_a_w
     assert await na.compare_and_write(0, old, new)
     await na.read(0, memoryview(back))
     assert back == new
+
+
+async def test_a_removed_namespace_takes_its_reservation_with_it(
+    start: Start, hosts: Hosts
+) -> None:
+    target = await start([subsystem(nsids=2)])
+    a, b = await hosts(target, HOST_A), await hosts(target, HOST_B)
+    await a.namespace(1).reservation_register(nrkey=KA)
+    await a.namespace(1).reservation_acquire(EA, crkey=KA)
+    sub = target.subsystems[NQN]
+    assert list(sub.registered) == [1]
+    await target.remove_namespace(NQN, 1)
+    assert sub.registered == {}
+    await b.namespace(2).write(0, bytes(BLOCK))  # the other namespace never noticed
+    device = NamedDevice.wrap("fresh", MemoryDevice(BLOCK * BLOCKS, BLOCK), owned=True)
+    target.add_namespace(NQN, device, nsid=1)
+    await b.refresh_namespaces()
+    # A new namespace behind the NSID: no registrants, no reservation.
+    assert (await b.namespace(1).reservation_report()).count == 0
+    await b.namespace(1).write(0, bytes(BLOCK))
