@@ -507,12 +507,13 @@ async def test_preempt_and_abort_waits_for_the_commands_under_way() -> None:
     res.commit(reserved(WEAR, A, (A, KA), (B, KB)))
     started, finish = asyncio.Event(), asyncio.Event()
 
-    async def slow_write(req: Any) -> Any:
+    async def slow_write(io: Any, req: Any) -> Any:
         started.set()
         await finish.wait()
         return 0, None
 
-    write = asyncio.create_task(res.guard(A, cast(Any, _Req(IoOpcode.WRITE)), slow_write))
+    io = type("Io", (), {"ctrl": type("Ctrl", (), {"hostid": A})()})()
+    write = asyncio.create_task(res.guard(io, cast(Any, _Req(IoOpcode.WRITE)), slow_write))
     await started.wait()
     wait = asyncio.create_task(res.wait_for([A]))
     other = asyncio.create_task(res.wait_for([C]))  # nothing of C's under way
