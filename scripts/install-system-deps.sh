@@ -19,6 +19,8 @@ PACKAGES=(
     zstd
     coreutils         # GNU dd (oflag=direct) is copied into the guest
     ca-certificates   # apt-get download over https mirrors
+    gcc               # builds tests/interop/prtool.c (static) for the guest
+    libc6-dev
 )
 
 # `--python`: only what `make setup` needs to create a virtual environment.

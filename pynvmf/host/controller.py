@@ -21,6 +21,8 @@ from pynvmf.host.namespace import RemoteNamespace, remote_namespace
 from pynvmf.host.queue import HostQueue
 from pynvmf.spec import command as C
 from pynvmf.spec import identify as I
+from pynvmf.spec import reservations as R
+from pynvmf.spec.logpages import LogPageId
 from pynvmf.spec.opcodes import DISCOVERY_NQN, NSID_ALL, AdminOpcode, FeatureId
 from pynvmf.tcp.host import Buffer
 
@@ -330,24 +332,52 @@ class Controller:
             start = page[-1]
 
     async def get_features(
-        self, fid: int, cdw11: int = 0, *, sel: int = 0, into: memoryview | None = None
+        self,
+        fid: int,
+        cdw11: int = 0,
+        *,
+        sel: int = 0,
+        into: memoryview | None = None,
+        nsid: int = 0,
     ) -> int:
         """The feature's value (completion DW0); a feature with a data structure (e.g. Host
-        Behavior Support) is read `into` a buffer of its size."""
+        Behavior Support) is read `into` a buffer of its size. A namespace specific
+        feature (e.g. Reservation Notification Mask) is read for namespace `nsid`."""
         result = await self.admin_command(
-            AdminOpcode.GET_FEATURES, 0, fid | sel << 8, cdw11, into=into
+            AdminOpcode.GET_FEATURES, nsid, fid | sel << 8, cdw11, into=into
         )
         return result & 0xFFFFFFFF
 
     async def set_features(
-        self, fid: int, value: int = 0, *, save: bool = False, data: Buffer | None = None
+        self,
+        fid: int,
+        value: int = 0,
+        *,
+        save: bool = False,
+        data: Buffer | None = None,
+        nsid: int = 0,
     ) -> int:
         """Completion DW0 (some features, e.g. Number of Queues, report what was granted);
-        a feature with a data structure is given it as `data`."""
+        a feature with a data structure is given it as `data`; a namespace specific one
+        applies to namespace `nsid` (NSID_ALL: every namespace)."""
         result = await self.admin_command(
-            AdminOpcode.SET_FEATURES, 0, fid | (1 << 31 if save else 0), value, data=data
+            AdminOpcode.SET_FEATURES, nsid, fid | (1 << 31 if save else 0), value, data=data
         )
         return result & 0xFFFFFFFF
+
+    async def host_identifier(self) -> bytes:
+        """The 128-bit Host Identifier the controller knows this host by (Feature 81h)."""
+        buf = bytearray(16)
+        await self.get_features(FeatureId.HOST_ID, R.FEATURE_EXHID, into=memoryview(buf))
+        return bytes(buf)
+
+    async def reservation_notification(self, *, rae: bool = False) -> R.ReservationNotification:
+        """The oldest Reservation Notification log page, which reading removes (its
+        `available` says how many more there are); an empty page (count 0) if none."""
+        page = await self.get_log_page(
+            LogPageId.RESERVATION, R.RESERVATION_LOG_SIZE, nsid=NSID_ALL, rae=rae
+        )
+        return R.ReservationNotification.unpack(page)
 
     # -- copy descriptor formats (TP 4130) ---------------------------------------------------
 

@@ -30,6 +30,7 @@ from pynvmf.block.device import (
 )
 from pynvmf.host import compare
 from pynvmf.host.errors import NvmeConnectionError
+from pynvmf.host.reservations import NamespaceReservations
 from pynvmf.spec import identify as I
 from pynvmf.spec.command import (
     COPY_CDFE_FORMATS,
@@ -75,8 +76,9 @@ def capabilities_from_identify(ns: I.IdentifyNamespace, ctrl: I.IdentifyControll
     )
 
 
-class RemoteNamespace:
-    """One namespace of `controller` (implements pynvmf.block.device.BlockDevice)."""
+class RemoteNamespace(NamespaceReservations):
+    """One namespace of `controller` (implements pynvmf.block.device.BlockDevice), with
+    the reservation commands (pynvmf.host.reservations)."""
 
     def __init__(self, controller: Controller, nsid: int, identify: I.IdentifyNamespace) -> None:
         self.controller = controller

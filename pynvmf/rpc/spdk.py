@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import uuid as uuid_mod
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from pynvmf import __version__
@@ -607,6 +608,7 @@ _NS_NAMES = {
     "uuid": "namespace.uuid",
     "nguid": "namespace.nguid",
     "eui64": "namespace.eui64",
+    "ptpl_file": "namespace.ptpl_file",
 }
 
 
@@ -621,7 +623,7 @@ async def nvmf_subsystem_add_ns(cp: ControlPlane, p: Params) -> int:
     ns_uuid = ns.uuid_value("uuid")
     nguid = ns.hex_bytes("nguid", 16)
     eui64 = ns.hex_bytes("eui64", 8)
-    ns.refuse_unless("ptpl_file", (), "pynvmf keeps no reservation state in a file")
+    ptpl_file = ns.string("ptpl_file", None)
     ns.refuse_unless("anagrpid", (), "pynvmf has no ANA groups")
     ns.refuse_unless("no_auto_visible", (False,), "pynvmf shows every namespace to every host")
     ns.ignore("hide_metadata")  # pynvmf's namespaces have no metadata to hide
@@ -629,7 +631,13 @@ async def nvmf_subsystem_add_ns(cp: ControlPlane, p: Params) -> int:
     p.done()
     added = _sync(
         lambda: cp.target.add_namespace(
-            nqn, bdev_name, nsid=nsid or None, ns_uuid=ns_uuid, nguid=nguid, eui64=eui64
+            nqn,
+            bdev_name,
+            nsid=nsid or None,
+            ns_uuid=ns_uuid,
+            nguid=nguid,
+            eui64=eui64,
+            ptpl_file=None if ptpl_file is None else Path(ptpl_file),
         ),
         _NS_NAMES,
     )

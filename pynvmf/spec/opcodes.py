@@ -38,6 +38,10 @@ class IoOpcode(IntEnum):
     WRITE_ZEROES = 0x08
     DATASET_MANAGEMENT = 0x09
     VERIFY = 0x0C
+    RESERVATION_REGISTER = 0x0D
+    RESERVATION_REPORT = 0x0E
+    RESERVATION_ACQUIRE = 0x11
+    RESERVATION_RELEASE = 0x15
     COPY = 0x19
     FABRICS = 0x7F
 
@@ -70,6 +74,8 @@ class FeatureId(IntEnum):
     HOST_BEHAVIOR = 0x16  # Host Behavior Support: a 512-byte structure, not a CDW11 value
     IOCS_PROFILE = 0x19  # I/O Command Set Profile: an index into Identify CNS 1Ch
     HOST_ID = 0x81
+    RESERVATION_MASK = 0x82  # Reservation Notification Mask: per namespace
+    RESERVATION_PERSISTENCE = 0x83  # Reservation Persistence (PTPL): per namespace
 
 
 class DataDirection(IntEnum):

@@ -40,6 +40,9 @@ class Status(IntEnum):
     LBA_OUT_OF_RANGE = 0x080
     CAPACITY_EXCEEDED = 0x081
     NS_NOT_READY = 0x082
+    # NVM command set generic status: I/O or a reservation command that a reservation held
+    # on the namespace forbids (Linux's NVME_SC_RESERVATION_CONFLICT).
+    RESERVATION_CONFLICT = 0x083
     # Command specific status (SCT 1)
     INVALID_CQ = 0x100
     INVALID_QID = 0x101

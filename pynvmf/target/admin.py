@@ -20,7 +20,9 @@ from pynvmf.spec import identify as I
 from pynvmf.spec import logpages as L
 from pynvmf.spec.command import HOST_BEHAVIOR_SIZE, host_behavior_cdfe
 from pynvmf.spec.opcodes import AdminOpcode, FeatureId
+from pynvmf.spec.reservations import FEATURE_EXHID
 from pynvmf.spec.status import DNR, IOCS_COMBINATION_REJECTED, Status
+from pynvmf.target import reservations
 from pynvmf.target.controller import (
     AERL,
     ERROR_LOG_ENTRIES,
@@ -289,7 +291,14 @@ def identify_controller(ctrl: Controller, queue: TargetQueue) -> I.IdentifyContr
         wctemp=343,
         cctemp=358,
         nn=reported_nn(subsystem),
-        oncs=I.Oncs.COMPARE | I.Oncs.DSM | I.Oncs.WRITE_ZEROES | I.Oncs.VERIFY | I.Oncs.COPY,
+        oncs=(
+            I.Oncs.COMPARE
+            | I.Oncs.DSM
+            | I.Oncs.WRITE_ZEROES
+            | I.Oncs.VERIFY
+            | I.Oncs.COPY
+            | I.Oncs.RESERVATIONS
+        ),
         fuses=I.Fuses.COMPARE_AND_WRITE,
         acwu=ACWU,
         ocfs=OCFS,
@@ -320,6 +329,7 @@ def identify_namespace(ns: Namespace) -> I.IdentifyNamespace:
         nsfeat=_nsfeat(ns),
         flbas=0,
         nmic=I.NMIC_SHARED,
+        rescap=ns.reservation.rescap,
         dlfeat=dlfeat,
         nvmcap=caps.size,
         mssrl=limits.max_range_blocks,
@@ -340,7 +350,7 @@ def identify_namespace_independent(ns: Namespace) -> I.IdentifyNamespaceIndepend
     # independent structure (the Linux host does when CAP.CRMS asks it to, or for
     # command sets other than NVM).
     return I.IdentifyNamespaceIndependent(
-        nsfeat=_nsfeat(ns), nmic=I.NMIC_SHARED, nstat=I.Nstat.READY
+        nsfeat=_nsfeat(ns), nmic=I.NMIC_SHARED, rescap=ns.reservation.rescap, nstat=I.Nstat.READY
     )
 
 
@@ -356,6 +366,8 @@ class Feature:
     set: SetFeature
     # Discovery controllers have only the features their few commands need.
     discovery: bool = False
+    # A value per namespace (Supported Capabilities NSSPEC): NSID names the namespace.
+    per_namespace: bool = False
 
 
 def get_features(ctrl: Controller, req: Request) -> Outcome:
@@ -367,7 +379,7 @@ def get_features(ctrl: Controller, req: Request) -> Outcome:
         return Status.INVALID_FIELD | DNR, 0, None
     if sel == 3:
         # Supported capabilities: every feature we know is changeable, none saveable.
-        return Status.SUCCESS, 0x4, None
+        return Status.SUCCESS, 0x4 | (0x2 if feature.per_namespace else 0), None
     return feature.get(ctrl, req, sel)
 
 
@@ -458,7 +470,9 @@ async def _set_power_mgmt(ctrl: Controller, queue: TargetQueue, req: Request) ->
 
 
 def _get_host_id(ctrl: Controller, req: Request, sel: int) -> Outcome:
-    if not req.sqe.cdw11 & 1:
+    # Fabrics hosts have 128-bit host identifiers (given in Connect): asked for the 64-bit
+    # one (EXHID 0), there is none to return.
+    if not req.sqe.cdw11 & FEATURE_EXHID:
         return Status.INVALID_FIELD | DNR, 0, None
     if req.length < len(ctrl.hostid):
         return Status.SGL_INVALID_DATA | DNR, 0, None
@@ -522,6 +536,12 @@ FEATURES: dict[int, Feature] = {
     FeatureId.HOST_BEHAVIOR: Feature(_get_host_behavior, _set_host_behavior),
     FeatureId.IOCS_PROFILE: Feature(_get_iocs_profile, _set_iocs_profile),
     FeatureId.HOST_ID: Feature(_get_host_id, _set_host_id, discovery=True),
+    FeatureId.RESERVATION_MASK: Feature(
+        reservations.get_notification_mask, reservations.set_notification_mask, per_namespace=True
+    ),
+    FeatureId.RESERVATION_PERSISTENCE: Feature(
+        reservations.get_persistence, reservations.set_persistence, per_namespace=True
+    ),
 }
 
 
@@ -599,6 +619,10 @@ def command_effects() -> L.CmdEffectsLog:
     return L.CmdEffectsLog.from_opcodes(admin, io)
 
 
+def _reservation_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes:
+    return reservations.notification_log_page(ctrl, sqe.cdw12 | sqe.cdw13 << 32)
+
+
 def _discovery_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes:
     return ctrl.target.discovery_log(ctrl.hostnqn, queue)
 
@@ -609,5 +633,6 @@ _LOG_PAGES: dict[int, LogPageBuilder] = {
     L.LogPageId.FW_SLOT: _fw_slot_log,
     L.LogPageId.CHANGED_NS: _changed_ns_log,
     L.LogPageId.CMD_EFFECTS: _cmd_effects_log,
+    L.LogPageId.RESERVATION: _reservation_log,
 }
 _DISCOVERY_LOG_PAGES: dict[int, LogPageBuilder] = {L.LogPageId.DISCOVERY: _discovery_log}

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from pynvmf.block.device import BlockRangeError
 from pynvmf.spec.command import RW_FUA
 from pynvmf.spec.status import DNR, Status
+from pynvmf.target import reservations
 from pynvmf.target.fused import FUSED_FAIL
 from pynvmf.target.limits import MAX_TRANSFER, VERIFY_MAX_BYTES
 
@@ -87,7 +88,9 @@ async def compare_and_write(io: IoHandler, first: Request, second: Request) -> N
     as one operation, and complete both."""
     finish = io.queue.finish
     try:
-        statuses = await _compare_and_write(io, first, second)
+        statuses = await reservations.run_fused(
+            io, first, second, lambda: _compare_and_write(io, first, second)
+        )
     except ConnectionError:
         return  # the queue went away: nothing to complete
     except Exception:

@@ -68,7 +68,9 @@ _SUBSYSTEM_KEYS = {
     "ieee_oui",
 }
 _DEVICE_KEYS = {"memory", "file", "size", "create", "block_size", "read_only"}
-_NAMESPACE_KEYS = _DEVICE_KEYS | {"nsid", "uuid", "nguid", "eui64", "device"}
+_NAMESPACE_KEYS = _DEVICE_KEYS | {"nsid", "uuid", "nguid", "eui64", "device", "ptpl_file"}
+# A file namespace's reservations persist beside its file unless told otherwise.
+PTPL_SUFFIX = ".ptpl.json"
 
 
 class ConfigError(ValueError):
@@ -301,6 +303,8 @@ def _subsystem(target: Target, spec: Any, where: str) -> None:
         nguid = ns.convert("nguid", _hex_bytes(16))
         eui64 = ns.convert("eui64", _hex_bytes(8))
         name = ns.get("device", str)
+        ptpl_given = "ptpl_file" in ns_spec
+        ptpl = ns.get("ptpl_file", (str, type(None)))
         device: str | NamedDevice
         entry = None
         if name is None:
@@ -310,15 +314,24 @@ def _subsystem(target: Target, spec: Any, where: str) -> None:
             raise ConfigError(f"{ns_where}.{key}: a namespace on a named device describes none")
         else:
             device = name
+        ptpl_file = Path(ptpl) if ptpl is not None else None
+        if not ptpl_given and entry is not None:
+            ptpl_file = default_ptpl_file(entry)
+        ns_kwargs = dict(nsid=nsid, ns_uuid=ns_uuid, nguid=nguid, eui64=eui64, ptpl_file=ptpl_file)
         _change(
             ns_where,
-            lambda device=device, nsid=nsid, ns_uuid=ns_uuid, nguid=nguid, eui64=eui64: (
-                target.add_namespace(
-                    nqn, device, nsid=nsid, ns_uuid=ns_uuid, nguid=nguid, eui64=eui64
-                )
-            ),
+            lambda device=device, kw=ns_kwargs: target.add_namespace(nqn, device, **kw),
             entry,
         )
+
+
+def default_ptpl_file(entry: NamedDevice) -> Path | None:
+    """Where a namespace opened on its own file keeps its reservations: beside the file.
+    Memory and block devices have no such place (a block device's directory is /dev,
+    which does not survive a restart); `ptpl_file` names one for them."""
+    if entry.kind == D.FILE and Path(entry.path).is_file():
+        return Path(entry.path + PTPL_SUFFIX)
+    return None
 
 
 def _change(where: str, apply: Callable[[], Any], opened: NamedDevice | None = None) -> Any:
@@ -498,6 +511,10 @@ def _subsystem_dict(target: Target, subsystem: Subsystem) -> dict[str, Any]:
             ns_spec.update(_device_dict(entry, with_name=False))
         else:
             ns_spec["device"] = ns.device_name
+        ptpl_file = ns.reservation.ptpl_file
+        default = default_ptpl_file(entry) if entry is not None and entry.owned else None
+        if ptpl_file != default:
+            ns_spec["ptpl_file"] = None if ptpl_file is None else str(ptpl_file)
         # Written out, so that the namespace keeps them whatever backs it next time.
         ns_spec["uuid"] = str(ns.uuid)
         ns_spec["nguid"] = ns.nguid.hex()

@@ -23,6 +23,7 @@ from pynvmf.spec.opcodes import (
     FeatureId,
 )
 from pynvmf.target.budget import effective_kato_ms, keep_alive_check_ms
+from pynvmf.target.reservations import NotificationLog
 from pynvmf.target.subsystem import DEFAULT_VERSION
 
 if TYPE_CHECKING:
@@ -93,6 +94,8 @@ class Controller:
         # Host Behavior Support (Feature 16h) as the host last set it: zeros until then.
         self.host_behavior = bytes(C.HOST_BEHAVIOR_SIZE)
         self.errors: deque[ErrorLogEntry] = deque(maxlen=ERROR_LOG_ENTRIES)
+        # Reservation Notification log pages for this controller, and their mask.
+        self.reservation_log = NotificationLog()
         self.error_count = 0
         self.created = time.monotonic()
         self._kato_ms = effective_kato_ms(kato_ms)

@@ -1,5 +1,6 @@
 """The NVM command set on an I/O queue: Read, Write, Flush, Write Zeroes, Dataset Management,
-Copy; Compare and Verify (compare.py, which also runs fused Compare and Write).
+Copy; Compare and Verify (compare.py, which also runs fused Compare and Write); the
+reservation commands (reservations.py, which also decides what a reservation refuses).
 
 Every command is validated completely (namespace, LBA range, transfer length)
 before any data moves: a write that would fail never triggers an R2T, and a
@@ -34,7 +35,7 @@ from pynvmf.spec.status import (
     OVERLAPPING_IO_RANGE,
     Status,
 )
-from pynvmf.target import compare
+from pynvmf.target import compare, reservations
 from pynvmf.target.limits import COPY_FORMATS, MAX_TRANSFER, copy_limits, reported_nn
 
 if TYPE_CHECKING:
@@ -69,6 +70,10 @@ IO_COMMANDS: dict[int, IoCommand] = {
     IoOpcode.COPY: IoCommand("copy", _WRITES),
     IoOpcode.COMPARE: IoCommand("compare"),
     IoOpcode.VERIFY: IoCommand("verify"),
+    IoOpcode.RESERVATION_REGISTER: IoCommand("reservation_register"),
+    IoOpcode.RESERVATION_REPORT: IoCommand("reservation_report"),
+    IoOpcode.RESERVATION_ACQUIRE: IoCommand("reservation_acquire"),
+    IoOpcode.RESERVATION_RELEASE: IoCommand("reservation_release"),
 }
 
 
@@ -80,6 +85,9 @@ class IoHandler:
         self.queue = queue
         self.namespaces = ctrl.subsystem.namespaces
         self.stats = ctrl.subsystem.stats
+        # Namespaces with registrants (the subsystem keeps it current): empty, no I/O
+        # command pays more than testing it.
+        self.registered = ctrl.subsystem.registered
 
     async def execute(self, req: Request) -> None:
         sqe = req.sqe
@@ -88,6 +96,8 @@ class IoHandler:
             handler = _HANDLERS.get(opcode)
             if handler is None:
                 status, data = Status.INVALID_OPCODE | DNR, None
+            elif self.registered:
+                status, data = await self._reserved(req, handler)
             else:
                 status, data = await handler(self, req)
         except BlockRangeError:
@@ -106,6 +116,15 @@ class IoHandler:
         if status:
             self.ctrl.record_error(self.queue.qid, req, status)
         self.queue.conn.complete(req, status, 0, data)
+
+    async def _reserved(
+        self, req: Request, handler: Callable[[IoHandler, Request], Awaitable[Outcome]]
+    ) -> Outcome:
+        """A command while some namespace has registrants: its reservation decides."""
+        reservation = self.registered.get(req.sqe.nsid)
+        if reservation is None:
+            return await handler(self, req)
+        return await reservation.guard(self, req, handler)
 
     def _rw_target(self, req: Request) -> tuple[int, Namespace | None, int, int, int]:
         """(status, namespace, slba, nblocks, byte length) of a Read or Write."""
@@ -300,11 +319,30 @@ class IoHandler:
             src = self.namespaces.get(r.snsid)
             if src is None:
                 return Status.INVALID_FIELD | DNR, None
+        if src is not ns and self.registered:
+            # Another namespace is read: its reservation may refuse reads to this host.
+            held = self.registered.get(src.nsid)
+            if held is not None and held.refuses(self.ctrl.hostid, IoOpcode.READ):
+                return reservations.CONFLICT, None
         if src.block_size != ns.block_size:
             return INCOMPATIBLE_NS_OR_FORMAT | DNR, None
         if r.slba + r.nlb > src.num_blocks:
             return Status.LBA_OUT_OF_RANGE | DNR, None
         return Status.SUCCESS, src
+
+    # -- reservations (pynvmf.target.reservations) ------------------------------------------
+
+    async def reservation_register(self, req: Request) -> Outcome:
+        return await reservations.register_command(self, req)
+
+    async def reservation_report(self, req: Request) -> Outcome:
+        return await reservations.report_command(self, req, MAX_TRANSFER)
+
+    async def reservation_acquire(self, req: Request) -> Outcome:
+        return await reservations.acquire_command(self, req)
+
+    async def reservation_release(self, req: Request) -> Outcome:
+        return await reservations.release_command(self, req)
 
 
 # The handlers as plain functions: a per-queue table of bound methods would be a

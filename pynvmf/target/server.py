@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import cast
 
 from pynvmf.spec import logpages as L
@@ -385,6 +386,7 @@ class Target:
         ns_uuid: uuid.UUID | None = None,
         nguid: bytes | None = None,
         eui64: bytes | None = None,
+        ptpl_file: Path | None = None,
     ) -> Namespace:
         """Serve a block device, by name, as namespace `nsid` (default: the lowest free)
         of subsystem `nqn`; or a new one (a NamedDevice, added with the namespace: it
@@ -394,6 +396,8 @@ class Target:
 
         Identities the caller does not give are the device's UUID (if it has one) or
         derived from the NQN, NSID and what backs the device, so stable across restarts.
+        With `ptpl_file` its reservations can persist through power loss; a state saved
+        there is restored (a damaged one is refused: the hosts it fences would get in).
         """
         subsystem = self._subsystem(nqn)
         if isinstance(device, NamedDevice):
@@ -424,16 +428,20 @@ class Target:
             ns_uuid = entry.uuid
         if nguid is None and entry.uuid is not None:
             nguid = entry.uuid.bytes
-        ns = Namespace.create(
-            nqn,
-            nsid,
-            entry.device,
-            entry.identity_key,
-            ns_uuid,
-            nguid=nguid,
-            eui64=eui64,
-            device_name=device_name,
-        )
+        try:
+            ns = Namespace.create(
+                nqn,
+                nsid,
+                entry.device,
+                entry.identity_key,
+                ns_uuid,
+                nguid=nguid,
+                eui64=eui64,
+                device_name=device_name,
+                ptpl_file=ptpl_file,
+            )
+        except (OSError, ValueError) as exc:
+            raise ChangeError("ptpl_file", str(exc)) from exc
         for other in subsystem.namespaces.values():
             for what, mine, theirs in (
                 ("uuid", ns.uuid.bytes, other.uuid.bytes),
@@ -445,6 +453,7 @@ class Target:
         if isinstance(device, NamedDevice):
             self.block_devices[device_name] = entry
         subsystem.namespaces[nsid] = ns
+        ns.reservation.attach(subsystem.registered, nsid)
         log.info("namespace %d of %s added on %s", nsid, nqn, device_name)
         for ctrl in list(subsystem.controllers.values()):
             ctrl.namespace_changed(nsid)
@@ -475,6 +484,7 @@ class Target:
             raise ChangeError("nsid", f"{nqn} has no namespace {nsid!r}")
         waiting = self._commands_waiting(subsystem)
         del subsystem.namespaces[nsid]
+        ns.reservation.detach()
         log.info("namespace %d of %s removed", nsid, nqn)
         for ctrl in list(subsystem.controllers.values()):
             ctrl.namespace_changed(nsid)

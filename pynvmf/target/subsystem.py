@@ -5,12 +5,14 @@ from __future__ import annotations
 import hashlib
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pynvmf.block.device import BlockDevice
 from pynvmf.spec.command import nvme_version
 from pynvmf.spec.opcodes import DISCOVERY_NQN
 from pynvmf.target.fused import WriteGate
+from pynvmf.target.reservations import NamespaceReservation
 
 if TYPE_CHECKING:
     from pynvmf.target.controller import Controller
@@ -34,6 +36,10 @@ class Namespace:
     device_name: str = ""
     # Shared by every controller's queues: a fused Compare and Write excludes the others' writes.
     gate: WriteGate = field(default_factory=WriteGate, repr=False, compare=False)
+    # Registrants and the reservation, shared by every controller of the subsystem.
+    reservation: NamespaceReservation = field(
+        default_factory=NamespaceReservation, repr=False, compare=False
+    )
 
     @classmethod
     def create(
@@ -47,7 +53,10 @@ class Namespace:
         nguid: bytes | None = None,
         eui64: bytes | None = None,
         device_name: str = "",
+        ptpl_file: Path | None = None,
     ) -> Namespace:
+        """`ptpl_file` makes the namespace's reservations able to persist through power
+        loss (RESCAP.PTPLS); a state saved there is loaded now (ValueError if damaged)."""
         key = f"{subnqn}\0{nsid}\0{backing}"
         ident = ns_uuid or uuid.uuid5(uuid.NAMESPACE_URL, "pynvmf:" + key)
         digest = hashlib.sha256(key.encode()).digest()
@@ -58,6 +67,7 @@ class Namespace:
             nguid=ident.bytes if nguid is None else nguid,
             eui64=digest[:8] if eui64 is None else eui64,
             device_name=device_name,
+            reservation=NamespaceReservation(ptpl_file),
         )
 
     @property
@@ -102,6 +112,9 @@ class Subsystem:
     version: int = DEFAULT_VERSION
     firmware: str = ""
     ieee_oui: int = 0
+    # The namespaces that have registrants, by NSID: while it is empty, I/O pays one test
+    # for reservations. Their NamespaceReservation objects keep it up to date.
+    registered: dict[int, NamespaceReservation] = field(default_factory=dict)
     _next_cntlid: int = 0
 
     def __post_init__(self) -> None:
@@ -121,6 +134,7 @@ class Subsystem:
         if ns.nsid in self.namespaces or ns.nsid < 1 or ns.nsid >= 0xFFFFFFFF:
             raise ValueError(f"{self.nqn}: invalid or duplicate NSID {ns.nsid}")
         self.namespaces[ns.nsid] = ns
+        ns.reservation.attach(self.registered, ns.nsid)
 
     def allocate_cntlid(self) -> int | None:
         low, high = self.cntlid_min, self.cntlid_max

@@ -14,6 +14,7 @@ from pynvmf.target.config import (
     ConfigError,
     build_target,
     config_from_options,
+    config_of,
     load_config,
     parse_listen,
     parse_size,
@@ -162,3 +163,45 @@ def test_malformed_json_names_the_file(tmp_path: Path) -> None:
     path.write_text("{ports: ]")
     with pytest.raises(ConfigError, match=r"bad\.json"):
         load_config(path)
+
+
+def _one_subsystem(*namespaces: dict) -> dict:
+    return {
+        "ports": [{"address": "127.0.0.1", "port": 0}],
+        "discovery_ports": [],
+        "subsystems": [{"nqn": "nqn.a:ptpl", "namespaces": list(namespaces)}],
+    }
+
+
+async def test_reservations_persist_beside_a_file_and_nowhere_for_memory(tmp_path: Path) -> None:
+    image = tmp_path / "n.img"
+    elsewhere = tmp_path / "state" / "mem.json"
+    config = _one_subsystem(
+        {"nsid": 1, "file": str(image), "size": "1M"},
+        {"nsid": 2, "memory": "1M"},
+        {"nsid": 3, "memory": "1M", "ptpl_file": str(elsewhere)},
+        {"nsid": 4, "file": str(tmp_path / "m.img"), "size": "1M", "ptpl_file": None},
+    )
+    target = await build_target(config)
+    namespaces = target.subsystems["nqn.a:ptpl"].namespaces
+    assert namespaces[1].reservation.ptpl_file == tmp_path / "n.img.ptpl.json"
+    assert namespaces[2].reservation.ptpl_file is None
+    assert namespaces[3].reservation.ptpl_file == elsewhere
+    assert namespaces[4].reservation.ptpl_file is None
+    # Nothing is written until a host asks for persistence.
+    assert not (tmp_path / "n.img.ptpl.json").exists()
+    # The saved configuration keeps what is not the default, and the default stays so.
+    saved = {ns["nsid"]: ns for ns in config_of(target)["subsystems"][0]["namespaces"]}
+    assert "ptpl_file" not in saved[1] and "ptpl_file" not in saved[2]
+    assert saved[3]["ptpl_file"] == str(elsewhere) and saved[4]["ptpl_file"] is None
+    await target.stop()
+
+
+async def test_a_persistence_file_that_cannot_be_restored_stops_the_target(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "bad.json"
+    state.write_text('{"format": 1, "ptpl": true}')
+    config = _one_subsystem({"nsid": 1, "memory": "1M", "ptpl_file": str(state)})
+    with pytest.raises(ConfigError, match=r"ptpl_file: .*bad\.json"):
+        await build_target(config)

@@ -148,8 +148,8 @@ async def test_pynvmf_format_loads_back_into_the_same_target(
         ),
         (
             "nvmf_subsystem_add_ns",
-            {"nqn": NQN, "namespace": {"bdev_name": "Malloc0", "ptpl_file": "/x"}},
-            "namespace.ptpl_file: ",
+            {"nqn": NQN, "namespace": {"bdev_name": "Malloc0", "ptpl_file": 5}},
+            "namespace.ptpl_file: 5 is not a string",
         ),
         (
             "nvmf_subsystem_add_ns",
@@ -295,3 +295,25 @@ async def test_save_config_writes_the_file_atomically_with_mode_0600(
     with pytest.raises(RpcError, match="path: "):
         await cp.call("pynvmf_save_config", {"path": str(tmp_path / "no" / "dir.json")})
     await cp.target.stop()
+
+
+async def test_add_ns_takes_spdks_ptpl_file(cp: ControlPlane, tmp_path: Path) -> None:
+    await cp.call("nvmf_create_subsystem", {"nqn": NQN, "allow_any_host": True})
+    name = await cp.call("bdev_malloc_create", {"num_blocks": 64, "block_size": 512})
+    ptpl = tmp_path / "Malloc0.ptpl.json"
+    nsid = await cp.call(
+        "nvmf_subsystem_add_ns",
+        {"nqn": NQN, "namespace": {"bdev_name": name, "ptpl_file": str(ptpl)}},
+    )
+    ns = cp.target.subsystems[NQN].namespaces[nsid]
+    assert ns.reservation.ptpl_file == ptpl and ns.reservation.rescap & 1
+    # A file that does not hold a reservation state is refused, naming the parameter.
+    damaged = tmp_path / "damaged.json"
+    damaged.write_text("{}")
+    other = await cp.call("bdev_malloc_create", {"num_blocks": 64, "block_size": 512})
+    with pytest.raises(RpcError, match=r"namespace\.ptpl_file: .*damaged\.json"):
+        await cp.call(
+            "nvmf_subsystem_add_ns",
+            {"nqn": NQN, "namespace": {"bdev_name": other, "ptpl_file": str(damaged)}},
+        )
+    assert sorted(cp.target.subsystems[NQN].namespaces) == [nsid]
