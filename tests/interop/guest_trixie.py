@@ -39,7 +39,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tests.interop import guest_assets as A
@@ -131,11 +131,39 @@ def require_prerequisites() -> None:
 # Trixie's package lists, kept apart from the machine's apt configuration
 
 
-def debian_mirror() -> str:
+def _stamp(paths: Sequence[Path]) -> int:
+    """Newest modification time among ``paths`` (and the entries of those that are folders)."""
+    newest = 0
+    for path in paths:
+        with contextlib.suppress(OSError):
+            newest = max(newest, path.stat().st_mtime_ns)
+            if path.is_dir():
+                newest = max([newest, *(p.stat().st_mtime_ns for p in path.iterdir())])
+    return newest
+
+
+def _memo(memo: Path, key: str, stamp: int, compute: Callable[[], str]) -> str:
+    """``compute()``, remembered in the JSON file ``memo`` until ``stamp`` changes (apt's
+    answers take ~1 s each, on every guest start)."""
+    data: dict[str, list[object]] = {}
+    with contextlib.suppress(OSError, ValueError):
+        data = json.loads(memo.read_text())
+        if data[key][0] == stamp:
+            return str(data[key][1])
+    value = compute()
+    data[key] = [stamp, value]
+    A.atomic_write(memo, json.dumps(data).encode())
+    return value
+
+
+def debian_mirror(memo: Path | None = None) -> str:
     """The Debian archive the machine's apt uses (what debootstrap and apt-get fetch from)."""
     env = os.environ.get("PYNVMF_GUEST_DEBIAN_MIRROR")
     if env:
         return env.rstrip("/")
+    if memo is not None:
+        apt = [Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d")]
+        return _memo(memo, "mirror", _stamp(apt), debian_mirror)
     try:
         out = A.run_tool(
             [
@@ -228,6 +256,10 @@ class TrixieApt:
         env = os.environ.get("PYNVMF_GUEST_TRIXIE_KERNEL_PACKAGE")
         if env:
             return env
+        stamp = _stamp([self.lists])
+        return _memo(self.root / "memo.json", "kernel_package", stamp, self._kernel_package)
+
+    def _kernel_package(self) -> str:
         out = A.run_tool([A.tool("apt-cache"), *self.options, "depends", "linux-image-amd64"])
         match = re.search(r"^\s*Depends:\s*(linux-image-\S+)", out, re.MULTILINE)
         if match is None:
@@ -443,7 +475,7 @@ def prepare_assets() -> GuestAssets:
     work = cache / SUITE
     work.mkdir(parents=True, exist_ok=True)
     with A.locked(work / ".build.lock"):
-        mirror = debian_mirror()
+        mirror = debian_mirror(work / "memo.json")
         apt = TrixieApt(work / "apt", mirror)
         fetched = apt.ensure_lists()
         kdir = _kernel_dir(work, apt, fetched)
