@@ -41,9 +41,9 @@ once per peer, booting each guest once::
 A module-scoped fixture that does not depend on ``linux_peer`` (a pynvmf target process, say)
 is shared by both peers' tests. Where the peers' tools differ, branch on ``guest.peer`` (a
 :class:`Peer`: ``name``, ``kernel``, ``nvme_cli``...) and assert what each must do. A module
-can also parametrize by hand: ``pytest.mark.parametrize("linux_peer", [LINUX_6_12],
-indirect=True, scope="module")`` limits it to one peer, or ``peer_params()`` gives the
-``pytest.param`` list.
+can also parametrize by hand: ``pytestmark = pytest.mark.parametrize("linux_peer",
+[LINUX_6_12], indirect=True, scope="module", ids=str)`` limits it to one peer, and
+``peer_params()`` gives the ``pytest.param`` list.
 
 Environment variables:
 

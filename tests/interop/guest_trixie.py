@@ -496,7 +496,9 @@ def prepare_assets() -> GuestAssets:
         _prune(work, "rootfs-*.ext4", rootfs, spare=1)
         _prune(work, "stage1-*.cpio.gz", stage1, spare=2)
         # Kernels no remaining image was built from.
-        kvers = {p.name.split("-")[1] for p in work.glob("rootfs-*.ext4")}
+        kvers = {
+            p.stem.removeprefix("rootfs-").rsplit("-", 1)[0] for p in work.glob("rootfs-*.ext4")
+        }
         for old in (work / "kernel").glob("linux-image-*"):
             version = (
                 json.loads((old / "info.json").read_text())["kernel_version"]

@@ -14,10 +14,11 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.interop import guest_assets
+from tests.interop import guest_assets, guest_trixie
 from tests.interop.guest import (
     LINUX_6_1,
     Guest,
@@ -321,3 +322,17 @@ def test_giving_up_on_boots_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "QEMU exited during boot" in message, message
     assert len(g.failed_boots) == 2
     assert not g.running
+
+
+def test_trixie_stays_out_of_the_machines_apt() -> None:
+    """The 6.12 peer's package lists live in the guest cache; the machine's apt never
+    hears of trixie."""
+    assets = guest_trixie.prepare_assets()
+    lists = assets.cache_dir / "apt" / "lists"
+    assert list(lists.glob("*_dists_trixie_*Packages*")), sorted(lists.iterdir())
+    machine = guest_assets.run_tool(["apt-get", "indextargets", "--format", "$(CODENAME)"])
+    assert "trixie" not in machine.split(), machine
+    assert not list(Path("/var/lib/apt/lists").glob("*trixie*"))
+    for sources in [Path("/etc/apt/sources.list"), *Path("/etc/apt/sources.list.d").glob("*")]:
+        if sources.is_file():
+            assert "trixie" not in sources.read_text(), sources
