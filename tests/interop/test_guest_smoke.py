@@ -69,15 +69,17 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     return buf
 
 
-def test_missing_tool_names_the_install_script(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("tool", "peer"), [("fio", "linux-6.1"), ("debootstrap", "linux-6.12")])
+def test_missing_tool_names_the_install_script(
+    monkeypatch: pytest.MonkeyPatch, tool: str, peer: str
+) -> None:
     real_which = guest_assets.which
-    monkeypatch.setattr(
-        guest_assets, "which", lambda tool: None if tool == "fio" else real_which(tool)
-    )
-    with pytest.raises(GuestPrerequisiteError) as info:
-        require_guest_prerequisites()
-    assert "fio" in str(info.value)
-    assert "scripts/install-system-deps.sh" in str(info.value)
+    monkeypatch.setattr(guest_assets, "which", lambda t: None if t == tool else real_which(t))
+    for which_peers in (None, peer):
+        with pytest.raises(GuestPrerequisiteError) as info:
+            require_guest_prerequisites(which_peers)
+        assert f"{tool} (" in str(info.value)
+        assert "scripts/install-system-deps.sh" in str(info.value)
 
 
 def test_boot_is_quick(guest: Guest) -> None:
