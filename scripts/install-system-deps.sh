@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Install the Debian packages the test suite needs (QEMU guest peer, NVMe tools).
+# Install the Debian packages the test suite needs (QEMU guest peers, NVMe tools).
+# The Linux 6.12 peer's own packages (trixie's nvme-cli, fio, ktls-utils...) are not
+# installed here: tests/interop/guest_trixie.py debootstraps them into the guest's image.
 #
 # Idempotent: when everything is already installed it only asks dpkg, so it is
 # cheap enough to run before every `make test`.
@@ -16,11 +18,13 @@ PACKAGES=(
     xfsprogs          # mkfs.xfs: copy offload as a reflink on a loop-mounted XFS image
     e2fsprogs         # filefrag: shows the shared extents of a reflinked copy
     xz-utils
-    zstd
+    zstd              # the Linux 6.12 kernel (trixie) is zstd-compressed
     coreutils         # GNU dd (oflag=direct) is copied into the guest
     ca-certificates   # apt-get download over https mirrors
     gcc               # builds tests/interop/prtool.c (static) for the guest
     libc6-dev
+    debootstrap       # the Linux 6.12 peer's root filesystem (Debian 13, trixie)
+    debian-archive-keyring  # checks trixie's archive signatures (debootstrap, apt-get)
 )
 
 # `--python`: only what `make setup` needs to create a virtual environment.

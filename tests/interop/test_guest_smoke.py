@@ -1,29 +1,34 @@
-"""Smoke tests of the QEMU guest harness (tests/interop/guest.py) itself.
+"""Smoke tests of the QEMU guest harness (tests/interop/guest.py) itself, on every peer.
 
-One guest boots for the whole module (~5 s under TCG). The tests do not depend on each
-other's order: each kernel target they set up has its own port and NQN.
+One guest per peer boots for the whole module (~5-10 s under TCG). The tests do not depend
+on each other's order: each kernel target they set up has its own port and NQN.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import socket
 import struct
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.interop import guest as guest_module
+from tests.interop import guest_assets, guest_trixie
 from tests.interop.guest import (
+    LINUX_6_1,
     Guest,
+    GuestBootError,
     GuestCommandError,
+    GuestError,
     GuestPrerequisiteError,
     GuestTimeoutError,
+    Peer,
     free_tcp_port,
-    prepare_assets,
     require_guest_prerequisites,
     setup_kernel_target,
     teardown_kernel_target,
@@ -38,15 +43,15 @@ def target_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def guest(target_port: int) -> Iterator[Guest]:
-    require_guest_prerequisites()
+def guest(target_port: int, linux_peer: Peer) -> Iterator[Guest]:
+    require_guest_prerequisites(linux_peer)
     overlay = {
         "/etc/pynvmf/smoke.txt": "from the overlay\n",
         # /bin links to /usr/bin in the base image; the overlay must not break that.
         "/bin/pynvmf-hello": "#!/bin/sh\necho hello from /bin\n",
         "/etc/pynvmf/boot.sh": "#!/bin/sh\necho ran > /tmp/boot-hook\n",
     }
-    g = Guest(hostfwd=[target_port], extra_files=overlay)
+    g = Guest(hostfwd=[target_port], extra_files=overlay, peer=linux_peer)
     g.start()
     try:
         yield g
@@ -64,15 +69,17 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     return buf
 
 
-def test_missing_tool_names_the_install_script(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_which = guest_module._which
-    monkeypatch.setattr(
-        guest_module, "_which", lambda tool: None if tool == "fio" else real_which(tool)
-    )
-    with pytest.raises(GuestPrerequisiteError) as info:
-        require_guest_prerequisites()
-    assert "fio" in str(info.value)
-    assert "scripts/install-system-deps.sh" in str(info.value)
+@pytest.mark.parametrize(("tool", "peer"), [("fio", "linux-6.1"), ("debootstrap", "linux-6.12")])
+def test_missing_tool_names_the_install_script(
+    monkeypatch: pytest.MonkeyPatch, tool: str, peer: str
+) -> None:
+    real_which = guest_assets.which
+    monkeypatch.setattr(guest_assets, "which", lambda t: None if t == tool else real_which(t))
+    for which_peers in (None, peer):
+        with pytest.raises(GuestPrerequisiteError) as info:
+            require_guest_prerequisites(which_peers)
+        assert f"{tool} (" in str(info.value)
+        assert "scripts/install-system-deps.sh" in str(info.value)
 
 
 def test_boot_is_quick(guest: Guest) -> None:
@@ -82,7 +89,10 @@ def test_boot_is_quick(guest: Guest) -> None:
 
 
 def test_uname_is_the_cached_kernel(guest: Guest) -> None:
-    assert guest.run("uname -r").output.strip() == prepare_assets().kernel_version
+    assert guest.assets is not None
+    assert guest.run("uname -r").output.strip() == guest.assets.kernel_version
+    assert guest.assets.peer == guest.peer.name
+    assert guest.assets.kernel_version.startswith(guest.peer.kernel + ".")
 
 
 def test_exit_status(guest: Guest) -> None:
@@ -142,8 +152,8 @@ def test_command_timeout_leaves_guest_usable(guest: Guest) -> None:
 
 
 def test_tools(guest: Guest) -> None:
-    assert "nvme version 2." in guest.run("nvme version").output
-    assert guest.run("fio --version").output.startswith("fio-3.")
+    assert f"nvme version {guest.peer.nvme_cli} " in guest.run("nvme version").output
+    assert guest.run("fio --version").output.strip() == f"fio-{guest.peer.fio}"
     guest.run("dd if=/dev/zero of=/tmp/z bs=4k count=4 status=none && cmp /tmp/z /tmp/z")
     guest.run("sha256sum /tmp/z && test -s /etc/nvme/hostnqn && test -s /etc/nvme/hostid")
 
@@ -218,3 +228,113 @@ def test_target_with_4k_blocks(guest: Guest) -> None:
     teardown_kernel_target(guest, target)
     guest.run(f"test ! -e /sys/kernel/config/nvmet/subsystems/{nqn}")
     guest.run(f"test ! -e {target.device}")
+
+
+HOSTNQN = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000005e1"
+
+
+def test_tls_and_dhchap_are_what_the_peer_says(guest: Guest) -> None:
+    """Peer.tls and Peer.dhchap tell tests what the guest can do: the kernel's config, the
+    modules, tlshd, the .nvme keyring and nvme-cli's key commands agree with them."""
+    assets = guest.assets
+    assert assets is not None
+    config = (assets.kernel_root / "boot" / f"config-{assets.kernel_version}").read_text()
+    assert ("CONFIG_NVME_TCP_TLS=y" in config.splitlines()) == guest.peer.tls
+    assert ("CONFIG_NVME_HOST_AUTH=y" in config.splitlines()) == guest.peer.dhchap
+    assert ("CONFIG_NVME_TARGET_AUTH=y" in config.splitlines()) == guest.peer.dhchap
+    subnqn = "nqn.2014-08.org.pynvmf:smoke-tls"
+    if guest.peer.tls:
+        guest.run("modprobe tls && modprobe nvme-keyring && grep -q '^tls ' /proc/modules")
+        assert guest.run("tlshd --version 2>&1").output.startswith("tlshd")
+        # The keyring the kernel's NVMe/TCP host and tlshd share, and a PSK inserted in it.
+        out = guest.run(
+            f"nvme gen-tls-key --hostnqn {HOSTNQN} --subsysnqn {subnqn} --insert"
+        ).output
+        assert "NVMeTLSkey-1:01:" in out, out
+        keys = guest.run("cat /proc/keys").output
+        assert re.search(r"\skeyring\s+\.nvme: 1$", keys, re.MULTILINE), keys
+        assert re.search(rf"\spsk\s+NVMe0R01 {HOSTNQN} {subnqn}: 32$", keys, re.MULTILINE), keys
+        assert "--tls " in guest.run("nvme connect --help 2>&1", check=False).output
+    else:
+        # Neither the tls module nor nvme-cli 2.3's --tls.
+        assert guest.run("modprobe tls", check=False).rc != 0
+        assert "--tls " not in guest.run("nvme connect --help 2>&1", check=False).output
+    if guest.peer.dhchap:
+        key = guest.run(f"nvme gen-dhchap-key --hmac=1 --nqn {HOSTNQN}").output.strip()
+        assert re.fullmatch(r"DHHC-1:01:[A-Za-z0-9+/=]+:", key), key
+        # The kernel target takes per-host keys.
+        guest.run("modprobe nvmet")
+        hosts = "/sys/kernel/config/nvmet/hosts"
+        guest.run(f"mkdir {hosts}/{HOSTNQN} && test -e {hosts}/{HOSTNQN}/dhchap_key")
+        guest.run(f"rmdir {hosts}/{HOSTNQN}")
+    else:
+        guest.run(f"mkdir /sys/kernel/config/nvmet/hosts/{HOSTNQN}")
+        guest.run(f"test ! -e /sys/kernel/config/nvmet/hosts/{HOSTNQN}/dhchap_key")
+        guest.run(f"rmdir /sys/kernel/config/nvmet/hosts/{HOSTNQN}")
+
+
+def test_root_filesystem_writes_stay_in_the_guest(guest: Guest) -> None:
+    assets = guest.assets
+    assert assets is not None
+    # 6.1: the initramfs is the guest; 6.12: a cached ext4 image QEMU opens with snapshot=on.
+    assert (assets.root_disk is None) == (guest.peer is LINUX_6_1)
+    guest.run('test "$(stat -f -c %T /tmp)" = tmpfs')
+    if assets.root_disk is None:
+        return
+    before = assets.root_disk.stat()
+    guest.run("dd if=/dev/urandom of=/root/scratch bs=1M count=8 status=none && sync")
+    guest.run('test "$(stat -f -c %T /)" = ext2/ext3')
+    after = assets.root_disk.stat()
+    assert (after.st_mtime_ns, after.st_size) == (before.st_mtime_ns, before.st_size)
+
+
+# -- booting: retries and giving up (the default peer; the loop is the same for both) ------
+
+
+def test_a_boot_that_dies_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_boot = Guest._boot
+    calls: list[str] = []
+
+    def flaky_boot(self: Guest, accel: str, initrd: object, timeout: float) -> None:
+        calls.append(accel)
+        if len(calls) == 1:
+            # What an oops before the command server comes up looks like to start().
+            raise GuestError("QEMU exited during boot (status 0): simulated oops")
+        real_boot(self, accel, initrd, timeout)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Guest, "_boot", flaky_boot)
+    monkeypatch.setenv("PYNVMF_GUEST_BOOT_ATTEMPTS", "2")
+    monkeypatch.delenv("PYNVMF_GUEST_KVM", raising=False)
+    with Guest() as g:
+        assert g.run("echo up").output == "up\n"
+        assert len(calls) == 2
+        assert len(g.failed_boots) == 1 and "simulated oops" in g.failed_boots[0]
+
+
+def test_giving_up_on_boots_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYNVMF_GUEST_BOOT_ATTEMPTS", "2")
+    monkeypatch.delenv("PYNVMF_GUEST_KVM", raising=False)
+    # No init: the kernel panics at once (panic=-1 and -no-reboot end QEMU) on every attempt.
+    g = Guest(kernel_args=["rdinit=/pynvmf-no-such-init"], boot_timeout=120)
+    with pytest.raises(GuestBootError) as info:
+        g.start()
+    message = str(info.value)
+    assert "failed to boot 2 times, giving up" in message, message
+    assert "attempt 1/2" in message and "attempt 2/2" in message, message
+    assert "QEMU exited during boot" in message, message
+    assert len(g.failed_boots) == 2
+    assert not g.running
+
+
+def test_trixie_stays_out_of_the_machines_apt() -> None:
+    """The 6.12 peer's package lists live in the guest cache; the machine's apt never
+    hears of trixie."""
+    assets = guest_trixie.prepare_assets()
+    lists = assets.cache_dir / "apt" / "lists"
+    assert list(lists.glob("*_dists_trixie_*Packages*")), sorted(lists.iterdir())
+    machine = guest_assets.run_tool(["apt-get", "indextargets", "--format", "$(CODENAME)"])
+    assert "trixie" not in machine.split(), machine
+    assert not list(Path("/var/lib/apt/lists").glob("*trixie*"))
+    for sources in [Path("/etc/apt/sources.list"), *Path("/etc/apt/sources.list.d").glob("*")]:
+        if sources.is_file():
+            assert "trixie" not in sources.read_text(), sources

@@ -2,22 +2,32 @@
 under QEMU, discovers, connects to, identifies, writes and reads pynvmf's target with
 its own tools (nvme-cli, dd, fio), and nothing written is lost.
 
-One guest boot and one target process serve the whole module.
+Every test runs on both kernel peers (Linux 6.1 with nvme-cli 2.3, Linux 6.12 with
+nvme-cli 2.13; tests/interop/guest.py): one guest boot per peer, and one target process
+shared by both.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
+import struct
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.interop.guest import Guest, free_tcp_port
+from pynvmf.block.memory import MemoryDevice
+from pynvmf.spec.command import set_host_behavior_cdfe
+from pynvmf.target.server import Port, Target
+from pynvmf.target.subsystem import Namespace, Subsystem
+from tests.interop.guest import LINUX_6_1, LINUX_6_12, CommandResult, Guest, Peer, free_tcp_port
 from tests.interop.target_process import TargetProcess
 
 MIB = 1 << 20
@@ -27,8 +37,17 @@ MEM4K = "nqn.2024-11.dev.pynvmf:interop-mem4k"
 RESTRICTED = "nqn.2024-11.dev.pynvmf:interop-restricted"
 # mkfs.xfs (xfsprogs 6.x) refuses filesystems under 300 MiB.
 DISCARD = "nqn.2024-11.dev.pynvmf:interop-discard"
+# Two namespaces: Copy with descriptor formats 2/3 takes its sources from the other one.
+COPYX = "nqn.2024-11.dev.pynvmf:interop-copyx"
 ALLOWED_HOST = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000a110"
-SIZES = {MEM: 64 * MIB, FILE: 64 * MIB, MEM4K: 64 * MIB, RESTRICTED: 16 * MIB, DISCARD: 512 * MIB}
+SIZES = {
+    MEM: 64 * MIB,
+    FILE: 64 * MIB,
+    MEM4K: 64 * MIB,
+    RESTRICTED: 16 * MIB,
+    DISCARD: 512 * MIB,
+    COPYX: 16 * MIB,
+}
 BLOCK_SIZES = {MEM: 512, FILE: 512, MEM4K: 4096, RESTRICTED: 512, DISCARD: 512}
 
 # Prints the block device of namespace $2 (default 1) of the controller connected to
@@ -42,9 +61,11 @@ while [ $i -lt 200 ]; do
     [ "$(cat "$c/subsysnqn")" = "$nqn" ] || continue
     for n in $(ls "$c"); do
       case "$n" in
-        nvme*n"$nsid")
-          dev=/dev/$(echo "$n" | sed -E 's/c[0-9]+n/n/')
-          [ -b "$dev" ] && { echo "$dev"; exit 0; } ;;
+        nvme*n*)
+          # The disk's name need not follow the NSID: its sysfs nsid tells.
+          disk=$(echo "$n" | sed -E 's/c[0-9]+n/n/')
+          [ "$(cat "/sys/block/$disk/nsid" 2>/dev/null)" = "$nsid" ] || continue
+          [ -b "/dev/$disk" ] && { echo "/dev/$disk"; exit 0; } ;;
       esac
     done
   done
@@ -95,6 +116,13 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
             },
             {"nqn": DISCARD, "namespaces": [{"nsid": 1, "memory": SIZES[DISCARD]}]},
             {
+                "nqn": COPYX,
+                "namespaces": [
+                    {"nsid": 1, "memory": SIZES[COPYX]},
+                    {"nsid": 2, "memory": SIZES[COPYX]},
+                ],
+            },
+            {
                 "nqn": RESTRICTED,
                 "hosts": [ALLOWED_HOST],
                 "namespaces": [{"nsid": 1, "memory": SIZES[RESTRICTED]}],
@@ -109,8 +137,8 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
 
 
 @pytest.fixture(scope="module")
-def guest(target: Setup) -> Iterator[Guest]:
-    g = Guest(extra_files={"/usr/local/bin/dev-for": DEV_FOR})
+def guest(target: Setup, linux_peer: Peer) -> Iterator[Guest]:
+    g = Guest(extra_files={"/usr/local/bin/dev-for": DEV_FOR}, peer=linux_peer)
     g.start()
     yield g
     g.stop()
@@ -141,7 +169,7 @@ def test_discover_lists_every_subsystem_the_host_may_use(guest: Guest, target: S
         # MEM is on the IPv4 port, the IPv6 port and the 4 KiB in-capsule port; the last
         # entry is the discovery subsystem answering.
         assert sorted(listed) == sorted(
-            [MEM, FILE, MEM4K, DISCARD, MEM, MEM, "nqn.2014-08.org.nvmexpress.discovery"]
+            [MEM, FILE, MEM4K, DISCARD, COPYX, MEM, MEM, "nqn.2014-08.org.nvmexpress.discovery"]
         ), out
         assert f"trsvcid: {target.io_port}" in out
         assert re.search(rf"adrfam:\s+ipv6\n.*\n.*\n.*\ntrsvcid: {target.io_port6}\n", out), out
@@ -223,7 +251,9 @@ def test_disconnect_then_reconnect_keeps_the_data(guest: Guest, target: Setup) -
         f"dd if=/tmp/keep of={dev} bs=4096 seek=1000 oflag=direct 2>/dev/null"
     )
     _disconnect(guest, MEM)
-    assert guest.run(f"sh /usr/local/bin/dev-for {MEM}", check=False, timeout=60).rc != 0
+    # nvme disconnect returns once the controller is deleted, its disks with it.
+    left = guest.run("cat /sys/class/nvme/nvme*/subsysnqn 2>/dev/null || true").output
+    assert MEM not in left.split(), left
     dev = _connect(guest, target, MEM)
     try:
         guest.run(
@@ -576,3 +606,250 @@ def test_host_selects_all_io_command_sets_and_reads_their_structures(
         )
     finally:
         _disconnect(guest, MEM)
+
+
+# -- Copy across namespaces: descriptor formats 2h/3h (TP 4130) ---------------------------------
+#
+# pynvmf accepts formats 2 and 3 (a source NSID per range) once the host has enabled them in
+# the Host Behavior Support feature (16h, CDFE at bytes 4-5). Neither kernel enables them
+# itself. Linux 6.1 passes `nvme set-feature -f 0x16` through, so a user can; Debian's 6.12
+# kernel refuses that command from user space (nvme_admin_cmd_allowed() in
+# drivers/nvme/host/ioctl.c rejects Set Features of Host Behavior Support, HMB, Number of
+# Queues and APST with EACCES, even for root), so on 6.12 the formats stay disabled and
+# nvme-cli 2.13's `nvme copy --format 2|3 --snsids` gets Invalid Field in Command.
+
+HOST_BEHAVIOR_CDFE_2_3 = bytes(4) + bytes([0x0C, 0x00]) + bytes(506)
+COPY_OPCODE = 0x19
+# Source Range Entries with a source NSID (our own encoding, for nvme-cli 2.3's io-passthru;
+# test_nvme_cli_copy_formats_2_and_3 checks nvme-cli 2.13's): format 2 is 32 bytes, format 3
+# 40 (its extra bytes carry 64-bit protection information, unused here).
+_COPY_F2 = struct.Struct("<I4xQH14x")
+_COPY_F3 = struct.Struct("<I4xQH22x")
+
+
+def _copy_descriptors(fmt: int, ranges: list[tuple[int, int, int]]) -> bytes:
+    """(source NSID, first LBA, blocks) per range, as format 2 or 3 Source Range Entries."""
+    entry = _COPY_F2 if fmt == 2 else _COPY_F3
+    return b"".join(entry.pack(nsid, slba, nlb - 1) for nsid, slba, nlb in ranges)
+
+
+def _passthru_copy(
+    guest: Guest, dev: str, fmt: int, sdlba: int, ranges: list[tuple[int, int, int]]
+) -> CommandResult:
+    """A Copy with format `fmt` sent through `nvme io-passthru` (nvme-cli 2.3 has no other
+    way to send formats 2/3)."""
+    data = _copy_descriptors(fmt, ranges)
+    guest.write_file("/tmp/copy-desc", data)
+    cdw12 = (len(ranges) - 1) | fmt << 8
+    return guest.run(
+        f"nvme io-passthru {dev} --opcode={COPY_OPCODE} --namespace-id=1"
+        f" --cdw10={sdlba & 0xFFFFFFFF} --cdw11={sdlba >> 32} --cdw12={cdw12}"
+        f" --data-len={len(data)} --input-file=/tmp/copy-desc --write",
+        check=False,
+    )
+
+
+def _cli_copy(
+    guest: Guest, dev: str, fmt: int, sdlba: int, ranges: list[tuple[int, int, int]]
+) -> CommandResult:
+    """The same Copy built by nvme-cli itself (2.13: --format 2|3 with --snsids)."""
+    snsids = ",".join(str(n) for n, _, _ in ranges)
+    slbs = ",".join(str(s) for _, s, _ in ranges)
+    nlbs = ",".join(str(b - 1) for _, _, b in ranges)  # 0's based
+    return guest.run(
+        f"nvme copy {dev} --format={fmt} --sdlba={sdlba} --slbs={slbs} --blocks={nlbs}"
+        f" --snsids={snsids}",
+        check=False,
+    )
+
+
+def _fill(guest: Guest, dev: str, lba: int, blocks: int, path: str) -> None:
+    guest.run(
+        f"dd if=/dev/urandom of={path} bs=512 count={blocks} status=none && "
+        f"dd if={path} of={dev} bs=512 seek={lba} oflag=direct status=none"
+    )
+
+
+def _blocks_equal(guest: Guest, dev: str, lba: int, pieces: list[tuple[str, int, int]]) -> None:
+    """Blocks from `lba` of `dev` must be the (file, first block, count) pieces in order."""
+    total = sum(n for _, _, n in pieces)
+    parts = "; ".join(f"dd if={f} bs=512 skip={s} count={n} status=none" for f, s, n in pieces)
+    guest.run(
+        f"dd if={dev} of=/tmp/copy-got bs=512 skip={lba} count={total} iflag=direct status=none"
+        f" && ({parts}) > /tmp/copy-want && cmp /tmp/copy-got /tmp/copy-want"
+    )
+
+
+def _copyx_devices(guest: Guest, nqn: str) -> tuple[str, str, str]:
+    """(controller, namespace 1, namespace 2) devices of the connected subsystem `nqn`."""
+    ns1 = guest.run(f"sh /usr/local/bin/dev-for {nqn} 1").output.strip()
+    ns2 = guest.run(f"sh /usr/local/bin/dev-for {nqn} 2").output.strip()
+    found = guest.run(f"grep -lx {nqn} /sys/class/nvme/nvme*/subsysnqn").output.split()
+    assert len(found) == 1, found
+    return f"/dev/{found[0].split('/')[-2]}", ns1, ns2
+
+
+def _bad_source_nsids(guest: Guest, ctrl: str, copy: Callable[[int], CommandResult]) -> None:
+    """A source NSID of no namespace: inactive (within NN) or invalid (beyond it)."""
+    nn = json.loads(guest.run(f"nvme id-ctrl {ctrl} -o json").output)["nn"]
+    out = copy(9)
+    assert nn > 9 and out.rc != 0 and "Invalid Field in Command" in out.output, (nn, out)
+    out = copy(nn + 1)
+    assert out.rc != 0 and "Invalid Namespace or Format" in out.output, (nn, out)
+
+
+def _enable_formats_2_and_3(guest: Guest, ctrl: str) -> CommandResult:
+    guest.write_file("/tmp/hbs", HOST_BEHAVIOR_CDFE_2_3)
+    return guest.run(
+        f"nvme set-feature {ctrl} --feature-id=0x16 --data-len=512 --data=/tmp/hbs", check=False
+    )
+
+
+def test_cross_namespace_copy_is_refused_until_the_host_enables_formats_2_and_3(
+    guest: Guest, target: Setup
+) -> None:
+    guest.run(f"nvme connect {_connect_args(target, COPYX)}")
+    ctrl, ns1, ns2 = _copyx_devices(guest, COPYX)
+    # 6.1 has nvme-cli 2.3, whose `nvme copy` knows formats 0 and 1 only.
+    send = _cli_copy if guest.peer is LINUX_6_12 else _passthru_copy
+    try:
+        _fill(guest, ns2, 100, 24, "/tmp/x2")
+        _fill(guest, ns1, 0, 64, "/tmp/x1")  # what the destination holds before
+        cross = [(2, 100, 8), (2, 116, 8)]
+        # Not enabled (as on every new controller): Invalid Field in Command, nothing written.
+        for fmt in (2, 3):
+            out = send(guest, ns1, fmt, 0, cross)
+            assert out.rc != 0 and "Invalid Field in Command" in out.output, out
+        _blocks_equal(guest, ns1, 0, [("/tmp/x1", 0, 64)])
+        enable = _enable_formats_2_and_3(guest, ctrl)
+        if guest.peer is LINUX_6_12:
+            # The kernel keeps Host Behavior Support to itself: the command never leaves it,
+            # and the formats stay disabled.
+            assert enable.rc != 0 and "Permission denied" in enable.output, enable
+            hbs = guest.run(f"nvme get-feature {ctrl} --feature-id=0x16 -H").output
+            assert re.search(r"\(CDF2E\)\s*:\s*False", hbs), hbs
+            assert re.search(r"\(CDF3E\)\s*:\s*False", hbs), hbs
+            out = send(guest, ns1, 2, 0, cross)
+            assert out.rc != 0 and "Invalid Field in Command" in out.output, out
+            _blocks_equal(guest, ns1, 0, [("/tmp/x1", 0, 64)])
+            return
+        assert enable.rc == 0, enable
+        raw = guest.run(
+            f"nvme get-feature {ctrl} --feature-id=0x16 --data-len=512 -b | od -An -tx1 -N8"
+        ).output.split()
+        assert raw == ["00", "00", "00", "00", "0c", "00", "00", "00"], raw
+        # Format 2: two ranges of namespace 2 gathered at LBA 0 of namespace 1.
+        out = send(guest, ns1, 2, 0, cross)
+        assert out.rc == 0, out
+        _blocks_equal(guest, ns1, 0, [("/tmp/x2", 0, 8), ("/tmp/x2", 16, 8), ("/tmp/x1", 16, 48)])
+        # Format 3, a range of each namespace (namespace 1's own blocks too).
+        out = send(guest, ns1, 3, 32, [(1, 56, 4), (2, 108, 8)])
+        assert out.rc == 0, out
+        _blocks_equal(guest, ns1, 32, [("/tmp/x1", 56, 4), ("/tmp/x2", 8, 8), ("/tmp/x1", 44, 20)])
+        _bad_source_nsids(guest, ctrl, lambda nsid: send(guest, ns1, 2, 0, [(nsid, 100, 8)]))
+    finally:
+        _disconnect(guest, COPYX)
+    # The setting belonged to that controller: the next one starts with the formats disabled.
+    guest.run(f"nvme connect {_connect_args(target, COPYX)}")
+    try:
+        _ctrl, ns1, _ns2 = _copyx_devices(guest, COPYX)
+        out = send(guest, ns1, 2, 0, [(2, 100, 8)])
+        assert out.rc != 0 and "Invalid Field in Command" in out.output, out
+    finally:
+        _disconnect(guest, COPYX)
+
+
+# nvme-cli 2.13 builds format 2/3 descriptors itself (`--snsids`). To see pynvmf accept them
+# from the 6.12 host, whose kernel will not pass the enabling Set Features through, this
+# target runs in the test process and the test sets CDFE on the controller the host made,
+# standing in for that command.
+COPYN = "nqn.2024-11.dev.pynvmf:interop-copyn"
+
+
+@dataclass
+class InProcessTarget:
+    loop: asyncio.AbstractEventLoop
+    target: Target
+    subsystem: Subsystem
+    port: int
+
+    def call(self, coro: Coroutine[Any, Any, None]) -> None:
+        asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+    def enable_copy_formats(self, cdfe: int) -> int:
+        """Set CDFE on every controller of the subsystem; how many there were."""
+        controllers = list(self.subsystem.controllers.values())
+
+        async def enable() -> None:
+            for ctrl in controllers:
+                data = bytearray(ctrl.host_behavior)
+                set_host_behavior_cdfe(data, cdfe)
+                ctrl.host_behavior = bytes(data)
+
+        self.call(enable())
+        return len(controllers)
+
+
+@pytest.fixture(scope="module")
+def inproc() -> Iterator[InProcessTarget]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="inproc-target", daemon=True)
+    thread.start()
+    subsystem = Subsystem(COPYN)
+    for nsid in (1, 2):
+        device = MemoryDevice(SIZES[COPYX], 512)
+        subsystem.add_namespace(Namespace.create(COPYN, nsid, device, f"memory:{nsid}"))
+    port = Port("127.0.0.1", 0, subsystems=[COPYN])
+    target = Target([subsystem], [port])
+    server = InProcessTarget(loop, target, subsystem, 0)
+    server.call(target.start())
+    server.port = port.port
+    try:
+        yield server
+    finally:
+        server.call(target.stop())
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
+
+
+def test_nvme_cli_copy_formats_2_and_3_with_snsids(guest: Guest, inproc: InProcessTarget) -> None:
+    if guest.peer is LINUX_6_1:
+        # nvme-cli 2.3 refuses the formats itself; nothing is sent.
+        out = guest.run("nvme copy /dev/null --format=2 --sdlba=0 --slbs=0 --blocks=0", check=False)
+        assert out.rc != 0 and "invalid format" in out.output, out
+        return
+    guest.run(f"nvme connect -t tcp -a {Guest.host_address} -s {inproc.port} -n {COPYN}")
+    try:
+        ctrl, ns1, ns2 = _copyx_devices(guest, COPYN)
+        _fill(guest, ns2, 200, 32, "/tmp/n2")
+        _fill(guest, ns1, 300, 16, "/tmp/n1")
+        assert inproc.enable_copy_formats(0x0C) == 1
+        # nvme-cli 2.13 reads the structure back as the target holds it.
+        hbs = guest.run(f"nvme get-feature {ctrl} --feature-id=0x16 -H").output
+        assert re.search(r"\(CDF2E\)\s*:\s*True", hbs), hbs
+        assert re.search(r"\(CDF3E\)\s*:\s*True", hbs), hbs
+        assert re.search(r"\(CDF4E\)\s*:\s*False", hbs), hbs
+        # Format 2: ranges of both namespaces, gathered in namespace 1.
+        out = _cli_copy(guest, ns1, 2, 1000, [(2, 200, 8), (1, 300, 4), (2, 224, 8)])
+        assert out.rc == 0 and "NVMe Copy: success" in out.output, out
+        _blocks_equal(guest, ns1, 1000, [("/tmp/n2", 0, 8), ("/tmp/n1", 0, 4), ("/tmp/n2", 24, 8)])
+        # Format 3 (40-byte entries), into namespace 2 from namespace 1.
+        out = _cli_copy(guest, ns2, 3, 2000, [(1, 304, 12), (2, 208, 16)])
+        assert out.rc == 0 and "NVMe Copy: success" in out.output, out
+        _blocks_equal(guest, ns2, 2000, [("/tmp/n1", 4, 12), ("/tmp/n2", 8, 16)])
+        # The source NSID is checked per range.
+        _bad_source_nsids(
+            guest, ctrl, lambda nsid: _cli_copy(guest, ns1, 2, 1000, [(2, 200, 8), (nsid, 0, 8)])
+        )
+        last = SIZES[COPYX] // 512
+        out = _cli_copy(guest, ns1, 3, 0, [(2, last - 4, 8)])
+        assert out.rc != 0 and "LBA Out of Range" in out.output, out
+        # Format 3 alone enabled: format 2 is refused again.
+        inproc.enable_copy_formats(0x08)
+        out = _cli_copy(guest, ns1, 2, 1000, [(2, 200, 8)])
+        assert out.rc != 0 and "Invalid Field in Command" in out.output, out
+        out = _cli_copy(guest, ns1, 3, 1000, [(2, 200, 8)])
+        assert out.rc == 0, out
+    finally:
+        _disconnect(guest, COPYN)

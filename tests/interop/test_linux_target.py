@@ -2,8 +2,10 @@
 target (nvmet-tcp, configured through configfs in a QEMU guest), and the same assertions
 against pynvmf's own target started in-process.
 
-One guest boot serves the module. The kernel exports three null_blk namespaces through two
-ports forwarded from the machine's 127.0.0.1:
+The kernel target runs on both kernel peers (tests/interop/guest.py): Linux 6.1 and 6.12,
+one guest boot each; ``target_kind`` (module-scoped, so pytest runs each kind's tests
+together) is ``linux-6.1``, ``linux-6.12`` or ``pynvmf``. The kernel exports three null_blk
+namespaces through two ports forwarded from the machine's 127.0.0.1:
 
 - ``512``: 512-byte blocks, on port A, which keeps the kernel's default in-capsule size;
 - ``4k``: 4096-byte blocks, on port A too (discovery there lists both subsystems);
@@ -42,10 +44,12 @@ from pynvmf.target.server import Port, Target
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.tcp.target import TransportConfig
 from tests.interop.guest import (
+    PEERS,
     Guest,
     KernelTarget,
     free_tcp_port,
     require_guest_prerequisites,
+    selected_peers,
     setup_kernel_target,
 )
 
@@ -136,14 +140,15 @@ class TargetUnderTest:
 
 class LinuxTarget(TargetUnderTest):
     kind = "linux"
-    out_of_range_status = Status.INTERNAL_ERROR
 
     def __init__(
         self, guest: Guest, kernel: dict[str, KernelTarget], exports: dict[str, Export]
     ) -> None:
         self.guest = guest
+        self.kind = guest.peer.name
         self.kernel = kernel
         self.exports = exports
+        self.out_of_range_status = OUT_OF_RANGE_STATUS[guest.peer.name]
         # Every kernel log line read so far (each read clears the guest's ring buffer).
         self.kernel_log: list[str] = []
         # nvmet replaces the wildcard address it listens on with the connection's local
@@ -220,15 +225,29 @@ def _nqn(name: str) -> str:
     return f"{NQN_PREFIX}-{name}"
 
 
+# The status of a Read past the end of a null_blk namespace, by kernel (see test_out_of_range).
+OUT_OF_RANGE_STATUS = {"linux-6.1": Status.INTERNAL_ERROR, "linux-6.12": Status.INTERNAL_ERROR}
+TARGET_KINDS = [p.name for p in selected_peers()] + ["pynvmf"]
+
+
+@pytest.fixture(scope="module", params=TARGET_KINDS)
+def target_kind(request: pytest.FixtureRequest) -> str:
+    """Which target the module's tests run against; module-scoped so that pytest runs each
+    kind's tests together and boots each kernel peer once."""
+    kind: str = request.param
+    return kind
+
+
 @pytest.fixture(scope="module")
-def kernel_target() -> Iterator[LinuxTarget]:
-    """The guest, booted once, with the three exports set up through configfs."""
-    require_guest_prerequisites()
+def kernel_target(target_kind: str) -> Iterator[LinuxTarget]:
+    """The guest of this kind, booted once, with the three exports set up through configfs."""
+    peer = PEERS[target_kind]
+    require_guest_prerequisites(peer)
     port_a = free_tcp_port()
     port_b = free_tcp_port()
     while port_b == port_a:
         port_b = free_tcp_port()
-    guest = Guest(hostfwd=[port_a, port_b])
+    guest = Guest(hostfwd=[port_a, port_b], peer=peer)
     guest.start()
     try:
         layout = {
@@ -324,11 +343,11 @@ async def pynvmf_target() -> AsyncIterator[PynvmfTarget]:
         await target.stop()
 
 
-@pytest.fixture(params=["linux", "pynvmf"])
-def target(request: pytest.FixtureRequest) -> TargetUnderTest:
-    """Each target in turn (the guest boots on first use, for the module). Not a coroutine:
+@pytest.fixture
+def target(request: pytest.FixtureRequest, target_kind: str) -> TargetUnderTest:
+    """The target of this kind (a kernel peer's guest boots on first use). Not a coroutine:
     the async fixture it picks must be set up outside the running event loop."""
-    fixture = "linux" if request.param == "linux" else "pynvmf_target"
+    fixture = "pynvmf_target" if target_kind == "pynvmf" else "linux"
     under_test: TargetUnderTest = request.getfixturevalue(fixture)
     return under_test
 
@@ -627,7 +646,7 @@ async def test_out_of_range(target: TargetUnderTest) -> None:
         await ns.read(n - 1, memoryview(bytearray(bs)))
 
     if isinstance(target, LinuxTarget):
-        # 6.1's bdev backend does no range check: the block layer refuses the bio
+        # The bdev backend of 6.1 and 6.12 does no range check: the block layer refuses the bio
         # (bio_check_eod, BLK_STS_IOERR), which nvmet reports as Internal Error. The
         # kernel log shows both requests arrived with the LBAs sent.
         dev = target.kernel[export.name].device.rsplit("/", 1)[1]
@@ -664,35 +683,44 @@ async def test_disconnect_is_clean(
     await wait_for_held_queues(target, export, 0)
 
 
-async def test_linux_target_has_no_copy(kernel_target: LinuxTarget) -> None:
-    """The copy offload work relies on this: the 6.1 kernel target does not do Copy."""
-    export = kernel_target.exports["512"]
+async def test_only_pynvmf_does_copy(target: TargetUnderTest) -> None:
+    """The copy offload work relies on this: neither kernel target (6.1, 6.12) does Copy,
+    pynvmf's does, and the same command shows both."""
+    export = target.exports["512"]
     bs = export.block_size
     src, dst, nblocks = 1000, 2000, 8
     data = random.Random("copy").randbytes(nblocks * bs)
-    await kernel_target.read_kernel_log()
+    linux = target if isinstance(target, LinuxTarget) else None
+    if linux is not None:
+        await linux.read_kernel_log()
     async with await open_controller(export) as ctrl:
         info = await ctrl.identify_controller()
         assert I.Oncs.COPY == 1 << 8
-        assert not info.oncs & I.Oncs.COPY
+        assert bool(info.oncs & I.Oncs.COPY) == (linux is None)
         assert info.oncs & I.Oncs.DSM and info.oncs & I.Oncs.WRITE_ZEROES
         ns = ctrl.namespace(1)
         await ns.write(src, data)
         await ns.write_zeroes(dst, nblocks)
-        # One source range: what a target with Copy would copy from src to dst.
+        # One source range: src to dst.
+        copy = ctrl.io_command(
+            IoOpcode.COPY, 1, dst, 0, 0, data=COPY_RANGE_FORMAT0.pack(src, nblocks - 1)
+        )
+        back = bytearray(len(data))
+        if linux is None:
+            await copy
+            await ns.read(dst, memoryview(back))
+            assert_same(back, data, "Copy destination")
+            return
         with pytest.raises(NvmeStatusError) as err:
-            await ctrl.io_command(
-                IoOpcode.COPY, 1, dst, 0, 0, data=COPY_RANGE_FORMAT0.pack(src, nblocks - 1)
-            )
+            await copy
         assert err.value.status == Status.INVALID_OPCODE, err.value
         assert err.value.dnr
-        back = bytearray(len(data))
         await ns.read(dst, memoryview(back))
         assert_same(back, bytes(len(data)), "Copy destination")
     # nvmet refused the command when parsing it (and says so); nothing else went wrong.
-    trouble = [
-        line for line in await kernel_target.read_kernel_log() if KERNEL_TROUBLE.search(line)
-    ]
+    trouble = [line for line in await linux.read_kernel_log() if KERNEL_TROUBLE.search(line)]
     assert len(trouble) == 1 and re.search(r"failed cmd .* opcode 25, data_len: 32", trouble[0]), (
         trouble
     )
+    # Accounted for: the `linux` fixture checks the rest of the log.
+    linux.kernel_log.remove(trouble[0])
