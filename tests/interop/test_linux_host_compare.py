@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.interop.guest import Guest, free_tcp_port
+from tests.interop.guest import Guest, Peer, free_tcp_port
 from tests.interop.target_process import TargetProcess
 
 MIB = 1 << 20
@@ -75,8 +75,8 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
 
 
 @pytest.fixture(scope="module")
-def guest(target: Setup) -> Iterator[Guest]:
-    g = Guest(extra_files={"/usr/local/bin/dev-for": DEV_FOR})
+def guest(target: Setup, linux_peer: Peer) -> Iterator[Guest]:
+    g = Guest(extra_files={"/usr/local/bin/dev-for": DEV_FOR}, peer=linux_peer)
     g.start()
     yield g
     g.stop()
