@@ -488,8 +488,8 @@ def _get_host_behavior(ctrl: Controller, req: Request, sel: int) -> Outcome:
     if req.length < HOST_BEHAVIOR_SIZE:
         return Status.SGL_INVALID_DATA | DNR, 0, None
     if sel:
-        # Default and saved values (the feature is not saveable): all zeros.
-        return Status.SUCCESS, 0, bytes(HOST_BEHAVIOR_SIZE)
+        # Default and saved values (the feature is not saveable): the subsystem's default.
+        return Status.SUCCESS, 0, ctrl.subsystem.host_behavior_default
     return Status.SUCCESS, 0, ctrl.host_behavior
 
 

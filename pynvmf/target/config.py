@@ -66,6 +66,7 @@ _SUBSYSTEM_KEYS = {
     "version",
     "firmware",
     "ieee_oui",
+    "copy_formats",
 }
 _DEVICE_KEYS = {"memory", "file", "size", "create", "block_size", "read_only"}
 _NAMESPACE_KEYS = _DEVICE_KEYS | {"nsid", "uuid", "nguid", "eui64", "device", "ptpl_file"}
@@ -273,6 +274,16 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
         raise ConfigError(f"invalid configuration: {exc!r}") from exc
 
 
+def _copy_formats(formats: list[Any], where: str) -> int:
+    """[2, 3] -> the CDFE bit mask enabling those Copy descriptor formats."""
+    mask = 0
+    for fmt in formats:
+        if fmt not in (2, 3) or isinstance(fmt, bool):
+            raise ConfigError(f"{where}: {fmt!r} is not a Copy format that needs enabling (2, 3)")
+        mask |= 1 << fmt
+    return mask
+
+
 def _subsystem(target: Target, spec: Any, where: str) -> None:
     r = _Reader(spec, where, _SUBSYSTEM_KEYS)
     nqn = r.get("nqn", str)
@@ -293,6 +304,7 @@ def _subsystem(target: Target, spec: Any, where: str) -> None:
         version=r.convert("version", parse_version, DEFAULT_VERSION),
         firmware=r.get("firmware", str, ""),
         ieee_oui=r.get("ieee_oui", int, 0),
+        copy_formats=_copy_formats(r.items("copy_formats"), f"{where}.copy_formats"),
     )
     _change(where, lambda: target.add_subsystem(nqn, **kwargs))
     for j, ns_spec in enumerate(r.items("namespaces")):
@@ -501,6 +513,8 @@ def _subsystem_dict(target: Target, subsystem: Subsystem) -> dict[str, Any]:
             spec[key] = getattr(subsystem, key)
     if subsystem.ieee_oui:
         spec["ieee_oui"] = subsystem.ieee_oui
+    if subsystem.copy_formats:
+        spec["copy_formats"] = [f for f in (2, 3) if subsystem.copy_formats >> f & 1]
     if subsystem.version != DEFAULT_VERSION:
         spec["version"] = format_version(subsystem.version)
     namespaces = []

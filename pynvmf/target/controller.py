@@ -92,7 +92,7 @@ class Controller:
             FeatureId.WRITE_ATOMIC: 0,
         }
         # Host Behavior Support (Feature 16h) as the host last set it: zeros until then.
-        self.host_behavior = bytes(C.HOST_BEHAVIOR_SIZE)
+        self.host_behavior = subsystem.host_behavior_default
         self.errors: deque[ErrorLogEntry] = deque(maxlen=ERROR_LOG_ENTRIES)
         # Reservation Notification log pages for this controller, and their mask.
         self.reservation_log = NotificationLog()

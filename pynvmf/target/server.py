@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import cast
 
 from pynvmf.spec import logpages as L
+from pynvmf.spec.command import COPY_CDFE_FORMATS
 from pynvmf.spec.nqn import nqn_problem
 from pynvmf.spec.opcodes import DISCOVERY_NQN
 from pynvmf.target.budget import SWEEP_INTERVAL_S, ConnectionBudget, ConnectionLimits
@@ -276,6 +277,7 @@ class Target:
         version: int = DEFAULT_VERSION,
         firmware: str = "",
         ieee_oui: int = 0,
+        copy_formats: int = 0,
     ) -> Subsystem:
         """A new subsystem, with no namespaces, on the ports that expose every subsystem."""
         subsystem = Subsystem(
@@ -291,6 +293,7 @@ class Target:
             version=version,
             firmware=firmware,
             ieee_oui=ieee_oui,
+            copy_formats=copy_formats,
         )
         self._check_subsystem(subsystem)
         self.subsystems[nqn] = subsystem
@@ -328,6 +331,8 @@ class Target:
             raise ChangeError("version", f"{subsystem.version:#x} is not an NVMe version")
         if not 0 <= subsystem.ieee_oui < 1 << 24:
             raise ChangeError("ieee_oui", f"{subsystem.ieee_oui:#x} is not a 24-bit OUI")
+        if subsystem.copy_formats & ~COPY_CDFE_FORMATS:
+            raise ChangeError("copy_formats", "only Copy formats 2 and 3 need enabling")
         for ns in subsystem.namespaces.values():
             self._check_nsid(subsystem, ns.nsid)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pynvmf.block.device import BlockDevice
-from pynvmf.spec.command import nvme_version
+from pynvmf.spec.command import HOST_BEHAVIOR_SIZE, nvme_version, set_host_behavior_cdfe
 from pynvmf.spec.opcodes import DISCOVERY_NQN
 from pynvmf.target.fused import WriteGate
 from pynvmf.target.reservations import NamespaceReservation
@@ -112,6 +112,11 @@ class Subsystem:
     version: int = DEFAULT_VERSION
     firmware: str = ""
     ieee_oui: int = 0
+    # Copy descriptor formats (a CDFE bit mask: 2h, 3h) enabled on every new controller
+    # before its host asks (Host Behavior Support's default value), for hosts that cannot
+    # enable them: Debian's Linux 6.12 refuses to pass that Set Features on. Beyond TP
+    # 4130, which leaves them off until the host enables them; off unless configured.
+    copy_formats: int = 0
     # The namespaces that have registrants, by NSID: while it is empty, I/O pays one test
     # for reservations. Their NamespaceReservation objects keep it up to date.
     registered: dict[int, NamespaceReservation] = field(default_factory=dict)
@@ -150,3 +155,10 @@ class Subsystem:
     @property
     def max_nsid(self) -> int:
         return max(self.namespaces, default=0)
+
+    @property
+    def host_behavior_default(self) -> bytes:
+        """Host Behavior Support as a new controller of this subsystem starts with."""
+        data = bytearray(HOST_BEHAVIOR_SIZE)
+        set_host_behavior_cdfe(data, self.copy_formats)
+        return bytes(data)

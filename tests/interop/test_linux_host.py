@@ -9,24 +9,17 @@ shared by both.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import re
 import struct
-import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from pynvmf.block.memory import MemoryDevice
-from pynvmf.spec.command import set_host_behavior_cdfe
-from pynvmf.target.server import Port, Target
-from pynvmf.target.subsystem import Namespace, Subsystem
 from tests.interop.guest import LINUX_6_1, LINUX_6_12, CommandResult, Guest, Peer, free_tcp_port
 from tests.interop.target_process import TargetProcess
 
@@ -39,6 +32,11 @@ RESTRICTED = "nqn.2024-11.dev.pynvmf:interop-restricted"
 DISCARD = "nqn.2024-11.dev.pynvmf:interop-discard"
 # Two namespaces: Copy with descriptor formats 2/3 takes its sources from the other one.
 COPYX = "nqn.2024-11.dev.pynvmf:interop-copyx"
+# The same two namespaces, with Copy formats 2/3 (COPYN) or 3 alone (COPY3) enabled on every
+# new controller by the target's configuration (`copy_formats`), for hosts that cannot
+# enable them (Debian's 6.12 kernel will not pass Host Behavior Support on).
+COPYN = "nqn.2024-11.dev.pynvmf:interop-copyn"
+COPY3 = "nqn.2024-11.dev.pynvmf:interop-copy3"
 ALLOWED_HOST = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000a110"
 SIZES = {
     MEM: 64 * MIB,
@@ -47,6 +45,8 @@ SIZES = {
     RESTRICTED: 16 * MIB,
     DISCARD: 512 * MIB,
     COPYX: 16 * MIB,
+    COPYN: 16 * MIB,
+    COPY3: 16 * MIB,
 }
 BLOCK_SIZES = {MEM: 512, FILE: 512, MEM4K: 4096, RESTRICTED: 512, DISCARD: 512}
 
@@ -122,6 +122,17 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
                     {"nsid": 2, "memory": SIZES[COPYX]},
                 ],
             },
+            *(
+                {
+                    "nqn": nqn,
+                    "copy_formats": formats,
+                    "namespaces": [
+                        {"nsid": 1, "memory": SIZES[nqn]},
+                        {"nsid": 2, "memory": SIZES[nqn]},
+                    ],
+                }
+                for nqn, formats in ((COPYN, [2, 3]), (COPY3, [3]))
+            ),
             {
                 "nqn": RESTRICTED,
                 "hosts": [ALLOWED_HOST],
@@ -169,7 +180,18 @@ def test_discover_lists_every_subsystem_the_host_may_use(guest: Guest, target: S
         # MEM is on the IPv4 port, the IPv6 port and the 4 KiB in-capsule port; the last
         # entry is the discovery subsystem answering.
         assert sorted(listed) == sorted(
-            [MEM, FILE, MEM4K, DISCARD, COPYX, MEM, MEM, "nqn.2014-08.org.nvmexpress.discovery"]
+            [
+                MEM,
+                FILE,
+                MEM4K,
+                DISCARD,
+                COPYX,
+                COPYN,
+                COPY3,
+                MEM,
+                MEM,
+                "nqn.2014-08.org.nvmexpress.discovery",
+            ]
         ), out
         assert f"trsvcid: {target.io_port}" in out
         assert re.search(rf"adrfam:\s+ipv6\n.*\n.*\n.*\ntrsvcid: {target.io_port6}\n", out), out
@@ -759,73 +781,18 @@ def test_cross_namespace_copy_is_refused_until_the_host_enables_formats_2_and_3(
         _disconnect(guest, COPYX)
 
 
-# nvme-cli 2.13 builds format 2/3 descriptors itself (`--snsids`). To see pynvmf accept them
-# from the 6.12 host, whose kernel will not pass the enabling Set Features through, this
-# target runs in the test process and the test sets CDFE on the controller the host made,
-# standing in for that command.
-COPYN = "nqn.2024-11.dev.pynvmf:interop-copyn"
-
-
-@dataclass
-class InProcessTarget:
-    loop: asyncio.AbstractEventLoop
-    target: Target
-    subsystem: Subsystem
-    port: int
-
-    def call(self, coro: Coroutine[Any, Any, None]) -> None:
-        asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
-
-    def enable_copy_formats(self, cdfe: int) -> int:
-        """Set CDFE on every controller of the subsystem; how many there were."""
-        controllers = list(self.subsystem.controllers.values())
-
-        async def enable() -> None:
-            for ctrl in controllers:
-                data = bytearray(ctrl.host_behavior)
-                set_host_behavior_cdfe(data, cdfe)
-                ctrl.host_behavior = bytes(data)
-
-        self.call(enable())
-        return len(controllers)
-
-
-@pytest.fixture(scope="module")
-def inproc() -> Iterator[InProcessTarget]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="inproc-target", daemon=True)
-    thread.start()
-    subsystem = Subsystem(COPYN)
-    for nsid in (1, 2):
-        device = MemoryDevice(SIZES[COPYX], 512)
-        subsystem.add_namespace(Namespace.create(COPYN, nsid, device, f"memory:{nsid}"))
-    port = Port("127.0.0.1", 0, subsystems=[COPYN])
-    target = Target([subsystem], [port])
-    server = InProcessTarget(loop, target, subsystem, 0)
-    server.call(target.start())
-    server.port = port.port
-    try:
-        yield server
-    finally:
-        server.call(target.stop())
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
-        loop.close()
-
-
-def test_nvme_cli_copy_formats_2_and_3_with_snsids(guest: Guest, inproc: InProcessTarget) -> None:
+def test_nvme_cli_copy_formats_2_and_3_with_snsids(guest: Guest, target: Setup) -> None:
     if guest.peer is LINUX_6_1:
         # nvme-cli 2.3 refuses the formats itself; nothing is sent.
         out = guest.run("nvme copy /dev/null --format=2 --sdlba=0 --slbs=0 --blocks=0", check=False)
         assert out.rc != 0 and "invalid format" in out.output, out
         return
-    guest.run(f"nvme connect -t tcp -a {Guest.host_address} -s {inproc.port} -n {COPYN}")
+    guest.run(f"nvme connect {_connect_args(target, COPYN)}")
     try:
         ctrl, ns1, ns2 = _copyx_devices(guest, COPYN)
         _fill(guest, ns2, 200, 32, "/tmp/n2")
         _fill(guest, ns1, 300, 16, "/tmp/n1")
-        assert inproc.enable_copy_formats(0x0C) == 1
-        # nvme-cli 2.13 reads the structure back as the target holds it.
+        # The target's configuration enabled the formats: nvme-cli 2.13 reads them back.
         hbs = guest.run(f"nvme get-feature {ctrl} --feature-id=0x16 -H").output
         assert re.search(r"\(CDF2E\)\s*:\s*True", hbs), hbs
         assert re.search(r"\(CDF3E\)\s*:\s*True", hbs), hbs
@@ -842,14 +809,18 @@ def test_nvme_cli_copy_formats_2_and_3_with_snsids(guest: Guest, inproc: InProce
         _bad_source_nsids(
             guest, ctrl, lambda nsid: _cli_copy(guest, ns1, 2, 1000, [(2, 200, 8), (nsid, 0, 8)])
         )
-        last = SIZES[COPYX] // 512
+        last = SIZES[COPYN] // 512
         out = _cli_copy(guest, ns1, 3, 0, [(2, last - 4, 8)])
         assert out.rc != 0 and "LBA Out of Range" in out.output, out
-        # Format 3 alone enabled: format 2 is refused again.
-        inproc.enable_copy_formats(0x08)
+    finally:
+        _disconnect(guest, COPYN)
+    # Format 3 alone enabled: format 2 is refused.
+    guest.run(f"nvme connect {_connect_args(target, COPY3)}")
+    try:
+        _ctrl, ns1, _ns2 = _copyx_devices(guest, COPY3)
         out = _cli_copy(guest, ns1, 2, 1000, [(2, 200, 8)])
         assert out.rc != 0 and "Invalid Field in Command" in out.output, out
         out = _cli_copy(guest, ns1, 3, 1000, [(2, 200, 8)])
         assert out.rc == 0, out
     finally:
-        _disconnect(guest, COPYN)
+        _disconnect(guest, COPY3)

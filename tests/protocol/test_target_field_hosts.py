@@ -16,7 +16,15 @@ from pynvmf.spec import logpages as L
 from pynvmf.spec.opcodes import AdminOpcode, FeatureId, IoOpcode
 from pynvmf.spec.status import IOCS_COMBINATION_REJECTED, Status
 from pynvmf.target.controller import CAP
-from tests.protocol.conftest import RAW_NS1_BLOCK, RAW_NS1_BLOCKS, RawTarget
+from pynvmf.target.server import ChangeError
+from tests.protocol.conftest import (
+    RAW_NS1_BLOCK,
+    RAW_NS1_BLOCKS,
+    RAW_NS2_BLOCK,
+    RawTarget,
+    RawTargetFactory,
+    raw_memory_subsystem,
+)
 from tests.protocol.raw import CC_ENABLE
 
 pytestmark = pytest.mark.timeout(60)
@@ -312,3 +320,31 @@ async def test_iocs_profile_rejects_unknown_combinations_and_changes_after_io_qu
 
 def test_namespace_blocks_fit_the_discard_tests() -> None:
     assert RAW_NS1_BLOCKS > 2200
+
+
+# -- Copy formats 2h/3h enabled by the target's configuration ----------------------------------
+
+
+async def test_configured_copy_formats_are_enabled_on_every_new_controller(
+    raw_target_factory: RawTargetFactory,
+) -> None:
+    subsystem = raw_memory_subsystem(copy_formats=C.COPY_CDFE_FORMATS)
+    rt = await raw_target_factory(subsystems=[subsystem])
+    host = await rt.host()
+    admin, io = host.admin, host.io[0]
+    for sel in (0, 1):  # current and default values both carry the configured formats
+        got = await admin.cmd(
+            AdminOpcode.GET_FEATURES, cdw10=FeatureId.HOST_BEHAVIOR | sel << 8, read_len=512
+        )
+        assert got.status == 0 and C.host_behavior_cdfe(got.data) == C.COPY_CDFE_FORMATS
+    data = bytes(range(256)) * 2
+    assert (await io.write(2, 0, data * 8, RAW_NS2_BLOCK)).status == 0
+    ranges = C.pack_copy_ranges([C.CopyRange(0, 1, snsid=2)], 2)
+    done = await io.cmd(IoOpcode.COPY, nsid=2, cdw10=100, cdw12=C.copy_cdw12(1, 2), data=ranges)
+    assert done.status == 0, done
+    assert (await io.read(2, 100, 1, RAW_NS2_BLOCK)).data == (data * 8)[:RAW_NS2_BLOCK]
+
+
+async def test_copy_formats_outside_2_and_3_are_refused(raw_target: RawTarget) -> None:
+    with pytest.raises(ChangeError, match="copy_formats"):
+        raw_target.target.add_subsystem("nqn.2024-01.io.pynvmf.test:bad", copy_formats=1 << 1)
