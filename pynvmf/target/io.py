@@ -147,6 +147,10 @@ class IoHandler:
         status, ns, slba, _nlb, length = self._rw_target(req)
         if status or ns is None:
             return status, None
+        budget = self.queue.budget
+        if not budget.try_take(length):
+            await budget.take(length)
+        req.charge = length
         buf = bytearray(length)
         await ns.device.read(slba, memoryview(buf))
         stats = self.stats
