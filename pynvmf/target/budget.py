@@ -185,13 +185,14 @@ class DataBudget:
         self.capacity = capacity
         self.used = 0
         self._queue: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self.closed = False
 
     def _fits(self, n: int) -> bool:
         return self.used + n <= self.capacity or self.used == 0
 
     def try_take(self, n: int) -> bool:
         """Take `n` bytes at once if they fit and nobody is waiting (the hot path)."""
-        if self._queue or not self._fits(n) or not self.pool.fits(n):
+        if self._queue or not self._fits(n) or not self.pool.fits(n) or self.closed:
             return False
         self.used += n
         self.pool.charge(n)
@@ -201,6 +202,8 @@ class DataBudget:
         """Take `n` bytes, waiting until they fit."""
         if self.try_take(n):
             return
+        if self.closed:
+            raise ConnectionError("the connection is closed")
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.append((n, fut))
         self.serve()
@@ -220,6 +223,8 @@ class DataBudget:
 
     def serve(self) -> bool:
         """Grant what now fits, in order; True once nobody here waits for the pool."""
+        if self.closed:
+            return True
         queue = self._queue
         while queue:
             n, fut = queue[0]
@@ -238,7 +243,8 @@ class DataBudget:
         return True
 
     def close(self) -> None:
-        """The connection is gone: its waiters will never be served."""
+        """The connection is gone: its waiters will never be served, and it asks no more."""
+        self.closed = True
         self.pool.withdraw(self)
         for _n, fut in self._queue:
             if not fut.done():

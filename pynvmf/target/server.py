@@ -920,7 +920,10 @@ class TargetProtocol(asyncio.BufferedProtocol):
         out = conn.take_output()
         if out:
             transport.writelines(out)
-            if conn.undrained and not transport.get_write_buffer_size():
+            # Read data still in the socket's buffer stays charged only above the high
+            # water mark: past it asyncio pauses us and resume_writing gives it back; below
+            # it (the bound is the mark itself) no callback would ever come.
+            if conn.undrained and transport.get_write_buffer_size() <= WRITE_HIGH_WATER:
                 conn.output_drained()
         if conn.closing:
             transport.close()

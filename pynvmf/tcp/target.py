@@ -467,7 +467,9 @@ class TargetConnection(PduConnection):
         super().release()
         self.on_command = _ignore_request
         self.on_refused = None
-        # Commands that will never complete now hold nothing any more.
+        # Nothing more is granted to this connection, and commands that will never complete
+        # now hold nothing any more.
+        self.budget.close()
         for req in self._inflight.values():
             if req.charge:
                 self.budget.give(req.charge)
@@ -475,7 +477,6 @@ class TargetConnection(PduConnection):
         self._inflight.clear()
         self._r2t.clear()
         self.output_drained()
-        self.budget.close()
 
     def pending_requests(self) -> list[Request]:
         return list(self._inflight.values())
