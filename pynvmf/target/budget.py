@@ -40,6 +40,9 @@ KATO_CHECK_MAX_MS = 500
 # Data buffers one connection may hold at once (read data, R2T buffers, Copy staging):
 # enough for 32 commands of MDTS (1 MiB), or 256 of 128 KiB, in flight on one queue.
 DEFAULT_CONNECTION_DATA = 32 << 20
+# Reads up to this size are not charged: SQSIZE bounds them (1024 entries x 16 KiB = 16 MiB
+# per queue at most), and the small reads that make up most I/O skip the accounting.
+UNCHARGED_READ = 16 << 10
 # Above this much data queued for sending and not yet taken by the kernel, a connection
 # stops starting commands (and reading the host's) until the host has read some.
 WRITE_HIGH_WATER = 1 << 20
@@ -164,6 +167,9 @@ class MemoryPool:
 
     def give(self, n: int) -> None:
         self.used -= n
+        self.serve_waiting()
+
+    def serve_waiting(self) -> None:
         while self._waiting and self._waiting[0].serve():
             self._waiting.popleft()
 
@@ -191,11 +197,22 @@ class DataBudget:
         return self.used + n <= self.capacity or self.used == 0
 
     def try_take(self, n: int) -> bool:
-        """Take `n` bytes at once if they fit and nobody is waiting (the hot path)."""
-        if self._queue or not self._fits(n) or not self.pool.fits(n) or self.closed:
+        """Take `n` bytes at once if they fit and nobody is waiting (the hot path: every
+        Read comes here, so the checks are inline)."""
+        used = self.used + n
+        pool = self.pool
+        pool_used = pool.used + n
+        if (
+            (used > self.capacity and self.used)
+            or (pool_used > pool.capacity and pool.used)
+            or self._queue
+            or self.closed
+        ):
             return False
-        self.used += n
-        self.pool.charge(n)
+        self.used = used
+        pool.used = pool_used
+        if pool_used > pool.peak:
+            pool.peak = pool_used
         return True
 
     async def take(self, n: int) -> None:
@@ -218,8 +235,12 @@ class DataBudget:
 
     def give(self, n: int) -> None:
         self.used -= n
-        self.pool.give(n)
-        self.serve()
+        pool = self.pool
+        pool.used -= n
+        if pool._waiting:
+            pool.serve_waiting()
+        if self._queue:
+            self.serve()
 
     def serve(self) -> bool:
         """Grant what now fits, in order; True once nobody here waits for the pool."""
