@@ -21,6 +21,7 @@ from pynvmf.rpc.nvmetcli import load_nvmetcli
 from pynvmf.rpc.server import DEFAULT_SOCKET, RpcServer, control_plane
 from pynvmf.rpc.spdk import load_spdk_config
 from pynvmf.target.budget import (
+    DEFAULT_CONNECTION_DATA,
     DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
     ConnectionLimits,
     raise_open_file_limit,
@@ -32,6 +33,7 @@ from pynvmf.target.config import (
     config_from_options,
     load_config,
     parse_listen,
+    parse_size,
 )
 from pynvmf.target.server import DISCOVERY_PORT, Target
 
@@ -124,7 +126,31 @@ def add_target_command(sub: Any) -> None:
         metavar="N",
         help=f"connections from one remote address (default {DEFAULT_MAX_CONNECTIONS_PER_ADDRESS})",
     )
+    p.add_argument(
+        "--max-memory",
+        type=_size,
+        default=0,
+        metavar="SIZE",
+        help="data buffers the target holds for all hosts at once (default: half the memory)",
+    )
+    p.add_argument(
+        "--max-connection-data",
+        type=_size,
+        default=DEFAULT_CONNECTION_DATA,
+        metavar="SIZE",
+        help="data buffers one connection holds at once (default 32M)",
+    )
     p.add_argument("-v", "--verbose", action="count", default=0)
+
+
+def _size(text: str) -> int:
+    try:
+        value = parse_size(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 1 << 20:
+        raise argparse.ArgumentTypeError(f"{text} is less than 1 MiB")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -195,6 +221,8 @@ async def _run_target(args: argparse.Namespace) -> int:
         limits=ConnectionLimits(
             max_connections=args.max_connections,
             max_connections_per_address=args.max_connections_per_address,
+            max_memory=args.max_memory,
+            connection_data=args.max_connection_data,
         )
     )
     rpc: RpcServer | None = None

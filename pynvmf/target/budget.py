@@ -7,9 +7,11 @@ those counts. The values are the target's policy; docs/limits.md explains each.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import resource
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,17 @@ KATO_MAX_MS = 3_600_000
 # noticed after KATO and before KATO + 2 such intervals (KATO + min(KATO / 4, 1 s)).
 KATO_CHECK_SHARE = 8
 KATO_CHECK_MAX_MS = 500
+
+# Data buffers one connection may hold at once (read data, R2T buffers, Copy staging):
+# enough for 32 commands of MDTS (1 MiB), or 256 of 128 KiB, in flight on one queue.
+DEFAULT_CONNECTION_DATA = 32 << 20
+# Reads up to this size are not charged: SQSIZE bounds them (1024 entries x 16 KiB = 16 MiB
+# per queue at most), and the small reads that make up most I/O skip the accounting.
+UNCHARGED_READ = 16 << 10
+# Above this much data queued for sending and not yet taken by the kernel, a connection
+# stops starting commands (and reading the host's) until the host has read some.
+WRITE_HIGH_WATER = 1 << 20
+WRITE_LOW_WATER = 256 << 10
 
 # File descriptors kept for files, the RPC socket and listeners beyond connections.
 _FD_RESERVE = 256
@@ -77,6 +90,8 @@ class ConnectionLimits:
     max_connections_per_address: int = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
     connect_deadline_s: float = CONNECT_DEADLINE_S
     pdu_deadline_s: float = PDU_DEADLINE_S
+    max_memory: int = 0  # data buffers in all; 0: half of the machine's memory
+    connection_data: int = DEFAULT_CONNECTION_DATA  # data buffers of one connection
 
 
 class ConnectionBudget:
@@ -114,3 +129,145 @@ class ConnectionBudget:
     def _refuse(self, address: str, why: str) -> None:
         self.refused += 1
         log.warning("connection from %s refused: %s", address, why)
+
+
+# -- memory ------------------------------------------------------------------------------
+
+
+def default_max_memory() -> int:
+    """Half of the machine's memory: what the target's data buffers may use in all."""
+    try:
+        pages = os.sysconf("SC_PHYS_PAGES")
+        page = os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 4 << 30
+    return max(256 << 20, pages * page // 2)
+
+
+class MemoryPool:
+    """The target's data buffers in all (`--max-memory`). Connections take from it
+    through their own budgets; a connection whose next request does not fit here waits in
+    line, and is served as others give back."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+        self.peak = 0
+        self._waiting: deque[DataBudget] = deque()
+
+    def fits(self, n: int) -> bool:
+        # A request larger than the whole pool is granted once nothing else is held, so
+        # that nothing waits for ever.
+        return self.used + n <= self.capacity or self.used == 0
+
+    def charge(self, n: int) -> None:
+        self.used += n
+        if self.used > self.peak:
+            self.peak = self.used
+
+    def give(self, n: int) -> None:
+        self.used -= n
+        self.serve_waiting()
+
+    def serve_waiting(self) -> None:
+        while self._waiting and self._waiting[0].serve():
+            self._waiting.popleft()
+
+    def enlist(self, budget: DataBudget) -> None:
+        if budget not in self._waiting:
+            self._waiting.append(budget)
+
+    def withdraw(self, budget: DataBudget) -> None:
+        if budget in self._waiting:
+            self._waiting.remove(budget)
+
+
+class DataBudget:
+    """The data buffers one connection holds: at most `capacity` bytes (and what the pool
+    has), granted in the order asked; a request that does not fit waits holding nothing."""
+
+    def __init__(self, pool: MemoryPool, capacity: int = DEFAULT_CONNECTION_DATA) -> None:
+        self.pool = pool
+        self.capacity = capacity
+        self.used = 0
+        self._queue: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self.closed = False
+
+    def _fits(self, n: int) -> bool:
+        return self.used + n <= self.capacity or self.used == 0
+
+    def try_take(self, n: int) -> bool:
+        """Take `n` bytes at once if they fit and nobody is waiting (the hot path: every
+        Read comes here, so the checks are inline)."""
+        used = self.used + n
+        pool = self.pool
+        pool_used = pool.used + n
+        if (
+            (used > self.capacity and self.used)
+            or (pool_used > pool.capacity and pool.used)
+            or self._queue
+            or self.closed
+        ):
+            return False
+        self.used = used
+        pool.used = pool_used
+        if pool_used > pool.peak:
+            pool.peak = pool_used
+        return True
+
+    async def take(self, n: int) -> None:
+        """Take `n` bytes, waiting until they fit."""
+        if self.try_take(n):
+            return
+        if self.closed:
+            raise ConnectionError("the connection is closed")
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append((n, fut))
+        self.serve()
+        try:
+            await fut
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self.give(n)  # granted as the waiter was cancelled: hand it back
+            raise
+        finally:
+            del fut  # a cancelled future's traceback would hold this frame
+
+    def give(self, n: int) -> None:
+        self.used -= n
+        pool = self.pool
+        pool.used -= n
+        if pool._waiting:
+            pool.serve_waiting()
+        if self._queue:
+            self.serve()
+
+    def serve(self) -> bool:
+        """Grant what now fits, in order; True once nobody here waits for the pool."""
+        if self.closed:
+            return True
+        queue = self._queue
+        while queue:
+            n, fut = queue[0]
+            if fut.done():  # cancelled
+                queue.popleft()
+                continue
+            if not self._fits(n):
+                break
+            if not self.pool.fits(n):
+                self.pool.enlist(self)
+                return False
+            queue.popleft()
+            self.used += n
+            self.pool.charge(n)
+            fut.set_result(None)
+        return True
+
+    def close(self) -> None:
+        """The connection is gone: its waiters will never be served, and it asks no more."""
+        self.closed = True
+        self.pool.withdraw(self)
+        for _n, fut in self._queue:
+            if not fut.done():
+                fut.cancel()
+        self._queue.clear()

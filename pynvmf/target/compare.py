@@ -46,6 +46,7 @@ async def compare(io: IoHandler, req: Request) -> Outcome:
     try:
         if req.sqe.cdw12 & RW_FUA:
             await ns.device.flush()
+        await io.queue.hold(req, length)  # the namespace's data, to compare with
         same = await _matches(ns, slba, data)
     except OSError as exc:
         log.error("read error in Compare on nsid %d: %s", ns.nsid, exc)
@@ -69,6 +70,7 @@ async def verify(io: IoHandler, req: Request) -> Outcome:
         return Status.INVALID_FIELD | DNR, None
     device = ns.device
     step = _VERIFY_CHUNK // ns.block_size
+    await io.queue.hold(req, min(length, _VERIFY_CHUNK))
     buf = memoryview(bytearray(min(length, _VERIFY_CHUNK)))
     try:
         if sqe.cdw12 & RW_FUA:

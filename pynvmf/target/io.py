@@ -36,6 +36,7 @@ from pynvmf.spec.status import (
     Status,
 )
 from pynvmf.target import compare, reservations
+from pynvmf.target.budget import UNCHARGED_READ
 from pynvmf.target.limits import COPY_FORMATS, MAX_TRANSFER, copy_limits, reported_nn
 
 if TYPE_CHECKING:
@@ -85,6 +86,7 @@ class IoHandler:
         self.queue = queue
         self.namespaces = ctrl.subsystem.namespaces
         self.stats = ctrl.subsystem.stats
+        self.budget = queue.budget
         # Namespaces with registrants (the subsystem keeps it current): empty, no I/O
         # command pays more than testing it.
         self.registered = ctrl.subsystem.registered
@@ -147,6 +149,11 @@ class IoHandler:
         status, ns, slba, _nlb, length = self._rw_target(req)
         if status or ns is None:
             return status, None
+        if length > UNCHARGED_READ:
+            budget = self.budget
+            if not budget.try_take(length):
+                await budget.take(length)
+            req.charge = length
         buf = bytearray(length)
         await ns.device.read(slba, memoryview(buf))
         stats = self.stats

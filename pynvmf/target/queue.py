@@ -13,6 +13,7 @@ from pynvmf.spec.command import CSTS_RDY, FUSE_MASK
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType
 from pynvmf.spec.status import DNR, Status
 from pynvmf.target import admin, compare, fabrics
+from pynvmf.target.budget import DataBudget
 from pynvmf.target.fused import FusedPairing
 from pynvmf.target.io import IoHandler
 from pynvmf.tcp.target import ADMIN_INLINE_LIMIT, Request, TargetConnection, TransferAborted
@@ -54,6 +55,11 @@ class TargetQueue:
         # for before it closes a namespace's device. Commands that never suspend (most, on
         # memory or the page cache) finish before anything else can run, so cost nothing.
         self.commands_waiting: set[asyncio.Task[None]] = set()
+        # The data buffers this connection's commands may hold (budget.py); the transport
+        # gives back what completed commands held.
+        limits = target.connection_budget.limits
+        self.budget = DataBudget(target.memory_pool, limits.connection_data)
+        conn.budget = self.budget
 
     def on_command(self, req: Request) -> None:
         ctrl = self.controller
@@ -159,8 +165,19 @@ class TargetQueue:
             ctrl.record_error(self.qid, req, status)
         self.conn.complete(req, status, result, data)
 
+    async def hold(self, req: Request, n: int) -> None:
+        """Charge `req` with `n` bytes of data buffer before it allocates them, waiting (and
+        reading no more of the host's PDUs meanwhile) while the budget is spent. The
+        transport gives the charge back when the command completes."""
+        budget = self.budget
+        if not budget.try_take(n):
+            await budget.take(n)
+        req.charge += n
+
     async def fetch_data(self, req: Request) -> bytearray:
-        """The host-to-controller data of `req`, fetched with R2T."""
+        """The host-to-controller data of `req`, fetched with R2T once its buffer fits the
+        budget (so a host cannot have the target hold data it never sends)."""
+        await self.hold(req, req.length)
         fut: asyncio.Future[bytearray] = asyncio.get_running_loop().create_future()
         self._waiters.add(fut)
         arrived = functools.partial(_deliver, fut)

@@ -30,7 +30,15 @@ from pynvmf.spec import logpages as L
 from pynvmf.spec.command import COPY_CDFE_FORMATS
 from pynvmf.spec.nqn import nqn_problem
 from pynvmf.spec.opcodes import DISCOVERY_NQN
-from pynvmf.target.budget import SWEEP_INTERVAL_S, ConnectionBudget, ConnectionLimits
+from pynvmf.target.budget import (
+    SWEEP_INTERVAL_S,
+    WRITE_HIGH_WATER,
+    WRITE_LOW_WATER,
+    ConnectionBudget,
+    ConnectionLimits,
+    MemoryPool,
+    default_max_memory,
+)
 from pynvmf.target.devices import NamedDevice
 from pynvmf.target.queue import TargetQueue
 from pynvmf.target.subsystem import (
@@ -143,6 +151,8 @@ class Target:
         self.started = time.monotonic()
         self.counters = TargetCounters()
         self.connection_budget = ConnectionBudget(limits or ConnectionLimits())
+        limits = self.connection_budget.limits
+        self.memory_pool = MemoryPool(limits.max_memory or default_max_memory())
         self._sweeper: asyncio.TimerHandle | None = None
         self._running = False
         self._stopped = False
@@ -803,6 +813,12 @@ class TargetProtocol(asyncio.BufferedProtocol):
         self.accepted = time.monotonic()
         self.peer_address = ""
         self.admitted = False
+        # Why input is not being read now ("write": the host does not read what we send):
+        # reading resumes when none holds. (A command waiting for data buffers does not
+        # stop input: the data of transfers already granted must keep arriving, and what
+        # waits holds no buffer; SQSIZE bounds how many commands can wait.)
+        self._input_holds: set[str] = set()
+        self._rx_charge = 0  # the receive buffer, charged to the target's memory pool
 
     @staticmethod
     def _no_command(_req: object) -> None:
@@ -823,6 +839,7 @@ class TargetProtocol(asyncio.BufferedProtocol):
         if peer:
             self.queue.peer_address = (peer[0], peer[1])
         self.conn.on_command = self.queue.on_command
+        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         self.port.connections.add(self)
 
     def overdue(self, now: float) -> str:
@@ -846,8 +863,40 @@ class TargetProtocol(asyncio.BufferedProtocol):
         return self.conn.reader.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.conn.data_received(nbytes)
+        conn = self.conn
+        conn.data_received(nbytes)
+        if not self._rx_charge and conn.established:
+            self._charge_receive_buffer()
         self._flush()
+
+    def _charge_receive_buffer(self) -> None:
+        """The handshake sized the receive buffer: it counts against the target's memory
+        like any data buffer, and a connection the pool cannot hold goes."""
+        size = len(self.conn.reader._buf)
+        pool = self.target.memory_pool
+        if pool.used + size > pool.capacity:
+            log.warning(
+                "connection from %s on %s closed: the target's memory limit (%d bytes) is reached",
+                self.peer_address,
+                self.port,
+                pool.capacity,
+            )
+            self.abort("memory limit")
+            return
+        pool.charge(size)
+        self._rx_charge = size
+
+    def _hold_input(self, reason: str, hold: bool) -> None:
+        holds = self._input_holds
+        transport = self.transport
+        if hold:
+            if not holds and transport is not None:
+                transport.pause_reading()
+            holds.add(reason)
+        elif reason in holds:
+            holds.discard(reason)
+            if not holds and transport is not None and not transport.is_closing():
+                transport.resume_reading()
 
     def eof_received(self) -> bool:
         return False
@@ -867,20 +916,25 @@ class TargetProtocol(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        out = self.conn.take_output()
+        conn = self.conn
+        out = conn.take_output()
         if out:
             transport.writelines(out)
-        if self.conn.closing:
+            # Read data still in the socket's buffer stays charged only above the high
+            # water mark: past it asyncio pauses us and resume_writing gives it back; below
+            # it (the bound is the mark itself) no callback would ever come.
+            if conn.undrained and transport.get_write_buffer_size() <= WRITE_HIGH_WATER:
+                conn.output_drained()
+        if conn.closing:
             transport.close()
 
     def pause_writing(self) -> None:
         # The host is not reading its completions: stop reading its commands.
-        if self.transport is not None:
-            self.transport.pause_reading()
+        self._hold_input("write", True)
 
     def resume_writing(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
+        self.conn.output_drained()
+        self._hold_input("write", False)
 
     def connection_lost(self, exc: Exception | None) -> None:
         conn = self.conn
@@ -918,5 +972,8 @@ class TargetProtocol(asyncio.BufferedProtocol):
         # Nothing may keep a closed connection alive until a full garbage collection:
         # its receive buffer alone is 256 KiB.
         conn.release()
+        if self._rx_charge:
+            self.target.memory_pool.give(self._rx_charge)
+            self._rx_charge = 0
         self.queue = None
         self.transport = None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from pynvmf.spec import pdu as P
 from pynvmf.spec.command import (
@@ -38,6 +39,25 @@ _TTAG_LIMIT = 0xFFFF
 Buffer = bytes | bytearray | memoryview
 
 
+class Charges(Protocol):
+    """What the transport needs of a memory budget: to give back what commands held."""
+
+    def give(self, n: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _Unbudgeted:
+    def give(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+_NO_BUDGET = _Unbudgeted()
+
+
 class TransferAborted(ConnectionError):
     """A command's data transfer ended without the data (digest error, connection loss)."""
 
@@ -55,10 +75,22 @@ class TransportConfig:
 class Request:
     """One command in flight on this connection."""
 
-    __slots__ = ("data", "length", "on_data", "received", "retired", "reusable", "sqe", "ttag")
+    __slots__ = (
+        "charge",
+        "data",
+        "length",
+        "on_data",
+        "received",
+        "retired",
+        "reusable",
+        "sqe",
+        "ttag",
+    )
 
     def __init__(self, sqe: Sqe) -> None:
         self.sqe = sqe
+        # Bytes of data buffers this command holds against the connection's budget.
+        self.charge = 0
         # A command that only waits for an event (an Asynchronous Event Request) holds no
         # data and may be given up by the host: a new command with its CID retires it, and
         # a retired command never completes.
@@ -121,6 +153,10 @@ class TargetConnection(PduConnection):
         self.inline_limit = ADMIN_INLINE_LIMIT
         self._sqhd = 0
         self._inflight: dict[int, Request] = {}
+        # Where the data buffers commands hold are given back: the target's budget for
+        # this connection (target/budget.py), set by the NVMe layer.
+        self.budget: Charges = _NO_BUDGET
+        self.undrained = 0
         self._r2t: dict[int, Request] = {}
         self._next_ttag = 0
 
@@ -184,6 +220,11 @@ class TargetConnection(PduConnection):
             # SPDK's host completes its outstanding AERs itself when it detaches and
             # reuses their CIDs (the Linux and SPDK targets accept the new command).
             old.retired = True
+        elif len(inflight) >= self.sq_size:
+            # More commands outstanding than the queue has entries (SQSIZE): the host
+            # sent a capsule it may not send now.
+            self._terminate(P.FatalError.PDU_SEQUENCE_ERROR, 0, pdu)
+            return
         inflight[cid] = req
         if sqe.flags >> 6 not in (1, 2):
             # Fabrics describe data with SGLs (PSDT 01b or 10b), never PRPs. (The FUSE
@@ -331,6 +372,15 @@ class TargetConnection(PduConnection):
         track: bool = True,
     ) -> None:
         """Send `data` (controller-to-host) if any, then the completion."""
+        charge = req.charge
+        if charge:
+            req.charge = 0
+            if data is not None and not self.closing:
+                # Data handed to the socket may sit in its buffer until the host reads
+                # it: the bytes stay charged until the glue says the output drained.
+                self.undrained += charge
+            else:
+                self.budget.give(charge)
         if self.closing or req.retired:
             return
         cid = req.sqe.cid
@@ -407,12 +457,26 @@ class TargetConnection(PduConnection):
             self._r2t.clear()
             self._request_output()
 
+    def output_drained(self) -> None:
+        """The glue's socket buffer has emptied (or fallen below its low-water mark)."""
+        if self.undrained:
+            undrained, self.undrained = self.undrained, 0
+            self.budget.give(undrained)
+
     def release(self) -> None:
         super().release()
         self.on_command = _ignore_request
         self.on_refused = None
+        # Nothing more is granted to this connection, and commands that will never complete
+        # now hold nothing any more.
+        self.budget.close()
+        for req in self._inflight.values():
+            if req.charge:
+                self.budget.give(req.charge)
+                req.charge = 0
         self._inflight.clear()
         self._r2t.clear()
+        self.output_drained()
 
     def pending_requests(self) -> list[Request]:
         return list(self._inflight.values())

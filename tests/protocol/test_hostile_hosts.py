@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from pynvmf.spec import pdu as P
 from pynvmf.spec.opcodes import AdminOpcode, FeatureId, IoOpcode
 from pynvmf.target import budget
 from pynvmf.target.budget import ConnectionLimits
@@ -25,7 +26,7 @@ from pynvmf.tcp.target import TargetConnection
 from tests.interop.guest import free_tcp_port
 from tests.interop.target_process import TargetProcess
 from tests.protocol.conftest import RAW_NS1_BLOCK, RAW_SUBNQN, RawTarget, RawTargetFactory
-from tests.protocol.raw import capsule, icreq, rw_sqe
+from tests.protocol.raw import RawQueue, capsule, h2c_data, icreq, rw_sqe
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -240,3 +241,117 @@ def test_the_target_command_enforces_its_connection_limit(tmp_path: Path) -> Non
     finally:
         assert proc.stop() == 0
     assert "refused: the target has 1 connections, its limit" in proc.stderr()
+
+
+# -- memory: what commands may make the target hold ---------------------------------------------
+
+MIB = 1 << 20
+
+
+async def _io_queue(rt: RawTarget, sqsize: int = 127) -> tuple[RawQueue, RawQueue]:
+    admin = await rt.admin()
+    io = await rt.open()
+    await io.handshake()
+    done = await io.connect(RAW_SUBNQN, qid=1, cntlid=admin.cntlid, sqsize=sqsize)
+    assert done.status == 0, done
+    await io.detach()  # from here on the test sends and reads PDUs itself
+    return admin, io
+
+
+def _target_queue(rt: RawTarget, qid: int = 1) -> TargetQueue:
+    (ctrl,) = rt.target.subsystems[RAW_SUBNQN].controllers.values()
+    return ctrl.queues[qid]
+
+
+def _read_capsule(io: RawQueue, cid: int, slba: int, nbytes: int) -> bytes:
+    nlb = nbytes // RAW_NS1_BLOCK
+    return io.capsule(rw_sqe(IoOpcode.READ, cid, 1, slba, nlb, nbytes))
+
+
+def _r2t_write_capsule(io: RawQueue, cid: int, slba: int, nbytes: int) -> bytes:
+    nlb = nbytes // RAW_NS1_BLOCK
+    return io.capsule(rw_sqe(IoOpcode.WRITE, cid, 1, slba, nlb, nbytes))
+
+
+async def test_more_commands_than_sqsize_is_a_fatal_pdu_sequence_error(
+    raw_target: RawTarget,
+) -> None:
+    _admin, io = await _io_queue(raw_target, sqsize=3)  # 0's based: four entries
+    # Four writes waiting for their data fill the queue; a fifth command may not be sent.
+    io.send(b"".join(_r2t_write_capsule(io, cid, 0, 4096) for cid in range(4)))
+    for _ in range(4):
+        assert (await io.recv_pdu()).type == P.PduType.R2T
+    io.send(_read_capsule(io, 4, 0, 512))
+    term = await io.expect_term()
+    assert term.term_fields()[0] == P.FatalError.PDU_SEQUENCE_ERROR
+
+
+async def test_reads_a_host_never_collects_hold_no_more_than_the_connection_budget(
+    raw_target_factory: RawTargetFactory,
+) -> None:
+    budget_bytes = 4 * MIB
+    rt = await raw_target_factory(limits=ConnectionLimits(connection_data=budget_bytes))
+    _admin, io = await _io_queue(rt)
+    queue = _target_queue(rt)
+    pool = rt.target.memory_pool
+    baseline = pool.used  # the connections' receive buffers
+    # 64 reads of 1 MiB, and the host does not read its socket.
+    io.send(b"".join(_read_capsule(io, cid, 0, MIB) for cid in range(64)))
+    await _until(lambda: queue.budget.used >= budget_bytes - MIB, "the budget to fill")
+    assert queue.budget.used <= budget_bytes
+    assert pool.peak - baseline <= budget_bytes
+    # The host reads at last: every read completes, with its data, nothing lost.
+    completions = 0
+    while completions < 64:
+        pdu = await io.recv_pdu(timeout=10)
+        if pdu.type == P.PduType.CAPSULE_RESP:
+            assert pdu.cqe().status == 0
+            completions += 1
+    await _until(lambda: queue.budget.used == 0, "the budget to be given back")
+
+
+async def test_writes_whose_data_never_comes_hold_no_more_than_the_budget(
+    raw_target_factory: RawTargetFactory,
+) -> None:
+    rt = await raw_target_factory(limits=ConnectionLimits(connection_data=4 * MIB))
+    _admin, io = await _io_queue(rt)
+    queue = _target_queue(rt)
+    io.send(b"".join(_r2t_write_capsule(io, cid, 0, MIB) for cid in range(64)))
+    r2ts = [await io.recv_pdu() for _ in range(4)]  # one per MiB the budget allows
+    assert all(pdu.type == P.PduType.R2T for pdu in r2ts)
+    await _until(lambda: queue.budget.used == 4 * MIB, "four R2T buffers")
+    assert queue.conn.stats.r2t_sent == 4
+    # When the host goes, everything it held is given back.
+    await io.close()
+    rt.queues.remove(io)
+    await _until(lambda: queue.budget.used == 0, "the budget to be given back")
+
+
+async def test_no_set_of_hosts_pushes_the_target_past_its_memory_cap(
+    raw_target_factory: RawTargetFactory,
+) -> None:
+    rx = 2 * 4 << 20  # room for a few receive buffers (256 KiB+ each)
+    rt = await raw_target_factory(
+        limits=ConnectionLimits(connection_data=4 * MIB, max_memory=rx + 6 * MIB)
+    )
+    pool = rt.target.memory_pool
+    hosts = [await _io_queue(rt) for _ in range(3)]
+    for _admin, io in hosts:
+        io.send(b"".join(_r2t_write_capsule(io, cid, 0, MIB) for cid in range(16)))
+    await _until(lambda: pool.used >= pool.capacity - MIB, "the pool to fill")
+    assert pool.peak <= pool.capacity
+    # One host sends its data: its writes complete, and the others get their R2Ts.
+    _admin, first = hosts[0]
+    done = 0
+    while done < 16:
+        pdu = await first.recv_pdu(timeout=10)
+        if pdu.type == P.PduType.R2T:
+            cccid, ttag, _offset, length = pdu.data_fields()
+            step = first.maxh2cdata
+            for pos in range(0, length, step):
+                last = pos + step >= length
+                first.send(h2c_data(cccid, ttag, pos, bytes(min(step, length - pos)), last=last))
+        elif pdu.type == P.PduType.CAPSULE_RESP:
+            assert pdu.cqe().status == 0
+            done += 1
+    assert pool.peak <= pool.capacity
