@@ -18,16 +18,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pynvmf.spec.opcodes import IoOpcode  # noqa: E402
-from tests.protocol.raw import capsule, rw_sqe  # noqa: E402
-from tests.unit.test_target_fused import Rig  # noqa: E402
+from pynvmf.spec.opcodes import IoOpcode
+from tests.protocol.raw import capsule, rw_sqe
+from tests.unit.test_target_fused import Rig
 
 
 async def measure(runs: int, batch: int, rounds: int) -> list[float]:
     rig = Rig()
-    blob = b"".join(
-        capsule(rw_sqe(IoOpcode.READ, cid, 1, 0, 8, 4096)) for cid in range(batch)
-    )
+    blob = b"".join(capsule(rw_sqe(IoOpcode.READ, cid, 1, 0, 8, 4096)) for cid in range(batch))
     conn = rig.conn
     results = []
     for _ in range(runs):
