@@ -33,3 +33,12 @@ def tune_for_io_buffers() -> bool:
     if not ok:
         log.debug("mallopt refused the I/O buffer thresholds")
     return ok
+
+
+def trim() -> bool:
+    """Return free heap memory to the kernel (glibc's malloc_trim); False elsewhere."""
+    try:
+        malloc_trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    return bool(malloc_trim(0))

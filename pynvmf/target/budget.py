@@ -144,6 +144,13 @@ def default_max_memory() -> int:
     return max(256 << 20, pages * page // 2)
 
 
+# Once the data buffers in use fall below a quarter of their peak, and the peak was more
+# than this above them, the freed memory goes back to the kernel (malloc.trim): the
+# malloc tuning keeps freed buffers for reuse, which must not mean keeping a burst's peak
+# for ever.
+TRIM_AFTER = 32 << 20
+
+
 class MemoryPool:
     """The target's data buffers in all (`--max-memory`). Connections take from it
     through their own budgets; a connection whose next request does not fit here waits in
@@ -172,6 +179,13 @@ class MemoryPool:
     def serve_waiting(self) -> None:
         while self._waiting and self._waiting[0].serve():
             self._waiting.popleft()
+
+    def should_trim(self) -> bool:
+        """True (and the peak starts again from now) when memory is worth giving back."""
+        if self.peak - self.used > TRIM_AFTER and self.used < self.peak // 4:
+            self.peak = self.used
+            return True
+        return False
 
     def enlist(self, budget: DataBudget) -> None:
         if budget not in self._waiting:

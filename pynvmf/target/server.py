@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
+from pynvmf.malloc import trim
 from pynvmf.spec import logpages as L
 from pynvmf.spec.command import COPY_CDFE_FORMATS
 from pynvmf.spec.nqn import nqn_problem
@@ -188,6 +189,8 @@ class Target:
                     reason,
                 )
                 protocol.abort(reason)
+        if self.memory_pool.should_trim():
+            trim()
         if not self._stopped:
             loop = asyncio.get_running_loop()
             self._sweeper = loop.call_later(SWEEP_INTERVAL_S, self._sweep)

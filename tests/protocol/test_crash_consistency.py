@@ -6,9 +6,9 @@ A process killed this way loses what it holds in user space, not the page cache 
 loss would; FUA and Flush reach the disk through fdatasync/RWF_DSYNC, which the file
 backend's tests check): this is the check that no acknowledged write is still inside the
 target when it dies. A write counts as acknowledged when it completed with FUA, or when a
-Flush issued after it completed; each trial writes every block at most once, with a pattern naming the trial and
-the block, so a block reads back either as its acknowledged pattern or (not acknowledged)
-as anything.
+Flush issued after it completed; each trial writes every block at most once, with a pattern
+naming the trial and the block, so a block reads back either as its acknowledged pattern or
+(not acknowledged) as anything.
 """
 
 from __future__ import annotations

@@ -355,3 +355,25 @@ async def test_no_set_of_hosts_pushes_the_target_past_its_memory_cap(
             assert pdu.cqe().status == 0
             done += 1
     assert pool.peak <= pool.capacity
+
+
+async def test_a_burst_of_large_reads_is_given_back_once_it_is_over(
+    raw_target_factory: RawTargetFactory,
+) -> None:
+    from pynvmf.host import connect
+    from pynvmf.malloc import tune_for_io_buffers
+
+    tune_for_io_buffers()  # as `pynvmf target` runs: freed buffers stay in the heap
+    rt = await raw_target_factory(limits=ConnectionLimits(connection_data=256 * MIB))
+    port = rt.port.port
+    async with await connect("127.0.0.1", port, RAW_SUBNQN, queues=2) as ctrl:
+        ns = ctrl.namespace(1)
+        bufs = [bytearray(MIB) for _ in range(48)]
+        await ns.read(0, memoryview(bufs[0]))
+        before = _rss()
+        for _ in range(3):  # 48 reads of 1 MiB at once: 48 MiB of target buffers
+            await asyncio.gather(*(ns.read(0, memoryview(b)) for b in bufs))
+        peak = rt.target.memory_pool.peak
+        assert peak >= 40 * MIB, peak
+        # Below glibc's trim threshold as tuned (64 MiB), the heap would keep all of it.
+        await _until(lambda: _rss() - before < 16 * MIB, "the burst's memory to be given back")
