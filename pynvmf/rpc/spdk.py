@@ -11,6 +11,7 @@ writes what `pynvmf target --json` loads again.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import uuid as uuid_mod
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -29,6 +30,8 @@ from pynvmf.target.limits import MAX_TRANSFER
 from pynvmf.target.server import ChangeError, Port, Target
 from pynvmf.target.subsystem import CNTLID_MAX, CNTLID_MIN, Subsystem
 from pynvmf.tcp.target import TransportConfig
+
+log = logging.getLogger(__name__)
 
 table = MethodTable()
 method = table.register
@@ -154,7 +157,7 @@ async def bdev_malloc_create(cp: ControlPlane, p: Params) -> str:
     except ValueError as exc:
         raise RpcError(INVALID_PARAMS, f"block_size: {exc}") from exc
     except OSError as exc:
-        raise RpcError(INVALID_PARAMS, f"num_blocks: cannot allocate: {exc.strerror}") from exc
+        raise RpcError(INVALID_PARAMS, f"num_blocks: {exc.strerror}") from exc
     entry = NamedDevice.wrap(name, device, device_uuid=dev_uuid or uuid_mod.uuid4())
     try:
         target.add_block_device(entry)
@@ -294,8 +297,21 @@ def bdev_config(target: Target) -> list[dict[str, Any]]:
 # -- the NVMe-oF target: transport ------------------------------------------------------------
 
 # What nvmf_create_transport takes (SPDK's generic options, TCP's, and those rpc.py sends for
-# every transport): accepted; of them pynvmf applies in_capsule_data_size.
-_TRANSPORT_OPTIONS = (
+# every transport). pynvmf applies in_capsule_data_size; the others are checked like any
+# input (type and range) and, where pynvmf has a fixed value that differs, the operator is
+# told it was not applied rather than left to believe it was.
+_TRANSPORT_BOOLEANS = (
+    "dif_insert_or_strip",
+    "zcopy",
+    "c2h_success",
+    "disable_command_passthru",
+    "no_srq",
+    "no_wr_batching",
+    "disable_mappable_bar0",
+    "disable_adaptive_irq",
+    "disable_shadow_doorbells",
+)
+_TRANSPORT_INTEGERS = (
     "max_queue_depth",
     "max_io_qpairs_per_ctrlr",
     "max_io_size",
@@ -303,27 +319,42 @@ _TRANSPORT_OPTIONS = (
     "max_aq_depth",
     "num_shared_buffers",
     "buf_cache_size",
-    "dif_insert_or_strip",
     "abort_timeout_sec",
-    "zcopy",
     "acceptor_poll_rate",
     "ack_timeout",
     "data_wr_pool_size",
-    "disable_command_passthru",
     "kas",
     "min_kato",
-    "c2h_success",
     "control_msg_num",
     "sock_priority",
-    "no_srq",
     "num_cqe",
     "max_srq_depth",
     "acceptor_backlog",
-    "no_wr_batching",
-    "disable_mappable_bar0",
-    "disable_adaptive_irq",
-    "disable_shadow_doorbells",
 )
+
+
+def _fixed_transport_values(target: Target) -> dict[str, int]:
+    return {
+        "max_queue_depth": QUEUE_ENTRIES,
+        "max_aq_depth": QUEUE_ENTRIES,
+        "max_io_qpairs_per_ctrlr": MAX_IO_QUEUES,
+        "max_io_size": MAX_TRANSFER,
+        "io_unit_size": target.transport.max_h2c_data,
+    }
+
+
+def _unapplied_transport_options(p: Params, target: Target) -> list[str]:
+    """Check every option nvmf_create_transport may carry; what differs from pynvmf's own
+    fixed values, as 'name value (pynvmf: value)'."""
+    for key in _TRANSPORT_BOOLEANS:
+        p.boolean(key, None)
+    fixed = _fixed_transport_values(target)
+    unapplied = []
+    for key in _TRANSPORT_INTEGERS:
+        value = p.integer(key, None, high=0xFFFFFFFF)
+        if value is not None and key in fixed and value != fixed[key]:
+            unapplied.append(f"{key} {value} (pynvmf: {fixed[key]})")
+    return unapplied
 
 
 def _check_trtype(p: Params, key: str = "trtype") -> None:
@@ -337,7 +368,7 @@ async def nvmf_create_transport(cp: ControlPlane, p: Params) -> bool:
     _check_trtype(p)
     _no_target_name(p)
     inline = p.integer("in_capsule_data_size", None, high=0xFFFFFFFF)
-    p.ignore(*_TRANSPORT_OPTIONS)
+    unapplied = _unapplied_transport_options(p, cp.target)
     p.done()
     if cp.transport_created:
         raise RpcError(INVALID_PARAMS, "trtype: transport type 'TCP' already exists")
@@ -352,6 +383,8 @@ async def nvmf_create_transport(cp: ControlPlane, p: Params) -> bool:
         )
         _sync(lambda: cp.target.set_transport(config), {"inline_data_size": "in_capsule_data_size"})
     cp.transport_created = True
+    if unapplied:
+        log.warning("nvmf_create_transport: not applied: %s", ", ".join(unapplied))
     return True
 
 

@@ -9,6 +9,7 @@ running target in the same format, so that `pynvmf target --config` starts it ag
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import re
@@ -89,16 +90,31 @@ def parse_size(text: str | int) -> int:
 
 
 def parse_listen(text: str) -> tuple[str, int]:
-    """'127.0.0.1:4420', '[::1]:4420', '0.0.0.0' -> (address, port)."""
-    m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\](?::(\d+))?", text)
+    """'127.0.0.1:4420', '[::1]:4420', '0.0.0.0' -> (address, port).
+
+    Strict, as host input is: an address that is not an IP address, or a port outside
+    0..65535, is refused here rather than wrapped or resolved by the socket layer
+    ('1.2.3' would bind 1.2.0.3; port 99999 would bind 34463)."""
+    m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\](?::([^:]*))?", text)
     if m:
-        return m.group(1), int(m.group(2) or NVME_TCP_PORT)
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        return text, NVME_TCP_PORT
-    if ":" in host:
+        host, port_text = m.group(1), m.group(2)
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            host, port_text = text, None
+        elif ":" in host:
+            raise ConfigError(f"IPv6 addresses need brackets: {text!r}")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        raise ConfigError(f"{text!r}: {host!r} is not an IP address") from None
+    if m is None and ip.version == 6:
         raise ConfigError(f"IPv6 addresses need brackets: {text!r}")
-    return host, int(port)
+    if port_text is None:
+        return host, NVME_TCP_PORT
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 0xFFFF:
+        raise ConfigError(f"{text!r}: {port_text!r} is not a TCP port (0 to 65535)")
+    return host, int(port_text)
 
 
 def parse_version(text: str | int) -> int:
@@ -196,7 +212,8 @@ def open_device(spec: dict[str, Any], where: str, name: str, *, owned: bool) -> 
             )
             return NamedDevice.wrap(name, device, device_uuid=dev_uuid, owned=owned)
     except OSError as exc:
-        raise ConfigError(f"{where}: {exc.filename or ''}: {exc.strerror or exc}") from exc
+        what = f"{exc.filename}: " if exc.filename else ""
+        raise ConfigError(f"{where}: {what}{exc.strerror or exc}") from exc
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from exc
     raise ConfigError(f"{where}: a namespace needs 'memory', 'file' or 'device'")
@@ -383,11 +400,13 @@ async def build_target(config: dict[str, Any]) -> Target:
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
-    with open(path) as f:
-        try:
+    try:
+        with open(path) as f:
             data = json.load(f)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be an object")
     return data
