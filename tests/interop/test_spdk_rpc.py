@@ -103,7 +103,11 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
     methods = spdk.json("rpc_get_methods")
     assert set(SPDK_METHODS) <= set(methods)
     assert spdk.run("framework_wait_init").returncode == 0
-    assert [s["subsystem"] for s in spdk.json("framework_get_subsystems")] == ["bdev", "nvmf"]
+    assert [s["subsystem"] for s in spdk.json("framework_get_subsystems")] == [
+        "keyring",
+        "bdev",
+        "nvmf",
+    ]
     note("spdk_get_version", "rpc_get_methods", "framework_wait_init", "framework_get_subsystems")
 
     spdk.run("nvmf_create_transport", "-t", "TCP", "-u", "8192", "-c", "8192", "-q", "128")
