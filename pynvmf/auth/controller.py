@@ -283,7 +283,7 @@ class ControllerAuth:
             self._where(),
             self._hash.hashlib_name,
             self._group.text,
-            ", bidirectional" if self._s2 else "",
+            ", bidirectional" if self._c2 is not None else "",
         )
         self._forget()
 

@@ -58,7 +58,6 @@ async def connect(queue: TargetQueue, req: Request) -> Result:
             target, subsystem, cntlid, cdata.hostnqn, cdata.hostid, cmd.kato, queue.port
         )
         subsystem.controllers[cntlid] = ctrl
-        ctrl.start_keep_alive()
         log.info(
             "controller %d of %s created for %s (kato %d ms)",
             cntlid,
@@ -98,6 +97,11 @@ async def connect(queue: TargetQueue, req: Request) -> Result:
             )
         )
     queue.bind(ctrl, cmd.qid, cmd.sqsize + 1, bool(cmd.cattr & C.CATTR_DISABLE_SQ_FLOW))
+    if cmd.qid == 0 and not authreq:
+        # With authentication the keep-alive timer starts once the admin queue has
+        # authenticated: a host cannot send Keep Alive before, and its DH computation may
+        # take longer than KATO on a slow machine. The authentication deadline bounds it.
+        ctrl.start_keep_alive()
     return Status.SUCCESS, ctrl.cntlid | authreq
 
 

@@ -31,8 +31,9 @@ log = logging.getLogger(__name__)
 # (Authentication Required for anything else, as nvmet and SPDK).
 _BEFORE_AUTH = (FabricsType.AUTH_SEND, FabricsType.AUTH_RECV, FabricsType.PROPERTY_GET)
 _AUTH_COMMANDS = (FabricsType.AUTH_SEND, FabricsType.AUTH_RECV)
-# How long a queue may take to authenticate after its Connect (nvmet: KATO or 120 s).
-AUTH_DEADLINE_S = 30.0
+# How long a queue that has not authenticated may wait between the steps of its
+# transaction (from Connect to Negotiate, Negotiate to Reply, ...); nvmet: KATO or 120 s.
+AUTH_DEADLINE_S = 60.0
 
 
 def _deliver(fut: asyncio.Future[bytearray], req: Request) -> None:
@@ -124,10 +125,17 @@ class TargetQueue:
     def auth_progressed(self) -> None:
         """An authentication command went through the state machine."""
         auth = self.auth
-        if auth is not None and auth.authenticated:
-            self.auth_deadline = 0.0
-            if self._io_after_auth is not None:
-                self.io, self._io_after_auth = self._io_after_auth, None
+        if auth is None:
+            return
+        if not auth.authenticated:
+            self.auth_deadline = time.monotonic() + AUTH_DEADLINE_S
+            return
+        self.auth_deadline = 0.0
+        if self._io_after_auth is not None:
+            self.io, self._io_after_auth = self._io_after_auth, None
+        ctrl = self.controller
+        if self.qid == 0 and ctrl is not None and not ctrl.keep_alive_running:
+            ctrl.start_keep_alive()
 
     def _run(self, command: Coroutine[Any, Any, None]) -> None:
         task = start_eager(command)
