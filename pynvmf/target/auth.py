@@ -9,9 +9,11 @@ reported by the next Receive (AUTH_Failure1), after which the queue's connection
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING
 
+from pynvmf.auth.controller import ControllerAuth
 from pynvmf.spec.auth import SECP_DHCHAP, SPSP_DHCHAP, auth_cdw10_fields
 from pynvmf.spec.opcodes import FabricsType
 from pynvmf.spec.status import DNR, Status
@@ -37,6 +39,22 @@ async def execute(queue: TargetQueue, req: Request) -> Outcome:
     if secp != SECP_DHCHAP or spsp0 != SPSP_DHCHAP or spsp1 != SPSP_DHCHAP:
         return Status.INVALID_FIELD | DNR, 0, None
     auth = queue.auth
+    ctrl = queue.controller
+    if auth is None and ctrl is not None:
+        # A queue connected before its host had a key: once the host has one, the host
+        # may authenticate (a key added at runtime, then the host re-authenticating). The
+        # queue was usable so far and stays so unless that authentication fails.
+        subsystem = ctrl.subsystem
+        if ctrl.hostnqn in subsystem.host_auth:
+            auth = ControllerAuth(
+                functools.partial(subsystem.host_auth.get, ctrl.hostnqn),
+                ctrl.hostnqn,
+                subsystem.nqn,
+                queue.qid,
+                ctrl.cntlid,
+                authenticated=True,
+            )
+            queue.auth = auth
     if auth is None:
         # This queue was not asked to authenticate (the host has no key here).
         log.info("authentication command on a queue that needs none (qid %d)", queue.qid)

@@ -388,3 +388,18 @@ async def test_key_file_with_bad_crc_is_refused_without_the_key(tmp_path, caplog
         target.add_key("k", str(open_path))
     assert not target.keyring
     _secrets_absent(caplog.text)
+
+
+async def test_a_key_added_while_connected_lets_the_host_authenticate(
+    auth_target: RawTarget,
+) -> None:
+    port = auth_target.port
+    async with await _lib(port, OPEN_NQN, queues=1) as ctrl:
+        assert ctrl.authenticated_queues == set()
+        # The open subsystem now lists the host with a key: the next authentication uses it.
+        auth_target.target.add_host(OPEN_NQN, HOSTNQN, auth=HostAuthConfig(HOST_KEY))
+        await ctrl.reauthenticate(HOST_KEY)
+        assert ctrl.authenticated_queues == {0, 1}
+        await _other_still_works(ctrl, b"\x51")
+        with pytest.raises(NvmeAuthenticationError):
+            await ctrl.reauthenticate(DhchapKey.generate(32))
