@@ -509,9 +509,10 @@ def nvmetcli_config(target: Target) -> dict[str, Any]:
 
 
 def _host_json(hostnqn: str, auth: HostAuthConfig | None) -> dict[str, Any]:
-    """A host, with its DH-HMAC-CHAP attributes when it has a key: the keys themselves
-    are never written (REDACTED_KEY, which nvmet refuses, so a restore fails loudly rather
-    than leaving the host without a key)."""
+    """A host, with its DH-HMAC-CHAP attributes when it has a key, as nvmetcli's
+    attribute-group convention names them ("dhchap": {"key", ...}; upstream nvmetcli saves
+    none). The keys themselves are never written: REDACTED_KEY, which nvmet's configfs
+    refuses if it is written there, and which pynvmf refuses to load."""
     out: dict[str, Any] = {"nqn": hostnqn}
     if auth is not None:
         out["dhchap"] = {
