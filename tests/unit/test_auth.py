@@ -95,6 +95,7 @@ def test_key_repr_and_str_never_show_the_secret() -> None:
 
 def test_ffdhe_primes_are_rfc_7919s_as_openssl_names_them() -> None:
     from cryptography.hazmat.primitives import serialization
+
     for group in list(DhGroupId)[1:]:
         bits = group.prime_bits
         pem = subprocess.run(
