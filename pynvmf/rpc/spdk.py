@@ -22,8 +22,10 @@ from pynvmf.block.file import FileDevice
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane, MethodTable, Params, change_error
+from pynvmf.spec.auth import dhgroup_from_name, hash_from_name
 from pynvmf.spec.opcodes import DISCOVERY_NQN
 from pynvmf.target import devices as D
+from pynvmf.target.config import REDACTED_KEY
 from pynvmf.target.controller import MAX_IO_QUEUES, QUEUE_ENTRIES
 from pynvmf.target.devices import NamedDevice
 from pynvmf.target.limits import MAX_TRANSFER
@@ -38,8 +40,9 @@ method = table.register
 
 # The configuration "subsystems" (SPDK's word for its libraries) pynvmf has.
 CONFIG_SUBSYSTEMS = (
+    {"subsystem": "keyring", "depends_on": []},
     {"subsystem": "bdev", "depends_on": []},
-    {"subsystem": "nvmf", "depends_on": ["bdev"]},
+    {"subsystem": "nvmf", "depends_on": ["bdev", "keyring"]},
 )
 TICK_RATE = 1_000_000_000  # nvmf_get_stats' ticks per second: pynvmf counts nanoseconds
 
@@ -99,6 +102,8 @@ async def framework_get_subsystems(cp: ControlPlane, p: Params) -> list[dict[str
 async def framework_get_config(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
     name = p.string("name")
     p.done()
+    if name == "keyring":
+        return keyring_config(cp.target)
     if name == "bdev":
         return bdev_config(cp.target)
     if name == "nvmf":
@@ -452,10 +457,22 @@ async def nvmf_set_config(cp: ControlPlane, p: Params) -> bool:
     p.refuse_unless(
         "discovery_filter", ("match_any",), "pynvmf's discovery log lists every listener"
     )
-    # Without DH-HMAC-CHAP, which digests and groups it would allow changes nothing.
-    p.strings("dhchap_digests")
-    p.strings("dhchap_dhgroups")
+    digests = p.strings("dhchap_digests")
+    groups = p.strings("dhchap_dhgroups")
     p.done()
+    try:
+        hashes = tuple(hash_from_name(d) for d in digests) if digests is not None else None
+    except ValueError as exc:
+        raise RpcError(INVALID_PARAMS, f"dhchap_digests: {exc}") from None
+    try:
+        dhgroups = tuple(dhgroup_from_name(g) for g in groups) if groups is not None else None
+    except ValueError as exc:
+        raise RpcError(INVALID_PARAMS, f"dhchap_dhgroups: {exc}") from None
+    # The hashes and DH groups of hosts whose keys are set from now on (SPDK's too).
+    if hashes:
+        cp.target.dhchap_hashes = hashes
+    if dhgroups:
+        cp.target.dhchap_dhgroups = dhgroups
     return True
 
 
@@ -523,6 +540,17 @@ def _listeners(target: Target, nqn: str) -> list[Port]:
     return [port for port in target.ports if not port.discovery_only and port.exposes(nqn)]
 
 
+def _host_json(subsystem: Subsystem, hostnqn: str) -> dict[str, Any]:
+    """A host as SPDK lists it: its NQN and its keys' keyring names (never the keys)."""
+    out: dict[str, Any] = {"nqn": hostnqn}
+    auth = subsystem.host_auth.get(hostnqn)
+    if auth is not None:
+        out["dhchap_key"] = auth.host_key_name or REDACTED_KEY
+        if auth.ctrl_key is not None:
+            out["dhchap_ctrlr_key"] = auth.ctrl_key_name or REDACTED_KEY
+    return out
+
+
 def _subsystem_json(target: Target, subsystem: Subsystem) -> dict[str, Any]:
     discovery = subsystem.nqn == DISCOVERY_NQN
     out: dict[str, Any] = {
@@ -530,7 +558,7 @@ def _subsystem_json(target: Target, subsystem: Subsystem) -> dict[str, Any]:
         "subtype": "Discovery" if discovery else "NVMe",
         "listen_addresses": [_trid(port) for port in _listeners(target, subsystem.nqn)],
         "allow_any_host": subsystem.allow_any_host,
-        "hosts": [{"nqn": h} for h in sorted(subsystem.allowed_hosts)],
+        "hosts": [_host_json(subsystem, h) for h in sorted(subsystem.allowed_hosts)],
     }
     if discovery:
         return out
@@ -696,11 +724,85 @@ async def nvmf_subsystem_add_host(cp: ControlPlane, p: Params) -> bool:
     host = p.string("host")
     _no_target_name(p)
     p.refuse_unless("psk", (), "pynvmf has no TLS")
-    p.refuse_unless("dhchap_key", (), "pynvmf has no DH-HMAC-CHAP")
-    p.refuse_unless("dhchap_ctrlr_key", (), "pynvmf has no DH-HMAC-CHAP")
+    key = p.string("dhchap_key", None)
+    ctrl_key = p.string("dhchap_ctrlr_key", None)
     p.done()
-    _sync(lambda: cp.target.add_host(nqn, host), {"hostnqn": "host"})
+    target = cp.target
+
+    def change() -> None:
+        auth = target.auth_config(key, ctrl_key) if key is not None else None
+        if auth is None and ctrl_key is not None:
+            raise ChangeError("dhchap_key", "a controller key needs a host key")
+        target.add_host(nqn, host, auth=auth)
+
+    _sync(change, {"hostnqn": "host"})
     return True
+
+
+@method("nvmf_subsystem_set_keys")
+async def nvmf_subsystem_set_keys(cp: ControlPlane, p: Params) -> bool:
+    """New DH-HMAC-CHAP keys for a host (none: it no longer authenticates); queues already
+    authenticated stay so, the next (re-)authentication uses them."""
+    nqn = p.string("nqn")
+    host = p.string("host")
+    _no_target_name(p)
+    key = p.string("dhchap_key", None)
+    ctrl_key = p.string("dhchap_ctrlr_key", None)
+    p.done()
+    target = cp.target
+
+    def change() -> None:
+        if key is None and ctrl_key is not None:
+            raise ChangeError("dhchap_key", "a controller key needs a host key")
+        auth = target.auth_config(key, ctrl_key) if key is not None else None
+        target.set_host_keys(nqn, host, auth)
+
+    _sync(change, {})
+    return True
+
+
+# -- keyring ------------------------------------------------------------------------------------
+
+
+@method("keyring_file_add_key")
+async def keyring_file_add_key(cp: ControlPlane, p: Params) -> bool:
+    name = p.string("name")
+    path = p.string("path")
+    p.done()
+    _sync(lambda: cp.target.add_key(name, path), {})
+    return True
+
+
+@method("keyring_file_remove_key")
+async def keyring_file_remove_key(cp: ControlPlane, p: Params) -> bool:
+    name = p.string("name")
+    p.done()
+    _sync(lambda: cp.target.remove_key(name), {})
+    return True
+
+
+@method("keyring_get_keys")
+async def keyring_get_keys(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
+    p.done()
+    return [
+        {
+            "name": e.name,
+            "module": "keyring_file",
+            "removed": False,
+            "probed": True,
+            "refcnt": 1,
+            "path": e.path,
+        }
+        for e in cp.target.keyring.values()
+    ]
+
+
+def keyring_config(target: Target) -> list[dict[str, Any]]:
+    """framework_get_config keyring: the keys by name and file (their secrets stay there)."""
+    return [
+        {"method": "keyring_file_add_key", "params": {"name": e.name, "path": e.path}}
+        for e in target.keyring.values()
+    ]
 
 
 @method("nvmf_subsystem_remove_host")
@@ -858,12 +960,19 @@ def nvmf_config(target: Target) -> list[dict[str, Any]]:
         )
         config.append({"method": "nvmf_create_subsystem", "params": params})
         for host in sorted(subsystem.allowed_hosts):
-            config.append(
-                {
-                    "method": "nvmf_subsystem_add_host",
-                    "params": {"nqn": subsystem.nqn, "host": host},
-                }
-            )
+            host_params = {"nqn": subsystem.nqn, "host": host}
+            auth = subsystem.host_auth.get(host)
+            if auth is not None:
+                if not auth.host_key_name or (auth.ctrl_key and not auth.ctrl_key_name):
+                    raise RpcError(
+                        INVALID_PARAMS,
+                        f"name: the keys of {host} on {subsystem.nqn} are not in the keyring,"
+                        " which SPDK's configuration names them by (pynvmf_get_config can)",
+                    )
+                host_params["dhchap_key"] = auth.host_key_name
+                if auth.ctrl_key is not None:
+                    host_params["dhchap_ctrlr_key"] = auth.ctrl_key_name
+            config.append({"method": "nvmf_subsystem_add_host", "params": host_params})
         for nsid, ns in sorted(subsystem.namespaces.items()):
             config.append(
                 {
@@ -919,6 +1028,7 @@ def spdk_config(target: Target) -> dict[str, Any]:
     """What rpc.py save_config writes for this target."""
     return {
         "subsystems": [
+            {"subsystem": "keyring", "config": keyring_config(target)},
             {"subsystem": "bdev", "config": bdev_config(target)},
             {"subsystem": "nvmf", "config": nvmf_config(target)},
         ]

@@ -185,7 +185,7 @@ async def test_pynvmf_format_loads_back_into_the_same_target(
         (
             "nvmf_subsystem_add_host",
             {"nqn": NQN, "host": HOST, "dhchap_key": "key0"},
-            "dhchap_key: 'key0': pynvmf has no DH-HMAC-CHAP",
+            "dhchap_key: no key named 'key0' in the keyring",
         ),
         (
             "nvmf_subsystem_remove_ns",
