@@ -52,6 +52,7 @@ _PORT_KEYS = {
     "header_digest",
     "data_digest",
     "discovery",
+    "advertise",
 }
 _TRANSPORT_KEYS = {"inline_data_size", "max_h2c_data", "header_digest", "data_digest"}
 _SUBSYSTEM_KEYS = {
@@ -266,6 +267,7 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
                 subsystems=subsystems,
                 transport=transport_of(spec, where, target.transport),
                 discovery_listener=r.get("discovery", bool, False),
+                advertise=r.get("advertise", str, ""),
             )
             await _change_async(where, target.add_port(port))
         if "discovery_ports" in config:
@@ -284,6 +286,7 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
                 discovery_only=True,
                 discovery_listener=True,
                 transport=transport_of(spec, where, target.transport),
+                advertise=r.get("advertise", str, ""),
             )
             await _change_async(where, target.add_port(port))
         # ANA states of single listeners, once the listeners exist.
@@ -526,6 +529,8 @@ def config_of(target: Target) -> dict[str, Any]:
             spec["subsystems"] = list(port.subsystems)
         if port.discovery_listener:
             spec["discovery"] = True
+        if port.advertise:
+            spec["advertise"] = port.advertise
         spec.update(_transport_dict(port.transport, target.transport))
         ports.append(spec)
     config["ports"] = ports
@@ -533,6 +538,8 @@ def config_of(target: Target) -> dict[str, Any]:
     for port in target.ports:
         if port.discovery_only:
             spec = {"address": port.address, "port": port.port}
+            if port.advertise:
+                spec["advertise"] = port.advertise
             spec.update(_transport_dict(port.transport, target.transport))
             discovery.append(spec)
     config["discovery_ports"] = discovery

@@ -96,6 +96,9 @@ class Port:
     # an I/O port with a list of subsystems, the port stays as a discovery-only port
     # rather than closing.
     discovery_listener: bool = False
+    # The address the discovery log gives for this port, when hosts reach it by another
+    # than the one it listens on (NAT, a VM's user-mode network): "" means its own.
+    advertise: str = ""
     connections: set[TargetProtocol] = field(default_factory=set, repr=False, compare=False)
     server: asyncio.base_events.Server | None = field(default=None, repr=False, compare=False)
 
@@ -609,6 +612,11 @@ class Target:
             raise ChangeError("address", f"{port.address!r} is not an IP address") from None
         if (":" in port.address) != (ip.version == 6):
             raise ChangeError("address", f"{port.address!r} is not an IP address")
+        if port.advertise:
+            try:
+                ipaddress.ip_address(port.advertise)
+            except ValueError:
+                raise ChangeError("advertise", f"{port.advertise!r} is not an IP address") from None
         if not isinstance(port.port, int) or not 0 <= port.port <= 0xFFFF:
             raise ChangeError("port", f"{port.port!r} is not a TCP port")
         if port.port and self.find_port(port.address, port.port) is not None:
@@ -869,7 +877,7 @@ class Target:
         return L.discovery_log(self.genctr, entries)
 
     def _entry(self, port: Port, nqn: str, subtype: int, queue: TargetQueue) -> L.DiscoveryLogEntry:
-        address = port.address
+        address = port.advertise or port.address
         if not address or ipaddress.ip_address(address).is_unspecified:
             # A wildcard listener: tell the host the address it reached us on.
             address = queue.local_address
