@@ -643,8 +643,13 @@ def _ana_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes:
     # group descriptors without their NSID lists.
     subsystem = ctrl.subsystem
     groups_only = bool((sqe.cdw10 >> 8) & L.ANA_LSP_RGO)
-    page = subsystem.ana.log(ctrl.port, subsystem.ana_members())
-    return page.pack(groups_only=groups_only)
+    page = subsystem.ana.log(ctrl.port, subsystem.ana_members()).pack(groups_only=groups_only)
+    # The log's size is what Identify promises at most (16 + NANAGRPID * 32 + MNAN * 4
+    # bytes), which hosts read in pieces (nvme-cli 2.3 does): past the groups, zeros.
+    nn = reported_nn(subsystem)
+    largest = L.ANA_HEADER_SIZE + ana.ANAGRPMAX * L.ANA_DESC_SIZE + 4 * min(nn, MNAN_MAX)
+    offset = sqe.cdw12 | sqe.cdw13 << 32
+    return page if offset <= len(page) else page.ljust(min(offset, largest))
 
 
 def _discovery_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes:

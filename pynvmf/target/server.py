@@ -885,7 +885,10 @@ class Target:
             trtype=L.TrType.TCP,
             adrfam=L.AdrFam.IPV6 if ":" in address else L.AdrFam.IPV4,
             subtype=subtype,
-            treq=L.Treq.NOT_REQUIRED | L.Treq.DISABLE_SQFLOW,
+            # Secure channel "not specified" (nvmet's default), not "not required": libnvme
+            # 1.3 (nvme-cli 2.3) reads "not required" as TLS being possible and has
+            # connect-all ask Linux 6.1 for TLS, which that kernel refuses.
+            treq=L.Treq.NOT_SPECIFIED | L.Treq.DISABLE_SQFLOW,
             portid=port.portid,
             cntlid=0xFFFF,
             asqsz=32,
