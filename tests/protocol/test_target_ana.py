@@ -320,3 +320,30 @@ async def test_two_gateways_share_identities_with_disjoint_controller_ids(
     (nqn_a, sn_a, nguid_a, eui_a, id_a), (nqn_b, sn_b, nguid_b, eui_b, id_b) = seen
     assert (nqn_a, sn_a, nguid_a, eui_a) == (nqn_b, sn_b, nguid_b, eui_b)
     assert 1 <= id_a <= 2040 < id_b <= 4080
+
+
+async def test_the_ana_log_reads_in_pieces_up_to_its_largest_size(two_ports: RawTarget) -> None:
+    """nvme-cli 2.3 reads the log in pieces sized by what Identify promises (header,
+    NANAGRPID descriptors, MNAN NSIDs): past the groups it reads zeros; past that size,
+    Invalid Field."""
+    q = await two_ports.admin()
+    ident = I.IdentifyController.unpack((await q.identify(I.Cns.CTRL)).data)
+    largest = L.ANA_HEADER_SIZE + ident.nanagrpid * L.ANA_DESC_SIZE + 4 * ident.mnan
+    whole = await ana_log(q)
+    head = await q.get_log_page(L.LogPageId.ANA, 16)
+    assert head.data == whole.pack()[:16]
+    tail = await q.get_log_page(L.LogPageId.ANA, 4096, offset=4096)
+    assert tail.status == 0 and tail.data == bytes(4096)
+    last = await q.get_log_page(L.LogPageId.ANA, 4, offset=largest - 4)
+    assert last.status == 0 and last.data == bytes(4)
+    beyond = await q.get_log_page(L.LogPageId.ANA, 4, offset=largest + 4)
+    assert (beyond.status, beyond.dnr) == (Status.INVALID_FIELD, True)
+
+
+async def test_discovery_entries_leave_the_secure_channel_unspecified(
+    two_ports: RawTarget,
+) -> None:
+    # libnvme 1.3 takes "not required" to mean TLS is possible and asks Linux 6.1 for it.
+    q = await two_ports.admin(DISCOVERY_NQN)
+    page = await _discovery(q)
+    assert page.entries and all(e.treq & 0x3 == L.Treq.NOT_SPECIFIED for e in page.entries)
