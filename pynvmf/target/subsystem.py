@@ -152,6 +152,7 @@ class Subsystem:
             raise ValueError(f"{self.nqn}: invalid or duplicate NSID {ns.nsid}")
         self.namespaces[ns.nsid] = ns
         ns.reservation.attach(self.registered, ns.nsid)
+        self.ana.changed([self.ana.add(ns.anagrpid)])
 
     def allocate_cntlid(self) -> int | None:
         low, high = self.cntlid_min, self.cntlid_max

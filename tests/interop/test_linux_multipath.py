@@ -311,12 +311,15 @@ def test_fio_verify_passes_while_ana_states_flip(guest: Guest, gateways: list[Ga
     flips = 0
     deadline = time.monotonic() + 18
     while time.monotonic() < deadline:
-        # The old owner gives up first, so the two are never optimized at once.
-        owner.set_state("inaccessible")
+        # The old owner gives up first, so the two are never optimized at once: through
+        # "change" (ANA Transition for what reaches it meanwhile) to inaccessible.
+        owner.set_state("change")
         other.set_state("optimized")
+        time.sleep(0.5)  # the flips' shape: half a second in transition
+        owner.set_state("inaccessible")
         owner, other = other, owner
         flips += 1
-        time.sleep(3)  # the pace of the flips (the load's shape), not a synchronisation
+        time.sleep(2.5)  # the pace of the flips (the load's shape), not a synchronisation
     job = finish_fio(guest, timeout=120)
     assert flips >= 5
     wait_for(
@@ -328,6 +331,13 @@ def test_fio_verify_passes_while_ana_states_flip(guest: Guest, gateways: list[Ga
         ctrl = path_for(gateways, guest)[gw.name].ctrl
         smart = json.loads(guest.run(f"nvme smart-log /dev/{ctrl} -o json").output)
         assert int(smart["host_write_commands"]) > 0, (gw.name, smart)
+    # How many commands met a path-related status on their way (informational: the race
+    # between a flip and commands already sent need not happen).
+    refused = 0
+    for p in paths(guest)[0]:
+        log = guest.run(f"nvme error-log /dev/{p.ctrl} -e 64", check=False).output
+        refused += len(re.findall(r"status_field\s*:\s*0x30[123]", log, re.IGNORECASE))
+    print(f"\ncommands that met a path status: {refused}")
     print(f"\nANA flips: {flips}, fio wrote {job['write']['io_bytes'] >> 20} MiB, verified "
           f"{job['read']['io_bytes'] >> 20} MiB, no errors")  # fmt: skip
     # Leave A the owner, as the next test expects.
