@@ -7,13 +7,15 @@ import copy
 import struct
 from pathlib import Path
 
+import pytest
+
 from pynvmf.rpc.methods import ControlPlane
 from pynvmf.rpc.nvmetcli import load_nvmetcli, nvmetcli_config
 from pynvmf.rpc.server import control_plane
 from pynvmf.rpc.spdk import load_spdk_config, spdk_config
 from pynvmf.spec.logpages import ANA_DESC_SIZE, ANA_HEADER_SIZE, AnaGroupDescriptor, AnaLog
 from pynvmf.spec.logpages import AnaState as S
-from pynvmf.target.config import apply_config, config_of
+from pynvmf.target.config import ConfigError, apply_config, config_of
 from pynvmf.target.server import Target
 
 NQN = "nqn.2024-11.dev.pynvmf:ana"
@@ -180,3 +182,31 @@ async def test_nvmetcli_ana_groups_load_with_nvmets_meaning_and_write_back(tmp_p
     assert nvmetcli_config(again) == written
     for t in (target, again):
         await t.stop()
+
+
+@pytest.mark.parametrize(
+    ("group", "named"),
+    [
+        ({"grpid": 2, "state": "sleepy"}, "subsystems[0].ana_groups[0]"),
+        ({"state": "optimized"}, "subsystems[0].ana_groups[0].grpid"),
+        ({"grpid": 300}, "subsystems[0].ana_groups[0]"),
+        (
+            {"grpid": 1, "listeners": [{"address": "127.0.0.1", "port": 14999, "state": "change"}]},
+            "subsystems[0].ana_groups[0].listeners[0]",
+        ),
+        ({"grpid": 1, "listeners": [{"port": 14450}]}, "subsystems[0].ana_groups[0].listeners[0]"),
+    ],
+)
+async def test_bad_ana_groups_in_the_config_are_refused_naming_them(
+    group: dict[str, object], named: str
+) -> None:
+    config = {
+        "subsystems": [{"nqn": NQN, "ana_groups": [group]}],
+        "ports": [{"address": "127.0.0.1", "port": 14450}],
+        "discovery_ports": [],
+    }
+    target = Target()
+    with pytest.raises(ConfigError) as info:
+        await apply_config(target, config)
+    assert str(info.value).startswith(named), info.value
+    await target.stop()
