@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from pynvmf.block.file import FileDevice
 from pynvmf.block.shared_memory import SharedMemoryDevice
-from pynvmf.target.reservations import encode_state
+from pynvmf.target.reservations import ReservationState
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.tcp.target import TransportConfig
 
@@ -64,7 +64,8 @@ class NamespaceSpec:
     size: int
     path: str = ""
     read_only: bool = False
-    reservation: bytes = b""  # encode_state of the reservation, at the time of sending
+    # The reservation state at the time of sending (a dataclass of plain values).
+    reservation: ReservationState | None = None
     reservation_seq: int = 0
 
 
@@ -81,7 +82,7 @@ def shareable(ns: Namespace) -> bool:
 def namespace_spec(ns: Namespace, reservation_seq: int) -> NamespaceSpec:
     device = ns.device
     caps = device.capabilities
-    reservation = encode_state(ns.reservation.state)
+    reservation = ns.reservation.state.copy()
     if isinstance(device, SharedMemoryDevice):
         return NamespaceSpec(
             ns.nsid,

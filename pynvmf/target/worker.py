@@ -32,7 +32,7 @@ from pynvmf.target import shared_state as S
 from pynvmf.target.budget import ConnectionLimits, keep_alive_check_ms
 from pynvmf.target.controller import Controller
 from pynvmf.target.ipc import Channel
-from pynvmf.target.reservations import decode_state
+from pynvmf.target.reservations import ReservationState
 from pynvmf.target.server import Port, Target, TargetProtocol, _drain
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.tcp.target import Request
@@ -165,27 +165,28 @@ class Worker:
             old.reservation.detach()
         subsystem.namespaces[spec.nsid] = ns
         ns.reservation.attach(subsystem.registered, spec.nsid)
-        self._apply_reservation(nqn, ns, spec.reservation_seq, spec.reservation, [])
+        self._apply_reservation(nqn, ns, spec.reservation_seq, spec.reservation)
         if old is not None:
             await old.device.close()
 
     def _apply_reservation(
-        self, nqn: str, ns: Namespace, seq: int, state: bytes, preempted: list[bytes]
+        self, nqn: str, ns: Namespace, seq: int, state: ReservationState | None
     ) -> bool:
         key = (nqn, ns.nsid)
         if seq < self.reservation_seq.get(key, 0):
             return False  # an older state than the one applied
         self.reservation_seq[key] = seq
-        ns.reservation.commit(decode_state(state))
+        if state is not None:
+            ns.reservation.commit(state)
         return True
 
     async def _reservation(
-        self, nqn: str, nsid: int, seq: int, state: bytes, preempted: list[bytes]
+        self, nqn: str, nsid: int, seq: int, state: ReservationState, preempted: list[bytes]
     ) -> None:
         assert self.target is not None
         subsystem = self.target.subsystems.get(nqn)
         ns = subsystem.namespaces.get(nsid) if subsystem is not None else None
-        if ns is None or not self._apply_reservation(nqn, ns, seq, state, preempted):
+        if ns is None or not self._apply_reservation(nqn, ns, seq, state):
             return
         if preempted:
             # Preempt and Abort: the preempted hosts' commands admitted here have ended
@@ -271,7 +272,7 @@ class Worker:
             if subsystem is None:
                 subsystem = self._subsystem(adoption.controller.nqn, adoption.subsystem)
             port = self._port(adoption.port)
-            ctrl = self._controller(adoption.controller, subsystem, port)
+            self._controller(adoption.controller, subsystem, port)
             sock.setblocking(False)
             loop = asyncio.get_running_loop()
             _transport, protocol = await loop.connect_accepted_socket(

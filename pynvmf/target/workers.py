@@ -114,8 +114,8 @@ class WorkerHandle:
         self.channel: Channel | None = None
         self.queues: dict[int, RemoteQueue] = {}
         self.started = 0.0
-        self.alive = False
-        self.ready: asyncio.Future[None] | None = None
+        self.alive = False  # its channel is open
+        self.ready = False  # and it has every namespace: it may take queues
 
     @property
     def pid(self) -> int:
@@ -151,6 +151,7 @@ class WorkerPool:
         self._reservation_seq: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._stopping = False
         self._respawns: set[asyncio.TimerHandle] = set()
+        self._waiters: list[asyncio.Future[None]] = []
         self.handed_off = 0
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -204,7 +205,22 @@ class WorkerPool:
             if worker.channel is not None:
                 worker.channel.close()
             raise
+        worker.ready = worker.alive
         log.info("worker %d started (pid %d)", worker.index, worker.pid)
+        self._notify()
+
+    def _notify(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def wait_ready(self) -> None:
+        """Until every worker is ready (after a start, or a dead one's replacement)."""
+        while not all(w.ready for w in self.workers):
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            await fut
 
     async def stop(self) -> None:
         self._stopping = True
@@ -231,6 +247,7 @@ class WorkerPool:
     def _on_closed(self, worker: WorkerHandle) -> None:
         """The worker's channel closed: it exited or died, and its connections with it."""
         worker.alive = False
+        worker.ready = False
         worker.channel = None
         queues, worker.queues = worker.queues, {}
         if queues and not self._stopping:
@@ -325,7 +342,7 @@ class WorkerPool:
     def _choose(self) -> WorkerHandle | None:
         """The live worker with the fewest queues (the first of them on a tie), so that
         one controller's queues spread over every worker and churn evens out."""
-        live = [w for w in self.workers if w.alive]
+        live = [w for w in self.workers if w.ready]
         if not live:
             return None
         return min(live, key=lambda w: len(w.queues))
@@ -492,7 +509,7 @@ class WorkerPool:
         nqn = _subsystem_of(self.target, res)
         if nqn is None:
             return
-        state = reservations.encode_state(res.state)
+        state = res.state.copy()
         await wait_all(
             [
                 w.request(S.RESERVATION, nqn, res.nsid, seq, state, list(preempted))
