@@ -85,7 +85,17 @@ class Worker:
         _install_forwarding(self)
         await self.done.wait()
         if self.target is not None:
-            await self.target.stop()
+            target = self.target
+            await target.stop()
+            # What this worker wrote through its own descriptors is flushed before it goes
+            # (the main process flushes its own at its stop, possibly before these).
+            for subsystem in target.subsystems.values():
+                for ns in subsystem.namespaces.values():
+                    try:
+                        await ns.device.flush()
+                    except (OSError, ValueError) as exc:
+                        log.error("flushing namespace %d of %s: %s", ns.nsid, subsystem.nqn, exc)
+                    await ns.device.close()
         if self._report_handle is not None:
             self._report_handle.cancel()
 
