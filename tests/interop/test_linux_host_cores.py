@@ -102,20 +102,19 @@ def _worker_pid(target: Setup, index: int) -> int:
 
 
 @pytest.mark.parametrize("nqn", [MEM, FILE])
-def test_fio_verify_over_four_queues_on_both_workers(
-    guest: Guest, target: Setup, nqn: str
-) -> None:
+def test_fio_verify_over_four_queues_on_both_workers(guest: Guest, target: Setup, nqn: str) -> None:
     since = len(target.process.stderr())
     guest.run(
-        f"nvme connect -t tcp -a {Guest.host_address} -s {target.port} -n {nqn} "
-        "--nr-write-queues=2"
+        f"nvme connect -t tcp -a {Guest.host_address} -s {target.port} -n {nqn} --nr-write-queues=2"
     )
     dev = guest.run(f"sh /usr/local/bin/dev-for {nqn}").output.strip()
     try:
         # Two default queues (one per guest CPU) and two write queues: four, two each.
-        ctrl = guest.run(f"basename $(dirname $(readlink -f /sys/block/{dev[5:]}/device))")
-        name = ctrl.output.strip() or "nvme0"
-        queues = int(guest.run(f"cat /sys/class/nvme/{name}/queue_count").output)
+        count = guest.run(
+            "for c in /sys/class/nvme/nvme*; do "
+            f'[ "$(cat $c/subsysnqn)" = "{nqn}" ] && cat $c/queue_count; done'
+        )
+        queues = int(count.output)
         assert queues == 5, queues  # the admin queue and four I/O queues
         assert _handed(target, since) == {0, 1}
         report = _fio(
@@ -147,8 +146,10 @@ def test_a_killed_worker_the_kernel_host_reconnects_and_reads_its_data(
     )
     dev = guest.run(f"sh /usr/local/bin/dev-for {MEM}").output.strip()
     try:
-        guest.run(f"dd if=/dev/urandom of=/tmp/pattern bs=64k count=16 && "
-                  f"dd if=/tmp/pattern of={dev} bs=64k oflag=direct conv=fsync")
+        guest.run(
+            f"dd if=/dev/urandom of=/tmp/pattern bs=64k count=16 && "
+            f"dd if=/tmp/pattern of={dev} bs=64k oflag=direct conv=fsync"
+        )
         os.kill(_worker_pid(target, 0), signal.SIGKILL)
         # The kernel sees a queue drop, resets the controller, reconnects after a second
         # (a replacement worker by then, or the other one), and the read waits for it.
