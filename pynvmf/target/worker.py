@@ -306,10 +306,16 @@ class Worker:
         if not conn.established:
             protocol.abort("the handed-over ICReq did not replay")
             return
-        protocol._charge_receive_buffer()
-        # The Connect: validated again against the replica, bound, and answered here.
-        conn.feed(adoption.connect)
-        protocol._flush()  # input handling is followed by a flush (what buffer_updated does)
+        # The Connect, as if the socket had delivered it (the protocol's own input path,
+        # which also charges the receive buffer and flushes): validated again against
+        # the replica, bound, and answered from here.
+        connect = adoption.connect
+        buf = protocol.get_buffer(len(connect))
+        if len(buf) < len(connect):
+            protocol.abort("no room to replay the handed-over Connect")
+            return
+        buf[: len(connect)] = connect
+        protocol.buffer_updated(len(connect))
         self._schedule_report()
 
     def queue_gone(self, token: int, ctrl: Controller | None) -> None:

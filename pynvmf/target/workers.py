@@ -297,7 +297,7 @@ class WorkerPool:
             return False
         conn = queue.conn
         reader = conn.reader
-        if reader._end != reader._start:
+        if getattr(reader, "_end", 0) != getattr(reader, "_start", 0):
             # The host sent more before the Connect completed: served here, in order.
             return False
         sock = protocol.transport.get_extra_info("socket")
