@@ -38,10 +38,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _cpu_seconds(pid: int) -> float:
-    """CPU time of `pid` and of its live children (the workers)."""
+def _cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU time of `pid` (the main process) and of its live children (the workers)."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
+    main = workers = 0.0
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -49,9 +49,12 @@ def _cpu_seconds(pid: int) -> float:
             fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(entry) == pid or int(fields[1]) == pid:
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+        seconds = (int(fields[11]) + int(fields[12])) / tick
+        if int(entry) == pid:
+            main += seconds
+        elif int(fields[1]) == pid:
+            workers += seconds
+    return main, workers
 
 
 class Target:
@@ -84,7 +87,7 @@ class Target:
         else:
             raise RuntimeError("the target did not start")
 
-    def cpu(self) -> float:
+    def cpu(self) -> tuple[float, float]:
         return _cpu_seconds(self.proc.pid)
 
     def stop(self) -> None:
@@ -161,6 +164,24 @@ def pynvmf_bench(port: int, workload: str, seconds: float) -> float:
     return float(job["read"]["iops"] + job["write"]["iops"])
 
 
+def connect_ms(port: int, n: int = 20, queues: int = 4) -> float:
+    """Median ms to bring up a controller with `queues` I/O queues and close it: with
+    workers, each I/O queue is handed over (descriptor passing and replay)."""
+    sys.path.insert(0, str(REPO))
+    from pynvmf.host import connect
+
+    async def run() -> float:
+        times = []
+        for _ in range(n):
+            start = time.perf_counter()
+            ctrl = await connect("127.0.0.1", port, NQN, queues=queues)
+            times.append(time.perf_counter() - start)
+            await ctrl.close()
+        return statistics.median(times) * 1e3
+
+    return asyncio.run(run())
+
+
 def round_trip_us(n: int = 20000) -> float:
     """Mean µs of one request and its reply over a worker channel (ipc.Channel) to
     another process: what forwarding a command to the main process adds."""
@@ -223,6 +244,7 @@ def main() -> None:
         print(f"no spdk_nvme_perf in {args.spdk}: pynvmf's own host only", file=sys.stderr)
     workloads = args.workloads.split(",")
     results: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
+    connects: dict[int, list[float]] = {1: [], 2: []}
     load_start = os.getloadavg()
     started = time.monotonic()
     for r in range(args.rounds):
@@ -232,15 +254,21 @@ def main() -> None:
             try:
                 for client in clients:
                     for workload in workloads:
-                        cpu0 = target.cpu()
+                        main0, workers0 = target.cpu()
                         if client == "spdk_nvme_perf":
                             iops = spdk_perf(args.spdk, target.port, workload, args.seconds)
                         else:
                             iops = pynvmf_bench(target.port, workload, args.seconds)
-                        cpu_us = (target.cpu() - cpu0) / max(1.0, iops * args.seconds) * 1e6
+                        main1, workers1 = target.cpu()
+                        used = main1 - main0 + workers1 - workers0
+                        cpu_us = used / max(1.0, iops * args.seconds) * 1e6
+                        main_share = (main1 - main0) / used if used else 0.0
                         results.setdefault((client, workload, cores), []).append((iops, cpu_us))
                         line = {"client": client, "workload": workload, "cores": cores}
-                        print(json.dumps(line | {"iops": round(iops), "cpu_us": cpu_us}))
+                        line |= {"iops": round(iops), "cpu_us": round(cpu_us, 2)}
+                        line |= {"main_cpu_share": round(main_share, 3)}
+                        print(json.dumps(line), flush=True)
+                connects[cores].append(connect_ms(target.port))
             finally:
                 target.stop()
     load_end = os.getloadavg()
@@ -272,6 +300,8 @@ def main() -> None:
                 f"{m2:,.0f} ({spread2}) | {m2 / m1:.2f} | {c1:.1f} → {c2:.1f} |"
             )
     print()
+    c1, c2 = statistics.median(connects[1]), statistics.median(connects[2])
+    print(f"controller with 4 I/O queues, connect to ready: {c1:.1f} ms (1) vs {c2:.1f} ms (2)")
     print(f"worker channel round trip (request + reply, another process): {rtt:.1f} µs")
     print(f"memcpy (one core, 256 MiB bytearray copy): {bw:.1f} GB/s")
 
