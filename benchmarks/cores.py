@@ -164,7 +164,10 @@ def pynvmf_bench(port: int, workload: str, seconds: float) -> float:
     return float(job["read"]["iops"] + job["write"]["iops"])
 
 
-def connect_ms(port: int, n: int = 20, queues: int = 4) -> float:
+CONNECTS = 20
+
+
+def connect_ms(port: int, n: int = CONNECTS, queues: int = 4) -> float:
     """Median ms to bring up a controller with `queues` I/O queues and close it: with
     workers, each I/O queue is handed over (descriptor passing and replay)."""
     sys.path.insert(0, str(REPO))
@@ -245,6 +248,7 @@ def main() -> None:
     workloads = args.workloads.split(",")
     results: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
     connects: dict[int, list[float]] = {1: [], 2: []}
+    connect_cpu: dict[int, list[float]] = {1: [], 2: []}
     load_start = os.getloadavg()
     started = time.monotonic()
     for r in range(args.rounds):
@@ -268,7 +272,10 @@ def main() -> None:
                         line |= {"iops": round(iops), "cpu_us": round(cpu_us, 2)}
                         line |= {"main_cpu_share": round(main_share, 3)}
                         print(json.dumps(line), flush=True)
+                main0, _ = target.cpu()
                 connects[cores].append(connect_ms(target.port))
+                main1, _ = target.cpu()
+                connect_cpu[cores].append((main1 - main0) / CONNECTS * 1e3)
             finally:
                 target.stop()
     load_end = os.getloadavg()
@@ -302,6 +309,11 @@ def main() -> None:
     print()
     c1, c2 = statistics.median(connects[1]), statistics.median(connects[2])
     print(f"controller with 4 I/O queues, connect to ready: {c1:.1f} ms (1) vs {c2:.1f} ms (2)")
+    m1, m2 = statistics.median(connect_cpu[1]), statistics.median(connect_cpu[2])
+    print(
+        f"main process CPU per controller (admin + 4 I/O queue connects, close): "
+        f"{m1:.2f} ms (1) vs {m2:.2f} ms (2, handing 4 queues over)"
+    )
     print(f"worker channel round trip (request + reply, another process): {rtt:.1f} µs")
     print(f"memcpy (one core, 256 MiB bytearray copy): {bw:.1f} GB/s")
 
