@@ -9,6 +9,7 @@ running target in the same format, so that `pynvmf target --config` starts it ag
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import re
@@ -18,8 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pynvmf.auth.controller import ALL_DHGROUPS, ALL_HASHES, HostAuthConfig
 from pynvmf.block.file import FileDevice
 from pynvmf.block.memory import MemoryDevice
+from pynvmf.spec.auth import dhgroup_from_name, hash_from_name
 from pynvmf.spec.opcodes import DISCOVERY_NQN
 from pynvmf.target import devices as D
 from pynvmf.target.devices import NamedDevice
@@ -40,7 +43,13 @@ DEFAULT_BLOCK_SIZE = 512
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _DEFAULT_TRANSPORT = TransportConfig()
 
-_TOP_KEYS = {"ports", "discovery_ports", "subsystems", "devices", "transport"}
+_TOP_KEYS = {"ports", "discovery_ports", "subsystems", "devices", "transport", "keyring"}
+_KEY_KEYS = {"name", "path"}
+# A host entry as an object: its NQN and DH-HMAC-CHAP keys (keyring names), hashes, groups.
+_HOST_KEYS = {"nqn", "dhchap_key", "dhchap_ctrl_key", "dhchap_hash", "dhchap_dhgroup"}
+# What an export writes for a key that has no keyring name (one nvmetcli's format gave):
+# never the secret; loading it fails, naming the key.
+REDACTED_KEY = "<redacted>"
 _PORT_KEYS = {
     "address",
     "port",
@@ -89,16 +98,31 @@ def parse_size(text: str | int) -> int:
 
 
 def parse_listen(text: str) -> tuple[str, int]:
-    """'127.0.0.1:4420', '[::1]:4420', '0.0.0.0' -> (address, port)."""
-    m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\](?::(\d+))?", text)
+    """'127.0.0.1:4420', '[::1]:4420', '0.0.0.0' -> (address, port).
+
+    Strict, as host input is: an address that is not an IP address, or a port outside
+    0..65535, is refused here rather than wrapped or resolved by the socket layer
+    ('1.2.3' would bind 1.2.0.3; port 99999 would bind 34463)."""
+    m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\](?::([^:]*))?", text)
     if m:
-        return m.group(1), int(m.group(2) or NVME_TCP_PORT)
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        return text, NVME_TCP_PORT
-    if ":" in host:
+        host, port_text = m.group(1), m.group(2)
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            host, port_text = text, None
+        elif ":" in host:
+            raise ConfigError(f"IPv6 addresses need brackets: {text!r}")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        raise ConfigError(f"{text!r}: {host!r} is not an IP address") from None
+    if m is None and ip.version == 6:
         raise ConfigError(f"IPv6 addresses need brackets: {text!r}")
-    return host, int(port)
+    if port_text is None:
+        return host, NVME_TCP_PORT
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 0xFFFF:
+        raise ConfigError(f"{text!r}: {port_text!r} is not a TCP port (0 to 65535)")
+    return host, int(port_text)
 
 
 def parse_version(text: str | int) -> int:
@@ -204,7 +228,8 @@ def open_device(
             )
             return NamedDevice.wrap(name, device, device_uuid=dev_uuid, owned=owned)
     except OSError as exc:
-        raise ConfigError(f"{where}: {exc.filename or ''}: {exc.strerror or exc}") from exc
+        what = f"{exc.filename}: " if exc.filename else ""
+        raise ConfigError(f"{where}: {what}{exc.strerror or exc}") from exc
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from exc
     raise ConfigError(f"{where}: a namespace needs 'memory', 'file' or 'device'")
@@ -243,6 +268,13 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
                 raise ConfigError(f"{where}.name: a device needs a name")
             entry = open_device(spec, where, name, owned=False, memory=target.memory_device)
             _change(where, lambda entry=entry: target.add_block_device(entry), entry)
+        for i, spec in enumerate(top.items("keyring")):
+            where = f"keyring[{i}]"
+            r = _Reader(spec, where, _KEY_KEYS)
+            name, path = r.get("name", str), r.get("path", str)
+            if not name or not path:
+                raise ConfigError(f"{where}: a key needs a name and a path")
+            _change(where, lambda name=name, path=path: target.add_key(name, path))
         for i, spec in enumerate(top.items("subsystems")):
             _subsystem(target, spec, f"subsystems[{i}]")
         ports = top.items("ports")
@@ -292,14 +324,53 @@ def _copy_formats(formats: list[Any], where: str) -> int:
     return mask
 
 
+def _names(value: Any, parse: Callable[[str], Any], where: str) -> tuple[Any, ...] | None:
+    """One name or a list of names (hashes, DH groups), in order of preference."""
+    if value is None:
+        return None
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items or not all(isinstance(v, str) for v in items):
+        raise ConfigError(f"{where}: a name or a non-empty list of names")
+    try:
+        return tuple(dict.fromkeys(parse(v) for v in items))
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _host_auth(target: Target, spec: Any, where: str, auths: dict[str, HostAuthConfig]) -> str:
+    r = _Reader(spec, where, _HOST_KEYS)
+    hostnqn = r.get("nqn", str)
+    if not hostnqn:
+        raise ConfigError(f"{where}.nqn: a host needs an NQN")
+    key = r.get("dhchap_key", str)
+    ctrl_key = r.get("dhchap_ctrl_key", str)
+    hashes = _names(spec.get("dhchap_hash"), hash_from_name, r.path("dhchap_hash"))
+    groups = _names(spec.get("dhchap_dhgroup"), dhgroup_from_name, r.path("dhchap_dhgroup"))
+    if key is None:
+        if ctrl_key is not None or hashes or groups:
+            raise ConfigError(f"{where}.dhchap_key: DH-HMAC-CHAP settings need a host key")
+        return hostnqn
+    try:
+        auths[hostnqn] = target.auth_config(key, ctrl_key, hashes=hashes, dhgroups=groups)
+    except ChangeError as exc:
+        field = "dhchap_ctrl_key" if exc.field == "dhchap_ctrlr_key" else exc.field
+        raise ConfigError(f"{where}.{field}: {exc.reason}") from None
+    return hostnqn
+
+
 def _subsystem(target: Target, spec: Any, where: str) -> None:
     r = _Reader(spec, where, _SUBSYSTEM_KEYS)
     nqn = r.get("nqn", str)
     if nqn is None:
         raise ConfigError(f"{where}.nqn: a subsystem needs an NQN")
-    hosts = r.items("hosts")
-    if not all(isinstance(h, str) for h in hosts):
-        raise ConfigError(f"{where}.hosts: not a list of NQNs")
+    host_specs = r.items("hosts")
+    hosts: list[str] = []
+    auths: dict[str, HostAuthConfig] = {}
+    for j, host in enumerate(host_specs):
+        if isinstance(host, str):
+            hosts.append(host)
+            continue
+        hosts.append(_host_auth(target, host, f"{where}.hosts[{j}]", auths))
     kwargs: dict[str, Any] = dict(
         serial=r.get("serial", str, ""),
         model=r.get("model", str, "pynvmf"),
@@ -315,6 +386,8 @@ def _subsystem(target: Target, spec: Any, where: str) -> None:
         copy_formats=_copy_formats(r.items("copy_formats"), f"{where}.copy_formats"),
     )
     _change(where, lambda: target.add_subsystem(nqn, **kwargs))
+    for hostnqn, auth in auths.items():
+        _change(where, lambda hostnqn=hostnqn, auth=auth: target.set_host_keys(nqn, hostnqn, auth))
     for j, ns_spec in enumerate(r.items("namespaces")):
         ns_where = f"{where}.namespaces[{j}]"
         ns = _Reader(ns_spec, ns_where, _NAMESPACE_KEYS)
@@ -393,11 +466,13 @@ async def build_target(config: dict[str, Any]) -> Target:
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
-    with open(path) as f:
-        try:
+    try:
+        with open(path) as f:
             data = json.load(f)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be an object")
     return data
@@ -446,6 +521,8 @@ def config_of(target: Target) -> dict[str, Any]:
 
     A device that is neither memory nor a file cannot be described: ConfigError."""
     config: dict[str, Any] = {}
+    if target.keyring:
+        config["keyring"] = [{"name": e.name, "path": e.path} for e in target.keyring.values()]
     if target.transport != _DEFAULT_TRANSPORT:
         config["transport"] = _transport_dict(target.transport, _DEFAULT_TRANSPORT)
     devices = [
@@ -508,10 +585,27 @@ def _device_dict(entry: NamedDevice, *, with_name: bool) -> dict[str, Any]:
     return out
 
 
+def _host_dict(hostnqn: str, auth: HostAuthConfig | None) -> str | dict[str, Any]:
+    """A host entry: its NQN, or an object with its keys' names (never the keys)."""
+    if auth is None:
+        return hostnqn
+    spec: dict[str, Any] = {"nqn": hostnqn, "dhchap_key": auth.host_key_name or REDACTED_KEY}
+    if auth.ctrl_key is not None:
+        spec["dhchap_ctrl_key"] = auth.ctrl_key_name or REDACTED_KEY
+    if auth.hashes != ALL_HASHES:
+        spec["dhchap_hash"] = [h.hashlib_name for h in auth.hashes]
+    if auth.dhgroups != ALL_DHGROUPS:
+        spec["dhchap_dhgroup"] = [g.text for g in auth.dhgroups]
+    return spec
+
+
 def _subsystem_dict(target: Target, subsystem: Subsystem) -> dict[str, Any]:
     spec: dict[str, Any] = {"nqn": subsystem.nqn}
     if subsystem.allowed_hosts:
-        spec["hosts"] = sorted(subsystem.allowed_hosts)
+        spec["hosts"] = [
+            _host_dict(hostnqn, subsystem.host_auth.get(hostnqn))
+            for hostnqn in sorted(subsystem.allowed_hosts)
+        ]
     if subsystem.allow_any_host != (not subsystem.allowed_hosts):
         spec["allow_any_host"] = subsystem.allow_any_host
     spec["serial"] = subsystem.serial

@@ -26,9 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from pynvmf.auth.controller import ALL_DHGROUPS, ALL_HASHES, HostAuthConfig
+from pynvmf.auth.keys import DhchapKey, KeyFormatError, load_key_file
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.malloc import trim
 from pynvmf.spec import logpages as L
+from pynvmf.spec.auth import DhGroupId, HashId
 from pynvmf.spec.command import COPY_CDFE_FORMATS
 from pynvmf.spec.nqn import nqn_problem
 from pynvmf.spec.opcodes import DISCOVERY_NQN
@@ -127,6 +130,15 @@ def _normal_address(address: str) -> str:
         return address
 
 
+@dataclass(frozen=True)
+class KeyringEntry:
+    """A named secret and the file it came from; outputs show the name and path only."""
+
+    name: str
+    path: str
+    key: DhchapKey = field(repr=False)
+
+
 @dataclass
 class TargetCounters:
     """Cumulative counts for statistics (SPDK's nvmf_get_stats)."""
@@ -145,6 +157,11 @@ class Target:
         limits: ConnectionLimits | None = None,
     ) -> None:
         self.subsystems: dict[str, Subsystem] = {}
+        # DH-HMAC-CHAP secrets by name (SPDK's keyring), and the hashes and DH groups a
+        # host's authentication allows unless its own configuration says otherwise.
+        self.keyring: dict[str, KeyringEntry] = {}
+        self.dhchap_hashes: tuple[HashId, ...] = ALL_HASHES
+        self.dhchap_dhgroups: tuple[DhGroupId, ...] = ALL_DHGROUPS
         self.block_devices: dict[str, NamedDevice] = {}
         self.discovery = Subsystem(DISCOVERY_NQN, model="pynvmf discovery")
         self.ports: list[Port] = []
@@ -547,16 +564,98 @@ class Target:
             except OSError as exc:
                 log.error("flushing %s failed: %s", entry.name, exc)
 
+    # -- keys ---------------------------------------------------------------------------
+
+    def add_key(self, name: str, path: str) -> KeyringEntry:
+        """Add a DH-HMAC-CHAP secret from a key file (mode 0600) to the keyring under
+        `name` (SPDK's keyring_file_add_key); hosts refer to keys by name."""
+        if not name or not isinstance(name, str):
+            raise ChangeError("name", "a key needs a name")
+        if name in self.keyring:
+            raise ChangeError("name", f"key {name!r} exists")
+        try:
+            key = load_key_file(path)
+        except KeyFormatError as e:
+            raise ChangeError("path", str(e)) from None
+        entry = KeyringEntry(name, path, key)
+        self.keyring[name] = entry
+        log.info("key %s added from %s", name, path)
+        return entry
+
+    def remove_key(self, name: str) -> None:
+        if name not in self.keyring:
+            raise ChangeError("name", f"no key named {name!r}")
+        for subsystem in self.subsystems.values():
+            for hostnqn, config in subsystem.host_auth.items():
+                if name in (config.host_key_name, config.ctrl_key_name):
+                    raise ChangeError(
+                        "name", f"key {name!r} is in use by {hostnqn} on {subsystem.nqn}"
+                    )
+        del self.keyring[name]
+        log.info("key %s removed", name)
+
+    def auth_config(
+        self,
+        dhchap_key: str | DhchapKey,
+        dhchap_ctrl_key: str | DhchapKey | None = None,
+        *,
+        hashes: Iterable[HashId] | None = None,
+        dhgroups: Iterable[DhGroupId] | None = None,
+    ) -> HostAuthConfig:
+        """A host's authentication from keyring names (or keys), with the target's
+        hashes and DH groups unless given."""
+
+        def resolve(ref: str | DhchapKey, field: str) -> tuple[DhchapKey, str]:
+            if isinstance(ref, DhchapKey):
+                return ref, ""
+            entry = self.keyring.get(ref)
+            if entry is None:
+                raise ChangeError(field, f"no key named {ref!r} in the keyring")
+            return entry.key, entry.name
+
+        host_key, host_name = resolve(dhchap_key, "dhchap_key")
+        ctrl_key, ctrl_name = (
+            resolve(dhchap_ctrl_key, "dhchap_ctrlr_key")
+            if dhchap_ctrl_key is not None
+            else (None, "")
+        )
+        hash_list = tuple(hashes) if hashes is not None else self.dhchap_hashes
+        group_list = tuple(dhgroups) if dhgroups is not None else self.dhchap_dhgroups
+        if not hash_list:
+            raise ChangeError("dhchap_hash", "at least one hash")
+        if not group_list:
+            raise ChangeError("dhchap_dhgroup", "at least one DH group")
+        return HostAuthConfig(host_key, ctrl_key, hash_list, group_list, host_name, ctrl_name)
+
     # -- hosts --------------------------------------------------------------------------
 
-    def add_host(self, nqn: str, hostnqn: str) -> None:
-        """Allow `hostnqn` to connect to `nqn` (when it does not allow any host)."""
+    def add_host(self, nqn: str, hostnqn: str, *, auth: HostAuthConfig | None = None) -> None:
+        """Allow `hostnqn` to connect to `nqn` (when it does not allow any host); with
+        `auth`, the host must authenticate with DH-HMAC-CHAP."""
         subsystem = self._subsystem(nqn)
         _check_hostnqn(hostnqn)
         if hostnqn in subsystem.allowed_hosts:
             raise ChangeError("hostnqn", f"{hostnqn} is already allowed on {nqn}")
         subsystem.allowed_hosts.add(hostnqn)
+        if auth is not None:
+            subsystem.host_auth[hostnqn] = auth
         self._discovery_changed()
+
+    def set_host_keys(self, nqn: str, hostnqn: str, auth: HostAuthConfig | None) -> None:
+        """Change (or, with None, remove) the DH-HMAC-CHAP keys of a host on `nqn`.
+
+        Queues already authenticated stay so; every authentication from now on (a new
+        queue, or the host re-authenticating) uses the new keys, as with nvmet. A host
+        that must rotate its key re-authenticates with it (Linux: writing the new secret
+        to /sys/class/nvme/nvmeX/dhchap_secret)."""
+        subsystem = self._subsystem(nqn)
+        if hostnqn not in subsystem.allowed_hosts and hostnqn not in subsystem.host_auth:
+            raise ChangeError("host", f"{hostnqn!r} is not a host of {nqn}")
+        if auth is None:
+            subsystem.host_auth.pop(hostnqn, None)
+        else:
+            subsystem.host_auth[hostnqn] = auth
+        log.info("DH-HMAC-CHAP keys of %s on %s %s", hostnqn, nqn, "changed" if auth else "removed")
 
     def remove_host(self, nqn: str, hostnqn: str) -> None:
         """Take `hostnqn` off the subsystem's hosts; its controllers there are torn down."""
@@ -564,6 +663,7 @@ class Target:
         if hostnqn not in subsystem.allowed_hosts:
             raise ChangeError("hostnqn", f"{hostnqn!r} is not a host of {nqn}")
         subsystem.allowed_hosts.discard(hostnqn)
+        subsystem.host_auth.pop(hostnqn, None)
         for ctrl in list(subsystem.controllers.values()):
             if ctrl.hostnqn == hostnqn:
                 ctrl.destroy("host removed from the subsystem")
@@ -864,6 +964,8 @@ class TargetProtocol(asyncio.BufferedProtocol):
         unbound = queue is not None and queue.controller is None
         if unbound and now - self.accepted > limits.connect_deadline_s:
             return f"no Connect within {limits.connect_deadline_s:g} s of the connection"
+        if queue is not None and queue.auth_deadline and now > queue.auth_deadline:
+            return "the queue did not authenticate in time"
         since = self.conn.reader.partial_since
         if since and now - since > limits.pdu_deadline_s:
             return f"a PDU started {now - since:.0f} s ago is still incomplete"

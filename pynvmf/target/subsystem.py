@@ -15,6 +15,7 @@ from pynvmf.target.fused import WriteGate
 from pynvmf.target.reservations import NamespaceReservation
 
 if TYPE_CHECKING:
+    from pynvmf.auth.controller import HostAuthConfig
     from pynvmf.target.controller import Controller
 
 # Dynamic controller IDs: 0xFFF0 and above are reserved by the specification.
@@ -120,6 +121,8 @@ class Subsystem:
     # The namespaces that have registrants, by NSID: while it is empty, I/O pays one test
     # for reservations. Their NamespaceReservation objects keep it up to date.
     registered: dict[int, NamespaceReservation] = field(default_factory=dict)
+    # DH-HMAC-CHAP keys by host NQN: a host listed here must authenticate every queue.
+    host_auth: dict[str, HostAuthConfig] = field(default_factory=dict, repr=False)
     _next_cntlid: int = 0
 
     def __post_init__(self) -> None:

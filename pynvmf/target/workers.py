@@ -287,6 +287,10 @@ class WorkerPool:
         ctrl = queue.controller
         if ctrl is None or req.data is None:
             return False
+        if queue.auth is not None:
+            # DH-HMAC-CHAP: the queue authenticates after its Connect, with the keys and
+            # the state machine here; it is served here (docs/cores.md).
+            return False
         if not all(S.shareable(ns) for ns in ctrl.subsystem.namespaces.values()):
             return False
         worker = self._choose()
