@@ -293,6 +293,11 @@ class WorkerPool:
             return False
         if not all(S.shareable(ns) for ns in ctrl.subsystem.namespaces.values()):
             return False
+        if ctrl.subsystem.ana.in_use:
+            # The workers hold no ANA state: a subsystem with ANA groups or states other
+            # than group 1 optimized (a gateway, a standby path) is served here, where
+            # every I/O command meets the current state and its path-related status.
+            return False
         worker = self._choose()
         if worker is None:
             return False
@@ -623,6 +628,25 @@ class MultiCoreTarget(Target):
         # The workers first: once they answered, none of their commands uses it.
         await self.workers.namespace_removing(nqn, nsid)
         return await super().remove_namespace(nqn, nsid)
+
+    def add_ana_group(self, nqn: str, grpid: int, state: Any = "optimized") -> Any:
+        group = super().add_ana_group(nqn, grpid, state)
+        self._serve_here(nqn, "ANA groups changed")
+        return group
+
+    def set_ana_state(self, nqn: str, anagrpid: int | None, state: Any, *args: Any) -> int:
+        told = super().set_ana_state(nqn, anagrpid, state, *args)
+        if self.subsystems[nqn].ana.in_use:
+            self._serve_here(nqn, "ANA states changed")
+        return told
+
+    def _serve_here(self, nqn: str, why: str) -> None:
+        """ANA now applies to `nqn`, which the workers do not replicate: its controllers
+        with queues on workers are torn down, and their hosts reconnect with every queue
+        in this process (hand_off keeps them here from now on)."""
+        for ctrl in list(self.subsystems[nqn].controllers.values()):
+            if any(isinstance(q, RemoteQueue) for q in ctrl.queues.values()):
+                ctrl.destroy(f"{why}: its I/O queues are served by the main process")
 
     async def remove_subsystem(self, nqn: str) -> None:
         await super().remove_subsystem(nqn)
