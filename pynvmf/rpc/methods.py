@@ -156,6 +156,9 @@ class ControlPlane:
     # Stops the process (spdk_kill_instance); None: the method is refused.
     shutdown: Callable[[], None] | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # bdev_rbd_register_cluster's clusters by name: (how to reach it, the connection
+    # held open for it until bdev_rbd_unregister_cluster).
+    rbd_clusters: dict[str, tuple[Any, Any]] = field(default_factory=dict)
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         handler = self.table.methods.get(method)
