@@ -183,6 +183,14 @@ def _connect(spec: ClusterSpec, timeout: int) -> Any:
     rados, _ = bindings()
     try:
         cluster = rados.Rados(conffile="" if spec.conf is None else spec.conf, rados_id=spec.client)
+    except rados.ObjectNotFound:
+        if spec.conf is None:
+            raise OSError(
+                errno.ENOENT,
+                "no ceph.conf found ($CEPH_CONF, /etc/ceph/ceph.conf, ~/.ceph/config, "
+                "./ceph.conf): name one",
+            ) from None
+        raise OSError(errno.ENOENT, f"ceph configuration {spec.conf}: not found") from None
     except rados.Error as exc:
         raise _os_error(exc, f"ceph configuration {spec.conf or '(default search)'}") from None
     try:
