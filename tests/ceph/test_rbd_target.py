@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -311,3 +313,35 @@ async def test_osd_stopped_mid_io_gives_path_errors_then_recovers(
         # gateways, fencing is what stops such a write: docs/rbd.md).
         assert buf in (b"q" * 4096, b"r" * 4096)
         assert target.subsystems[NQN].namespaces[1].device.healthy
+
+
+@pytest.mark.parametrize(
+    ("rbd", "message"),
+    [
+        ("pool/", "--rbd: 'pool/' is not POOL/IMAGE"),
+        ("a/b/c", "--rbd: 'a/b/c' is not POOL/IMAGE"),
+        ("rbd/no-such-image", "no RBD image 'no-such-image' in pool 'rbd'"),
+    ],
+)
+def test_cli_refuses_bad_rbd_options(ceph_cluster: CephCluster, rbd: str, message: str) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pynvmf",
+            "target",
+            "--rbd",
+            rbd,
+            "--ceph-conf",
+            str(ceph_cluster.conf),
+            "--listen",
+            "127.0.0.1:0",
+            "--discovery-port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc
+    assert message in proc.stderr, proc.stderr
