@@ -20,6 +20,7 @@ Run by hand for benchmarks or experiments::
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -109,6 +110,9 @@ class CephCluster:
     # -- life cycle -----------------------------------------------------------------------
 
     def start(self) -> CephCluster:
+        # The daemons outlive whoever started them: stop them however that ends (short
+        # of SIGKILL).
+        atexit.register(self.stop)
         t0 = time.monotonic()
         try:
             self._start()
@@ -239,6 +243,7 @@ class CephCluster:
                 _kill(int(pid_file.read_text().strip()))
         if self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
+        atexit.unregister(self.stop)
 
     def __enter__(self) -> CephCluster:
         return self.start()
