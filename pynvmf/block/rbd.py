@@ -43,6 +43,7 @@ import contextlib
 import errno
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -132,6 +133,8 @@ class RadosConnection:
         # Set once a request saw ESHUTDOWN: new users get a new client (a new address).
         self.fenced = False
         self._ioctxs: dict[str, Any] = {}
+        # The devices on this client: fencing it fences them all at once.
+        self.devices: weakref.WeakSet[RbdDevice] = weakref.WeakSet()
 
     @classmethod
     def get(cls, spec: ClusterSpec, *, timeout: int = DEFAULT_CONNECT_TIMEOUT) -> RadosConnection:
@@ -147,6 +150,14 @@ class RadosConnection:
                 cls._shared[spec] = conn
             conn.users += 1
             return conn
+
+    def mark_fenced(self) -> None:
+        """This client is blocklisted (a request or a lease saw ESHUTDOWN): every device
+        on it goes FENCED now, not at its own next request, so that a gateway hears of
+        all of them at once. On the event loop's thread."""
+        self.fenced = True
+        for device in list(self.devices):
+            device._set_state(DeviceState.FENCED)
 
     def ioctx(self, pool: str) -> Any:
         io = self._ioctxs.get(pool)
@@ -262,6 +273,7 @@ class RbdDevice:
         self._listeners: list[StateListener] = []
         self._inflight = 0
         self._closing = False
+        connection.devices.add(self)
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -397,14 +409,14 @@ class RbdDevice:
         if old is DeviceState.FENCED and state is not DeviceState.CLOSED:
             return  # a blocklisted client stays fenced: only a new connection works again
         self._state = state
-        if state is DeviceState.FENCED:
-            self._conn.fenced = True
         log.warning("RBD image %s/%s: %s -> %s", self._pool, self._name, old.value, state.value)
         for listener in list(self._listeners):
             try:
                 listener(self, state)
             except Exception:
                 log.exception("RBD state listener %r failed", listener)
+        if state is DeviceState.FENCED and not self._conn.fenced:
+            self._conn.mark_fenced()
 
     # -- I/O ----------------------------------------------------------------------------------
 

@@ -368,7 +368,7 @@ class LeaseManager:
         for g in self._groups.values():
             self._lose(g)
         if self._conn is not None:
-            self._conn.fenced = True
+            self._conn.mark_fenced()  # the gateway's RBD devices on this client too
             conn, self._conn = self._conn, None
             await asyncio.to_thread(conn.release)
         await self._connect()

@@ -161,6 +161,11 @@ async def test_blocklisted_client_is_fenced(
     name = rbd_image(4 * MiB)
     # A client of its own, so that fencing it does not fence the other tests' devices.
     dev = await _open(ceph_cluster, name, options={"client_mount_timeout": "30"})
+    # Another image on the same client: fenced with it, without a request of its own.
+    sibling = await _open(ceph_cluster, rbd_image(MiB), options={"client_mount_timeout": "30"})
+    assert sibling.connection is dev.connection
+    sibling_seen: list[DeviceState] = []
+    sibling.add_state_listener(lambda d, s: sibling_seen.append(s))
     seen: list[DeviceState] = []
     dev.add_state_listener(lambda d, s: seen.append(s))
     try:
@@ -180,6 +185,7 @@ async def test_blocklisted_client_is_fenced(
             pytest.fail("writes kept succeeding after the blocklist")
         assert all(o is None or isinstance(o, StorageUnavailable) for o in outcomes)
         assert dev.state is DeviceState.FENCED and seen == [DeviceState.FENCED]
+        assert sibling.state is DeviceState.FENCED and sibling_seen == [DeviceState.FENCED]
         with pytest.raises(StorageUnavailable):
             await dev.read(0, memoryview(bytearray(512)))
         with pytest.raises(StorageUnavailable):
@@ -187,6 +193,7 @@ async def test_blocklisted_client_is_fenced(
         assert seen == [DeviceState.FENCED]
     finally:
         await dev.close()
+        await sibling.close()
     # The same spec now gets a fresh client (a new address, not on the blocklist).
     fresh = await _open(ceph_cluster, name, options={"client_mount_timeout": "30"})
     try:
