@@ -83,6 +83,7 @@ class _Group:
     gid: int
     owned: bool = False
     deadline: float = 0.0  # monotonic: owned only before this
+    timer: asyncio.TimerHandle | None = None  # ends the ownership at the deadline
     pending: asyncio.Future[Any] | None = None  # a lock call still running in its thread
     asked_failback: bool = False
 
@@ -157,6 +158,10 @@ class LeaseManager:
 
     async def stop(self) -> None:
         """Give up every owned group cleanly (record cleared, lock released), then stop."""
+        for g in self._groups.values():
+            if g.timer is not None:
+                g.timer.cancel()
+                g.timer = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -181,16 +186,8 @@ class LeaseManager:
                     await self._renew(g)
                 elif self._may_compete(g):
                     await self._try_take(g)
-            self._check_deadlines()
-            # Wake at the next renewal, or earlier at the first deadline (so that an owner
-            # whose renewal hangs stops owning exactly at its deadline).
-            now = time.monotonic()
-            wait = cfg.renew_interval
-            for g in self._groups.values():
-                if g.owned:
-                    wait = min(wait, max(0.0, g.deadline - now))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
+                await asyncio.wait_for(self._wake.wait(), cfg.renew_interval)
             self._wake.clear()
 
     def _may_compete(self, g: _Group) -> bool:
@@ -199,14 +196,25 @@ class LeaseManager:
         # Leave a group to its preferred gateway (if any) for the first lease after start.
         return time.monotonic() - self._started > self.config.lease_seconds
 
-    def _check_deadlines(self) -> None:
-        now = time.monotonic()
-        for g in self._groups.values():
-            if g.owned and now >= g.deadline:
-                log.warning("group %d: lease not renewed by its deadline", g.gid)
-                self._lose(g)
+    def _own_until(self, g: _Group, deadline: float) -> None:
+        """Owned until `deadline`: a timer of its own ends it then, whatever the loop is
+        awaiting (a renewal that hangs in its thread must not hold the loss back)."""
+        g.deadline = deadline
+        if g.timer is not None:
+            g.timer.cancel()
+        delay = max(0.0, deadline - time.monotonic())
+        g.timer = asyncio.get_running_loop().call_later(delay, self._deadline_passed, g)
+
+    def _deadline_passed(self, g: _Group) -> None:
+        g.timer = None
+        if g.owned:
+            log.warning("group %d: lease not renewed by its deadline", g.gid)
+            self._lose(g)
 
     def _lose(self, g: _Group) -> None:
+        if g.timer is not None:
+            g.timer.cancel()
+            g.timer = None
         if not g.owned:
             return
         g.owned = False
@@ -245,7 +253,10 @@ class LeaseManager:
         assert self._conn is not None
         return self._conn.ioctx(self.pool)
 
-    def _lock(self, g: _Group, renew: bool) -> Any:
+    def _lock(self, g: _Group) -> Any:
+        """Take or renew the group's lock: MAY_RENEW, so that a lock this client still
+        holds (a takeover that ran past its deadline) is renewed, not refused (EEXIST);
+        another holder's live lease is EBUSY either way."""
         io = self._ioctx()
         cfg = self.config
         return lambda: io.lock_exclusive(
@@ -254,19 +265,21 @@ class LeaseManager:
             self._cookie,
             desc=f"pynvmf gateway {self.gateway_id}",
             duration=cfg.lease_seconds,
-            flags=_LOCK_FLAG_MAY_RENEW if renew else 0,
+            flags=_LOCK_FLAG_MAY_RENEW,
         )
 
     async def _renew(self, g: _Group) -> None:
         sent = time.monotonic()
         try:
-            await self._call(g, self._renew_hook(self._lock(g, renew=True)))
+            await self._call(g, self._renew_hook(self._lock(g)))
         except Exception as exc:
             log.warning("group %d: renewal failed: %s", g.gid, exc)
             self._lose(g)
             await self._after_failure(exc)
             return
-        g.deadline = sent + self.config.lease_seconds - self.config.margin
+        if not g.owned:
+            return  # it succeeded after the deadline had ended the ownership
+        self._own_until(g, sent + self.config.lease_seconds - self.config.margin)
         if self.config.failback and g.gid not in self._preferred:
             await self._maybe_hand_back(g)
 
@@ -308,7 +321,7 @@ class LeaseManager:
                 g.asked_failback = True
         sent = time.monotonic()
         try:
-            await self._call(g, self._lock(g, renew=False))
+            await self._call(g, self._lock(g))
         except rados.ObjectBusy:
             return  # owned by a live lease
         except Exception as exc:
@@ -349,7 +362,7 @@ class LeaseManager:
         if time.monotonic() >= deadline:
             return  # fencing took the whole lease: the lock may be gone; try again
         g.owned = True
-        g.deadline = deadline
+        self._own_until(g, deadline)
         self._notify(g.gid, True)
 
     def _blocklist(self, addr: str) -> None:

@@ -226,26 +226,13 @@ def _rbd_error(key: str, exc: Exception) -> RpcError:
     return RpcError(INVALID_PARAMS, f"{key}: {exc}")
 
 
-def _string_map(p: Params, key: str) -> dict[str, str] | None:
-    nested = p.nested(key, required=False)
-    if nested is None:
-        return None
-    raw = nested._params
-    out = {}
-    for k, v in raw.items():
-        if not isinstance(v, str):
-            raise RpcError(INVALID_PARAMS, f"{p.name(key)}.{k}: {v!r} is not a string")
-        out[str(k)] = v
-    return out
-
-
 @method("bdev_rbd_register_cluster")
 async def bdev_rbd_register_cluster(cp: ControlPlane, p: Params) -> str:
     from pynvmf.block.rbd import ClusterSpec, RadosConnection
 
     name = p.string("name")
     user_id = p.string("user_id", None)
-    config_param = _string_map(p, "config_param") or {}
+    config_param = p.string_map("config_param") or {}
     config_file = p.string("config_file", None)
     key_file = p.string("key_file", None)
     p.refuse_unless("core_mask", (None,), "pynvmf does not pin librbd's threads")
@@ -306,7 +293,7 @@ async def bdev_rbd_create(cp: ControlPlane, p: Params) -> str:
     image = p.string("rbd_name")
     block_size = p.integer("block_size", low=1)
     user_id = p.string("user_id", None)
-    config = _string_map(p, "config")
+    config = p.string_map("config")
     cluster_name = p.string("cluster_name", None)
     dev_uuid = p.uuid_value("uuid")
     read_only = p.boolean("read_only", False)

@@ -58,6 +58,7 @@ async def main() -> None:
     p.add_argument("--image")
     p.add_argument("--delay-renewals-after", type=int, default=0)
     p.add_argument("--delay", type=float, default=0.0)
+    p.add_argument("--call-timeout", type=float, default=0.0)
     args = p.parse_args()
     spec = ClusterSpec.of(args.conf)
     owned = asyncio.Event()
@@ -75,7 +76,11 @@ async def main() -> None:
         groups,
         on_change,
         preferred=[int(g) for g in args.preferred.split(",") if g],
-        config=LeaseConfig(lease_seconds=args.lease, failback=not args.no_failback),
+        config=LeaseConfig(
+            lease_seconds=args.lease,
+            failback=not args.no_failback,
+            call_timeout=args.call_timeout,
+        ),
     )
     mgr.delay_after = args.delay_renewals_after
     mgr.delay = args.delay

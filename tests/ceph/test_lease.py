@@ -187,9 +187,10 @@ def test_a_frozen_owner_is_fenced_and_its_writes_fail(
 def test_delayed_renewal_never_gives_two_owners(
     ceph_cluster: CephCluster, holders: Callable[..., Holder]
 ) -> None:
-    """A's renewals start taking 2 leases (a slow cluster path) while A runs on: A stops
-    owning at its own deadline, before B can take the lock. The two ownerships never
-    overlap on the machine's one monotonic clock."""
+    """A's renewals start taking 2 leases (a slow cluster path) while A runs on, and A
+    waits for a RADOS call up to 3 leases: A still stops owning at its own deadline,
+    not when the call gives up, and so before B can take the lock. The two ownerships
+    never overlap on the machine's one monotonic clock."""
     g = _groups()
     a = holders(
         "A",
@@ -201,6 +202,8 @@ def test_delayed_renewal_never_gives_two_owners(
         "3",
         "--delay",
         str(2 * LEASE),
+        "--call-timeout",
+        str(3 * LEASE),
     )
     owned_a = a.wait("owned", group=int(g))
     b = holders("B", "--groups", g, "--no-failback")
