@@ -193,7 +193,9 @@ class RadosConnection:
 def _connect(spec: ClusterSpec, timeout: int) -> Any:
     rados, _ = bindings()
     try:
-        cluster = rados.Rados(conffile="" if spec.conf is None else spec.conf, rados_id=spec.client)
+        # The binding reads librados' default search for conffile="" and no file for None.
+        conffile = None if spec.conf == "" else (spec.conf or "")
+        cluster = rados.Rados(conffile=conffile, rados_id=spec.client)
     except rados.ObjectNotFound:
         if spec.conf is None:
             raise OSError(

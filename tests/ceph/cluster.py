@@ -103,6 +103,7 @@ class CephCluster:
         self.conf = self.dir / "ceph.conf"
         self.pool = POOL
         self.mon_port = 0
+        self.mon_host = ""
         self._admin: Any = None
         self._pids: dict[str, int] = {}
         self.startup_seconds = 0.0
@@ -132,6 +133,7 @@ class CephCluster:
         v2, v1 = _free_port(), _free_port()
         self.mon_port = v2
         addrs = f"[v2:127.0.0.1:{v2},v1:127.0.0.1:{v1}]"
+        self.mon_host = addrs
         self.conf.write_text(_conf(d, fsid, addrs))
         c = str(self.conf)
         keyring = str(d / "keyring")

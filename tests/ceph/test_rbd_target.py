@@ -167,6 +167,26 @@ async def test_spdk_rpc_methods(ceph_cluster: CephCluster, rbd_image: Callable[[
             with pytest.raises(RpcError) as err:
                 await cp.call(call, params)
             assert error in err.value.message, (call, err.value.message)
+        # SPDK's other way: no configuration file, everything in `config`.
+        keyring = str(ceph_cluster.dir / "keyring")
+        assert (
+            await cp.call(
+                "bdev_rbd_create",
+                {
+                    "name": "Ceph1",
+                    "pool_name": "rbd",
+                    "rbd_name": image,
+                    "block_size": 512,
+                    "user_id": "admin",
+                    "config": {"mon_host": ceph_cluster.mon_host, "keyring": keyring},
+                    "read_only": True,
+                },
+            )
+            == "Ceph1"
+        )
+        entry = cp.target.block_devices["Ceph1"]
+        assert entry.read_only and entry.device.cluster_spec.conf == ""
+        assert await cp.call("bdev_rbd_delete", {"name": "Ceph1"})
         assert await cp.call("bdev_rbd_delete", {"name": "Ceph0"})
         assert "Ceph0" not in cp.target.block_devices
         assert await cp.call("bdev_rbd_unregister_cluster", {"name": "c1"})
