@@ -256,15 +256,25 @@ async def bdev_rbd_register_cluster(cp: ControlPlane, p: Params) -> str:
 async def bdev_rbd_unregister_cluster(cp: ControlPlane, p: Params) -> bool:
     name = p.string("name")
     p.done()
-    entry = cp.rbd_clusters.pop(name, None)
+    entry = cp.rbd_clusters.get(name)
     if entry is None:
         raise RpcError(INVALID_PARAMS, f"name: no cluster named {name!r}")
+    users = [
+        e.name
+        for e in cp.target.block_devices.values()
+        if e.kind == D.RBD and getattr(e.device, "cluster_spec", None) == entry[0]
+    ]
+    if users:
+        # As SPDK: a cluster its bdevs still use stays.
+        raise RpcError(INVALID_PARAMS, f"name: cluster {name!r} is used by {', '.join(users)}")
+    del cp.rbd_clusters[name]
     await asyncio.to_thread(entry[1].release)
     return True
 
 
 @method("bdev_rbd_get_clusters_info")
-async def bdev_rbd_get_clusters_info(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
+async def bdev_rbd_get_clusters_info(cp: ControlPlane, p: Params) -> Any:
+    """SPDK's shapes: one object for a `name`, else a list of them."""
     name = p.string("name", None)
     p.done()
     if name is not None and name not in cp.rbd_clusters:
@@ -281,7 +291,7 @@ async def bdev_rbd_get_clusters_info(cp: ControlPlane, p: Params) -> list[dict[s
         if spec.options:
             info["config_param"] = dict(spec.options)
         out.append(info)
-    return out
+    return out[0] if name is not None else out
 
 
 @method("bdev_rbd_create")

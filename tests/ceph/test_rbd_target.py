@@ -113,6 +113,8 @@ async def test_spdk_rpc_methods(ceph_cluster: CephCluster, rbd_image: Callable[[
         assert await cp.call("bdev_rbd_register_cluster", {"name": "c1", "config_file": conf})
         info = await cp.call("bdev_rbd_get_clusters_info", {})
         assert info == [{"cluster_name": "c1", "config_file": conf}]
+        one = await cp.call("bdev_rbd_get_clusters_info", {"name": "c1"})
+        assert one == {"cluster_name": "c1", "config_file": conf}
         name = await cp.call(
             "bdev_rbd_create",
             {"pool_name": "rbd", "rbd_name": image, "block_size": 4096, "cluster_name": "c1"},
@@ -187,6 +189,9 @@ async def test_spdk_rpc_methods(ceph_cluster: CephCluster, rbd_image: Callable[[
         entry = cp.target.block_devices["Ceph1"]
         assert entry.read_only and entry.device.cluster_spec.conf == ""
         assert await cp.call("bdev_rbd_delete", {"name": "Ceph1"})
+        with pytest.raises(RpcError) as used:
+            await cp.call("bdev_rbd_unregister_cluster", {"name": "c1"})
+        assert "name: cluster 'c1' is used by Ceph0" in used.value.message
         assert await cp.call("bdev_rbd_delete", {"name": "Ceph0"})
         assert "Ceph0" not in cp.target.block_devices
         assert await cp.call("bdev_rbd_unregister_cluster", {"name": "c1"})
