@@ -280,14 +280,11 @@ async def test_blocklisted_gateway_answers_path_errors_and_stays_up(
         results = await asyncio.gather(*writes, return_exceptions=True)
         errors = [r for r in results if r is not None]
         assert all(isinstance(e, NvmeStatusError) for e in errors), errors
-        status = None
-        for _ in range(100):  # until the OSD map with the blocklist reaches the client
-            try:
-                await ns.write(0, b"c" * 4096)
-            except NvmeStatusError as exc:
-                status = exc
-                break
-        assert status is not None
+        # Once the target's client has the OSD map with the blocklist, every command fails.
+        await asyncio.to_thread(device.connection.cluster.wait_for_latest_osdmap)
+        with pytest.raises(NvmeStatusError) as info:
+            await ns.write(0, b"c" * 4096)
+        status = info.value
         assert status.status == Status.INTERNAL_PATH_ERROR and not status.dnr
         for e in errors:
             assert e.status == Status.INTERNAL_PATH_ERROR
