@@ -41,6 +41,7 @@ from pynvmf.spec.command import (
     RW_FUA,
     CopyRange,
     copy_cdw12,
+    pack_copy_range,
     pack_copy_ranges,
 )
 from pynvmf.spec.opcodes import IoOpcode
@@ -318,8 +319,10 @@ class CopyingNamespace(RemoteNamespace):
         refused (pynvmf.block.device.CopyPreparation)."""
         if self.controller.copy_formats_enabled is not None:
             return
-        if any(_needs_enabling(self._format_for(s)) for s in sources):
-            await self.controller.enable_copy_formats()
+        for s in sources:
+            if _needs_enabling(self._format_for(s)):
+                await self.controller.enable_copy_formats()
+                return
 
     def _format_for(self, source: BlockDevice) -> int | None:
         """The descriptor format of a Copy from `source`; None if no Copy can name it."""
@@ -356,6 +359,18 @@ class CopyingNamespace(RemoteNamespace):
         source it cannot copy from, BlockRangeError for a range outside its namespace,
         NvmeStatusError for a command the controller fails."""
         self._check_open()
+        if len(sources) == 1 and sources[0][0] is self:
+            # One range of this namespace, the common small copy: no range objects, and
+            # no preparation when the format needs no enabling (or is settled).
+            _device, lba, nblocks = sources[0]
+            own = self._copy_formats()[0]
+            if (
+                nblocks > 0
+                and own is not None
+                and (self.controller.copy_formats_enabled is not None or not _needs_enabling(own))
+            ):
+                await self._copy_one(lba, nblocks, dst_lba, own, fua)
+                return
         # A direct caller may not have let the planner prepare: the formats must be
         # settled before the sources are checked against them.
         await self.prepare_copy(device for device, _lba, nblocks in sources if nblocks)
@@ -390,6 +405,26 @@ class CopyingNamespace(RemoteNamespace):
             dst_lba >> 32,
             copy_cdw12(len(ranges), desfmt, fua=fua),
             data=pack_copy_ranges(ranges, desfmt),
+        )
+
+    async def _copy_one(self, lba: int, nblocks: int, dst_lba: int, desfmt: int, fua: bool) -> None:
+        limits = self._copy_limits
+        if nblocks > limits.max_range_blocks:
+            raise ValueError(f"range of {nblocks} blocks over MSSRL {limits.max_range_blocks}")
+        if nblocks > limits.max_blocks:
+            raise ValueError(f"1 range of {nblocks} blocks: over the limits {limits}")
+        end = self._num_blocks
+        if lba < 0 or lba + nblocks > end:
+            check_range(self._caps, lba, nblocks)
+        if dst_lba < 0 or dst_lba + nblocks > end:
+            check_range(self._caps, dst_lba, nblocks)
+        await self.controller.next_queue().execute(
+            IoOpcode.COPY,
+            self.nsid,
+            dst_lba & 0xFFFFFFFF,
+            dst_lba >> 32,
+            copy_cdw12(1, desfmt, fua=fua),
+            data=pack_copy_range(desfmt, lba, nblocks, self.nsid),
         )
 
 
