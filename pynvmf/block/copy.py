@@ -560,25 +560,42 @@ async def copy_one_range(
         or dst_lba + nblocks > num_blocks
     ):
         return None  # the plan raises the error
-    if caps.native_copy and _offers(dev, NativeCopy):
-        await cast(NativeCopy, dev).copy_within(src_lba, dst_lba, nblocks)
+    kind = _ONE_KIND.get(type(dev))
+    if kind is None:
+        kind = _one_kind(dev)
+    # The devices' methods are called without cast(): a call each, on the hot path; the
+    # kind says the device has them.
+    if kind & _NATIVE and caps.native_copy:
+        await dev.copy_within(src_lba, dst_lba, nblocks)  # type: ignore[attr-defined]
         if fua:
             await dev.flush()
         return CopyReport(native_blocks=nblocks)
-    if not _offers(dev, CopyOffload) or (
-        src_lba < dst_lba + nblocks and dst_lba < src_lba + nblocks
-    ):
+    if not kind & _OFFLOAD or (src_lba < dst_lba + nblocks and dst_lba < src_lba + nblocks):
         return None
-    if _offers(dev, CopyPreparation):
-        await cast(CopyPreparation, dev).prepare_copy((dev,))
-    offload = cast(CopyOffload, dev)
-    limits = offload.copy_limits
+    if kind & _PREPARE:
+        await dev.prepare_copy((dev,))  # type: ignore[attr-defined]
+    limits: CopyLimits = dev.copy_limits  # type: ignore[attr-defined]
     if nblocks > limits.max_range_blocks or nblocks > limits.max_blocks:
         return None
-    if not offload.can_copy_from(dev):
+    if not dev.can_copy_from(dev):  # type: ignore[attr-defined]
         return None
-    await offload.copy_offload(((dev, src_lba, nblocks),), dst_lba, fua=fua)
+    await dev.copy_offload(((dev, src_lba, nblocks),), dst_lba, fua=fua)  # type: ignore[attr-defined]
     return CopyReport(offloaded_blocks=nblocks, commands=1)
+
+
+# What a device type offers copy_one_range, found once per type (as `_offers` does).
+_NATIVE, _OFFLOAD, _PREPARE = 1, 2, 4
+_ONE_KIND: dict[type, int] = {}
+
+
+def _one_kind(dev: object) -> int:
+    kind = _NATIVE if _offers(dev, NativeCopy) else 0
+    if _offers(dev, CopyOffload):
+        kind |= _OFFLOAD
+        if _offers(dev, CopyPreparation):
+            kind |= _PREPARE
+    _ONE_KIND[type(dev)] = kind
+    return kind
 
 
 # A job gets the worker's emulation buffer (allocated on first use, reused after).

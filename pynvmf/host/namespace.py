@@ -369,7 +369,26 @@ class CopyingNamespace(RemoteNamespace):
                 and own is not None
                 and (self.controller.copy_formats_enabled is not None or not _needs_enabling(own))
             ):
-                await self._copy_one(lba, nblocks, dst_lba, own, fua)
+                limits = self._copy_limits
+                if nblocks > limits.max_range_blocks:
+                    raise ValueError(
+                        f"range of {nblocks} blocks over MSSRL {limits.max_range_blocks}"
+                    )
+                if nblocks > limits.max_blocks:
+                    raise ValueError(f"1 range of {nblocks} blocks: over the limits {limits}")
+                end = self._num_blocks
+                if lba < 0 or lba + nblocks > end:
+                    check_range(self._caps, lba, nblocks)
+                if dst_lba < 0 or dst_lba + nblocks > end:
+                    check_range(self._caps, dst_lba, nblocks)
+                await self.controller.next_queue().execute(
+                    IoOpcode.COPY,
+                    self.nsid,
+                    dst_lba & 0xFFFFFFFF,
+                    dst_lba >> 32,
+                    copy_cdw12(1, own, fua=fua),
+                    data=pack_copy_range(own, lba, nblocks, self.nsid),
+                )
                 return
         # A direct caller may not have let the planner prepare: the formats must be
         # settled before the sources are checked against them.
@@ -405,26 +424,6 @@ class CopyingNamespace(RemoteNamespace):
             dst_lba >> 32,
             copy_cdw12(len(ranges), desfmt, fua=fua),
             data=pack_copy_ranges(ranges, desfmt),
-        )
-
-    async def _copy_one(self, lba: int, nblocks: int, dst_lba: int, desfmt: int, fua: bool) -> None:
-        limits = self._copy_limits
-        if nblocks > limits.max_range_blocks:
-            raise ValueError(f"range of {nblocks} blocks over MSSRL {limits.max_range_blocks}")
-        if nblocks > limits.max_blocks:
-            raise ValueError(f"1 range of {nblocks} blocks: over the limits {limits}")
-        end = self._num_blocks
-        if lba < 0 or lba + nblocks > end:
-            check_range(self._caps, lba, nblocks)
-        if dst_lba < 0 or dst_lba + nblocks > end:
-            check_range(self._caps, dst_lba, nblocks)
-        await self.controller.next_queue().execute(
-            IoOpcode.COPY,
-            self.nsid,
-            dst_lba & 0xFFFFFFFF,
-            dst_lba >> 32,
-            copy_cdw12(1, desfmt, fua=fua),
-            data=pack_copy_range(desfmt, lba, nblocks, self.nsid),
         )
 
 
