@@ -8,11 +8,12 @@ Workloads are alternated `--repeat` times and medians printed.
 
     python3 benchmarks/copy_cost.py                     # memory namespace
     python3 benchmarks/copy_cost.py --file /var/tmp/x   # a file namespace
-    python3 benchmarks/copy_cost.py --callgrind         # target instructions per command
+    python3 benchmarks/copy_cost.py --callgrind target  # target instructions per command
+    python3 benchmarks/copy_cost.py --callgrind host    # host instructions per command
 
-With `--callgrind` the target runs under valgrind's callgrind and the figure is the
+With `--callgrind` one side runs under valgrind's callgrind and the figure is the
 instructions it executed per command: deterministic, so it decides where timings are
-too noisy (a run of no commands is subtracted, which leaves the per-command cost).
+too noisy (a run of a few commands is subtracted, which leaves the per-command cost).
 """
 
 from __future__ import annotations
@@ -122,7 +123,9 @@ async def _run(
                 i += 1
             done[0] += i
 
-        await asyncio.gather(*(slot(s, time.perf_counter() + 0.2, None) for s in range(depth)))
+        # Warm-up: by count when counting instructions (a time would not be deterministic).
+        warm = None if count is None else 4
+        await asyncio.gather(*(slot(s, time.perf_counter() + 0.2, warm) for s in range(depth)))
         done[0] = 0
         t0 = _cpu_seconds(pid) if pid else 0.0
         h0 = time.process_time()
@@ -161,25 +164,19 @@ def _host(args: list[str]) -> None:
 
 
 def _host_run(
-    port: int, pid: int, workload: str, seconds: float, depth: int, count: int = 0
+    port: int,
+    pid: int,
+    workload: str,
+    seconds: float,
+    depth: int,
+    count: int = 0,
+    callgrind: str | None = None,
 ) -> dict[str, float]:
-    out = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "--host",
-            str(port),
-            str(pid),
-            workload,
-            str(seconds),
-            str(depth),
-            str(count),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=REPO,
-    ).stdout
+    cmd = [sys.executable, __file__, "--host", str(port), str(pid), workload]
+    cmd += [str(seconds), str(depth), str(count)]
+    if callgrind:
+        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={callgrind}", *cmd]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO).stdout
     return json.loads(out)  # type: ignore[no-any-return]
 
 
@@ -196,8 +193,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--depth", type=int, default=32)
     parser.add_argument("--file", help="a file namespace at this path (created, 1 GiB)")
-    parser.add_argument("--callgrind", action="store_true")
+    parser.add_argument("--callgrind", choices=("target", "host"))
     parser.add_argument("--count", type=int, default=20000, help="commands, with --callgrind")
+    parser.add_argument(
+        "--workload", action="append", choices=WORKLOADS, help="only these (repeatable)"
+    )
     parser.add_argument("--host", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.host:
@@ -211,26 +211,27 @@ def main() -> None:
     if args.callgrind:
         with tempfile.TemporaryDirectory() as tmp:
             base: dict[str, int] = {}
-            for workload in WORKLOADS:
+            for workload in args.workload or WORKLOADS:
                 for count in (0, args.count):
                     out = f"{tmp}/cg.{len(base)}"
                     port = _free_port()
-                    with _target(port, backend, out) as pid:
-                        if count:
-                            _host_run(port, 0, workload, 0, args.depth, count)
-                        else:
-                            _host_run(port, 0, workload, 0, args.depth, args.depth)
+                    on_target = out if args.callgrind == "target" else None
+                    on_host = out if args.callgrind == "host" else None
+                    with _target(port, backend, on_target):
+                        _host_run(
+                            port, 0, workload, 0, args.depth, count or args.depth, callgrind=on_host
+                        )
                     base[f"{workload}:{count}"] = _instructions(out)
                 per = (base[f"{workload}:{args.count}"] - base[f"{workload}:0"]) / (
                     args.count - args.depth
                 )
-                print(f"{workload:28s} target instructions per command: {per:,.0f}")
+                print(f"{workload:28s} {args.callgrind} instructions per command: {per:,.0f}")
         return
-    results: dict[str, list[dict[str, float]]] = {w: [] for w in WORKLOADS}
+    results: dict[str, list[dict[str, float]]] = {w: [] for w in args.workload or WORKLOADS}
     port = _free_port()
     with _target(port, backend, None) as pid:
         for _ in range(args.repeat):
-            for workload in WORKLOADS:
+            for workload in results:
                 results[workload].append(_host_run(port, pid, workload, args.seconds, args.depth))
     print(f"{'workload':28s} {'commands/s':>11s} {'host µs/cmd':>12s} {'target µs/cmd':>14s}")
     for workload, rs in results.items():

@@ -82,8 +82,13 @@ class CopyTooLarge(ValueError):
     (`staging_limit`), or more memory in all than `memory_limit`."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SourceRange:
+    """`nblocks` blocks of `device` from `lba`. Not frozen, only because a frozen
+    dataclass is built through object.__setattr__, which costs more than the rest of a
+    small copy's planning; treat it as immutable (the planner tells ranges apart by
+    identity, never by value)."""
+
     device: BlockDevice
     lba: int
     nblocks: int
@@ -569,18 +574,18 @@ async def copy_one_range(
         await dev.copy_within(src_lba, dst_lba, nblocks)  # type: ignore[attr-defined]
         if fua:
             await dev.flush()
-        return CopyReport(native_blocks=nblocks)
+        return CopyReport(nblocks)  # positional: keywords cost more than the rest here
     if not kind & _OFFLOAD or (src_lba < dst_lba + nblocks and dst_lba < src_lba + nblocks):
         return None
-    if kind & _PREPARE:
-        await dev.prepare_copy((dev,))  # type: ignore[attr-defined]
     limits: CopyLimits = dev.copy_limits  # type: ignore[attr-defined]
     if nblocks > limits.max_range_blocks or nblocks > limits.max_blocks:
         return None
+    if kind & _PREPARE:
+        await dev.prepare_copy((dev,))  # type: ignore[attr-defined]
     if not dev.can_copy_from(dev):  # type: ignore[attr-defined]
         return None
     await dev.copy_offload(((dev, src_lba, nblocks),), dst_lba, fua=fua)  # type: ignore[attr-defined]
-    return CopyReport(offloaded_blocks=nblocks, commands=1)
+    return CopyReport(0, 0, 0, nblocks, 1)  # offloaded_blocks, commands
 
 
 # What a device type offers copy_one_range, found once per type (as `_offers` does).
