@@ -272,7 +272,10 @@ class IoHandler:
             # TP 4130: a format with source NSIDs only once the host enabled it (CDFE),
             # checked before the descriptors are fetched.
             return Status.INVALID_FIELD | DNR, None
-        limits = _copy_limits(ns.block_size)
+        device = ns.device
+        caps = device.capabilities  # once: Namespace.block_size and num_blocks ask it each
+        block_size = caps.block_size
+        limits = _copy_limits(block_size)
         if nr > limits.max_ranges:
             return CMD_SIZE_LIMIT_EXCEEDED | DNR, None
         if req.length != nr * COPY_DESCRIPTOR_SIZE[desfmt]:
@@ -287,9 +290,9 @@ class IoHandler:
             nlb += 1
             if nlb > limits.max_range_blocks or nlb > limits.max_blocks:
                 return CMD_SIZE_LIMIT_EXCEEDED | DNR, None
-            if slba + nlb > ns.num_blocks or sdlba + nlb > ns.num_blocks:
+            num_blocks = caps.num_blocks
+            if slba + nlb > num_blocks or sdlba + nlb > num_blocks:
                 return Status.LBA_OUT_OF_RANGE | DNR, None
-            device = ns.device
             gate = ns.gate
             if gate.closed:
                 await gate.wait_open()
@@ -304,7 +307,7 @@ class IoHandler:
             if done:
                 stats = self.stats
                 stats.copy_cmds += 1
-                stats.copy_bytes += nlb * ns.block_size
+                stats.copy_bytes += nlb * block_size
                 return Status.SUCCESS, None
             # The planner wants a plan for it (staging, emulation): the general path.
         ranges = parse_copy_ranges(data, desfmt, nr)
