@@ -194,6 +194,7 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=32)
     parser.add_argument("--file", help="a file namespace at this path (created, 1 GiB)")
     parser.add_argument("--callgrind", choices=("target", "host"))
+    parser.add_argument("--quick", action="store_true", help="1 s, 1 repeat")
     parser.add_argument("--count", type=int, default=20000, help="commands, with --callgrind")
     parser.add_argument(
         "--workload", action="append", choices=WORKLOADS, help="only these (repeatable)"
@@ -203,6 +204,8 @@ def main() -> None:
     if args.host:
         _host(args.host)
         return
+    if args.quick:
+        args.seconds, args.repeat = 1.0, 1
     backend = ["--memory", "1G"]
     if args.file:
         with open(args.file, "ab") as f:
