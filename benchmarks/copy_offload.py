@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from pynvmf.bench import plot  # noqa: E402
-from pynvmf.bench.report import markdown_table, write_results  # noqa: E402
+from pynvmf.bench.report import load_line, markdown_table, write_results  # noqa: E402
 from pynvmf.block.copy import SourceRange, copy  # noqa: E402
 from pynvmf.block.device import Buffer, Capabilities  # noqa: E402
 from pynvmf.host import connect  # noqa: E402
@@ -351,6 +351,7 @@ def main() -> None:
     rate_bits = {"k": 1e3, "m": 1e6, "g": 1e9}[args.rate.lower().rstrip("bit")[-1]] * float(
         args.rate.lower().rstrip("bit")[:-1]
     )
+    load_at_start = load_line()
     runs: dict[tuple[str, str, str, str], list[dict[str, float]]] = {}
     backends = ["memory", "file"] if args.backend == "both" else [args.backend]
     with contextlib.ExitStack() as stack:
@@ -430,6 +431,8 @@ def main() -> None:
         f"median of {args.repeat} runs of {args.seconds:g} s; "
         f"1 GiB namespaces of {BLOCK}-byte blocks: memory, and a file on a loop-mounted "
         "XFS image (reflink=1).",
+        f"Load average at start {load_at_start}, at the end {load_line()} (other work on "
+        "this shared machine: the 8 KiB rows are CPU-bound on both ends, so they fall with it).",
         "",
         markdown_table(header, rows),
         "",
