@@ -64,6 +64,7 @@ from pynvmf.block.device import (
     BlockDevice,
     CopyLimits,
     CopyOffload,
+    CopyOne,
     CopyPreparation,
     KnownMedium,
     MappedDevice,
@@ -577,6 +578,8 @@ async def copy_one_range(
         return CopyReport(nblocks)  # positional: keywords cost more than the rest here
     if not kind & _OFFLOAD or (src_lba < dst_lba + nblocks and dst_lba < src_lba + nblocks):
         return None
+    if kind & _ONE and await dev.copy_one(src_lba, dst_lba, nblocks, fua=fua):  # type: ignore[attr-defined]
+        return CopyReport(0, 0, 0, nblocks, 1)  # offloaded_blocks, commands
     limits: CopyLimits = dev.copy_limits  # type: ignore[attr-defined]
     if nblocks > limits.max_range_blocks or nblocks > limits.max_blocks:
         return None
@@ -589,7 +592,7 @@ async def copy_one_range(
 
 
 # What a device type offers copy_one_range, found once per type (as `_offers` does).
-_NATIVE, _OFFLOAD, _PREPARE = 1, 2, 4
+_NATIVE, _OFFLOAD, _PREPARE, _ONE = 1, 2, 4, 8
 _ONE_KIND: dict[type, int] = {}
 
 
@@ -599,6 +602,8 @@ def _one_kind(dev: object) -> int:
         kind |= _OFFLOAD
         if _offers(dev, CopyPreparation):
             kind |= _PREPARE
+        if _offers(dev, CopyOne):
+            kind |= _ONE
     _ONE_KIND[type(dev)] = kind
     return kind
 

@@ -276,7 +276,8 @@ class RemoteNamespace(NamespaceReservations):
 
 class CopyingNamespace(RemoteNamespace):
     """A namespace of a controller that supports Copy: a RemoteNamespace that also
-    implements pynvmf.block.device.CopyOffload (one NVMe Copy command per request)."""
+    implements pynvmf.block.device.CopyOffload (one NVMe Copy command per request) and
+    CopyOne (one command with one descriptor, for a single range within it)."""
 
     def __init__(self, controller: Controller, nsid: int, identify: I.IdentifyNamespace) -> None:
         super().__init__(controller, nsid, identify)
@@ -351,6 +352,34 @@ class CopyingNamespace(RemoteNamespace):
                 _first_format(_CROSS_FORMATS, usable),
             )
         return self._formats
+
+    async def copy_one(
+        self, src_lba: int, dst_lba: int, nblocks: int, *, fua: bool = False
+    ) -> bool:
+        """One Copy command of one range of this namespace (pynvmf.block.device.CopyOne);
+        False, having sent nothing, over MSSRL or MCL or while the descriptor format it
+        would use is still to be enabled."""
+        self._check_open()
+        own = self._copy_formats()[0]
+        if own is None or (self.controller.copy_formats_enabled is None and _needs_enabling(own)):
+            return False
+        limits = self._copy_limits
+        if nblocks > limits.max_range_blocks or nblocks > limits.max_blocks or nblocks <= 0:
+            return False
+        end = self._num_blocks
+        if src_lba < 0 or src_lba + nblocks > end:
+            check_range(self._caps, src_lba, nblocks)
+        if dst_lba < 0 or dst_lba + nblocks > end:
+            check_range(self._caps, dst_lba, nblocks)
+        await self.controller.next_queue().execute(
+            IoOpcode.COPY,
+            self.nsid,
+            dst_lba & 0xFFFFFFFF,
+            dst_lba >> 32,
+            copy_cdw12(1, own, fua=fua),
+            data=pack_copy_range(own, src_lba, nblocks, self.nsid),
+        )
+        return True
 
     async def copy_offload(
         self, sources: Sequence[tuple[BlockDevice, int, int]], dst_lba: int, *, fua: bool = False

@@ -31,6 +31,7 @@ from pynvmf.block.device import (
     Capabilities,
     CopyLimits,
     CopyOffload,
+    CopyOne,
     CopyPreparation,
     KnownMedium,
     Medium,
@@ -740,6 +741,45 @@ async def test_planner_prepares_the_destination_before_asking_can_copy_from(gran
         assert report == CopyReport(offloaded_blocks=20, commands=1)
     else:
         assert report == CopyReport(offloaded_blocks=8, emulated_blocks=12, commands=1)
+
+
+class CopyOneDevice(PreparingOffloadDevice):
+    """A PreparingOffloadDevice that also takes one range of itself in one call
+    (CopyOne), or declines it when `take_one` is false."""
+
+    def __init__(self, inner: Device, *, take_one: bool) -> None:
+        super().__init__(inner, grant=True)
+        self.take_one = take_one
+
+    async def copy_one(
+        self, src_lba: int, dst_lba: int, nblocks: int, *, fua: bool = False
+    ) -> bool:
+        self.events.append(("one", src_lba, dst_lba, nblocks, fua))
+        if not self.take_one:
+            return False
+        await self.copy_offload([(self, src_lba, nblocks)], dst_lba)
+        return True
+
+
+@pytest.mark.parametrize("take_one", [True, False], ids=["taken", "declined"])
+async def test_a_single_range_within_a_copy_one_device_is_one_call(take_one: bool) -> None:
+    a, model = await memory(256, 3)
+    dev = CopyOneDevice(a, take_one=take_one)
+    assert isinstance(dev, CopyOne)
+    report = await block_copy.copy([SourceRange(dev, 10, 8)], dev, 100, fua=True)
+    model[100 * BS : 108 * BS] = model[10 * BS : 18 * BS]
+    assert await contents(a) == model
+    assert report == CopyReport(offloaded_blocks=8, commands=1)
+    assert dev.events[0] == ("one", 10, 100, 8, True)
+    if take_one:
+        assert dev.kinds() == ["one", "offload", "read"]
+    else:
+        # Declined: the planner's general rules (prepare, ask, one offload request).
+        assert dev.kinds()[1:] == ["prepare", "can_copy_from", "offload", "read"]
+    # A range over its own destination is never sent to copy_one: it is staged.
+    dev.events.clear()
+    await block_copy.copy([SourceRange(dev, 100, 8)], dev, 104)
+    assert "one" not in dev.kinds()
 
 
 async def test_zero_length_copies_change_nothing(tmp_path: Path) -> None:
