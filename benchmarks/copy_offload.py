@@ -279,8 +279,10 @@ def _run_worker(netns: str | None, address: str, port: int, seconds: float, dept
     cmd = [sys.executable, __file__, "--worker", address, str(port), str(seconds), str(depth)]
     if netns:
         cmd = ["ip", "netns", "exec", netns, *cmd]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO).stdout
-    return json.loads(out)  # type: ignore[no-any-return]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=REPO)
+    if done.returncode:
+        raise RuntimeError(f"the host side failed ({done.returncode}):\n{done.stderr}")
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
 def _free_port() -> int:
