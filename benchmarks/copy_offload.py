@@ -8,7 +8,12 @@ the bytes that crossed the network.
 The 1 Gb/s link is two network namespaces made by this script, joined by a veth
 pair shaped with a tbf qdisc in both directions (netem is not available here).
 The target runs in one namespace pinned to CPU 0, the host in the other pinned to
-CPU 1. The loopback run has no shaping. Needs root (ip netns, tc).
+CPU 1. The loopback run has no shaping. Needs root (ip netns, tc, mount).
+
+Each case runs on two backends: a 1 GiB memory namespace, and a 1 GiB file
+namespace on a loop-mounted XFS image made by this script (reflink=1, so the
+target's copy_file_range is a reflink: the seed's "between storage devices" row),
+its source blocks filled with data first. Every JSON line names its backend.
 
 Both modes go through the same copy planner: "offload" hands it the remote
 namespace (which advertises Copy), "emulate" hands it the same namespace behind a
@@ -31,7 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -39,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from pynvmf.bench import plot  # noqa: E402
-from pynvmf.bench.report import markdown_table, write_results  # noqa: E402
+from pynvmf.bench.report import load_line, markdown_table, write_results  # noqa: E402
 from pynvmf.block.copy import SourceRange, copy  # noqa: E402
 from pynvmf.block.device import Buffer, Capabilities  # noqa: E402
 from pynvmf.host import connect  # noqa: E402
@@ -51,7 +56,12 @@ BLOCK = 4096
 # the two namespaces this script creates.
 TARGET_NS, HOST_NS = "pynvmf-copy-t", "pynvmf-copy-h"
 TARGET_IP, HOST_IP = "198.18.0.1", "198.18.0.2"
-CASES = [("8 KiB x 1", 8 * 1024, 1), ("2 MiB x 16", 2 * MIB, 16)]
+# (name, bytes per range, ranges, copies in flight): small copies need many in flight
+# for the command rate to show (each costs a round trip); large ones do not.
+CASES = [("8 KiB x 1", 8 * 1024, 1, 64), ("2 MiB x 16", 2 * MIB, 16, 8)]
+NS_BYTES = 1 << 30
+XFS_IMAGE = Path("/var/tmp/pynvmf-copy-bench-xfs.img")
+XFS_MOUNT = Path("/var/tmp/pynvmf-copy-bench-xfs")
 
 
 class EmulateOnly:
@@ -86,6 +96,7 @@ class EmulateOnly:
 @dataclass
 class Measurement:
     network: str
+    backend: str  # "memory" | "file"
     case: str
     mode: str
     mib_per_s: float
@@ -97,24 +108,38 @@ class Measurement:
 # -- the host side (runs in the host namespace, or in the root one for loopback) -----------
 
 
-async def _worker(address: str, port: int, seconds: float, depth: int) -> list[dict[str, object]]:
+async def _worker(
+    address: str, port: int, seconds: float, depth_arg: int
+) -> list[dict[str, object]]:
     os.sched_setaffinity(0, {1})
     out = []
-    async with await connect(address, port, NQN, queues=1, queue_depth=128) as ctrl:
+    most = max(depth_arg or d for _c, _s, _n, d in CASES)
+    async with await connect(address, port, NQN, queues=1, queue_depth=max(128, most + 1)) as ctrl:
         ns = ctrl.namespace(1)
-        for case, size, nranges in CASES:
+        for case, size, nranges, case_depth in CASES:
+            depth = depth_arg or case_depth
             nb = size // BLOCK
             copied = size * nranges
             for mode in ("emulate", "offload"):
                 device = ns if mode == "offload" else EmulateOnly(ns)
 
-                async def one(
-                    slot: int, nb: int = nb, nranges: int = nranges, device: object = device
-                ) -> None:
-                    base = slot * nb * nranges * 2
-                    sources = [SourceRange(device, base + 2 * i * nb, nb) for i in range(nranges)]
-                    dst_base = ns.capabilities.num_blocks // 2
-                    await copy(sources, device, dst_base + slot * nb * nranges)
+                # Each slot copies its own ranges, to its own destination, over and over:
+                # built once, so that what is timed is the copy, not the bookkeeping.
+                dst_base = ns.capabilities.num_blocks // 2
+                jobs = [
+                    (
+                        [
+                            SourceRange(device, s * nb * nranges * 2 + 2 * i * nb, nb)
+                            for i in range(nranges)
+                        ],
+                        dst_base + s * nb * nranges,
+                    )
+                    for s in range(depth)
+                ]
+
+                async def one(slot: int, jobs: list = jobs, device: object = device) -> None:
+                    sources, dst = jobs[slot]
+                    await copy(sources, device, dst)
 
                 await asyncio.gather(*(one(s) for s in range(depth)))  # warm up
                 sent0, recv0 = ctrl.bytes_sent, ctrl.bytes_received
@@ -124,16 +149,20 @@ async def _worker(address: str, port: int, seconds: float, depth: int) -> list[d
 
                 async def slot(
                     s: int,
-                    one: Callable[[int], Awaitable[None]] = one,
+                    jobs: list = jobs,
+                    device: object = device,
                     deadline: float = deadline,
                     done: list[int] = done,
                 ) -> None:
                     # Each slot starts its next copy as soon as its last one ends (like
                     # fio's iodepth): waves of copies started together would keep them
                     # in lockstep, all reading and then all writing.
+                    sources, dst = jobs[s]
+                    n = 0
                     while time.perf_counter() < deadline:
-                        await one(s)
-                        done[0] += 1
+                        await copy(sources, device, dst)  # type: ignore[arg-type]
+                        n += 1
+                    done[0] += n
 
                 await asyncio.gather(*(slot(s) for s in range(depth)))
                 elapsed = time.perf_counter() - started
@@ -143,6 +172,7 @@ async def _worker(address: str, port: int, seconds: float, depth: int) -> list[d
                     {
                         "case": case,
                         "mode": mode,
+                        "depth": depth,
                         "mib_per_s": copied * copies / elapsed / MIB,
                         "wire_bytes_per_copy": wire / copies,
                         "wire_ratio": wire / (copied * copies),
@@ -187,7 +217,30 @@ def _teardown() -> None:
 
 
 @contextlib.contextmanager
-def _target(netns: str | None, address: str, port: int) -> Iterator[None]:
+def _xfs() -> Iterator[Path]:
+    """A loop-mounted XFS image with reflink, holding the file namespace's 1 GiB file
+    with data in the blocks the copies read (a reflink of holes would prove little)."""
+    subprocess.run(["umount", str(XFS_MOUNT)], capture_output=True, check=False)
+    XFS_MOUNT.mkdir(exist_ok=True)
+    with XFS_IMAGE.open("wb") as f:
+        f.truncate(NS_BYTES + (512 << 20))
+    _sh(f"mkfs.xfs -q -f -m reflink=1 {XFS_IMAGE}")
+    _sh(f"mount -o loop {XFS_IMAGE} {XFS_MOUNT}")
+    try:
+        path = XFS_MOUNT / "ns1.img"
+        chunk = os.urandom(MIB)
+        with path.open("wb") as f:
+            f.truncate(NS_BYTES)
+            for _ in range(NS_BYTES // 2 // MIB):  # every source block (the lower half)
+                f.write(chunk)
+        yield path
+    finally:
+        subprocess.run(["umount", str(XFS_MOUNT)], check=False)
+        XFS_IMAGE.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _target(netns: str | None, address: str, port: int, backend: list[str]) -> Iterator[None]:
     cmd = [
         "taskset",
         "-c",
@@ -202,8 +255,7 @@ def _target(netns: str | None, address: str, port: int) -> Iterator[None]:
         "0",
         "--nqn",
         NQN,
-        "--memory",
-        "1G",
+        *backend,
         "--block-size",
         str(BLOCK),
     ]
@@ -227,8 +279,10 @@ def _run_worker(netns: str | None, address: str, port: int, seconds: float, dept
     cmd = [sys.executable, __file__, "--worker", address, str(port), str(seconds), str(depth)]
     if netns:
         cmd = ["ip", "netns", "exec", netns, *cmd]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO).stdout
-    return json.loads(out)  # type: ignore[no-any-return]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=REPO)
+    if done.returncode:
+        raise RuntimeError(f"the host side failed ({done.returncode}):\n{done.stderr}")
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
 def _free_port() -> int:
@@ -242,16 +296,16 @@ def _free_port() -> int:
 def chart(results: list[Measurement], path: Path, caption: str) -> None:
     """MiB/s and wire bytes per copy, host read + write next to Copy, per network and case."""
     plt = plot.pyplot()
-    groups = list(dict.fromkeys((m.network, m.case) for m in results))
+    groups = list(dict.fromkeys((m.network, m.backend, m.case) for m in results))
 
     def pick(mode: str, attr: str) -> list[float]:
-        by_key = {(m.network, m.case): m for m in results if m.mode == mode}
+        by_key = {(m.network, m.backend, m.case): m for m in results if m.mode == mode}
         return [float(getattr(by_key[g], attr)) for g in groups]
 
-    labels = [f"{case}\n{network}" for network, case in groups]
+    labels = [f"{case}\n{backend}\n{network}" for network, backend, case in groups]
     speed = pick("offload", "mib_per_s")
     base = pick("emulate", "mib_per_s")
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(18, 6))
     plot.grouped_bars(
         left,
         labels,
@@ -280,7 +334,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--depth", type=int, default=8, help="copies in flight")
+    parser.add_argument(
+        "--depth", type=int, default=0, help="copies in flight (default: 64 for 8 KiB, 8 for 2 MiB)"
+    )
+    parser.add_argument(
+        "--backend", choices=("memory", "file", "both"), default="both", help="namespace kind"
+    )
     parser.add_argument("--rate", default="1gbit")
     parser.add_argument("--quick", action="store_true", help="1 s, 1 repeat, no docs")
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
@@ -294,22 +353,33 @@ def main() -> None:
     rate_bits = {"k": 1e3, "m": 1e6, "g": 1e9}[args.rate.lower().rstrip("bit")[-1]] * float(
         args.rate.lower().rstrip("bit")[:-1]
     )
-    runs: dict[tuple[str, str, str], list[dict[str, float]]] = {}
-    for _ in range(args.repeat):
-        port = _free_port()
-        with _target(None, "127.0.0.1", port):
-            for r in _run_worker(None, "127.0.0.1", port, args.seconds, args.depth):
-                runs.setdefault(("loopback", r["case"], r["mode"]), []).append(r)
-        with _link(args.rate), _target(TARGET_NS, TARGET_IP, 4420):
-            for r in _run_worker(HOST_NS, TARGET_IP, 4420, args.seconds, args.depth):
-                runs.setdefault((f"{args.rate} link", r["case"], r["mode"]), []).append(r)
+    load_at_start = load_line()
+    runs: dict[tuple[str, str, str, str], list[dict[str, float]]] = {}
+    backends = ["memory", "file"] if args.backend == "both" else [args.backend]
+    with contextlib.ExitStack() as stack:
+        options = {"memory": ["--memory", "1G"]}
+        if "file" in backends:
+            options["file"] = ["--file", str(stack.enter_context(_xfs()))]
+        # Repeats alternate everything (backends, networks, and within a run the two
+        # methods), so that a slow moment on the machine does not land on one side only.
+        for _ in range(args.repeat):
+            for backend in backends:
+                port = _free_port()
+                with _target(None, "127.0.0.1", port, options[backend]):
+                    for r in _run_worker(None, "127.0.0.1", port, args.seconds, args.depth):
+                        runs.setdefault(("loopback", backend, r["case"], r["mode"]), []).append(r)
+                with _link(args.rate), _target(TARGET_NS, TARGET_IP, 4420, options[backend]):
+                    for r in _run_worker(HOST_NS, TARGET_IP, 4420, args.seconds, args.depth):
+                        key = (f"{args.rate} link", backend, r["case"], r["mode"])
+                        runs.setdefault(key, []).append(r)
     results = []
-    for (network, case, mode), rs in runs.items():
+    for (network, backend, case, mode), rs in runs.items():
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0] if k not in ("case", "mode")}
         use = med["wire_bits_per_s"] / (2 * rate_bits) if network != "loopback" else None
         results.append(
             Measurement(
                 network,
+                backend,
                 case,
                 mode,
                 med["mib_per_s"],
@@ -319,18 +389,20 @@ def main() -> None:
             )
         )
     rows = []
-    for network in dict.fromkeys(m.network for m in results):
-        for case, _size, _n in CASES:
-            em = next(
-                m for m in results if (m.network, m.case, m.mode) == (network, case, "emulate")
-            )
-            off = next(
-                m for m in results if (m.network, m.case, m.mode) == (network, case, "offload")
-            )
+    groups = list(dict.fromkeys((m.network, m.backend) for m in results))
+    for network, backend in groups:
+        for case, _size, _n, _depth in CASES:
+            pair = {
+                m.mode: m
+                for m in results
+                if (m.network, m.backend, m.case) == (network, backend, case)
+            }
+            em, off = pair["emulate"], pair["offload"]
             for m in (em, off):
                 rows.append(
                     [
                         network,
+                        backend,
                         case,
                         "host read + write" if m.mode == "emulate" else "Copy offload",
                         f"{m.mib_per_s:,.1f}",
@@ -342,6 +414,7 @@ def main() -> None:
                 )
     header = [
         "network",
+        "backend",
         "copy",
         "method",
         "MiB/s",
@@ -351,12 +424,17 @@ def main() -> None:
         "speed-up",
     ]
     command = "sudo python3 " + " ".join(shlex.quote(a) for a in sys.argv)
+    depths = ", ".join(f"{args.depth or d} for {case}" for case, _s, _n, d in CASES)
     lines = [
         f"Command: `{command}`",
         f"Machine: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
         f"Python {platform.python_version()}; target on CPU 0, host on CPU 1; "
-        f"{args.depth} copies in flight; median of {args.repeat} runs of {args.seconds:g} s; "
-        f"1 GiB memory namespace, {BLOCK}-byte blocks.",
+        f"copies in flight: {depths}; one I/O queue; "
+        f"median of {args.repeat} runs of {args.seconds:g} s; "
+        f"1 GiB namespaces of {BLOCK}-byte blocks: memory, and a file on a loop-mounted "
+        "XFS image (reflink=1).",
+        f"Load average at start {load_at_start}, at the end {load_line()} (other work on "
+        "this shared machine: the 8 KiB rows are CPU-bound on both ends, so they fall with it).",
         "",
         markdown_table(header, rows),
         "",

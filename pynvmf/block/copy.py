@@ -41,6 +41,16 @@ may run concurrently with the others: up to `depth` of them are in flight at onc
 Each of the `depth` workers reads its next emulation chunk while the previous one is
 being written, so an emulated copy over a network keeps both directions busy instead
 of alternating between a read phase and a write phase.
+
+A plan says how much memory carrying it out holds at most (`CopyPlan.memory`: staging
+buffers plus emulation buffers), so that a caller with a memory budget (the target,
+for a host's Copy) can acquire it before anything runs; with `memory_limit` the plan
+shrinks its emulation (fewer workers, then smaller chunks) to fit, and refuses with
+CopyTooLarge only when the staging alone cannot.
+
+A copy of one range inside one device is the common small case (a host's 8 KiB Copy):
+`copy_blocks` and `copy` decide it without building a plan (the same rules: a native
+copy has memmove semantics, an offload device gets one request).
 """
 
 from __future__ import annotations
@@ -54,6 +64,7 @@ from pynvmf.block.device import (
     BlockDevice,
     CopyLimits,
     CopyOffload,
+    CopyOne,
     CopyPreparation,
     KnownMedium,
     MappedDevice,
@@ -68,11 +79,17 @@ STAGING_LIMIT = 64 << 20  # the most a copy may buffer to honour overlapping ran
 
 
 class CopyTooLarge(ValueError):
-    """The copy's overlapping sources would need more staging memory than allowed."""
+    """The copy's overlapping sources would need more staging memory than allowed
+    (`staging_limit`), or more memory in all than `memory_limit`."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SourceRange:
+    """`nblocks` blocks of `device` from `lba`. Not frozen, only because a frozen
+    dataclass is built through object.__setattr__, which costs more than the rest of a
+    small copy's planning; treat it as immutable (the planner tells ranges apart by
+    identity, never by value)."""
+
     device: BlockDevice
     lba: int
     nblocks: int
@@ -109,7 +126,7 @@ class _Native:
 
 @dataclass(frozen=True, slots=True)
 class _Staged:
-    buf: bytearray
+    index: int  # of its source in the plan's staging list (its buffer, when run)
     dst_lba: int
 
 
@@ -164,8 +181,9 @@ def _plan(
     dst_lba: int,
     total: int,
     staging_limit: int,
-) -> tuple[list[_Step], list[tuple[SourceRange, bytearray]]]:
-    """The steps of the copy, and the sources to read into memory before any of them."""
+) -> tuple[list[_Step], list[SourceRange]]:
+    """The steps of the copy, and the sources to read into memory before any of them
+    (nothing is allocated here: a plan that is refused or waits for memory holds none)."""
     dcaps = dst.capabilities
     native = dcaps.native_copy and _offers(dst, NativeCopy)
     offload = cast(CopyOffload, dst) if _offers(dst, CopyOffload) else None
@@ -193,16 +211,15 @@ def _plan(
             f"overlapping copy needs {need} bytes of staging memory, over the {staging_limit}"
         )
     staged_ids = {id(s) for s in overlapping}
-    staging: list[tuple[SourceRange, bytearray]] = []
+    staging: list[SourceRange] = []
     steps: list[_Step] = []
     batcher = _Batcher(offload.copy_limits, steps) if offload is not None else None
     offloadable: dict[int, bool] = {}
     lba = dst_lba
     for s in live:
         if id(s) in staged_ids:
-            buf = bytearray(s.nblocks * dcaps.block_size)
-            staging.append((s, buf))
-            step: _Step | None = _Staged(buf, lba)
+            step: _Step | None = _Staged(len(staging), lba)
+            staging.append(s)
         elif id(s) in memmove_ids:
             step = _Native(s.lba, lba, s.nblocks)
         elif offload is not None and batcher is not None and _can_offload(offload, s, offloadable):
@@ -350,6 +367,123 @@ def _on_destination_storage(
 # -- execution ----------------------------------------------------------------------------------
 
 
+@dataclass(slots=True)
+class CopyPlan:
+    """A copy decided and not yet run: `run()` carries it out. `memory` is the most it
+    holds in buffers while it runs (staged sources and emulation chunks), the figure a
+    caller with a memory budget acquires first."""
+
+    dst: BlockDevice
+    steps: list[_Step]
+    staging: list[SourceRange]  # read whole, before any step, into buffers of their size
+    chunk_blocks: int  # blocks per emulation chunk
+    workers: int  # jobs in flight at once
+    buffer_bytes: int  # one emulation buffer: the largest chunk
+    memory: int
+    report: CopyReport
+
+    async def run(self, *, fua: bool = False) -> CopyReport:
+        """Carry the plan out (once). A device error is raised once every step already
+        started has finished; no step starts after it."""
+        steps = self.steps
+        dst = self.dst
+        bs = dst.capabilities.block_size
+        buffers = [bytearray(s.nblocks * bs) for s in self.staging]
+        # Every overlapping source is read whole before the first block is written.
+        if buffers:
+            await _run_bounded(
+                (_reader(s, buf) for s, buf in zip(self.staging, buffers, strict=True)),
+                max(1, min(self.workers, len(buffers))),
+            )
+        jobs = _jobs(steps, dst, self.chunk_blocks, fua, buffers)
+        await _run_bounded(jobs, self.workers, buffer_bytes=self.buffer_bytes)
+        # Offload requests carried FUA themselves; anything else was written without it.
+        if fua and (not steps or not all(isinstance(s, _Offload) for s in steps)):
+            await dst.flush()
+        return self.report
+
+
+def _emulation(steps: Sequence[_Step], chunk_blocks: int, depth: int) -> tuple[int, int, int]:
+    """(workers, blocks of the largest chunk, emulation buffers at most) of running
+    `steps` with chunks of `chunk_blocks` and `depth` jobs in flight. A worker allocates
+    a buffer only when it takes a chunk, two at most (one read while the other is
+    written): no more buffers than chunks, nor than two per worker."""
+    jobs = chunks = largest = 0
+    for s in steps:
+        if isinstance(s, _Emulate):
+            n = s.source.nblocks
+            chunks += -(-n // chunk_blocks)
+            largest = max(largest, min(chunk_blocks, n))
+        else:
+            jobs += 1
+    jobs += chunks
+    workers = max(1, min(depth, jobs))
+    return workers, largest, min(chunks, 2 * workers)
+
+
+async def plan_copy(
+    sources: Sequence[SourceRange],
+    dst: BlockDevice,
+    dst_lba: int,
+    *,
+    chunk_bytes: int = EMULATION_CHUNK,
+    depth: int = EMULATION_DEPTH,
+    staging_limit: int = STAGING_LIMIT,
+    memory_limit: int | None = None,
+) -> CopyPlan:
+    """Check and plan a copy of `sources` in order to `dst` from `dst_lba`.
+
+    Raises BlockRangeError when a range lies outside its device, ValueError when block
+    sizes differ, CopyTooLarge when overlapping ranges would need more than
+    `staging_limit` bytes of memory, or the plan more than `memory_limit` even with its
+    emulation at the smallest (one worker, one-block chunks). Nothing is written or
+    allocated before it returns; only a CopyPreparation destination may have been asked
+    to prepare (`prepare_copy`)."""
+    dcaps = dst.capabilities
+    bs = dcaps.block_size
+    total = sum(s.nblocks for s in sources)
+    check_range(dcaps, dst_lba, total)
+    for s in sources:
+        if s.device.capabilities.block_size != bs:
+            raise ValueError("source and destination block sizes differ")
+        check_range(s.device.capabilities, s.lba, s.nblocks)
+
+    await _prepare(dst, sources)
+    if memory_limit is not None:
+        staging_limit = min(staging_limit, memory_limit)
+    steps, staging = _plan(sources, dst, dst_lba, total, staging_limit)
+    report = CopyReport()
+    for step in steps:
+        if isinstance(step, _Offload):
+            report.offloaded_blocks += step.nblocks
+            report.commands += 1
+        elif isinstance(step, _Native):
+            report.native_blocks += step.nblocks
+        elif isinstance(step, _Staged):
+            n = staging[step.index].nblocks
+            report.staged_blocks += n
+            report.emulated_blocks += n
+        else:
+            report.emulated_blocks += step.source.nblocks
+
+    staged = sum(s.nblocks for s in staging) * bs
+    chunk_blocks = max(1, chunk_bytes // bs)
+    depth = max(1, depth)
+    while True:
+        workers, largest, buffers = _emulation(steps, chunk_blocks, depth)
+        memory = staged + buffers * largest * bs
+        if memory_limit is None or memory <= memory_limit:
+            break
+        # Over the limit: fewer workers first (the same I/O sizes), then smaller chunks.
+        if depth > 1:
+            depth //= 2
+        elif chunk_blocks > 1:
+            chunk_blocks //= 2
+        else:
+            raise CopyTooLarge(f"the copy needs {memory} bytes of memory, over {memory_limit}")
+    return CopyPlan(dst, steps, staging, chunk_blocks, workers, largest * bs, memory, report)
+
+
 async def copy(
     sources: Sequence[SourceRange],
     dst: BlockDevice,
@@ -368,48 +502,21 @@ async def copy(
     (OSError, NvmeStatusError, ...) is raised once every step already started has
     finished; no step starts after it.
     """
-    dcaps = dst.capabilities
-    bs = dcaps.block_size
-    total = sum(s.nblocks for s in sources)
-    check_range(dcaps, dst_lba, total)
-    for s in sources:
-        if s.device.capabilities.block_size != bs:
-            raise ValueError("source and destination block sizes differ")
-        check_range(s.device.capabilities, s.lba, s.nblocks)
-
-    await _prepare(dst, sources)
-    steps, staging = _plan(sources, dst, dst_lba, total, staging_limit)
-    report = CopyReport()
-    for step in steps:
-        if isinstance(step, _Offload):
-            report.offloaded_blocks += step.nblocks
-            report.commands += 1
-        elif isinstance(step, _Native):
-            report.native_blocks += step.nblocks
-        elif isinstance(step, _Staged):
-            report.staged_blocks += len(step.buf) // bs
-            report.emulated_blocks += len(step.buf) // bs
-        else:
-            report.emulated_blocks += step.source.nblocks
-
-    # Every overlapping source is read whole before the first block is written.
-    if staging:
-        await _run_bounded(
-            (_reader(s, buf) for s, buf in staging), max(1, min(depth, len(staging)))
-        )
-
-    step_blocks = max(1, chunk_bytes // bs)
-    largest = max(
-        (min(step_blocks, s.source.nblocks) for s in steps if isinstance(s, _Emulate)), default=0
+    if len(sources) == 1:
+        s = sources[0]
+        if s.device is dst:
+            report = await copy_one_range(dst, s.lba, dst_lba, s.nblocks, fua=fua)
+            if report is not None:
+                return report
+    plan = await plan_copy(
+        sources,
+        dst,
+        dst_lba,
+        chunk_bytes=chunk_bytes,
+        depth=depth,
+        staging_limit=staging_limit,
     )
-    jobs = _jobs(steps, dst, step_blocks, fua)
-    workers = max(1, min(depth, _count_jobs(steps, step_blocks)))
-    await _run_bounded(jobs, workers, buffer_bytes=largest * bs)
-
-    # Offload requests carried FUA themselves; anything else was written without it.
-    if fua and (not steps or not all(isinstance(s, _Offload) for s in steps)):
-        await dst.flush()
-    return report
+    return await plan.run(fua=fua)
 
 
 async def copy_blocks(
@@ -425,6 +532,10 @@ async def copy_blocks(
     staging_limit: int = STAGING_LIMIT,
 ) -> CopyReport:
     """Copy one range: `nblocks` from `src_device` at `src_lba` to `dst_device` at `dst_lba`."""
+    if src_device is dst_device:
+        report = await copy_one_range(dst_device, src_lba, dst_lba, nblocks, fua=fua)
+        if report is not None:
+            return report
     return await copy(
         [SourceRange(src_device, src_lba, nblocks)],
         dst_device,
@@ -434,6 +545,67 @@ async def copy_blocks(
         depth=depth,
         staging_limit=staging_limit,
     )
+
+
+async def copy_one_range(
+    dev: BlockDevice, src_lba: int, dst_lba: int, nblocks: int, *, fua: bool = False
+) -> CopyReport | None:
+    """One range inside one device, decided by the planner's rules without a plan: a
+    native copy (memmove semantics, so an overlap needs no staging), or one offload
+    request for a range that does not overlap its destination and fits the limits.
+    None, having done nothing, when neither applies or a range is outside the device:
+    then a plan decides (staging, splitting, emulation) or raises. Holds no buffers."""
+    if nblocks <= 0:
+        return None
+    caps = dev.capabilities
+    num_blocks = caps.num_blocks
+    if (
+        src_lba < 0
+        or dst_lba < 0
+        or src_lba + nblocks > num_blocks
+        or dst_lba + nblocks > num_blocks
+    ):
+        return None  # the plan raises the error
+    kind = _ONE_KIND.get(type(dev))
+    if kind is None:
+        kind = _one_kind(dev)
+    # The devices' methods are called without cast(): a call each, on the hot path; the
+    # kind says the device has them.
+    if kind & _NATIVE and caps.native_copy:
+        await dev.copy_within(src_lba, dst_lba, nblocks)  # type: ignore[attr-defined]
+        if fua:
+            await dev.flush()
+        return CopyReport(nblocks)  # positional: keywords cost more than the rest here
+    if not kind & _OFFLOAD or (src_lba < dst_lba + nblocks and dst_lba < src_lba + nblocks):
+        return None
+    if kind & _ONE and await dev.copy_one(src_lba, dst_lba, nblocks, fua=fua):  # type: ignore[attr-defined]
+        return CopyReport(0, 0, 0, nblocks, 1)  # offloaded_blocks, commands
+    limits: CopyLimits = dev.copy_limits  # type: ignore[attr-defined]
+    if nblocks > limits.max_range_blocks or nblocks > limits.max_blocks:
+        return None
+    if kind & _PREPARE:
+        await dev.prepare_copy((dev,))  # type: ignore[attr-defined]
+    if not dev.can_copy_from(dev):  # type: ignore[attr-defined]
+        return None
+    await dev.copy_offload(((dev, src_lba, nblocks),), dst_lba, fua=fua)  # type: ignore[attr-defined]
+    return CopyReport(0, 0, 0, nblocks, 1)  # offloaded_blocks, commands
+
+
+# What a device type offers copy_one_range, found once per type (as `_offers` does).
+_NATIVE, _OFFLOAD, _PREPARE, _ONE = 1, 2, 4, 8
+_ONE_KIND: dict[type, int] = {}
+
+
+def _one_kind(dev: object) -> int:
+    kind = _NATIVE if _offers(dev, NativeCopy) else 0
+    if _offers(dev, CopyOffload):
+        kind |= _OFFLOAD
+        if _offers(dev, CopyPreparation):
+            kind |= _PREPARE
+        if _offers(dev, CopyOne):
+            kind |= _ONE
+    _ONE_KIND[type(dev)] = kind
+    return kind
 
 
 # A job gets the worker's emulation buffer (allocated on first use, reused after).
@@ -464,12 +636,12 @@ def _reader(s: SourceRange, buf: bytearray) -> _Job:
     return run
 
 
-def _count_jobs(steps: Sequence[_Step], step_blocks: int) -> int:
-    return sum(-(-s.source.nblocks // step_blocks) if isinstance(s, _Emulate) else 1 for s in steps)
-
-
 def _jobs(
-    steps: Sequence[_Step], dst: BlockDevice, step_blocks: int, fua: bool
+    steps: Sequence[_Step],
+    dst: BlockDevice,
+    step_blocks: int,
+    fua: bool,
+    buffers: Sequence[bytearray],
 ) -> Iterator[_Job | _Chunk]:
     """One job per offload request, native copy and staged write; one per emulation chunk."""
     bs = dst.capabilities.block_size
@@ -479,7 +651,7 @@ def _jobs(
         elif isinstance(step, _Native):
             yield _native(step, dst)
         elif isinstance(step, _Staged):
-            yield _staged_writer(step, dst)
+            yield _staged_writer(buffers[step.index], step.dst_lba, dst)
         else:
             s = step.source
             for off in range(0, s.nblocks, step_blocks):
@@ -501,9 +673,9 @@ def _native(step: _Native, dst: BlockDevice) -> _Job:
     return run
 
 
-def _staged_writer(step: _Staged, dst: BlockDevice) -> _Job:
+def _staged_writer(buf: bytearray, dst_lba: int, dst: BlockDevice) -> _Job:
     async def run(_worker: _Worker) -> None:
-        await dst.write(step.dst_lba, step.buf)
+        await dst.write(dst_lba, buf)
 
     return run
 

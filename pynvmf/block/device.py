@@ -123,6 +123,25 @@ class CopyOffload(Protocol):
 
 
 @runtime_checkable
+class CopyOne(Protocol):
+    """A CopyOffload device that also takes one range of itself in one call: the common
+    small copy, without the range objects and the checks a general request needs (a
+    remote namespace: one Copy command with one descriptor).
+
+    The copy planner calls it for a single range of the device copied within it that
+    does not overlap its destination, both ranges inside the device.
+    """
+
+    async def copy_one(
+        self, src_lba: int, dst_lba: int, nblocks: int, *, fua: bool = False
+    ) -> bool:
+        """Copy `nblocks` from `src_lba` to `dst_lba` with one request; False, having done
+        nothing, if this device cannot take it so (over its limits, or it would first have
+        to settle something): the planner then plans the copy."""
+        ...
+
+
+@runtime_checkable
 class CopyPreparation(Protocol):
     """A CopyOffload device whose `can_copy_from` depends on something it has to settle
     with the device first, by I/O: a remote namespace may copy from another namespace

@@ -7,10 +7,10 @@ the event loop's thread: the file is expected to be mostly in the page cache,
 where such a syscall takes a few microseconds, less than a hop to a worker
 thread and back would cost.  What waits for the storage itself (flush, the
 fdatasync of close and of a FUA fallback, zeroing or deallocating on a block
-device) or may take long (zeroing or deallocating more than 1 MiB of a file,
-which may fall back to writing zeroes) runs in a worker thread via
-asyncio.to_thread.  A FUA write uses
-RWF_DSYNC and is also made inline, so it blocks the loop for one write-through.
+device) or may take long (zeroing, deallocating or copying within the file more
+than 1 MiB, which may fall back to writing zeroes or copying through memory) runs
+in a worker thread via asyncio.to_thread.  A FUA write uses RWF_DSYNC and is
+also made inline, so it blocks the loop for one write-through.
 
 write_zeroes and deallocate use fallocate(2), which both regular files and block
 devices (Linux >= 4.9) implement; wherever it is refused they fall back to writing
@@ -50,6 +50,8 @@ _zeros: memoryview | None = None
 
 
 _COPY_CHUNK = 1 << 20
+# copy_within up to this length runs on the event loop's thread, as writes do.
+_INLINE_COPY = 1 << 20
 # copy_file_range cannot serve this pair of offsets or this file: copy through memory.
 _NO_COPY_FILE_RANGE = frozenset(
     (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF)
@@ -313,7 +315,12 @@ class FileDevice:
         src, dst, length = src_lba << self._shift, dst_lba << self._shift, nblocks << self._shift
         if length == 0 or src == dst:
             return
-        await asyncio.to_thread(self._copy_within, src, dst, length)
+        if length <= _INLINE_COPY and not self._is_blockdev:
+            # A small copy_file_range in the page cache (or a reflink) takes microseconds,
+            # less than the hop to a worker thread and back, as reads and writes do.
+            self._copy_within(src, dst, length)
+        else:
+            await asyncio.to_thread(self._copy_within, src, dst, length)
         if fua:
             await asyncio.to_thread(os.fdatasync, self._fd)
 

@@ -41,6 +41,7 @@ from pynvmf.spec.command import (
     RW_FUA,
     CopyRange,
     copy_cdw12,
+    pack_copy_range,
     pack_copy_ranges,
 )
 from pynvmf.spec.opcodes import IoOpcode
@@ -275,7 +276,8 @@ class RemoteNamespace(NamespaceReservations):
 
 class CopyingNamespace(RemoteNamespace):
     """A namespace of a controller that supports Copy: a RemoteNamespace that also
-    implements pynvmf.block.device.CopyOffload (one NVMe Copy command per request)."""
+    implements pynvmf.block.device.CopyOffload (one NVMe Copy command per request) and
+    CopyOne (one command with one descriptor, for a single range within it)."""
 
     def __init__(self, controller: Controller, nsid: int, identify: I.IdentifyNamespace) -> None:
         super().__init__(controller, nsid, identify)
@@ -318,8 +320,10 @@ class CopyingNamespace(RemoteNamespace):
         refused (pynvmf.block.device.CopyPreparation)."""
         if self.controller.copy_formats_enabled is not None:
             return
-        if any(_needs_enabling(self._format_for(s)) for s in sources):
-            await self.controller.enable_copy_formats()
+        for s in sources:
+            if _needs_enabling(self._format_for(s)):
+                await self.controller.enable_copy_formats()
+                return
 
     def _format_for(self, source: BlockDevice) -> int | None:
         """The descriptor format of a Copy from `source`; None if no Copy can name it."""
@@ -349,6 +353,34 @@ class CopyingNamespace(RemoteNamespace):
             )
         return self._formats
 
+    async def copy_one(
+        self, src_lba: int, dst_lba: int, nblocks: int, *, fua: bool = False
+    ) -> bool:
+        """One Copy command of one range of this namespace (pynvmf.block.device.CopyOne);
+        False, having sent nothing, over MSSRL or MCL or while the descriptor format it
+        would use is still to be enabled."""
+        self._check_open()
+        own = self._copy_formats()[0]
+        if own is None or (self.controller.copy_formats_enabled is None and _needs_enabling(own)):
+            return False
+        limits = self._copy_limits
+        if nblocks > limits.max_range_blocks or nblocks > limits.max_blocks or nblocks <= 0:
+            return False
+        end = self._num_blocks
+        if src_lba < 0 or src_lba + nblocks > end:
+            check_range(self._caps, src_lba, nblocks)
+        if dst_lba < 0 or dst_lba + nblocks > end:
+            check_range(self._caps, dst_lba, nblocks)
+        await self.controller.next_queue().execute(
+            IoOpcode.COPY,
+            self.nsid,
+            dst_lba & 0xFFFFFFFF,
+            dst_lba >> 32,
+            copy_cdw12(1, own, fua=fua),
+            data=pack_copy_range(own, src_lba, nblocks, self.nsid),
+        )
+        return True
+
     async def copy_offload(
         self, sources: Sequence[tuple[BlockDevice, int, int]], dst_lba: int, *, fua: bool = False
     ) -> None:
@@ -356,6 +388,37 @@ class CopyingNamespace(RemoteNamespace):
         source it cannot copy from, BlockRangeError for a range outside its namespace,
         NvmeStatusError for a command the controller fails."""
         self._check_open()
+        if len(sources) == 1 and sources[0][0] is self:
+            # One range of this namespace, the common small copy: no range objects, and
+            # no preparation when the format needs no enabling (or is settled).
+            _device, lba, nblocks = sources[0]
+            own = self._copy_formats()[0]
+            if (
+                nblocks > 0
+                and own is not None
+                and (self.controller.copy_formats_enabled is not None or not _needs_enabling(own))
+            ):
+                limits = self._copy_limits
+                if nblocks > limits.max_range_blocks:
+                    raise ValueError(
+                        f"range of {nblocks} blocks over MSSRL {limits.max_range_blocks}"
+                    )
+                if nblocks > limits.max_blocks:
+                    raise ValueError(f"1 range of {nblocks} blocks: over the limits {limits}")
+                end = self._num_blocks
+                if lba < 0 or lba + nblocks > end:
+                    check_range(self._caps, lba, nblocks)
+                if dst_lba < 0 or dst_lba + nblocks > end:
+                    check_range(self._caps, dst_lba, nblocks)
+                await self.controller.next_queue().execute(
+                    IoOpcode.COPY,
+                    self.nsid,
+                    dst_lba & 0xFFFFFFFF,
+                    dst_lba >> 32,
+                    copy_cdw12(1, own, fua=fua),
+                    data=pack_copy_range(own, lba, nblocks, self.nsid),
+                )
+                return
         # A direct caller may not have let the planner prepare: the formats must be
         # settled before the sources are checked against them.
         await self.prepare_copy(device for device, _lba, nblocks in sources if nblocks)

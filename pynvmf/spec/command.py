@@ -289,6 +289,19 @@ def parse_copy_ranges(
     return out
 
 
+# One whole descriptor of each format (the head padded to its size): a Copy of one range,
+# the common small one, is packed and parsed with one call and no intermediate objects.
+COPY_DESCRIPTOR = {
+    f: struct.Struct(_COPY_RANGE_HEAD.format + f"{size - _COPY_RANGE_HEAD.size}x")
+    for f, size in COPY_DESCRIPTOR_SIZE.items()
+}
+
+
+def pack_copy_range(desfmt: int, slba: int, nlb: int, snsid: int = 0) -> bytes:
+    """One source range descriptor (`nlb` 1's based; `snsid` only in formats 2/3)."""
+    return COPY_DESCRIPTOR[desfmt].pack(snsid if desfmt & 2 else 0, slba, nlb - 1, 0, 0, 0)
+
+
 def pack_copy_ranges(ranges: list[CopyRange], desfmt: int) -> bytes:
     size = COPY_DESCRIPTOR_SIZE[desfmt]
     cross = desfmt in (2, 3)

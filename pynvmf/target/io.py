@@ -9,6 +9,7 @@ range past the end of the namespace touches nothing.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from pynvmf.block import copy as block_copy
 from pynvmf.block.device import BlockRangeError, StorageUnavailable
 from pynvmf.spec.command import (
     COPY_CDFE_FORMATS,
+    COPY_DESCRIPTOR,
     COPY_DESCRIPTOR_SIZE,
     DSM_ATTR_DEALLOCATE,
     DSM_RANGE,
@@ -46,6 +48,9 @@ if TYPE_CHECKING:
     from pynvmf.tcp.target import Request
 
 log = logging.getLogger(__name__)
+
+# What Identify reports for each block size, made once (a Copy checks it every time).
+_copy_limits = functools.cache(copy_limits)
 
 
 Outcome = tuple[int, bytes | bytearray | memoryview | None]
@@ -272,7 +277,8 @@ class IoHandler:
 
         The limits checked here are the ones Identify Namespace reports; the data
         path (native copy inside a device, or emulation across devices) is the copy
-        planner's decision.
+        planner's decision. The memory a plan needs (staged sources, emulation
+        buffers) is taken from the connection's data budget before it runs.
         """
         sqe = req.sqe
         ns = self.namespaces.get(sqe.nsid)
@@ -288,12 +294,44 @@ class IoHandler:
             # TP 4130: a format with source NSIDs only once the host enabled it (CDFE),
             # checked before the descriptors are fetched.
             return Status.INVALID_FIELD | DNR, None
-        limits = copy_limits(ns.block_size)
+        device = ns.device
+        caps = device.capabilities  # once: Namespace.block_size and num_blocks ask it each
+        block_size = caps.block_size
+        limits = _copy_limits(block_size)
         if nr > limits.max_ranges:
             return CMD_SIZE_LIMIT_EXCEEDED | DNR, None
         if req.length != nr * COPY_DESCRIPTOR_SIZE[desfmt]:
             return Status.SGL_INVALID_DATA | DNR, None
         data = req.data if req.data is not None else await self.queue.fetch_data(req)
+        sdlba = sqe.cdw10 | sqe.cdw11 << 32
+        fua = bool(cdw12 & RW_FUA) or not self.ctrl.volatile_write_cache
+        if nr == 1 and desfmt < 2:
+            # One range within the namespace (formats 0/1 name no source namespace): the
+            # common small Copy, checked from its one descriptor without range objects.
+            slba, nlb = COPY_DESCRIPTOR[desfmt].unpack_from(data)[1:3]
+            nlb += 1
+            if nlb > limits.max_range_blocks or nlb > limits.max_blocks:
+                return CMD_SIZE_LIMIT_EXCEEDED | DNR, None
+            num_blocks = caps.num_blocks
+            if slba + nlb > num_blocks or sdlba + nlb > num_blocks:
+                return Status.LBA_OUT_OF_RANGE | DNR, None
+            gate = ns.gate
+            if gate.closed:
+                await gate.wait_open()
+            else:
+                gate.writers += 1
+            try:
+                done = await block_copy.copy_one_range(device, slba, sdlba, nlb, fua=fua)
+            finally:
+                gate.writers -= 1
+                if gate.closed:
+                    gate.left()
+            if done:
+                stats = self.stats
+                stats.copy_cmds += 1
+                stats.copy_bytes += nlb * block_size
+                return Status.SUCCESS, None
+            # The planner wants a plan for it (staging, emulation): the general path.
         ranges = parse_copy_ranges(data, desfmt, nr)
         total = sum(r.nlb for r in ranges)
         if any(r.nlb > limits.max_range_blocks for r in ranges) or total > limits.max_blocks:
@@ -306,7 +344,6 @@ class IoHandler:
                 return status, None
             srcs.append(src)
             sources.append(block_copy.SourceRange(src.device, r.slba, r.nlb))
-        sdlba = sqe.cdw10 | sqe.cdw11 << 32
         if sdlba + total > ns.num_blocks:
             return Status.LBA_OUT_OF_RANGE | DNR, None
         if desfmt in (2, 3) and any(
@@ -317,12 +354,32 @@ class IoHandler:
             # namespace must not overlap the destination (formats 0h/1h leave the result
             # to the controller, and get the planner's read-all-sources-first result).
             return OVERLAPPING_IO_RANGE | DNR, None
-        fua = bool(cdw12 & RW_FUA) or not self.ctrl.volatile_write_cache
-        await ns.gate.enter()
+        budget = self.budget
         try:
-            await block_copy.copy(sources, ns.device, sdlba, fua=fua)
+            # The plan fits what this connection may ever hold, and the target in all:
+            # it shrinks its emulation to fit, and is refused only for staging.
+            plan = await block_copy.plan_copy(
+                sources,
+                ns.device,
+                sdlba,
+                memory_limit=min(budget.capacity, budget.pool.capacity),
+            )
+        except block_copy.CopyTooLarge:
+            # Overlapping ranges that would have to be staged in more memory than the
+            # connection's budget: a size limit of this target (docs/limits.md).
+            return CMD_SIZE_LIMIT_EXCEEDED | DNR, None
+        need = plan.memory
+        if need and not budget.try_take(need):
+            await budget.take(need)
+        try:
+            await ns.gate.enter()
+            try:
+                await plan.run(fua=fua)
+            finally:
+                ns.gate.leave()
         finally:
-            ns.gate.leave()
+            if need:
+                budget.give(need)
         self.stats.copy_cmds += 1
         self.stats.copy_bytes += total * ns.block_size
         return Status.SUCCESS, None

@@ -32,6 +32,21 @@ def test_copy_descriptors_parse_exactly_nr_ranges_from_enough_data(
     assert C.parse_copy_ranges(C.pack_copy_ranges(ranges, desfmt), desfmt, nr) == ranges
 
 
+@given(st.sampled_from(sorted(C.COPY_DESCRIPTOR_SIZE)), st.binary(min_size=40, max_size=40))
+def test_one_descriptor_reads_as_the_range_parser_reads_it(desfmt: int, raw: bytes) -> None:
+    # The target reads a single-range Copy with COPY_DESCRIPTOR directly, the host packs
+    # one with pack_copy_range: both must agree with the general parser and packer.
+    raw = raw[: C.COPY_DESCRIPTOR_SIZE[desfmt]]
+    (r,) = C.parse_copy_ranges(raw, desfmt, 1)
+    snsid, slba, nlb = C.COPY_DESCRIPTOR[desfmt].unpack_from(raw)[:3]
+    assert (slba, nlb + 1) == (r.slba, r.nlb)
+    if desfmt in (2, 3):
+        assert snsid == r.snsid
+    packed = C.pack_copy_range(desfmt, r.slba, r.nlb, r.snsid)
+    assert packed == C.pack_copy_ranges([C.CopyRange(r.slba, r.nlb, r.snsid)], desfmt)
+    assert len(packed) == C.COPY_DESCRIPTOR_SIZE[desfmt]
+
+
 @given(st.sampled_from(sorted(C.COPY_DESCRIPTOR_SIZE)), st.integers(1, 64), st.data())
 def test_copy_descriptors_too_short_raise(desfmt: int, nr: int, data: st.DataObject) -> None:
     # The target refuses a buffer shorter than NR descriptors before it parses (SGL Data

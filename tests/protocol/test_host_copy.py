@@ -248,6 +248,7 @@ def small_copy_limits(monkeypatch: pytest.MonkeyPatch, limits: CopyLimits) -> No
         return limits
 
     monkeypatch.setattr(target_io, "copy_limits", fixed)
+    monkeypatch.setattr(target_io, "_copy_limits", fixed)  # the Copy handler's cached one
     monkeypatch.setattr(target_admin, "copy_limits", fixed)
 
 
@@ -670,7 +671,7 @@ async def test_a_failed_copy_command_is_an_nvme_status_error(
     ctrl = await rig.connect()
     ns = ctrl.namespace(1)
     # The target now enforces less than it reported when the host connected.
-    monkeypatch.setattr(target_io, "copy_limits", lambda _bs: CopyLimits(8, 8, 1))
+    monkeypatch.setattr(target_io, "_copy_limits", lambda _bs: CopyLimits(8, 8, 1))
     with pytest.raises(NvmeStatusError) as err:
         await block_copy.copy([SourceRange(ns, 0, 16)], ns, 1000)
     assert err.value.status == CMD_SIZE_LIMIT_EXCEEDED

@@ -5,22 +5,29 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import random
 import resource
 import socket
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from pynvmf.block.memory import MemoryDevice
+from pynvmf.host.errors import NvmeStatusError
+from pynvmf.spec import command as C
 from pynvmf.spec import pdu as P
 from pynvmf.spec.opcodes import AdminOpcode, FeatureId, IoOpcode
+from pynvmf.spec.status import CMD_SIZE_LIMIT_EXCEEDED
 from pynvmf.target import budget
 from pynvmf.target.budget import ConnectionLimits
 from pynvmf.target.controller import Controller
 from pynvmf.target.io import IoHandler
 from pynvmf.target.queue import TargetQueue
 from pynvmf.target.server import TargetProtocol
+from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.tcp.framing import PduReader
 from pynvmf.tcp.target import TargetConnection
 from tests.interop.guest import free_tcp_port
@@ -377,3 +384,120 @@ async def test_a_burst_of_large_reads_is_given_back_once_it_is_over(
         assert peak >= 40 * MIB, peak
         # Below glibc's trim threshold as tuned (64 MiB), the heap would keep all of it.
         await _until(lambda: _rss() - before < 16 * MIB, "the burst's memory to be given back")
+
+
+# -- Copy: the memory of emulated and staged copies ---------------------------------------------
+
+COPY_BS = 4096
+COPY_NS_BLOCKS = (64 * MIB) // COPY_BS
+
+
+def _copy_subsystem() -> tuple[Subsystem, dict[int, bytearray]]:
+    """Two 64 MiB memory namespaces of 4 KiB blocks, filled with random data, and models."""
+    subsystem = Subsystem(RAW_SUBNQN)
+    models = {}
+    for nsid in (1, 2):
+        data = bytearray(random.Random(nsid).randbytes(COPY_NS_BLOCKS * COPY_BS))
+        device = MemoryDevice(len(data), COPY_BS)
+        subsystem.add_namespace(Namespace.create(RAW_SUBNQN, nsid, device, f"memory:{nsid}"))
+        models[nsid] = data
+    return subsystem, models
+
+
+def _blocks(model: bytearray, lba: int, n: int) -> bytes:
+    return bytes(model[lba * COPY_BS : (lba + n) * COPY_BS])
+
+
+async def test_concurrent_emulated_and_staged_copies_stay_within_the_memory_budgets(
+    raw_target_factory: RawTargetFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three hosts each send many Copies at once that the target must emulate (from
+    another namespace) or stage (ranges over their destination): what the target
+    allocates stays within --max-memory, each connection's charge within
+    --max-connection-data, and every copy is right."""
+    from pynvmf.host import connect
+
+    connection_data, max_memory = 4 * MIB, 10 * MIB
+    subsystem, models = _copy_subsystem()
+    for nsid, model in models.items():
+        await subsystem.namespaces[nsid].device.write(0, model)
+    # Each connection's budget, as high as it went (DataBudget keeps only the pool's peak).
+    peaks: dict[int, int] = {}
+    real_try_take, real_serve = budget.DataBudget.try_take, budget.DataBudget.serve
+
+    def try_take(self: budget.DataBudget, n: int) -> bool:
+        taken = real_try_take(self, n)
+        peaks[id(self)] = max(peaks.get(id(self), 0), self.used)
+        return taken
+
+    def serve(self: budget.DataBudget) -> bool:
+        served = real_serve(self)
+        peaks[id(self)] = max(peaks.get(id(self), 0), self.used)
+        return served
+
+    monkeypatch.setattr(budget.DataBudget, "try_take", try_take)
+    monkeypatch.setattr(budget.DataBudget, "serve", serve)
+    rt = await raw_target_factory(
+        [subsystem],
+        limits=ConnectionLimits(connection_data=connection_data, max_memory=max_memory),
+    )
+    pool = rt.target.memory_pool
+    port = rt.port.port
+    hosts = [await connect("127.0.0.1", port, RAW_SUBNQN, queues=1) for _ in range(3)]
+    expected = bytearray(models[1])
+    commands = []
+    for h, ctrl in enumerate(hosts):
+        assert await ctrl.enable_copy_formats() & 1 << 2
+        # From namespace 2 (format 2h): emulated on the target, 2 of 6 MiB per host (as
+        # planned without a limit, 8 MiB of buffers each).
+        for i in range(2):
+            src = dst = (h * 2 + i) * 1536
+            data = C.pack_copy_ranges([C.CopyRange(src, 1536, 2)], 2)
+            commands.append((ctrl, 1, dst, C.copy_cdw12(1, 2), data))
+            expected[dst * COPY_BS : (dst + 1536) * COPY_BS] = _blocks(models[2], src, 1536)
+    # Within namespace 1 (format 0h), two ranges over their destination: 3 MiB staged each,
+    # in slots of 4 MiB after the emulated copies' destinations.
+    for h, ctrl in enumerate(hosts):
+        for i in range(2):
+            base = 6 * 1536 + (h * 2 + i) * 1024
+            ranges = [C.CopyRange(base, 384), C.CopyRange(base + 384, 384)]
+            commands.append(
+                (ctrl, 1, base + 128, C.copy_cdw12(2, 0), C.pack_copy_ranges(ranges, 0))
+            )
+            data = _blocks(models[1], base, 768)
+            expected[(base + 128) * COPY_BS : (base + 896) * COPY_BS] = data
+    baseline = pool.used  # the connections' receive buffers
+    tracemalloc.start()
+    try:
+        start, _peak = tracemalloc.get_traced_memory()
+        results = await asyncio.gather(
+            *(
+                ctrl.io_command(IoOpcode.COPY, nsid, dst & 0xFFFFFFFF, dst >> 32, cdw12, data=data)
+                for ctrl, nsid, dst, cdw12, data in commands
+            )
+        )
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(results) == len(commands)  # every one succeeded (a failure raises)
+    # Without the budget: 6 emulations of 8 MiB buffers and 6 stagings of 3 MiB at once.
+    assert peak - start <= max_memory - baseline + MIB, f"{(peak - start) / MIB:.1f} MiB"
+    assert pool.peak <= pool.capacity
+    charged = max(peaks.values())
+    assert 3 * MIB <= charged <= connection_data, charged
+    got = bytearray(len(expected))
+    await subsystem.namespaces[1].device.read(0, memoryview(got))
+    assert got == expected
+    # A staging larger than a connection may ever hold is a size limit: nothing written.
+    ctrl = hosts[0]
+    ranges = [C.CopyRange(0, 640), C.CopyRange(640, 640)]  # 5 MiB over its destination
+    with pytest.raises(NvmeStatusError) as err:
+        await ctrl.io_command(
+            IoOpcode.COPY, 1, 100, 0, C.copy_cdw12(2, 0), data=C.pack_copy_ranges(ranges, 0)
+        )
+    assert err.value.status == CMD_SIZE_LIMIT_EXCEEDED
+    await subsystem.namespaces[1].device.read(0, memoryview(got))
+    assert got == expected
+    for ctrl in hosts:
+        await ctrl.close()
+    await _until(lambda: pool.used <= baseline, "the copies' memory to be given back")

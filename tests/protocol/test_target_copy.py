@@ -218,14 +218,24 @@ async def start(
     )
     assert done.status == 0, done
     ct = CopyTarget(rt, subsystem, admin, io, models)
-    real = block_copy.copy
+    # What the planner did for each Copy: the Copy handler either has one range done
+    # without a plan (copy_one_range) or plans and runs the copy.
+    real_one = block_copy.copy_one_range
+    real_run = block_copy.CopyPlan.run
 
-    async def recording(*args: Any, **kwargs: Any) -> CopyReport:
-        report = await real(*args, **kwargs)
+    async def one(*args: Any, **kwargs: Any) -> CopyReport | None:
+        report = await real_one(*args, **kwargs)
+        if report is not None:
+            ct.reports.append(report)
+        return report
+
+    async def run(plan: block_copy.CopyPlan, **kwargs: Any) -> CopyReport:
+        report = await real_run(plan, **kwargs)
         ct.reports.append(report)
         return report
 
-    monkeypatch.setattr(block_copy, "copy", recording)
+    monkeypatch.setattr(block_copy, "copy_one_range", one)
+    monkeypatch.setattr(block_copy.CopyPlan, "run", run)
     return ct
 
 

@@ -31,6 +31,7 @@ from pynvmf.block.device import (
     Capabilities,
     CopyLimits,
     CopyOffload,
+    CopyOne,
     CopyPreparation,
     KnownMedium,
     Medium,
@@ -742,6 +743,45 @@ async def test_planner_prepares_the_destination_before_asking_can_copy_from(gran
         assert report == CopyReport(offloaded_blocks=8, emulated_blocks=12, commands=1)
 
 
+class CopyOneDevice(PreparingOffloadDevice):
+    """A PreparingOffloadDevice that also takes one range of itself in one call
+    (CopyOne), or declines it when `take_one` is false."""
+
+    def __init__(self, inner: Device, *, take_one: bool) -> None:
+        super().__init__(inner, grant=True)
+        self.take_one = take_one
+
+    async def copy_one(
+        self, src_lba: int, dst_lba: int, nblocks: int, *, fua: bool = False
+    ) -> bool:
+        self.events.append(("one", src_lba, dst_lba, nblocks, fua))
+        if not self.take_one:
+            return False
+        await self.copy_offload([(self, src_lba, nblocks)], dst_lba)
+        return True
+
+
+@pytest.mark.parametrize("take_one", [True, False], ids=["taken", "declined"])
+async def test_a_single_range_within_a_copy_one_device_is_one_call(take_one: bool) -> None:
+    a, model = await memory(256, 3)
+    dev = CopyOneDevice(a, take_one=take_one)
+    assert isinstance(dev, CopyOne)
+    report = await block_copy.copy([SourceRange(dev, 10, 8)], dev, 100, fua=True)
+    model[100 * BS : 108 * BS] = model[10 * BS : 18 * BS]
+    assert await contents(a) == model
+    assert report == CopyReport(offloaded_blocks=8, commands=1)
+    assert dev.events[0] == ("one", 10, 100, 8, True)
+    if take_one:
+        assert dev.kinds() == ["one", "offload", "read"]
+    else:
+        # Declined: the planner's general rules (prepare, ask, one offload request).
+        assert dev.kinds()[1:] == ["prepare", "can_copy_from", "offload", "read"]
+    # A range over its own destination is never sent to copy_one: it is staged.
+    dev.events.clear()
+    await block_copy.copy([SourceRange(dev, 100, 8)], dev, 104)
+    assert "one" not in dev.kinds()
+
+
 async def test_zero_length_copies_change_nothing(tmp_path: Path) -> None:
     dev, model = await memory(32, 24)
     fdev, fmodel = await file_device(tmp_path / "z.img", 32, 25)
@@ -942,3 +982,95 @@ def test_property_random_ranges_match_the_model(
         assert await contents(other) == other_model
 
     run(scenario())
+
+
+# -- the memory a plan holds ------------------------------------------------------------------
+
+
+async def _run_traced(plan: block_copy.CopyPlan) -> int:
+    """Run `plan`; the most memory Python allocated while it ran, above what it started with."""
+    tracemalloc.start()
+    try:
+        base, _peak = tracemalloc.get_traced_memory()
+        await plan.run()
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak - base
+
+
+# Besides its buffers a run allocates small objects (tasks, views, frames): a few KiB.
+_RUN_OVERHEAD = 64 << 10
+
+
+@pytest.mark.parametrize(
+    "kind", ["emulated", "staged", "staged-and-emulated", "native", "many-small-emulated"]
+)
+async def test_plan_memory_bounds_what_the_copy_allocates(kind: str) -> None:
+    nblocks = (8 << 20) // BS
+    dev, model = await memory(nblocks, 40)
+    other, other_model = await memory(nblocks, 41)
+    mib = (1 << 20) // BS
+    if kind == "emulated":  # 4 MiB from another device: 4 workers x 2 chunks of 1 MiB
+        sources, dst_lba = [SourceRange(other, 0, 4 * mib)], 0
+    elif kind == "staged":  # two ranges over the destination: staged, 3 MiB
+        sources, dst_lba = [SourceRange(dev, mib, mib), SourceRange(dev, 2 * mib, 2 * mib)], mib
+    elif kind == "staged-and-emulated":
+        sources = [SourceRange(dev, 0, mib), SourceRange(other, 0, 3 * mib)]
+        dst_lba = mib // 2
+    elif kind == "native":
+        sources, dst_lba = [SourceRange(dev, 0, mib), SourceRange(dev, 2 * mib, mib)], 5 * mib
+    else:  # many ranges smaller than a chunk: buffers of the largest one, not of a chunk
+        sources = [SourceRange(other, i * 64, 16) for i in range(100)]
+        dst_lba = 0
+    expected = model.copy()
+    data = b"".join(
+        bytes((model if s.device is dev else other_model)[s.lba * BS : (s.lba + s.nblocks) * BS])
+        for s in sources
+    )
+    expected[dst_lba * BS : dst_lba * BS + len(data)] = data
+    plan = await block_copy.plan_copy(sources, dev, dst_lba)
+    if kind == "native":
+        assert plan.memory == 0
+    elif kind == "many-small-emulated":
+        assert plan.memory == 2 * 4 * 16 * BS
+    used = await _run_traced(plan)
+    assert used <= plan.memory + _RUN_OVERHEAD, (used, plan.memory)
+    assert plan.memory <= 2 * block_copy.EMULATION_DEPTH * block_copy.EMULATION_CHUNK + (4 << 20)
+    got = bytearray(nblocks * BS)
+    await dev.read(0, memoryview(got))
+    assert got == expected
+    del other_model
+
+
+async def test_a_memory_limit_shrinks_the_emulation_to_fit() -> None:
+    nblocks = (16 << 20) // BS
+    dev, _model = await memory(nblocks, 42)
+    other, other_model = await memory(nblocks, 43)
+    limit = 300 << 10
+    sources = [SourceRange(other, 0, nblocks // 2), SourceRange(other, nblocks // 2 + 7, 100)]
+    unlimited = await block_copy.plan_copy(sources, dev, 5)
+    assert unlimited.memory == 2 * block_copy.EMULATION_DEPTH * block_copy.EMULATION_CHUNK
+    plan = await block_copy.plan_copy(sources, dev, 5, memory_limit=limit)
+    assert 0 < plan.memory <= limit
+    used = await _run_traced(plan)
+    assert used <= limit + _RUN_OVERHEAD
+    got = bytearray((nblocks // 2 + 100) * BS)
+    await dev.read(5, memoryview(got))
+    half = nblocks // 2 * BS
+    assert got == other_model[:half] + other_model[half + 7 * BS : half + 107 * BS]
+
+
+async def test_staging_over_the_memory_limit_is_refused_before_anything_is_written() -> None:
+    dev, model = await memory(4096, 44)
+    spy = NativeSpyDevice(dev)
+    sources = [SourceRange(spy, 0, 1024), SourceRange(spy, 1024, 1024)]
+    with pytest.raises(CopyTooLarge):
+        await block_copy.plan_copy(sources, spy, 512, memory_limit=1024 * BS)
+    # Staging that fits, with emulation beside it that must shrink around it, is planned.
+    plan = await block_copy.plan_copy(sources, spy, 512, memory_limit=2048 * BS + 64 * BS)
+    assert plan.memory <= 2048 * BS + 64 * BS
+    assert spy.events == []
+    got = bytearray(4096 * BS)
+    await dev.read(0, memoryview(got))
+    assert got == model
