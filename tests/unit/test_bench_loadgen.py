@@ -138,7 +138,8 @@ async def test_interleaved_runs_merge_their_slices() -> None:
     a, b = await run_interleaved(devices, w, slices=2)
     for res in (a, b):
         assert res.errors == 0 and res.workload == w
-        assert res.elapsed == pytest.approx(0.2, abs=0.05)
+        # Each slice ran its share of the runtime (longer when a busy machine stalls it).
+        assert 0.19 <= res.elapsed < 2.0
         assert res.total.ios == res.write.ios == res.write_latency.count > 0
     both = merge_results([a, b])
     assert both.total.ios == a.total.ios + b.total.ios
