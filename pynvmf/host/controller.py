@@ -25,6 +25,7 @@ from pynvmf.spec import reservations as R
 from pynvmf.spec.logpages import LogPageId
 from pynvmf.spec.opcodes import DISCOVERY_NQN, NSID_ALL, AdminOpcode, FeatureId
 from pynvmf.tcp.host import Buffer
+from pynvmf.tcp.psk import ConfiguredPsk, TlsPsk, tls_psk
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +68,12 @@ class Controller:
         disable_sqflow: bool = False,
         max_transfer: int = DEFAULT_MAX_TRANSFER,
         timeout: float = 10.0,
+        tls_psk: TlsPsk | None = None,
+        ktls: str = "auto",
     ) -> None:
         self.address = address
+        self.tls_psk = tls_psk
+        self.ktls = ktls
         self.port = port
         self.subnqn = subnqn
         self.identity = identity
@@ -197,6 +202,8 @@ class Controller:
             data_digest=self.data_digest,
             max_transfer=self.max_transfer,
             timeout=self.timeout,
+            tls_psk=self.tls_psk,
+            ktls=self.ktls,
         )
 
     async def _enable(self) -> None:
@@ -569,6 +576,9 @@ async def connect(
     disable_sqflow: bool = False,
     max_transfer: int = DEFAULT_MAX_TRANSFER,
     timeout: float = 10.0,
+    tls_psk: str | ConfiguredPsk | TlsPsk | None = None,
+    tls_identity: int = 0,
+    ktls: str = "auto",
 ) -> Controller:
     """Create a controller on the subsystem `subnqn` at address:port and bring it up:
     admin queue, enable, Identify, `queues` I/O queues, namespaces.
@@ -578,17 +588,21 @@ async def connect(
     """
     if queue_depth < 1:
         raise ValueError("queue_depth must be at least 1")
+    identity = HostIdentity.resolve(hostnqn, hostid)
+    psk = _tls_psk(tls_psk, identity.hostnqn, subnqn, tls_identity)
     ctrl = Controller(
         address,
         port,
         subnqn,
-        HostIdentity.resolve(hostnqn, hostid),
+        identity,
         kato_ms=kato_ms,
         header_digest=header_digest,
         data_digest=data_digest,
         disable_sqflow=disable_sqflow,
         max_transfer=max_transfer,
         timeout=timeout,
+        tls_psk=psk,
+        ktls=ktls,
     )
     try:
         await ctrl._start(queues, queue_depth)
@@ -599,3 +613,19 @@ async def connect(
         ctrl._abort_queues("connect failed")
         raise
     return ctrl
+
+
+def _tls_psk(
+    psk: str | ConfiguredPsk | TlsPsk | None, hostnqn: str, subnqn: str, version: int
+) -> TlsPsk | None:
+    """The TLS PSK every queue's handshake uses: the interchange format (what ``nvme
+    gen-tls-key`` prints) or a configured PSK, derived for this host and subsystem with
+    identity version `version` (0: ``NVMe0R0x <hostnqn> <subnqn>``, what Linux 6.12 offers;
+    1: the ``NVMe1R0x`` digest form), or a TLS PSK as it is."""
+    if psk is None or isinstance(psk, TlsPsk):
+        return psk
+    if isinstance(psk, str):
+        psk = ConfiguredPsk.parse(psk)
+    if version not in (0, 1):
+        raise ValueError("tls_identity is 0 or 1")
+    return tls_psk(psk, hostnqn, subnqn, version)

@@ -13,6 +13,7 @@ from pynvmf.spec.command import HOST_BEHAVIOR_SIZE, nvme_version, set_host_behav
 from pynvmf.spec.opcodes import DISCOVERY_NQN
 from pynvmf.target.fused import WriteGate
 from pynvmf.target.reservations import NamespaceReservation
+from pynvmf.tcp.psk import ConfiguredPsk
 
 if TYPE_CHECKING:
     from pynvmf.target.controller import Controller
@@ -120,6 +121,11 @@ class Subsystem:
     # The namespaces that have registrants, by NSID: while it is empty, I/O pays one test
     # for reservations. Their NamespaceReservation objects keep it up to date.
     registered: dict[int, NamespaceReservation] = field(default_factory=dict)
+    # TLS PSKs by host NQN (the configured PSK; pynvmf.tcp.psk derives the TLS PSKs), and
+    # the keyring names they came from (what outputs show instead of the keys). A host
+    # with a PSK connects only over TLS with it.
+    host_psks: dict[str, ConfiguredPsk] = field(default_factory=dict, repr=False)
+    host_psk_names: dict[str, str] = field(default_factory=dict)
     _next_cntlid: int = 0
 
     def __post_init__(self) -> None:

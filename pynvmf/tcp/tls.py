@@ -424,6 +424,15 @@ class TlsEngine:
         return out
 
     @property
+    def buffer_size(self) -> int:
+        return len(self._in)
+
+    def peek_input(self, nbytes: int) -> bytes:
+        """The `nbytes` just written into `get_buffer()`, before `received` (the glue
+        looks at a connection's first byte to tell TLS from plain NVMe/TCP)."""
+        return bytes(self._view[self._end : self._end + nbytes])
+
+    @property
     def at_record_boundary(self) -> bool:
         """No part of a record waits in user space: the kernel could take over reading."""
         return self._start == self._end
@@ -975,6 +984,8 @@ class SecureChannel:
         self.tx_kernel = False
         self.rx_kernel = False
         self.reason = ""
+        # The peer ended the session with close_notify (not a failure).
+        self.clean_close = False
         self._announced = False
         self._pending_tx: list[Any] = []
         self._ulp = False
@@ -1012,6 +1023,7 @@ class SecureChannel:
             self._fail(str(engine.error))
             return
         if engine.closed:
+            self.clean_close = True
             self._fail("the peer closed the TLS session (close_notify)")
             return
         # A client waits for the server's first application data (ICResp): a server may
@@ -1080,7 +1092,7 @@ class SecureChannel:
         self.counters.fallback_reasons[reason] = self.counters.fallback_reasons.get(reason, 0) + 1
         if not self.reason:
             self.reason = reason
-        log.info("%s: TLS %s in user space: %s", self.label, direction, reason)
+        log.debug("%s: TLS %s in user space: %s", self.label, direction, reason)
 
     def _offload_tx(self) -> None:
         engine = self.engine
@@ -1099,13 +1111,13 @@ class SecureChannel:
             self.counters.ktls_tx += 1
         assert engine.suite is not None
         log.info(
-            "%s: TLS 1.3 established: %s, %s%s, identity %s, transmit by the %s",
+            "%s: TLS 1.3 established: %s, %s%s, identity %s, records sent by %s",
             self.label,
             engine.suite.name,
             "psk_dhe_ke" if engine.mode == PSK_DHE_KE else "psk_ke",
             f" ({_GROUP_NAMES.get(engine.group or 0, '')})" if engine.group else "",
             engine.psk.identity.decode(errors="replace").split(" ")[0] if engine.psk else "-",
-            "kernel" if self.tx_kernel else "user space",
+            "the kernel (kTLS)" if self.tx_kernel else f"user space ({self.reason})",
         )
         pending, self._pending_tx = self._pending_tx, []
         if pending:
