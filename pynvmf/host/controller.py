@@ -578,6 +578,7 @@ async def connect(
     timeout: float = 10.0,
     tls_psk: str | ConfiguredPsk | TlsPsk | None = None,
     tls_identity: int = 0,
+    tls_compat: bool = False,
     ktls: str = "auto",
 ) -> Controller:
     """Create a controller on the subsystem `subnqn` at address:port and bring it up:
@@ -589,7 +590,7 @@ async def connect(
     if queue_depth < 1:
         raise ValueError("queue_depth must be at least 1")
     identity = HostIdentity.resolve(hostnqn, hostid)
-    psk = _tls_psk(tls_psk, identity.hostnqn, subnqn, tls_identity)
+    psk = _tls_psk(tls_psk, identity.hostnqn, subnqn, tls_identity, tls_compat)
     ctrl = Controller(
         address,
         port,
@@ -616,16 +617,21 @@ async def connect(
 
 
 def _tls_psk(
-    psk: str | ConfiguredPsk | TlsPsk | None, hostnqn: str, subnqn: str, version: int
+    psk: str | ConfiguredPsk | TlsPsk | None,
+    hostnqn: str,
+    subnqn: str,
+    version: int,
+    compat: bool = False,
 ) -> TlsPsk | None:
     """The TLS PSK every queue's handshake uses: the interchange format (what ``nvme
     gen-tls-key`` prints) or a configured PSK, derived for this host and subsystem with
     identity version `version` (0: ``NVMe0R0x <hostnqn> <subnqn>``, what Linux 6.12 offers;
-    1: the ``NVMe1R0x`` digest form), or a TLS PSK as it is."""
+    1: the ``NVMe1R0x`` digest form) and, with `compat`, the way libnvme < 1.14 (nvme-cli
+    2.13) derived the keys it put in a target's keyring; or a TLS PSK as it is."""
     if psk is None or isinstance(psk, TlsPsk):
         return psk
     if isinstance(psk, str):
         psk = ConfiguredPsk.parse(psk)
     if version not in (0, 1):
         raise ValueError("tls_identity is 0 or 1")
-    return tls_psk(psk, hostnqn, subnqn, version)
+    return tls_psk(psk, hostnqn, subnqn, version, compat=compat)

@@ -40,8 +40,17 @@ DEFAULT_BLOCK_SIZE = 512
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _DEFAULT_TRANSPORT = TransportConfig()
 
-_TOP_KEYS = {"ports", "discovery_ports", "subsystems", "devices", "transport"}
+_TOP_KEYS = {"ports", "discovery_ports", "subsystems", "devices", "transport", "keyring"}
+_KEY_KEYS = {"name", "path"}
+# A host entry as an object: its NQN and its TLS PSK (a keyring name, or the key itself in
+# the interchange format).
+_HOST_KEYS = {"nqn", "psk"}
+# What an export writes for a PSK that has no keyring name: never the key; loading it
+# fails, naming the key.
+REDACTED_KEY = "<redacted>"
 _PORT_KEYS = {
+    "secure_channel",
+    "ktls",
     "address",
     "port",
     "subsystems",
@@ -227,6 +236,13 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
                 top.get("transport", dict), top.path("transport"), target.transport
             )
             _change("transport", lambda: target.set_transport(transport))
+        for i, spec in enumerate(top.items("keyring")):
+            where = f"keyring[{i}]"
+            r = _Reader(spec, where, _KEY_KEYS)
+            name, path = r.get("name", str), r.get("path", str)
+            if not name or not path:
+                raise ConfigError(f"{where}: a key needs a name and a path")
+            _change(where, lambda name=name, path=path: target.add_psk_key(name, path))
         for i, spec in enumerate(top.items("devices")):
             where = f"devices[{i}]"
             r = _Reader(spec, where, _DEVICE_KEYS | {"name", "uuid"})
@@ -250,6 +266,8 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
                 subsystems=subsystems,
                 transport=transport_of(spec, where, target.transport),
                 discovery_listener=r.get("discovery", bool, False),
+                secure_channel=r.get("secure_channel", str, "none"),
+                ktls=r.get("ktls", str, "auto"),
             )
             await _change_async(where, target.add_port(port))
         if "discovery_ports" in config:
@@ -261,7 +279,9 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
             discovery = [{"address": a, "port": DISCOVERY_PORT} for a in addresses]
         for i, spec in enumerate(discovery):
             where = f"discovery_ports[{i}]"
-            r = _Reader(spec, where, _PORT_KEYS - {"subsystems", "discovery"})
+            r = _Reader(
+                spec, where, _PORT_KEYS - {"subsystems", "discovery", "secure_channel", "ktls"}
+            )
             port = Port(
                 address=r.get("address", str, "127.0.0.1"),
                 port=r.get("port", int, DISCOVERY_PORT),
@@ -289,9 +309,25 @@ def _subsystem(target: Target, spec: Any, where: str) -> None:
     nqn = r.get("nqn", str)
     if nqn is None:
         raise ConfigError(f"{where}.nqn: a subsystem needs an NQN")
-    hosts = r.items("hosts")
-    if not all(isinstance(h, str) for h in hosts):
-        raise ConfigError(f"{where}.hosts: not a list of NQNs")
+    host_entries = r.items("hosts")
+    hosts: list[str] = []
+    psks: dict[str, str] = {}
+    for j, entry in enumerate(host_entries):
+        if isinstance(entry, str):
+            hosts.append(entry)
+            continue
+        h = _Reader(entry, f"{where}.hosts[{j}]", _HOST_KEYS)
+        hostnqn = h.get("nqn", str)
+        if not hostnqn:
+            raise ConfigError(f"{where}.hosts[{j}].nqn: a host needs an NQN")
+        hosts.append(hostnqn)
+        psk = h.get("psk", str)
+        if psk is not None:
+            if psk == REDACTED_KEY:
+                raise ConfigError(
+                    f"{where}.hosts[{j}].psk: the export left this key out; give it again"
+                )
+            psks[hostnqn] = psk
     kwargs: dict[str, Any] = dict(
         serial=r.get("serial", str, ""),
         model=r.get("model", str, "pynvmf"),
@@ -307,6 +343,11 @@ def _subsystem(target: Target, spec: Any, where: str) -> None:
         copy_formats=_copy_formats(r.items("copy_formats"), f"{where}.copy_formats"),
     )
     _change(where, lambda: target.add_subsystem(nqn, **kwargs))
+    for hostnqn, psk in psks.items():
+        _change(
+            f"{where}.hosts",
+            lambda hostnqn=hostnqn, psk=psk: target.set_host_psk(nqn, hostnqn, psk),
+        )
     for j, ns_spec in enumerate(r.items("namespaces")):
         ns_where = f"{where}.namespaces[{j}]"
         ns = _Reader(ns_spec, ns_where, _NAMESPACE_KEYS)
@@ -445,6 +486,10 @@ def config_of(target: Target) -> dict[str, Any]:
     ]
     if devices:
         config["devices"] = devices
+    if target.psk_keyring:
+        config["keyring"] = [
+            {"name": name, "path": path} for name, (path, _key) in target.psk_keyring.items()
+        ]
     config["subsystems"] = [_subsystem_dict(target, s) for s in target.subsystems.values()]
     ports = []
     for port in target.ports:
@@ -455,6 +500,10 @@ def config_of(target: Target) -> dict[str, Any]:
             spec["subsystems"] = list(port.subsystems)
         if port.discovery_listener:
             spec["discovery"] = True
+        if port.secure_channel != "none":
+            spec["secure_channel"] = port.secure_channel
+        if port.ktls != "auto":
+            spec["ktls"] = port.ktls
         spec.update(_transport_dict(port.transport, target.transport))
         ports.append(spec)
     config["ports"] = ports
@@ -501,7 +550,12 @@ def _device_dict(entry: NamedDevice, *, with_name: bool) -> dict[str, Any]:
 def _subsystem_dict(target: Target, subsystem: Subsystem) -> dict[str, Any]:
     spec: dict[str, Any] = {"nqn": subsystem.nqn}
     if subsystem.allowed_hosts:
-        spec["hosts"] = sorted(subsystem.allowed_hosts)
+        spec["hosts"] = [
+            {"nqn": h, "psk": subsystem.host_psk_names.get(h) or REDACTED_KEY}
+            if h in subsystem.host_psks
+            else h
+            for h in sorted(subsystem.allowed_hosts)
+        ]
     if subsystem.allow_any_host != (not subsystem.allowed_hosts):
         spec["allow_any_host"] = subsystem.allow_any_host
     spec["serial"] = subsystem.serial

@@ -621,28 +621,32 @@ class Target:
                     )
         del self.psk_keyring[name]
 
-    def tls_lookup(self, port: Port) -> Callable[[bytes], TlsPsk | None]:
+    def tls_lookup(self, port: Port) -> Callable[[bytes], list[TlsPsk]]:
         """The PSK for a TLS identity a host offers on `port`: the identity names the host
         and the subsystem (NVMe0R0x <hostnqn> <subnqn>, NVMe1R0x ... <digest>)."""
 
-        def lookup(identity: bytes) -> TlsPsk | None:
+        def lookup(identity: bytes) -> list[TlsPsk]:
             try:
                 words = identity.decode("ascii").split(" ")
             except UnicodeDecodeError:
-                return None
+                return []
             if len(words) not in (3, 4) or not words[0].startswith("NVMe"):
-                return None
+                return []
             hostnqn, subnqn = words[1], words[2]
             subsystem = self.subsystems.get(subnqn)
             if subsystem is None or not port.exposes(subnqn):
-                return None
+                return []
             configured = subsystem.host_psks.get(hostnqn)
             if configured is None or not subsystem.host_allowed(hostnqn):
-                return None
-            for psk in tls_psks(configured, hostnqn, subnqn):
-                if psk.identity == identity:
-                    return psk
-            return None
+                return []
+            # The RFC 8446 derivation, and libnvme < 1.14's (nvme-cli 2.13 put keys so
+            # derived in Debian 13's keyrings): the binder tells which the host used.
+            return [
+                psk
+                for compat in (False, True)
+                for psk in tls_psks(configured, hostnqn, subnqn, compat=compat)
+                if psk.identity == identity
+            ]
 
         return lookup
 

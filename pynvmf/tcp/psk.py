@@ -15,6 +15,12 @@ These follow libnvme (``src/nvme/linux.c``), which ``nvme gen-tls-key --insert``
 fill the kernel's ``.nvme`` keyring: the kernel and tlshd take the keyring's payload as the
 TLS PSK and its description as the identity, so this module must give the same bytes.
 
+libnvme before 1.14 (nvme-cli 2.13, Debian 13's) encoded the HKDF label differently from
+RFC 8446 (the length little-endian, the label and context without their length bytes);
+later versions call that the "compat" derivation and still offer it. Keys that tool put in
+a keyring were derived that way, so both are here (``compat=True``): a target tries both
+(the binder tells which the host used), a host library is told which.
+
 A key's bytes never appear in an exception's message, a repr or a log line.
 """
 
@@ -48,11 +54,16 @@ def hkdf_extract(hash_id: int, salt: bytes, ikm: bytes) -> bytes:
 
 
 def hkdf_expand_label(
-    hash_id: int, secret: bytes, label: str, context: bytes, length: int
+    hash_id: int, secret: bytes, label: str, context: bytes, length: int, *, compat: bool = False
 ) -> bytes:
-    """RFC 8446 §7.1 HKDF-Expand-Label (the label gets the "tls13 " prefix)."""
+    """RFC 8446 §7.1 HKDF-Expand-Label (the label gets the "tls13 " prefix); `compat`: the
+    label as libnvme < 1.14 built it (see the module's docstring)."""
     full = b"tls13 " + label.encode()
-    info = struct.pack("!H", length) + bytes([len(full)]) + full + bytes([len(context)]) + context
+    if compat:
+        info = struct.pack("<H", length) + full + context
+    else:
+        info = struct.pack("!H", length) + bytes([len(full)]) + full + bytes([len(context)])
+        info += context
     h = _HASHES[hash_id]
     out = b""
     block = b""
@@ -107,11 +118,13 @@ class ConfiguredPsk:
         02: TLS_AES_256_GCM_SHA384): the transform's, or by length without one."""
         return self.hash_id if self.hash_id != HASH_NONE else _KEY_LENGTHS[len(self.key)]
 
-    def retained(self, hostnqn: str) -> bytes:
+    def retained(self, hostnqn: str, *, compat: bool = False) -> bytes:
         if self.hash_id == HASH_NONE:
             return self.key
         prk = hkdf_extract(self.hash_id, b"", self.key)
-        return hkdf_expand_label(self.hash_id, prk, "HostNQN", hostnqn.encode(), len(self.key))
+        return hkdf_expand_label(
+            self.hash_id, prk, "HostNQN", hostnqn.encode(), len(self.key), compat=compat
+        )
 
 
 @dataclass(frozen=True)
@@ -123,6 +136,7 @@ class TlsPsk:
     key: bytes = field(repr=False)
     hostnqn: str = ""
     subnqn: str = ""
+    compat: bool = False  # derived the way libnvme < 1.14 did
 
 
 def psk_digest(hash_id: int, retained: bytes, hostnqn: str, subnqn: str) -> str:
@@ -130,28 +144,38 @@ def psk_digest(hash_id: int, retained: bytes, hostnqn: str, subnqn: str) -> str:
     return base64.b64encode(mac.digest()).decode()
 
 
-def tls_psks(configured: ConfiguredPsk, hostnqn: str, subnqn: str) -> list[TlsPsk]:
+def tls_psks(
+    configured: ConfiguredPsk, hostnqn: str, subnqn: str, *, compat: bool = False
+) -> list[TlsPsk]:
     """The TLS PSKs a configured PSK gives for this host and subsystem, in the order of
     preference a host uses (the digest form first, as Linux 6.14+ prefers it; Linux 6.12
     offers only ``NVMe0R0x``)."""
-    retained = configured.retained(hostnqn)
+    retained = configured.retained(hostnqn, compat=compat)
     cipher = configured.cipher_hash
     length = len(configured.key)
     digest = psk_digest(cipher, retained, hostnqn, subnqn)
     v1 = f"NVMe1R{cipher:02d} {hostnqn} {subnqn} {digest}"
     v0 = f"NVMe0R{cipher:02d} {hostnqn} {subnqn}"
     prk = hkdf_extract(cipher, b"", retained)
-    key1 = hkdf_expand_label(cipher, prk, "nvme-tls-psk", f"{cipher:02d} {digest}".encode(), length)
-    key0 = hkdf_expand_label(cipher, prk, "nvme-tls-psk", v0.encode(), length)
+    context1 = f"{cipher:02d} {digest}".encode()
+    key1 = hkdf_expand_label(cipher, prk, "nvme-tls-psk", context1, length, compat=compat)
+    key0 = hkdf_expand_label(cipher, prk, "nvme-tls-psk", v0.encode(), length, compat=compat)
     return [
-        TlsPsk(v1.encode(), cipher, key1, hostnqn, subnqn),
-        TlsPsk(v0.encode(), cipher, key0, hostnqn, subnqn),
+        TlsPsk(v1.encode(), cipher, key1, hostnqn, subnqn, compat),
+        TlsPsk(v0.encode(), cipher, key0, hostnqn, subnqn, compat),
     ]
 
 
-def tls_psk(configured: ConfiguredPsk, hostnqn: str, subnqn: str, version: int = 0) -> TlsPsk:
+def tls_psk(
+    configured: ConfiguredPsk,
+    hostnqn: str,
+    subnqn: str,
+    version: int = 0,
+    *,
+    compat: bool = False,
+) -> TlsPsk:
     """The TLS PSK with identity version `version` (0: NVMe0R0x, 1: NVMe1R0x ... digest)."""
-    v1, v0 = tls_psks(configured, hostnqn, subnqn)
+    v1, v0 = tls_psks(configured, hostnqn, subnqn, compat=compat)
     return v0 if version == 0 else v1
 
 

@@ -114,6 +114,8 @@ MAX_CIPHERTEXT = MAX_PLAINTEXT + 256
 # ClientHello with a few identities and key shares is under 2 KiB), and the bound keeps
 # what a stranger can make us buffer before it has proved anything.
 MAX_HANDSHAKE_MESSAGE = 16384
+# Identities of one ClientHello looked up (each costs a derivation and binder checks).
+MAX_IDENTITIES = 8
 # The HelloRetryRequest's ServerHello.random (RFC 8446 §4.1.3).
 _HRR_RANDOM = hashlib.sha256(b"HelloRetryRequest").digest()
 
@@ -318,7 +320,9 @@ def _parse_extensions(r: _Reader) -> tuple[dict[int, bytes], list[int]]:
 
 # -- the engine ----------------------------------------------------------------------------
 
-PskLookup = Callable[[bytes], "TlsPsk | None"]
+# The PSKs an identity may stand for (more than one when derivations differ: the binder
+# tells which the peer used); empty when the identity is unknown.
+PskLookup = Callable[[bytes], "list[TlsPsk]"]
 
 
 @dataclass
@@ -800,23 +804,29 @@ class TlsEngine:
         # The truncated ClientHello: the message up to (not including) the binders list.
         truncated = msg[: len(msg) - binders_at]
         chosen = None
-        for index, identity in enumerate(identities):
-            psk = self._lookup(identity)
-            if psk is None:
+        known = False
+        for index, identity in enumerate(identities[:MAX_IDENTITIES]):
+            candidates = self._lookup(identity)
+            if not candidates:
                 continue
-            suite = SUITE_FOR_HASH[psk.hash_id]
+            known = True
+            suite = SUITE_FOR_HASH[candidates[0].hash_id]
             if suite.code not in offered:
                 raise TlsError(
                     ALERT_HANDSHAKE_FAILURE,
                     f"the client does not offer {suite.name}, the cipher suite of its PSK",
                 )
-            chosen = (index, psk, suite)
-            break
+            for psk in candidates:
+                if hmac.compare_digest(binders[index], self._binder(psk, suite, truncated)):
+                    chosen = (index, psk, suite)
+                    break
+            if chosen is not None:
+                break
+        if chosen is None and known:
+            raise TlsError(ALERT_DECRYPT_ERROR, "the PSK binder does not verify (a wrong key?)")
         if chosen is None:
             raise TlsError(ALERT_UNKNOWN_PSK_IDENTITY, "no PSK for any identity offered")
         index, psk, suite = chosen
-        if not hmac.compare_digest(binders[index], self._binder(psk, suite, truncated)):
-            raise TlsError(ALERT_DECRYPT_ERROR, "the PSK binder does not verify (a wrong key?)")
         self.suite, self.psk = suite, psk
         # Key exchange: (EC)DHE when the client allows it and sent a share we can use.
         share_entries: dict[int, bytes] = {}
