@@ -823,6 +823,21 @@ class TlsEngine:
             if chosen is not None:
                 break
         if chosen is None and known:
+            # Diagnose a peer that computes its binder with the other hash: Debian 13's
+            # tlshd does so (SHA-256) for NVMe0R02 keys, whose identity names SHA-384.
+            for index, identity in enumerate(identities[:MAX_IDENTITIES]):
+                for psk in self._lookup(identity):
+                    other = SUITE_FOR_HASH[
+                        HASH_SHA256 if psk.hash_id == HASH_SHA384 else HASH_SHA384
+                    ]
+                    if hmac.compare_digest(binders[index], self._binder(psk, other, truncated)):
+                        raise TlsError(
+                            ALERT_HANDSHAKE_FAILURE,
+                            f"the host computes its binder with {other.hash().name.upper()}, not"
+                            f" the hash its identity {identity[:8].decode(errors='replace')}"
+                            " names (a tlshd whose GnuTLS PSK credentials ignore the identity's"
+                            " hash); NVMe/TCP allows no other cipher suite for that PSK",
+                        )
             raise TlsError(ALERT_DECRYPT_ERROR, "the PSK binder does not verify (a wrong key?)")
         if chosen is None:
             raise TlsError(ALERT_UNKNOWN_PSK_IDENTITY, "no PSK for any identity offered")
