@@ -345,8 +345,11 @@ class TlsEngine:
         lookup: PskLookup | None = None,
         modes: tuple[int, ...] = (PSK_DHE_KE, PSK_KE),
         groups: tuple[int, ...] = GROUPS,
+        offer: tuple[int, ...] | None = None,
     ) -> None:
         self.is_client = is_client
+        # The cipher suites a client offers (default: its PSK's alone; tests offer others).
+        self.offer = offer
         self._psk = psk
         self._lookup = lookup
         self.modes = modes
@@ -662,7 +665,7 @@ class TlsEngine:
             struct.pack("!H", LEGACY_VERSION)
             + os.urandom(32)
             + _vec(1, b"")
-            + _vec(2, struct.pack("!H", suite.code))
+            + _vec(2, b"".join(struct.pack("!H", c) for c in (self.offer or (suite.code,))))
             + _vec(1, b"\x00")
         )
         total_exts = len(exts) + binders_len

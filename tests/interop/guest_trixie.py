@@ -5,7 +5,7 @@ the machine (bookworm) as the 6.1 peer's are. Instead:
 
 - ``debootstrap --variant=minbase trixie`` builds a root filesystem with nvme-cli 2.13, fio
   3.39, ktls-utils (tlshd), keyutils, kmod, util-linux, xfsprogs, e2fsprogs, iproute2 and
-  busybox (for ``nc``), and the whole module tree of trixie's ``linux-image-amd64`` (6.12,
+  busybox (for ``nc``), python3-cryptography (pynvmf itself runs in the guest for kTLS), and the whole module tree of trixie's ``linux-image-amd64`` (6.12,
   nvme-auth, nvme-keyring and tls among them: DH-HMAC-CHAP and TLS load what they need on
   demand). ``mkfs.ext4 -d`` writes it to a raw ext4 image (no loop mount). QEMU opens the
   image with ``snapshot=on``: the guest may write to it, the image never changes.
@@ -63,6 +63,10 @@ PACKAGES: tuple[str, ...] = (
     # nc (write_file/read_file move bulk data over the network) and poweroff: minbase has
     # neither an init system nor a netcat.
     "busybox",
+    # pynvmf itself runs in the guest where a test needs the guest kernel's features on
+    # pynvmf's side of a connection (kTLS: the machine's kernel may lack the tls module):
+    # Python 3.13 is there already; TLS needs the cryptography package.
+    "python3-cryptography",
 )
 
 # Tools this peer needs on the machine besides guest_assets.REQUIRED_TOOLS.
