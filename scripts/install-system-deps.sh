@@ -25,6 +25,7 @@ PACKAGES=(
     libc6-dev
     debootstrap       # the Linux 6.12 peer's root filesystem (Debian 13, trixie)
     debian-archive-keyring  # checks trixie's archive signatures (debootstrap, apt-get)
+    openssl           # s_server/s_client: TLS 1.3 PSK peers of pynvmf.tcp.tls's tests
 )
 
 # `--python`: only what `make setup` needs to create a virtual environment.
@@ -44,6 +45,13 @@ done
 need_lists=0
 if [[ "${1:-}" != "--python" ]] && ! apt-cache show linux-image-amd64 >/dev/null 2>&1; then
     need_lists=1
+fi
+
+# kTLS on the machine (pynvmf's TLS record layer moves into the kernel where it can):
+# load the kernel's tls module where it has one. Kernels built without it (CONFIG_TLS
+# unset) make pynvmf use its user-space record layer; the guest tests cover kTLS.
+if [[ "${1:-}" != "--python" ]] && [[ $(id -u) -eq 0 ]] && ! grep -qs '^tls ' /proc/modules; then
+    modprobe tls 2>/dev/null || true
 fi
 
 if [[ ${#missing[@]} -eq 0 && $need_lists -eq 0 ]]; then

@@ -92,8 +92,10 @@ def test_client_against_openssl_s_server() -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     server = subprocess.Popen(
-        [_openssl(), "s_server", "-accept", f"127.0.0.1:{port}", "-tls1_3", "-nocert"]
-        + ["-psk", KEY.hex(), "-psk_identity", IDENTITY.decode(), "-rev", "-naccept", "1"],
+        [
+            *(_openssl(), "s_server", "-accept", f"127.0.0.1:{port}", "-tls1_3", "-nocert"),
+            *("-psk", KEY.hex(), "-psk_identity", IDENTITY.decode(), "-rev", "-naccept", "1"),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
@@ -136,8 +138,10 @@ def test_server_against_openssl_s_client(extra: list[str]) -> None:
     with socket.create_server(("127.0.0.1", 0)) as listener:
         port = listener.getsockname()[1]
         client = subprocess.Popen(
-            [_openssl(), "s_client", "-connect", f"127.0.0.1:{port}", "-tls1_3", "-quiet"]
-            + ["-psk", KEY.hex(), "-psk_identity", IDENTITY.decode(), *extra],
+            [
+                *(_openssl(), "s_client", "-connect", f"127.0.0.1:{port}", "-tls1_3", "-quiet"),
+                *("-psk", KEY.hex(), "-psk_identity", IDENTITY.decode(), *extra),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
