@@ -19,7 +19,7 @@ from typing import Any
 from pynvmf import __version__
 from pynvmf.block.file import FileDevice
 from pynvmf.block.memory import MemoryDevice
-from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
+from pynvmf.rpc.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane, MethodTable, Params, change_error
 from pynvmf.spec.opcodes import DISCOVERY_NQN
 from pynvmf.target import devices as D
@@ -35,6 +35,7 @@ method = table.register
 
 # The configuration "subsystems" (SPDK's word for its libraries) pynvmf has.
 CONFIG_SUBSYSTEMS = (
+    {"subsystem": "keyring", "depends_on": []},
     {"subsystem": "bdev", "depends_on": []},
     {"subsystem": "nvmf", "depends_on": ["bdev"]},
 )
@@ -96,6 +97,8 @@ async def framework_get_subsystems(cp: ControlPlane, p: Params) -> list[dict[str
 async def framework_get_config(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
     name = p.string("name")
     p.done()
+    if name == "keyring":
+        return keyring_config(cp.target)
     if name == "bdev":
         return bdev_config(cp.target)
     if name == "nvmf":
@@ -490,6 +493,14 @@ def _listeners(target: Target, nqn: str) -> list[Port]:
     return [port for port in target.ports if not port.discovery_only and port.exposes(nqn)]
 
 
+def _host_json(subsystem: Subsystem, hostnqn: str) -> dict[str, Any]:
+    """A host as SPDK shows it: its PSK by keyring name, never the key."""
+    out: dict[str, Any] = {"nqn": hostnqn}
+    if hostnqn in subsystem.host_psks:
+        out["psk"] = subsystem.host_psk_names.get(hostnqn) or "<redacted>"
+    return out
+
+
 def _subsystem_json(target: Target, subsystem: Subsystem) -> dict[str, Any]:
     discovery = subsystem.nqn == DISCOVERY_NQN
     out: dict[str, Any] = {
@@ -497,7 +508,7 @@ def _subsystem_json(target: Target, subsystem: Subsystem) -> dict[str, Any]:
         "subtype": "Discovery" if discovery else "NVMe",
         "listen_addresses": [_trid(port) for port in _listeners(target, subsystem.nqn)],
         "allow_any_host": subsystem.allow_any_host,
-        "hosts": [{"nqn": h} for h in sorted(subsystem.allowed_hosts)],
+        "hosts": [_host_json(subsystem, h) for h in sorted(subsystem.allowed_hosts)],
     }
     if discovery:
         return out
@@ -571,11 +582,20 @@ async def nvmf_subsystem_add_listener(cp: ControlPlane, p: Params) -> bool:
     nqn = p.string("nqn")
     address, port = _listen_address(p)
     _no_target_name(p)
-    p.refuse_unless("secure_channel", (False,), "pynvmf has no TLS")
+    secure = p.boolean("secure_channel", False)
     p.refuse_unless("ana_state", ("optimized",), "pynvmf has no ANA states")
     p.refuse_unless("sock_impl", ("posix",), "pynvmf listens with the kernel's sockets")
     p.done()
-    await _apply(cp.target.add_listener(nqn, address, port), _LISTENER_NAMES)
+    subsystem = cp.target.subsystems.get(nqn)
+    if secure and subsystem is not None and subsystem.allow_any_host:
+        # SPDK's rule: a TLS listener serves hosts that have PSKs, so not "any host".
+        raise RpcError(
+            INTERNAL_ERROR, "Cannot establish secure channel, when 'allow_any_host' is set"
+        )
+    await _apply(
+        cp.target.add_listener(nqn, address, port, secure_channel="required" if secure else None),
+        {**_LISTENER_NAMES, "secure_channel": "secure_channel"},
+    )
     return True
 
 
@@ -662,12 +682,54 @@ async def nvmf_subsystem_add_host(cp: ControlPlane, p: Params) -> bool:
     nqn = p.string("nqn")
     host = p.string("host")
     _no_target_name(p)
-    p.refuse_unless("psk", (), "pynvmf has no TLS")
+    psk = p.string("psk", None)
     p.refuse_unless("dhchap_key", (), "pynvmf has no DH-HMAC-CHAP")
     p.refuse_unless("dhchap_ctrlr_key", (), "pynvmf has no DH-HMAC-CHAP")
     p.done()
-    _sync(lambda: cp.target.add_host(nqn, host), {"hostnqn": "host"})
+    if psk is not None and psk not in cp.target.psk_keyring:
+        # SPDK takes keyring names only (keyring_file_add_key first): a key or a path here
+        # would end up in logs and saved configurations.
+        raise RpcError(INVALID_PARAMS, f"psk: no key named {psk!r} in the keyring")
+    _sync(lambda: cp.target.add_host(nqn, host, psk=psk), {"hostnqn": "host"})
     return True
+
+
+# -- keyring ---------------------------------------------------------------------------------
+
+
+@method("keyring_file_add_key")
+async def keyring_file_add_key(cp: ControlPlane, p: Params) -> bool:
+    name = p.string("name")
+    path = p.string("path")
+    p.done()
+    _sync(lambda: cp.target.add_psk_key(name, path), {})
+    return True
+
+
+@method("keyring_file_remove_key")
+async def keyring_file_remove_key(cp: ControlPlane, p: Params) -> bool:
+    name = p.string("name")
+    p.done()
+    _sync(lambda: cp.target.remove_psk_key(name), {})
+    return True
+
+
+@method("keyring_get_keys")
+async def keyring_get_keys(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
+    p.done()
+    target = cp.target
+    return [
+        {
+            "name": name,
+            "path": path,
+            # The keyring's reference and one per host that uses the key, as SPDK counts.
+            "refcnt": 1
+            + sum(list(s.host_psk_names.values()).count(name) for s in target.subsystems.values()),
+            "removed": False,
+            "probed": True,
+        }
+        for name, (path, _key) in target.psk_keyring.items()
+    ]
 
 
 @method("nvmf_subsystem_remove_host")
@@ -777,7 +839,8 @@ async def nvmf_get_stats(cp: ControlPlane, p: Params) -> dict[str, Any]:
                 "current_io_qpairs": current_io,
                 "pending_bdev_io": 0,
                 "completed_nvme_io": completed,
-                "transports": [{"trtype": "TCP"}],
+                # pynvmf's own field: the secure channel's per-connection decisions.
+                "transports": [{"trtype": "TCP", "tls": target.tls_counters.as_dict()}],
             }
         ],
     }
@@ -825,12 +888,17 @@ def nvmf_config(target: Target) -> list[dict[str, Any]]:
         )
         config.append({"method": "nvmf_create_subsystem", "params": params})
         for host in sorted(subsystem.allowed_hosts):
-            config.append(
-                {
-                    "method": "nvmf_subsystem_add_host",
-                    "params": {"nqn": subsystem.nqn, "host": host},
-                }
-            )
+            host_params: dict[str, Any] = {"nqn": subsystem.nqn, "host": host}
+            if host in subsystem.host_psks:
+                name = subsystem.host_psk_names.get(host)
+                if not name:
+                    raise RpcError(
+                        INVALID_PARAMS,
+                        f"name: host {host} of {subsystem.nqn} has a PSK that is not in the "
+                        "keyring, which SPDK's configuration cannot name (pynvmf_get_config can)",
+                    )
+                host_params["psk"] = name
+            config.append({"method": "nvmf_subsystem_add_host", "params": host_params})
         for nsid, ns in sorted(subsystem.namespaces.items()):
             config.append(
                 {
@@ -856,7 +924,11 @@ def nvmf_config(target: Target) -> list[dict[str, Any]]:
 def _listener_call(nqn: str, port: Port) -> dict[str, Any]:
     return {
         "method": "nvmf_subsystem_add_listener",
-        "params": {"nqn": nqn, "listen_address": _trid(port), "secure_channel": False},
+        "params": {
+            "nqn": nqn,
+            "listen_address": _trid(port),
+            "secure_channel": port.secure_channel == "required",
+        },
     }
 
 
@@ -882,10 +954,19 @@ async def load_spdk_config(cp: ControlPlane, config: Any, where: str = "config")
                 raise RpcError(exc.code, f"{call_place} ({call['method']}): {exc.message}") from exc
 
 
+def keyring_config(target: Target) -> list[dict[str, Any]]:
+    """framework_get_config keyring: the key files (their paths, never the keys)."""
+    return [
+        {"method": "keyring_file_add_key", "params": {"name": name, "path": path}}
+        for name, (path, _key) in target.psk_keyring.items()
+    ]
+
+
 def spdk_config(target: Target) -> dict[str, Any]:
     """What rpc.py save_config writes for this target."""
     return {
         "subsystems": [
+            {"subsystem": "keyring", "config": keyring_config(target)},
             {"subsystem": "bdev", "config": bdev_config(target)},
             {"subsystem": "nvmf", "config": nvmf_config(target)},
         ]

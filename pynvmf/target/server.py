@@ -656,6 +656,8 @@ class Target:
         if hostnqn not in subsystem.allowed_hosts:
             raise ChangeError("hostnqn", f"{hostnqn!r} is not a host of {nqn}")
         subsystem.allowed_hosts.discard(hostnqn)
+        subsystem.host_psks.pop(hostnqn, None)
+        subsystem.host_psk_names.pop(hostnqn, None)
         for ctrl in list(subsystem.controllers.values()):
             if ctrl.hostnqn == hostnqn:
                 ctrl.destroy("host removed from the subsystem")

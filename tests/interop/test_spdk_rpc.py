@@ -25,6 +25,8 @@ SPDK_RPC = Path(sys.executable).parent / "spdk-rpc"
 NQN = "nqn.2016-06.io.spdk:cnode1"
 HOST = "nqn.2014-08.org.nvmexpress:uuid:0f8c5d8e-0000-4000-8000-000000000001"
 UUID = "5b1a7c2e-3f4d-4e5f-8a9b-0c1d2e3f4a5b"
+TLS_HOST = "nqn.2014-08.org.nvmexpress:uuid:0f8c5d8e-0000-4000-8000-000000000002"
+TLS_KEY = "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:"
 
 # Every SPDK method the RPC server implements (pynvmf's own start with pynvmf_).
 SPDK_METHODS = sorted(m for m in method_table().methods if not m.startswith("pynvmf_"))
@@ -72,6 +74,14 @@ def served(tmp_path: Path) -> Iterator[tuple[TargetProcess, Spdk]]:
         assert proc.stop() == 0, proc.stderr()
 
 
+async def tls_round_trip(port: int) -> None:
+    """pynvmf's host over TLS 1.3 to the listener rpc.py made with --secure-channel."""
+    async with await connect(
+        "127.0.0.1", port, NQN, hostnqn=TLS_HOST, tls_psk=TLS_KEY, queues=1
+    ) as ctrl:
+        await ctrl.namespace(1).write(0, bytes(4096))
+
+
 def hold_connection(port: int) -> tuple[threading.Event, threading.Event, threading.Thread]:
     """pynvmf's host connected (two I/O queues) until `release` is set."""
     connected, release = threading.Event(), threading.Event()
@@ -103,7 +113,11 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
     methods = spdk.json("rpc_get_methods")
     assert set(SPDK_METHODS) <= set(methods)
     assert spdk.run("framework_wait_init").returncode == 0
-    assert [s["subsystem"] for s in spdk.json("framework_get_subsystems")] == ["bdev", "nvmf"]
+    assert [s["subsystem"] for s in spdk.json("framework_get_subsystems")] == [
+        "keyring",
+        "bdev",
+        "nvmf",
+    ]
     note("spdk_get_version", "rpc_get_methods", "framework_wait_init", "framework_get_subsystems")
 
     spdk.run("nvmf_create_transport", "-t", "TCP", "-u", "8192", "-c", "8192", "-q", "128")
@@ -158,6 +172,21 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
         str(disc_port),
     )
     spdk.run("nvmf_subsystem_add_host", NQN, HOST)
+    # TLS: a PSK in the keyring, a listener that requires TLS, a host that has the key.
+    tls_port = free_tcp_port()
+    keyfile = tmp_path / "psk.txt"
+    keyfile.write_text(TLS_KEY + "\n")
+    keyfile.chmod(0o600)
+    spdk.run("keyring_file_add_key", "key0", str(keyfile))
+    spdk.run(
+        "nvmf_subsystem_add_listener",
+        NQN,
+        *("-t", "tcp", "-a", "127.0.0.1", "-s", str(tls_port), "--secure-channel"),
+    )
+    spdk.run("nvmf_subsystem_add_host", NQN, TLS_HOST, "--psk", "key0")
+    (key,) = spdk.json("keyring_get_keys")
+    assert key["name"] == "key0" and key["path"] == str(keyfile) and key["refcnt"] == 2
+    note("keyring_file_add_key", "keyring_get_keys")
     spdk.run("nvmf_subsystem_allow_any_host", "-e", NQN)
     spdk.run("nvmf_subsystem_allow_any_host", "-d", NQN)
     note("nvmf_create_subsystem", "nvmf_subsystem_add_ns", "nvmf_subsystem_add_listener")
@@ -165,11 +194,13 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
 
     discovery, sub = spdk.json("nvmf_get_subsystems")
     assert discovery["subtype"] == "Discovery" and sub["nqn"] == NQN
-    assert not sub["allow_any_host"] and sub["hosts"] == [{"nqn": HOST}]
+    assert not sub["allow_any_host"]
+    assert sub["hosts"] == [{"nqn": HOST}, {"nqn": TLS_HOST, "psk": "key0"}]
+    assert TLS_KEY.split(":")[2] not in json.dumps(spdk.json("nvmf_get_subsystems"))
     assert [(n["nsid"], n["bdev_name"]) for n in sub["namespaces"]] == [(1, "Malloc0"), (5, "Aio0")]
     assert sub["namespaces"][1]["uuid"] == UUID
-    (listener,) = spdk.json("nvmf_subsystem_get_listeners", NQN)
-    assert listener["address"]["trsvcid"] == str(io_port)
+    listeners = spdk.json("nvmf_subsystem_get_listeners", NQN)
+    assert [x["address"]["trsvcid"] for x in listeners] == [str(io_port), str(tls_port)]
     note("nvmf_get_subsystems", "nvmf_subsystem_get_listeners")
 
     _connected, release, thread = hold_connection(io_port)
@@ -181,6 +212,11 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
         assert all(q["peer_address"]["traddr"] == "127.0.0.1" for q in qpairs)
         (group,) = spdk.json("nvmf_get_stats")["poll_groups"]
         assert group["current_io_qpairs"] == 2 and group["current_admin_qpairs"] == 1
+        asyncio.run(tls_round_trip(tls_port))
+        (group,) = spdk.json("nvmf_get_stats")["poll_groups"]
+        tls = group["transports"][0]["tls"]
+        assert tls["handshakes"] == 2 and tls["handshake_failures"] == 0
+        assert tls["ktls_tx"] + tls["user_space_tx"] == 2
         note("nvmf_subsystem_get_controllers", "nvmf_subsystem_get_qpairs", "nvmf_get_stats")
     finally:
         release.set()
@@ -188,7 +224,8 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
 
     saved = spdk.run("save_config").stdout
     nvmf_only = json.loads(spdk.run("save_subsystem_config", "-n", "nvmf").stdout)
-    assert nvmf_only["config"] == json.loads(saved)["subsystems"][1]["config"]
+    by_name = {s["subsystem"]: s["config"] for s in json.loads(saved)["subsystems"]}
+    assert nvmf_only["config"] == by_name["nvmf"]
     note("framework_get_config")
 
     # Bad input: an error response naming the parameter, and rpc.py fails.
@@ -200,6 +237,12 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
         "nvmf_subsystem_remove_listener", NQN, "-t", "tcp", "-a", "127.0.0.1", "-s", str(io_port)
     )
     spdk.run("nvmf_subsystem_remove_host", NQN, HOST)
+    failed = spdk.run("keyring_file_remove_key", "key0", check=False)
+    assert failed.returncode != 0 and "in use" in failed.stdout + failed.stderr
+    spdk.run("nvmf_subsystem_remove_host", NQN, TLS_HOST)
+    spdk.run("keyring_file_remove_key", "key0")
+    assert spdk.json("keyring_get_keys") == []
+    note("keyring_file_remove_key")
     spdk.run("nvmf_subsystem_remove_ns", NQN, "5")
     spdk.run("nvmf_delete_subsystem", NQN)
     spdk.run("bdev_malloc_delete", "Malloc0")
