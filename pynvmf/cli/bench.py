@@ -97,6 +97,7 @@ from pynvmf.cli.common import (
     loop_factory,
     namespace_option,
     output_option,
+    tls_arguments,
 )
 from pynvmf.host import Controller, NvmeError, RemoteNamespace, connect
 from pynvmf.host.namespace import remote_namespace
@@ -727,6 +728,7 @@ async def _bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             queue_depth=depth,
             header_digest=args.hdr_digest,
             data_digest=args.data_digest,
+            **tls_arguments(args),
         )
     except NvmeError as exc:
         raise connect_failure(args, exc) from exc

@@ -31,6 +31,7 @@ from pynvmf.cli.common import (
     loop_factory,
     namespace_option,
     output_option,
+    tls_arguments,
     where,
 )
 from pynvmf.host import (
@@ -168,6 +169,7 @@ async def _open(args: argparse.Namespace, *, queues: int) -> Controller:
             queues=queues,
             header_digest=args.hdr_digest,
             data_digest=args.data_digest,
+            **tls_arguments(args),
         )
     except NvmeError as exc:
         raise connect_failure(args, exc) from exc

@@ -259,3 +259,20 @@ async def test_changes_and_outputs_never_show_keys(target: Target, tmp_path: obj
         "127.0.0.1", _port(target, "required"), SUBNQN, hostnqn=HOST_C, tls_psk=KEY_A.encode()
     )
     await ctrl.close()
+
+
+async def test_cli_tls_options(target: Target, capsys: pytest.CaptureFixture[str]) -> None:
+    """`pynvmf list --tls-key ...` as nvme-cli's --tls/--tls-key; bad keys are refused in
+    one line that does not show them."""
+    from tests.protocol.test_host_cli import run
+
+    base = ["list", "-a", "127.0.0.1", "-s", str(_port(target, "required")), "-n", SUBNQN]
+    base += ["-q", HOST_A]
+    assert await asyncio.to_thread(run, *base, "--tls-key", KEY_A.encode()) == 0
+    bad = "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8AAAAA:"
+    for extra in (["--tls-key", bad], ["--tls"]):
+        assert await asyncio.to_thread(run, *base, *extra) != 0
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert "AAECAwQF" not in err
+    assert target.tls_counters.handshakes == 1
