@@ -1,0 +1,190 @@
+"""The kTLS offload measured where a kernel has kTLS: pynvmf's target in the Linux 6.12
+guest (its Python 3.13, trixie's cryptography) serving the guest kernel's NVMe/TCP host
+(fio, libaio, O_DIRECT) over loopback, in plain NVMe/TCP, TLS with pynvmf's records in the
+kernel (kTLS), and TLS with them in user space. The Linux host's records always go through
+its kernel (tlshd does the handshake, then kTLS).
+
+The guest runs under QEMU (KVM when PYNVMF_GUEST_KVM=1 works, else TCG, which emulates
+every instruction and AES-NI too: absolute numbers are the emulator's, the ratios between
+the modes are the point). Each round runs every workload on the three devices in turn
+(the order rotating), --runtime seconds each; cells are medians of --repeat rounds.
+
+    python3 benchmarks/tls_guest.py [--runtime 5] [--repeat 3] [--output docs/tls.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import secrets
+import statistics
+import sys
+import tarfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from pynvmf.bench import report as R  # noqa: E402
+from pynvmf.tcp.psk import HASH_SHA256, ConfiguredPsk  # noqa: E402
+from tests.interop import guest_trixie  # noqa: E402
+from tests.interop.guest import LINUX_6_12, Guest  # noqa: E402
+
+NQN = "nqn.2014-08.org.pynvmf:tls-bench"
+HOST = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000b7e6"
+PORTS = {"plain": 44501, "TLS, kTLS": 44502, "TLS, user space": 44503}
+WORKLOADS = {
+    "4 KiB random read, QD32": "--rw=randread --bs=4k --iodepth=32",
+    "128 KiB sequential read, QD8": "--rw=read --bs=128k --iodepth=8",
+}
+TLSHD_CONF = (
+    "[debug]\nloglevel=0\ntls=0\nnl=0\n[authenticate]\nkeyrings=.nvme\n"
+    "[authenticate.client]\n[authenticate.server]\n"
+)
+
+
+def bundle() -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        tar.add(REPO / "pynvmf", "pynvmf", filter=lambda i: None if "__pycache__" in i.name else i)
+    return out.getvalue()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runtime", type=float, default=5)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--output", default="-", help="markdown file for the table (or -)")
+    args = parser.parse_args()
+    key = ConfiguredPsk(HASH_SHA256, secrets.token_bytes(32))
+    config = {
+        "ports": [
+            {"address": "127.0.0.1", "port": PORTS["plain"]},
+            {"address": "127.0.0.1", "port": PORTS["TLS, kTLS"], "secure_channel": "required"},
+            {
+                "address": "127.0.0.1",
+                "port": PORTS["TLS, user space"],
+                "secure_channel": "required",
+                "ktls": "off",
+            },
+        ],
+        "discovery_ports": [],
+        "subsystems": [
+            {
+                "nqn": NQN,
+                "hosts": [{"nqn": HOST, "psk": key.encode()}, "nqn.2014-08.org.pynvmf:plain"],
+                "namespaces": [{"nsid": 1, "memory": "512M"}],
+            }
+        ],
+    }
+    results: dict[str, dict[str, list[tuple[float, float]]]] = {
+        w: {m: [] for m in PORTS} for w in WORKLOADS
+    }
+    with Guest(peer=LINUX_6_12, memory_mb=2048) as g:
+        g.run("modprobe tls && modprobe nvme-tcp && modprobe nvme-keyring")
+        g.write_file("/etc/tlshd.conf", TLSHD_CONF)
+        g.run("(tlshd > /tmp/tlshd.log 2>&1 &); sleep 0.5; busybox pidof tlshd")
+        g.write_file("/tmp/pynvmf.tgz", bundle())
+        g.write_file("/tmp/python.tgz", guest_trixie.python_bundle().read_bytes())
+        g.run(
+            "mkdir -p /opt/pynvmf && cd /opt/pynvmf"
+            " && tar xzf /tmp/pynvmf.tgz && tar xzf /tmp/python.tgz"
+        )
+        g.write_file("/tmp/target.json", json.dumps(config), mode=0o600)
+        g.run(
+            "cd /tmp && (PYTHONPATH=/opt/pynvmf python3 -m pynvmf target --config /tmp/target.json"
+            " > /tmp/target.out 2> /tmp/target.err &)\n"
+            "for i in $(seq 300); do grep -q ready /tmp/target.out && exit 0; sleep 0.2; done;"
+            " exit 1",
+            timeout=120,
+        )
+        g.run(
+            f"nvme gen-tls-key --secret {key.key.hex()} --hmac 1 --hostnqn {HOST}"
+            f" --subsysnqn {NQN} --insert"
+        )
+        devices: dict[str, str] = {}
+        for mode, port in PORTS.items():
+            before = set(g.run("ls /dev | grep -E '^nvme[0-9]+n1$' || true").output.split())
+            hostnqn = HOST if mode != "plain" else "nqn.2014-08.org.pynvmf:plain"
+            tls = " --tls" if mode != "plain" else ""
+            g.run(
+                f"nvme connect -t tcp -a 127.0.0.1 -s {port} -n {NQN} --hostnqn {hostnqn}"
+                f" --nr-io-queues 1{tls}",
+                timeout=150,
+            )
+            for _ in range(100):
+                now = set(g.run("ls /dev | grep -E '^nvme[0-9]+n1$' || true").output.split())
+                if now - before:
+                    break
+            (dev,) = now - before
+            devices[mode] = f"/dev/{dev}"
+        g.run(
+            f"dd if=/dev/urandom of={devices['plain']} bs=1M count=512 oflag=direct status=none",
+            timeout=600,
+        )
+        for r in range(args.repeat):
+            for w, (workload, fio) in enumerate(WORKLOADS.items()):
+                modes = list(PORTS)
+                k = (r + w) % len(modes)
+                for mode in modes[k:] + modes[:k]:
+                    out = g.run(
+                        f"fio --name=b --filename={devices[mode]} {fio} --ioengine=libaio"
+                        f" --direct=1 --time_based --runtime={args.runtime:g} --ramp_time=1"
+                        " --output-format=json",
+                        timeout=args.runtime * 4 + 120,
+                    ).output
+                    job = json.loads(out[out.index("{") :])["jobs"][0]["read"]
+                    results[workload][mode].append((job["iops"], job["bw_bytes"] / 1e6))
+                    print(
+                        f"round {r + 1} {workload:<29} {mode:<16} {job['iops']:>9.0f} IOPS",
+                        file=sys.stderr,
+                    )
+        log = g.run("cat /tmp/target.err").output
+        offload = {
+            "plain": "-",
+            "TLS, kTLS": "kernel" if "records sent by the kernel (kTLS)" in log else "user",
+            "TLS, user space": "user",
+        }
+        accel = g.accel
+    headers = ["workload", "mode", "pynvmf's records by", "IOPS", "MB/s", "vs plain"]
+    rows = []
+    for workload, by_mode in results.items():
+        base = by_mode["plain"]
+        for mode, runs in by_mode.items():
+            ratio = statistics.median(a[0] / b[0] for a, b in zip(runs, base, strict=True))
+            rows.append(
+                [
+                    workload,
+                    mode,
+                    offload[mode],
+                    f"{statistics.median(x[0] for x in runs):,.0f}",
+                    f"{statistics.median(x[1] for x in runs):,.1f}",
+                    f"{ratio:.2f}",
+                ]
+            )
+    setup = (
+        f"Linux 6.12 guest under QEMU ({accel}), 2 vCPUs, 2 GiB; pynvmf's target in the guest "
+        "(Python 3.13, no uvloop), one 512 MiB memory namespace written with random data, "
+        "three ports; the guest kernel's host, one I/O queue per controller, fio libaio "
+        f"O_DIRECT, {args.runtime:g} s per cell after 1 s ramp; modes rotating each round; "
+        f"medians of {args.repeat} rounds; load average at end {R.load_line()}"
+    )
+    print(setup)
+    print(R.text_table(headers, rows))
+    if args.output != "-":
+        body = "\n".join(
+            [
+                *(f"- {line}" for line in R.environment_lines()),
+                f"- setup: {setup}",
+                "",
+                R.markdown_table(headers, rows),
+            ]
+        )
+        R.write_results(Path(args.output), "NVMe/TCP over TLS 1.3", "benchmarks/tls_guest.py", body)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYNVMF_GUEST_PEERS", "linux-6.12")
+    main()
