@@ -108,17 +108,22 @@ def main() -> None:
         for mode, port in PORTS.items():
             before = set(g.run("ls /dev | grep -E '^nvme[0-9]+n1$' || true").output.split())
             hostnqn = HOST if mode != "plain" else "nqn.2014-08.org.pynvmf:plain"
+            # The kernel refuses one host ID under two host NQNs.
+            hostid = "00000000-0000-4000-8000-0000000000" + ("01" if mode == "plain" else "02")
             tls = " --tls" if mode != "plain" else ""
             g.run(
                 f"nvme connect -t tcp -a 127.0.0.1 -s {port} -n {NQN} --hostnqn {hostnqn}"
-                f" --nr-io-queues 1{tls}",
+                f" --hostid {hostid} --nr-io-queues 1{tls}",
                 timeout=150,
             )
-            for _ in range(100):
-                now = set(g.run("ls /dev | grep -E '^nvme[0-9]+n1$' || true").output.split())
-                if now - before:
-                    break
-            (dev,) = now - before
+            out = g.run(
+                f"for i in $(seq 200); do for d in /sys/class/nvme/nvme*; do"
+                f' [ "$(cat $d/address 2>/dev/null | grep -c trsvcid={port})" = 1 ] &&'
+                ' for n in $d/nvme*n1; do b=$(basename $n | sed -E "s/c[0-9]+n/n/");'
+                " [ -b /dev/$b ] && { echo $b; exit 0; }; done; done; sleep 0.1; done; exit 1"
+            ).output.split()
+            dev = out[-1]
+            del before
             devices[mode] = f"/dev/{dev}"
         g.run(
             f"dd if=/dev/urandom of={devices['plain']} bs=1M count=512 oflag=direct status=none",
