@@ -95,7 +95,7 @@ def main() -> None:
             }
         ],
     }
-    results: dict[str, dict[str, list[tuple[float, float]]]] = {
+    results: dict[str, dict[str, list[tuple[float, float, float]]]] = {
         w: {m: [] for m in PORTS} for w in WORKLOADS
     }
     with Guest(peer=LINUX_6_12, memory_mb=2048) as g:
@@ -111,7 +111,8 @@ def main() -> None:
         g.write_file("/tmp/target.json", json.dumps(config), mode=0o600)
         g.run(
             "cd /tmp && (PYTHONPATH=/opt/pynvmf python3 -m pynvmf target -v"
-            " --config /tmp/target.json > /tmp/target.out 2> /tmp/target.err &)\n"
+            " --config /tmp/target.json > /tmp/target.out 2> /tmp/target.err &"
+            " echo $! > /tmp/target.pid)\n"
             "for i in $(seq 300); do grep -q ready /tmp/target.out && exit 0; sleep 0.2; done;"
             " exit 1",
             timeout=120,
@@ -150,14 +151,24 @@ def main() -> None:
                 modes = list(PORTS)
                 k = (r + w) % len(modes)
                 for mode in modes[k:] + modes[:k]:
+                    # The target's CPU time (user + system: kTLS seals and opens in its
+                    # sendmsg/recvmsg) around the run: less sensitive to a loaded machine
+                    # than throughput.
+                    stat = "cut -d' ' -f14,15 /proc/$(cat /tmp/target.pid)/stat"
                     out = g.run(
-                        f"fio --name=b --filename={devices[mode]} {fio} --ioengine=libaio"
-                        f" --direct=1 --time_based --runtime={args.runtime:g} --ramp_time=1"
-                        " --output-format=json",
+                        f"{stat}; fio --name=b --filename={devices[mode]} {fio}"
+                        " --ioengine=libaio --direct=1 --time_based"
+                        f" --runtime={args.runtime:g} --ramp_time=1 --output-format=json"
+                        f" > /tmp/fio.json; {stat}; cat /tmp/fio.json",
                         timeout=args.runtime * 4 + 120,
                     ).output
+                    lines = out.splitlines()
+                    before = sum(int(x) for x in lines[0].split())
+                    after = sum(int(x) for x in lines[1].split())
                     job = json.loads(out[out.index("{") :])["jobs"][0]["read"]
-                    results[workload][mode].append((job["iops"], job["bw_bytes"] / 1e6))
+                    ios = max(job["iops"] * (args.runtime + 1), 1)
+                    cpu_us = (after - before) / 100 * 1e6 / ios  # USER_HZ 100
+                    results[workload][mode].append((job["iops"], job["bw_bytes"] / 1e6, cpu_us))
                     print(
                         f"round {r + 1} {workload:<29} {mode:<16} {job['iops']:>9.0f} IOPS",
                         file=sys.stderr,
@@ -169,12 +180,22 @@ def main() -> None:
             "TLS, user space": "user",
         }
         accel = g.accel
-    headers = ["workload", "mode", "pynvmf's records by", "IOPS", "MB/s", "vs plain"]
+    headers = [
+        "workload",
+        "mode",
+        "pynvmf's records by",
+        "IOPS",
+        "MB/s",
+        "vs plain",
+        "target CPU µs/IO",
+        "CPU vs plain",
+    ]
     rows = []
     for workload, by_mode in results.items():
         base = by_mode["plain"]
         for mode, runs in by_mode.items():
             ratio = statistics.median(a[0] / b[0] for a, b in zip(runs, base, strict=True))
+            cpu_ratio = statistics.median(a[2] / b[2] for a, b in zip(runs, base, strict=True))
             rows.append(
                 [
                     workload,
@@ -183,6 +204,8 @@ def main() -> None:
                     f"{statistics.median(x[0] for x in runs):,.0f}",
                     f"{statistics.median(x[1] for x in runs):,.1f}",
                     f"{ratio:.2f}",
+                    f"{statistics.median(x[2] for x in runs):,.0f}",
+                    f"{cpu_ratio:.2f}",
                 ]
             )
     setup = (
