@@ -25,7 +25,8 @@ PACKAGES=(
     libc6-dev
     debootstrap       # the Linux 6.12 peer's root filesystem (Debian 13, trixie)
     debian-archive-keyring  # checks trixie's archive signatures (debootstrap, apt-get)
-    openssl           # s_server/s_client: TLS 1.3 PSK peers of pynvmf.tcp.tls's tests
+    openssl           # its named FFDHE groups check pynvmf's RFC 7919 primes (tests/unit/test_auth.py);
+                      # s_server/s_client are TLS 1.3 PSK peers (tests/unit/test_tls_engine.py)
 )
 
 # `--python`: only what `make setup` needs to create a virtual environment.

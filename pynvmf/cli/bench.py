@@ -728,6 +728,8 @@ async def _bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             queue_depth=depth,
             header_digest=args.hdr_digest,
             data_digest=args.data_digest,
+            dhchap_secret=args.dhchap_secret,
+            dhchap_ctrl_secret=args.dhchap_ctrl_secret,
             **tls_arguments(args),
         )
     except NvmeError as exc:

@@ -19,10 +19,13 @@ import sys
 import uuid
 from typing import Any
 
+from pynvmf.auth.controller import ALL_DHGROUPS, ALL_HASHES, HostAuthConfig
+from pynvmf.auth.keys import DhchapKey, KeyFormatError
 from pynvmf.block.file import FileDevice
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
+from pynvmf.spec.auth import dhgroup_from_name, hash_from_name
 from pynvmf.target import devices as D
-from pynvmf.target.config import format_version, parse_version
+from pynvmf.target.config import REDACTED_KEY, format_version, parse_version
 from pynvmf.target.devices import NamedDevice
 from pynvmf.target.server import ChangeError, Port, Target
 from pynvmf.target.subsystem import CNTLID_MAX, CNTLID_MIN
@@ -79,17 +82,78 @@ async def load_nvmetcli(target: Target, config: Any, where: str = "config") -> N
     ports name them)."""
     config = _obj(config, where)
     _known(config, where, {"hosts", "ports", "subsystems"})
+    auths: dict[str, HostAuthConfig] = {}
     for i, host in enumerate(_list(config.get("hosts"), f"{where}.hosts")):
         h_where = f"{where}.hosts[{i}]"
         host = _obj(host, h_where)
-        # The dhchap_* attributes of newer kernels: DH-HMAC-CHAP, which pynvmf lacks.
-        _known(host, h_where, {"nqn"})
-        if not isinstance(host.get("nqn"), str):
+        # nvmet's host attributes dhchap_key, dhchap_ctrl_key, dhchap_hash, dhchap_dhgroup:
+        # nvmetcli's "dhchap" attribute group, or written out flat.
+        _known(host, h_where, {"nqn", "dhchap", *(f"dhchap_{a}" for a in _DHCHAP_ATTRS)})
+        nqn = host.get("nqn")
+        if not isinstance(nqn, str):
             raise NvmetcliError(f"{h_where}.nqn", "a host needs an NQN")
+        auth = _host_auth(host, h_where)
+        if auth is not None:
+            auths[nqn] = auth
     for i, spec in enumerate(_list(config.get("subsystems"), f"{where}.subsystems")):
         _subsystem(target, _obj(spec, f"{where}.subsystems[{i}]"), f"{where}.subsystems[{i}]")
+    # nvmet keys a host's secrets per host: every subsystem that allows it asks for them.
+    for subsystem in target.subsystems.values():
+        for hostnqn in subsystem.allowed_hosts:
+            if hostnqn in auths:
+                target.set_host_keys(subsystem.nqn, hostnqn, auths[hostnqn])
     for i, spec in enumerate(_list(config.get("ports"), f"{where}.ports")):
         await _port(target, _obj(spec, f"{where}.ports[{i}]"), f"{where}.ports[{i}]")
+
+
+_DHCHAP_ATTRS = ("key", "ctrl_key", "hash", "dhgroup")
+
+
+def _host_auth(host: dict[str, Any], where: str) -> HostAuthConfig | None:
+    """A host's DH-HMAC-CHAP from its nvmet attributes; None without a key. nvmet prefers
+    its dhchap_hash and dhchap_dhgroup and falls back to what the host offers: the
+    configured one comes first, the others after."""
+    group = host.get("dhchap")
+    attrs: dict[str, Any] = {}
+    prefix = f"{where}.dhchap"
+    if group is not None:
+        attrs = _obj(group, prefix)
+        _known(attrs, prefix, set(_DHCHAP_ATTRS))
+        prefix += "."
+    else:
+        prefix = f"{where}.dhchap_"
+    for name in _DHCHAP_ATTRS:
+        if f"dhchap_{name}" in host:
+            attrs[name] = host[f"dhchap_{name}"]
+    key_text = _text(attrs.get("key", "")).strip()
+    ctrl_text = _text(attrs.get("ctrl_key", "")).strip()
+    if not key_text:
+        if ctrl_text:
+            raise NvmetcliError(f"{prefix}ctrl_key", "a controller key needs a host key")
+        return None
+    keys = []
+    for name, text in (("key", key_text), ("ctrl_key", ctrl_text)):
+        if not text:
+            keys.append(None)
+            continue
+        try:
+            keys.append(DhchapKey.parse(text))
+        except KeyFormatError as exc:
+            raise NvmetcliError(f"{prefix}{name}", str(exc)) from None
+    hashes, groups = ALL_HASHES, ALL_DHGROUPS
+    try:
+        if _text(attrs.get("hash", "")).strip():
+            first = hash_from_name(_text(attrs["hash"]))
+            hashes = (first, *(h for h in ALL_HASHES if h != first))
+    except ValueError as exc:
+        raise NvmetcliError(f"{prefix}hash", str(exc)) from None
+    try:
+        if _text(attrs.get("dhgroup", "")).strip():
+            first_group = dhgroup_from_name(_text(attrs["dhgroup"]))
+            groups = (first_group, *(g for g in ALL_DHGROUPS if g != first_group))
+    except ValueError as exc:
+        raise NvmetcliError(f"{prefix}dhgroup", str(exc)) from None
+    return HostAuthConfig(keys[0], keys[1], hashes, groups)  # type: ignore[arg-type]
 
 
 _SUBSYSTEM_ATTRS = {
@@ -449,4 +513,27 @@ def nvmetcli_config(target: Target) -> dict[str, Any]:
                 "subsystems": linked,
             }
         )
-    return {"hosts": [{"nqn": h} for h in hosts], "ports": ports, "subsystems": subsystems}
+    auths: dict[str, HostAuthConfig] = {}
+    for subsystem in target.subsystems.values():
+        auths.update(subsystem.host_auth)
+    return {
+        "hosts": [_host_json(h, auths.get(h)) for h in hosts],
+        "ports": ports,
+        "subsystems": subsystems,
+    }
+
+
+def _host_json(hostnqn: str, auth: HostAuthConfig | None) -> dict[str, Any]:
+    """A host, with its DH-HMAC-CHAP attributes when it has a key, as nvmetcli's
+    attribute-group convention names them ("dhchap": {"key", ...}; upstream nvmetcli saves
+    none). The keys themselves are never written: REDACTED_KEY, which nvmet's configfs
+    refuses if it is written there, and which pynvmf refuses to load."""
+    out: dict[str, Any] = {"nqn": hostnqn}
+    if auth is not None:
+        out["dhchap"] = {
+            "key": REDACTED_KEY,
+            "ctrl_key": REDACTED_KEY if auth.ctrl_key is not None else "",
+            "hash": auth.hashes[0].hmac_name,
+            "dhgroup": auth.dhgroups[0].text,
+        }
+    return out

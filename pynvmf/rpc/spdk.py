@@ -11,6 +11,7 @@ writes what `pynvmf target --json` loads again.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import uuid as uuid_mod
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -21,14 +22,18 @@ from pynvmf.block.file import FileDevice
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.rpc.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane, MethodTable, Params, change_error
+from pynvmf.spec.auth import dhgroup_from_name, hash_from_name
 from pynvmf.spec.opcodes import DISCOVERY_NQN
 from pynvmf.target import devices as D
+from pynvmf.target.config import REDACTED_KEY
 from pynvmf.target.controller import MAX_IO_QUEUES, QUEUE_ENTRIES
 from pynvmf.target.devices import NamedDevice
 from pynvmf.target.limits import MAX_TRANSFER
 from pynvmf.target.server import ChangeError, Port, Target
 from pynvmf.target.subsystem import CNTLID_MAX, CNTLID_MIN, Subsystem
 from pynvmf.tcp.target import TransportConfig
+
+log = logging.getLogger(__name__)
 
 table = MethodTable()
 method = table.register
@@ -37,7 +42,7 @@ method = table.register
 CONFIG_SUBSYSTEMS = (
     {"subsystem": "keyring", "depends_on": []},
     {"subsystem": "bdev", "depends_on": []},
-    {"subsystem": "nvmf", "depends_on": ["bdev"]},
+    {"subsystem": "nvmf", "depends_on": ["bdev", "keyring"]},
 )
 TICK_RATE = 1_000_000_000  # nvmf_get_stats' ticks per second: pynvmf counts nanoseconds
 
@@ -157,7 +162,7 @@ async def bdev_malloc_create(cp: ControlPlane, p: Params) -> str:
     except ValueError as exc:
         raise RpcError(INVALID_PARAMS, f"block_size: {exc}") from exc
     except OSError as exc:
-        raise RpcError(INVALID_PARAMS, f"num_blocks: cannot allocate: {exc.strerror}") from exc
+        raise RpcError(INVALID_PARAMS, f"num_blocks: {exc.strerror}") from exc
     entry = NamedDevice.wrap(name, device, device_uuid=dev_uuid or uuid_mod.uuid4())
     try:
         target.add_block_device(entry)
@@ -297,8 +302,21 @@ def bdev_config(target: Target) -> list[dict[str, Any]]:
 # -- the NVMe-oF target: transport ------------------------------------------------------------
 
 # What nvmf_create_transport takes (SPDK's generic options, TCP's, and those rpc.py sends for
-# every transport): accepted; of them pynvmf applies in_capsule_data_size.
-_TRANSPORT_OPTIONS = (
+# every transport). pynvmf applies in_capsule_data_size; the others are checked like any
+# input (type and range) and, where pynvmf has a fixed value that differs, the operator is
+# told it was not applied rather than left to believe it was.
+_TRANSPORT_BOOLEANS = (
+    "dif_insert_or_strip",
+    "zcopy",
+    "c2h_success",
+    "disable_command_passthru",
+    "no_srq",
+    "no_wr_batching",
+    "disable_mappable_bar0",
+    "disable_adaptive_irq",
+    "disable_shadow_doorbells",
+)
+_TRANSPORT_INTEGERS = (
     "max_queue_depth",
     "max_io_qpairs_per_ctrlr",
     "max_io_size",
@@ -306,27 +324,42 @@ _TRANSPORT_OPTIONS = (
     "max_aq_depth",
     "num_shared_buffers",
     "buf_cache_size",
-    "dif_insert_or_strip",
     "abort_timeout_sec",
-    "zcopy",
     "acceptor_poll_rate",
     "ack_timeout",
     "data_wr_pool_size",
-    "disable_command_passthru",
     "kas",
     "min_kato",
-    "c2h_success",
     "control_msg_num",
     "sock_priority",
-    "no_srq",
     "num_cqe",
     "max_srq_depth",
     "acceptor_backlog",
-    "no_wr_batching",
-    "disable_mappable_bar0",
-    "disable_adaptive_irq",
-    "disable_shadow_doorbells",
 )
+
+
+def _fixed_transport_values(target: Target) -> dict[str, int]:
+    return {
+        "max_queue_depth": QUEUE_ENTRIES,
+        "max_aq_depth": QUEUE_ENTRIES,
+        "max_io_qpairs_per_ctrlr": MAX_IO_QUEUES,
+        "max_io_size": MAX_TRANSFER,
+        "io_unit_size": target.transport.max_h2c_data,
+    }
+
+
+def _unapplied_transport_options(p: Params, target: Target) -> list[str]:
+    """Check every option nvmf_create_transport may carry; what differs from pynvmf's own
+    fixed values, as 'name value (pynvmf: value)'."""
+    for key in _TRANSPORT_BOOLEANS:
+        p.boolean(key, None)
+    fixed = _fixed_transport_values(target)
+    unapplied = []
+    for key in _TRANSPORT_INTEGERS:
+        value = p.integer(key, None, high=0xFFFFFFFF)
+        if value is not None and key in fixed and value != fixed[key]:
+            unapplied.append(f"{key} {value} (pynvmf: {fixed[key]})")
+    return unapplied
 
 
 def _check_trtype(p: Params, key: str = "trtype") -> None:
@@ -340,7 +373,7 @@ async def nvmf_create_transport(cp: ControlPlane, p: Params) -> bool:
     _check_trtype(p)
     _no_target_name(p)
     inline = p.integer("in_capsule_data_size", None, high=0xFFFFFFFF)
-    p.ignore(*_TRANSPORT_OPTIONS)
+    unapplied = _unapplied_transport_options(p, cp.target)
     p.done()
     if cp.transport_created:
         raise RpcError(INVALID_PARAMS, "trtype: transport type 'TCP' already exists")
@@ -355,6 +388,8 @@ async def nvmf_create_transport(cp: ControlPlane, p: Params) -> bool:
         )
         _sync(lambda: cp.target.set_transport(config), {"inline_data_size": "in_capsule_data_size"})
     cp.transport_created = True
+    if unapplied:
+        log.warning("nvmf_create_transport: not applied: %s", ", ".join(unapplied))
     return True
 
 
@@ -422,10 +457,22 @@ async def nvmf_set_config(cp: ControlPlane, p: Params) -> bool:
     p.refuse_unless(
         "discovery_filter", ("match_any",), "pynvmf's discovery log lists every listener"
     )
-    # Without DH-HMAC-CHAP, which digests and groups it would allow changes nothing.
-    p.strings("dhchap_digests")
-    p.strings("dhchap_dhgroups")
+    digests = p.strings("dhchap_digests")
+    groups = p.strings("dhchap_dhgroups")
     p.done()
+    try:
+        hashes = tuple(hash_from_name(d) for d in digests) if digests is not None else None
+    except ValueError as exc:
+        raise RpcError(INVALID_PARAMS, f"dhchap_digests: {exc}") from None
+    try:
+        dhgroups = tuple(dhgroup_from_name(g) for g in groups) if groups is not None else None
+    except ValueError as exc:
+        raise RpcError(INVALID_PARAMS, f"dhchap_dhgroups: {exc}") from None
+    # The hashes and DH groups of hosts whose keys are set from now on (SPDK's too).
+    if hashes:
+        cp.target.dhchap_hashes = hashes
+    if dhgroups:
+        cp.target.dhchap_dhgroups = dhgroups
     return True
 
 
@@ -494,10 +541,15 @@ def _listeners(target: Target, nqn: str) -> list[Port]:
 
 
 def _host_json(subsystem: Subsystem, hostnqn: str) -> dict[str, Any]:
-    """A host as SPDK shows it: its PSK by keyring name, never the key."""
+    """A host as SPDK lists it: its NQN and its keys' keyring names (never the keys)."""
     out: dict[str, Any] = {"nqn": hostnqn}
+    auth = subsystem.host_auth.get(hostnqn)
+    if auth is not None:
+        out["dhchap_key"] = auth.host_key_name or REDACTED_KEY
+        if auth.ctrl_key is not None:
+            out["dhchap_ctrlr_key"] = auth.ctrl_key_name or REDACTED_KEY
     if hostnqn in subsystem.host_psks:
-        out["psk"] = subsystem.host_psk_names.get(hostnqn) or "<redacted>"
+        out["psk"] = subsystem.host_psk_names.get(hostnqn) or REDACTED_KEY
     return out
 
 
@@ -683,18 +735,48 @@ async def nvmf_subsystem_add_host(cp: ControlPlane, p: Params) -> bool:
     host = p.string("host")
     _no_target_name(p)
     psk = p.string("psk", None)
-    p.refuse_unless("dhchap_key", (), "pynvmf has no DH-HMAC-CHAP")
-    p.refuse_unless("dhchap_ctrlr_key", (), "pynvmf has no DH-HMAC-CHAP")
+    key = p.string("dhchap_key", None)
+    ctrl_key = p.string("dhchap_ctrlr_key", None)
     p.done()
-    if psk is not None and psk not in cp.target.psk_keyring:
+    target = cp.target
+    if psk is not None and psk not in target.keyring:
         # SPDK takes keyring names only (keyring_file_add_key first): a key or a path here
         # would end up in logs and saved configurations.
         raise RpcError(INVALID_PARAMS, f"psk: no key named {psk!r} in the keyring")
-    _sync(lambda: cp.target.add_host(nqn, host, psk=psk), {"hostnqn": "host"})
+
+    def change() -> None:
+        auth = target.auth_config(key, ctrl_key) if key is not None else None
+        if auth is None and ctrl_key is not None:
+            raise ChangeError("dhchap_key", "a controller key needs a host key")
+        target.add_host(nqn, host, auth=auth, psk=psk)
+
+    _sync(change, {"hostnqn": "host"})
     return True
 
 
-# -- keyring ---------------------------------------------------------------------------------
+@method("nvmf_subsystem_set_keys")
+async def nvmf_subsystem_set_keys(cp: ControlPlane, p: Params) -> bool:
+    """New DH-HMAC-CHAP keys for a host (none: it no longer authenticates); queues already
+    authenticated stay so, the next (re-)authentication uses them."""
+    nqn = p.string("nqn")
+    host = p.string("host")
+    _no_target_name(p)
+    key = p.string("dhchap_key", None)
+    ctrl_key = p.string("dhchap_ctrlr_key", None)
+    p.done()
+    target = cp.target
+
+    def change() -> None:
+        if key is None and ctrl_key is not None:
+            raise ChangeError("dhchap_key", "a controller key needs a host key")
+        auth = target.auth_config(key, ctrl_key) if key is not None else None
+        target.set_host_keys(nqn, host, auth)
+
+    _sync(change, {})
+    return True
+
+
+# -- keyring ------------------------------------------------------------------------------------
 
 
 @method("keyring_file_add_key")
@@ -702,7 +784,7 @@ async def keyring_file_add_key(cp: ControlPlane, p: Params) -> bool:
     name = p.string("name")
     path = p.string("path")
     p.done()
-    _sync(lambda: cp.target.add_psk_key(name, path), {})
+    _sync(lambda: cp.target.add_key(name, path), {})
     return True
 
 
@@ -710,7 +792,7 @@ async def keyring_file_add_key(cp: ControlPlane, p: Params) -> bool:
 async def keyring_file_remove_key(cp: ControlPlane, p: Params) -> bool:
     name = p.string("name")
     p.done()
-    _sync(lambda: cp.target.remove_psk_key(name), {})
+    _sync(lambda: cp.target.remove_key(name), {})
     return True
 
 
@@ -718,17 +800,33 @@ async def keyring_file_remove_key(cp: ControlPlane, p: Params) -> bool:
 async def keyring_get_keys(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
     p.done()
     target = cp.target
+
+    def users(name: str) -> int:
+        count = 0
+        for s in target.subsystems.values():
+            count += sum(name in (a.host_key_name, a.ctrl_key_name) for a in s.host_auth.values())
+            count += list(s.host_psk_names.values()).count(name)
+        return count
+
     return [
         {
-            "name": name,
-            "path": path,
-            # The keyring's reference and one per host that uses the key, as SPDK counts.
-            "refcnt": 1
-            + sum(list(s.host_psk_names.values()).count(name) for s in target.subsystems.values()),
+            "name": e.name,
+            "module": "keyring_file",
             "removed": False,
             "probed": True,
+            # The keyring's reference and one per host that uses the key, as SPDK counts.
+            "refcnt": 1 + users(e.name),
+            "path": e.path,
         }
-        for name, (path, _key) in target.psk_keyring.items()
+        for e in target.keyring.values()
+    ]
+
+
+def keyring_config(target: Target) -> list[dict[str, Any]]:
+    """framework_get_config keyring: the keys by name and file (their secrets stay there)."""
+    return [
+        {"method": "keyring_file_add_key", "params": {"name": e.name, "path": e.path}}
+        for e in target.keyring.values()
     ]
 
 
@@ -889,6 +987,17 @@ def nvmf_config(target: Target) -> list[dict[str, Any]]:
         config.append({"method": "nvmf_create_subsystem", "params": params})
         for host in sorted(subsystem.allowed_hosts):
             host_params: dict[str, Any] = {"nqn": subsystem.nqn, "host": host}
+            auth = subsystem.host_auth.get(host)
+            if auth is not None:
+                if not auth.host_key_name or (auth.ctrl_key and not auth.ctrl_key_name):
+                    raise RpcError(
+                        INVALID_PARAMS,
+                        f"name: the keys of {host} on {subsystem.nqn} are not in the keyring,"
+                        " which SPDK's configuration names them by (pynvmf_get_config can)",
+                    )
+                host_params["dhchap_key"] = auth.host_key_name
+                if auth.ctrl_key is not None:
+                    host_params["dhchap_ctrlr_key"] = auth.ctrl_key_name
             if host in subsystem.host_psks:
                 name = subsystem.host_psk_names.get(host)
                 if not name:
@@ -952,14 +1061,6 @@ async def load_spdk_config(cp: ControlPlane, config: Any, where: str = "config")
                 await cp.call(call["method"], call.get("params") or {})
             except RpcError as exc:
                 raise RpcError(exc.code, f"{call_place} ({call['method']}): {exc.message}") from exc
-
-
-def keyring_config(target: Target) -> list[dict[str, Any]]:
-    """framework_get_config keyring: the key files (their paths, never the keys)."""
-    return [
-        {"method": "keyring_file_add_key", "params": {"name": name, "path": path}}
-        for name, (path, _key) in target.psk_keyring.items()
-    ]
 
 
 def spdk_config(target: Target) -> dict[str, Any]:

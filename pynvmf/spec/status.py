@@ -64,6 +64,10 @@ class Status(IntEnum):
     CONNECT_INVALID_PARAM = 0x182
     CONNECT_RESTART_DISCOVERY = 0x183
     CONNECT_INVALID_HOST = 0x184
+    DISCOVERY_RESTART = 0x190
+    # A command other than Connect, authentication or Property Get before the queue has
+    # authenticated (DH-HMAC-CHAP), as nvmet and SPDK answer it.
+    AUTH_REQUIRED = 0x191
     # Media and data integrity errors (SCT 2)
     WRITE_FAULT = 0x280
     UNRECOVERED_READ_ERROR = 0x281

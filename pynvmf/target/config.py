@@ -9,6 +9,7 @@ running target in the same format, so that `pynvmf target --config` starts it ag
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import re
@@ -18,8 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pynvmf.auth.controller import ALL_DHGROUPS, ALL_HASHES, HostAuthConfig
 from pynvmf.block.file import FileDevice
 from pynvmf.block.memory import MemoryDevice
+from pynvmf.spec.auth import dhgroup_from_name, hash_from_name
 from pynvmf.spec.opcodes import DISCOVERY_NQN
 from pynvmf.target import devices as D
 from pynvmf.target.devices import NamedDevice
@@ -42,11 +45,11 @@ _DEFAULT_TRANSPORT = TransportConfig()
 
 _TOP_KEYS = {"ports", "discovery_ports", "subsystems", "devices", "transport", "keyring"}
 _KEY_KEYS = {"name", "path"}
-# A host entry as an object: its NQN and its TLS PSK (a keyring name, or the key itself in
-# the interchange format).
-_HOST_KEYS = {"nqn", "psk"}
-# What an export writes for a PSK that has no keyring name: never the key; loading it
-# fails, naming the key.
+# A host entry as an object: its NQN, DH-HMAC-CHAP keys (keyring names), hashes, groups,
+# and its TLS PSK (a keyring name, or the key itself in the interchange format).
+_HOST_KEYS = {"nqn", "dhchap_key", "dhchap_ctrl_key", "dhchap_hash", "dhchap_dhgroup", "psk"}
+# What an export writes for a key that has no keyring name (one nvmetcli's format gave, or
+# a PSK given inline): never the secret; loading it fails, naming the key.
 REDACTED_KEY = "<redacted>"
 _PORT_KEYS = {
     "secure_channel",
@@ -98,16 +101,31 @@ def parse_size(text: str | int) -> int:
 
 
 def parse_listen(text: str) -> tuple[str, int]:
-    """'127.0.0.1:4420', '[::1]:4420', '0.0.0.0' -> (address, port)."""
-    m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\](?::(\d+))?", text)
+    """'127.0.0.1:4420', '[::1]:4420', '0.0.0.0' -> (address, port).
+
+    Strict, as host input is: an address that is not an IP address, or a port outside
+    0..65535, is refused here rather than wrapped or resolved by the socket layer
+    ('1.2.3' would bind 1.2.0.3; port 99999 would bind 34463)."""
+    m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\](?::([^:]*))?", text)
     if m:
-        return m.group(1), int(m.group(2) or NVME_TCP_PORT)
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        return text, NVME_TCP_PORT
-    if ":" in host:
+        host, port_text = m.group(1), m.group(2)
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            host, port_text = text, None
+        elif ":" in host:
+            raise ConfigError(f"IPv6 addresses need brackets: {text!r}")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        raise ConfigError(f"{text!r}: {host!r} is not an IP address") from None
+    if m is None and ip.version == 6:
         raise ConfigError(f"IPv6 addresses need brackets: {text!r}")
-    return host, int(port)
+    if port_text is None:
+        return host, NVME_TCP_PORT
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 0xFFFF:
+        raise ConfigError(f"{text!r}: {port_text!r} is not a TCP port (0 to 65535)")
+    return host, int(port_text)
 
 
 def parse_version(text: str | int) -> int:
@@ -205,7 +223,8 @@ def open_device(spec: dict[str, Any], where: str, name: str, *, owned: bool) -> 
             )
             return NamedDevice.wrap(name, device, device_uuid=dev_uuid, owned=owned)
     except OSError as exc:
-        raise ConfigError(f"{where}: {exc.filename or ''}: {exc.strerror or exc}") from exc
+        what = f"{exc.filename}: " if exc.filename else ""
+        raise ConfigError(f"{where}: {what}{exc.strerror or exc}") from exc
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from exc
     raise ConfigError(f"{where}: a namespace needs 'memory', 'file' or 'device'")
@@ -236,13 +255,6 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
                 top.get("transport", dict), top.path("transport"), target.transport
             )
             _change("transport", lambda: target.set_transport(transport))
-        for i, spec in enumerate(top.items("keyring")):
-            where = f"keyring[{i}]"
-            r = _Reader(spec, where, _KEY_KEYS)
-            name, path = r.get("name", str), r.get("path", str)
-            if not name or not path:
-                raise ConfigError(f"{where}: a key needs a name and a path")
-            _change(where, lambda name=name, path=path: target.add_psk_key(name, path))
         for i, spec in enumerate(top.items("devices")):
             where = f"devices[{i}]"
             r = _Reader(spec, where, _DEVICE_KEYS | {"name", "uuid"})
@@ -251,6 +263,13 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
                 raise ConfigError(f"{where}.name: a device needs a name")
             entry = open_device(spec, where, name, owned=False)
             _change(where, lambda entry=entry: target.add_block_device(entry), entry)
+        for i, spec in enumerate(top.items("keyring")):
+            where = f"keyring[{i}]"
+            r = _Reader(spec, where, _KEY_KEYS)
+            name, path = r.get("name", str), r.get("path", str)
+            if not name or not path:
+                raise ConfigError(f"{where}: a key needs a name and a path")
+            _change(where, lambda name=name, path=path: target.add_key(name, path))
         for i, spec in enumerate(top.items("subsystems")):
             _subsystem(target, spec, f"subsystems[{i}]")
         ports = top.items("ports")
@@ -304,30 +323,65 @@ def _copy_formats(formats: list[Any], where: str) -> int:
     return mask
 
 
+def _names(value: Any, parse: Callable[[str], Any], where: str) -> tuple[Any, ...] | None:
+    """One name or a list of names (hashes, DH groups), in order of preference."""
+    if value is None:
+        return None
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items or not all(isinstance(v, str) for v in items):
+        raise ConfigError(f"{where}: a name or a non-empty list of names")
+    try:
+        return tuple(dict.fromkeys(parse(v) for v in items))
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _host_auth(
+    target: Target,
+    spec: Any,
+    where: str,
+    auths: dict[str, HostAuthConfig],
+    psks: dict[str, str],
+) -> str:
+    r = _Reader(spec, where, _HOST_KEYS)
+    hostnqn = r.get("nqn", str)
+    if not hostnqn:
+        raise ConfigError(f"{where}.nqn: a host needs an NQN")
+    psk = r.get("psk", str)
+    if psk is not None:
+        if psk == REDACTED_KEY:
+            raise ConfigError(f"{where}.psk: the export left this key out; give it again")
+        psks[hostnqn] = psk
+    key = r.get("dhchap_key", str)
+    ctrl_key = r.get("dhchap_ctrl_key", str)
+    hashes = _names(spec.get("dhchap_hash"), hash_from_name, r.path("dhchap_hash"))
+    groups = _names(spec.get("dhchap_dhgroup"), dhgroup_from_name, r.path("dhchap_dhgroup"))
+    if key is None:
+        if ctrl_key is not None or hashes or groups:
+            raise ConfigError(f"{where}.dhchap_key: DH-HMAC-CHAP settings need a host key")
+        return hostnqn
+    try:
+        auths[hostnqn] = target.auth_config(key, ctrl_key, hashes=hashes, dhgroups=groups)
+    except ChangeError as exc:
+        field = "dhchap_ctrl_key" if exc.field == "dhchap_ctrlr_key" else exc.field
+        raise ConfigError(f"{where}.{field}: {exc.reason}") from None
+    return hostnqn
+
+
 def _subsystem(target: Target, spec: Any, where: str) -> None:
     r = _Reader(spec, where, _SUBSYSTEM_KEYS)
     nqn = r.get("nqn", str)
     if nqn is None:
         raise ConfigError(f"{where}.nqn: a subsystem needs an NQN")
-    host_entries = r.items("hosts")
+    host_specs = r.items("hosts")
     hosts: list[str] = []
+    auths: dict[str, HostAuthConfig] = {}
     psks: dict[str, str] = {}
-    for j, entry in enumerate(host_entries):
-        if isinstance(entry, str):
-            hosts.append(entry)
+    for j, host in enumerate(host_specs):
+        if isinstance(host, str):
+            hosts.append(host)
             continue
-        h = _Reader(entry, f"{where}.hosts[{j}]", _HOST_KEYS)
-        hostnqn = h.get("nqn", str)
-        if not hostnqn:
-            raise ConfigError(f"{where}.hosts[{j}].nqn: a host needs an NQN")
-        hosts.append(hostnqn)
-        psk = h.get("psk", str)
-        if psk is not None:
-            if psk == REDACTED_KEY:
-                raise ConfigError(
-                    f"{where}.hosts[{j}].psk: the export left this key out; give it again"
-                )
-            psks[hostnqn] = psk
+        hosts.append(_host_auth(target, host, f"{where}.hosts[{j}]", auths, psks))
     kwargs: dict[str, Any] = dict(
         serial=r.get("serial", str, ""),
         model=r.get("model", str, "pynvmf"),
@@ -343,6 +397,8 @@ def _subsystem(target: Target, spec: Any, where: str) -> None:
         copy_formats=_copy_formats(r.items("copy_formats"), f"{where}.copy_formats"),
     )
     _change(where, lambda: target.add_subsystem(nqn, **kwargs))
+    for hostnqn, auth in auths.items():
+        _change(where, lambda hostnqn=hostnqn, auth=auth: target.set_host_keys(nqn, hostnqn, auth))
     for hostnqn, psk in psks.items():
         _change(
             f"{where}.hosts",
@@ -424,11 +480,13 @@ async def build_target(config: dict[str, Any]) -> Target:
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
-    with open(path) as f:
-        try:
+    try:
+        with open(path) as f:
             data = json.load(f)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be an object")
     return data
@@ -477,6 +535,8 @@ def config_of(target: Target) -> dict[str, Any]:
 
     A device that is neither memory nor a file cannot be described: ConfigError."""
     config: dict[str, Any] = {}
+    if target.keyring:
+        config["keyring"] = [{"name": e.name, "path": e.path} for e in target.keyring.values()]
     if target.transport != _DEFAULT_TRANSPORT:
         config["transport"] = _transport_dict(target.transport, _DEFAULT_TRANSPORT)
     devices = [
@@ -486,10 +546,6 @@ def config_of(target: Target) -> dict[str, Any]:
     ]
     if devices:
         config["devices"] = devices
-    if target.psk_keyring:
-        config["keyring"] = [
-            {"name": name, "path": path} for name, (path, _key) in target.psk_keyring.items()
-        ]
     config["subsystems"] = [_subsystem_dict(target, s) for s in target.subsystems.values()]
     ports = []
     for port in target.ports:
@@ -547,14 +603,36 @@ def _device_dict(entry: NamedDevice, *, with_name: bool) -> dict[str, Any]:
     return out
 
 
+def _host_dict(
+    hostnqn: str, auth: HostAuthConfig | None, psk: str | None = None
+) -> str | dict[str, Any]:
+    """A host entry: its NQN, or an object with its keys' names (never the keys)."""
+    if auth is None:
+        return hostnqn if psk is None else {"nqn": hostnqn, "psk": psk}
+    spec: dict[str, Any] = {"nqn": hostnqn, "dhchap_key": auth.host_key_name or REDACTED_KEY}
+    if psk is not None:
+        spec["psk"] = psk
+    if auth.ctrl_key is not None:
+        spec["dhchap_ctrl_key"] = auth.ctrl_key_name or REDACTED_KEY
+    if auth.hashes != ALL_HASHES:
+        spec["dhchap_hash"] = [h.hashlib_name for h in auth.hashes]
+    if auth.dhgroups != ALL_DHGROUPS:
+        spec["dhchap_dhgroup"] = [g.text for g in auth.dhgroups]
+    return spec
+
+
 def _subsystem_dict(target: Target, subsystem: Subsystem) -> dict[str, Any]:
     spec: dict[str, Any] = {"nqn": subsystem.nqn}
     if subsystem.allowed_hosts:
         spec["hosts"] = [
-            {"nqn": h, "psk": subsystem.host_psk_names.get(h) or REDACTED_KEY}
-            if h in subsystem.host_psks
-            else h
-            for h in sorted(subsystem.allowed_hosts)
+            _host_dict(
+                hostnqn,
+                subsystem.host_auth.get(hostnqn),
+                (subsystem.host_psk_names.get(hostnqn) or REDACTED_KEY)
+                if hostnqn in subsystem.host_psks
+                else None,
+            )
+            for hostnqn in sorted(subsystem.allowed_hosts)
         ]
     if subsystem.allow_any_host != (not subsystem.allowed_hosts):
         spec["allow_any_host"] = subsystem.allow_any_host

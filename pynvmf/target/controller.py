@@ -125,6 +125,10 @@ class Controller:
         # KATO 0 would let a controller (and what it holds) live for ever: bounded.
         self._kato_ms = effective_kato_ms(requested)
 
+    @property
+    def keep_alive_running(self) -> bool:
+        return self._ka_handle is not None
+
     def start_keep_alive(self) -> None:
         """(Re)start the keep-alive timer: traffic based, checked every slack interval, so
         a silent host is noticed after KATO and before KATO + 2 intervals."""

@@ -26,8 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
+from pynvmf.auth.controller import ALL_DHGROUPS, ALL_HASHES, HostAuthConfig
+from pynvmf.auth.keys import DhchapKey, KeyFormatError, load_key_file
 from pynvmf.malloc import trim
 from pynvmf.spec import logpages as L
+from pynvmf.spec.auth import DhGroupId, HashId
 from pynvmf.spec.command import COPY_CDFE_FORMATS
 from pynvmf.spec.nqn import nqn_problem
 from pynvmf.spec.opcodes import DISCOVERY_NQN
@@ -140,6 +143,15 @@ def _normal_address(address: str) -> str:
         return address
 
 
+@dataclass(frozen=True)
+class KeyringEntry:
+    """A named secret and the file it came from; outputs show the name and path only."""
+
+    name: str
+    path: str
+    key: DhchapKey | ConfiguredPsk = field(repr=False)
+
+
 @dataclass
 class TargetCounters:
     """Cumulative counts for statistics (SPDK's nvmf_get_stats)."""
@@ -158,6 +170,11 @@ class Target:
         limits: ConnectionLimits | None = None,
     ) -> None:
         self.subsystems: dict[str, Subsystem] = {}
+        # DH-HMAC-CHAP secrets by name (SPDK's keyring), and the hashes and DH groups a
+        # host's authentication allows unless its own configuration says otherwise.
+        self.keyring: dict[str, KeyringEntry] = {}
+        self.dhchap_hashes: tuple[HashId, ...] = ALL_HASHES
+        self.dhchap_dhgroups: tuple[DhGroupId, ...] = ALL_DHGROUPS
         self.block_devices: dict[str, NamedDevice] = {}
         self.discovery = Subsystem(DISCOVERY_NQN, model="pynvmf discovery")
         self.ports: list[Port] = []
@@ -170,8 +187,6 @@ class Target:
         self.counters = TargetCounters()
         # Secure-channel decisions (handshakes, kTLS or user space per direction).
         self.tls_counters = TlsCounters()
-        # TLS PSKs by name (SPDK's keyring_file_add_key): name -> (path, key).
-        self.psk_keyring: dict[str, tuple[str, ConfiguredPsk]] = {}
         self.connection_budget = ConnectionBudget(limits or ConnectionLimits())
         limits = self.connection_budget.limits
         self.memory_pool = MemoryPool(limits.max_memory or default_max_memory())
@@ -556,21 +571,120 @@ class Target:
             except OSError as exc:
                 log.error("flushing %s failed: %s", entry.name, exc)
 
+    # -- keys ---------------------------------------------------------------------------
+
+    def add_key(self, name: str, path: str) -> KeyringEntry:
+        """Add a DH-HMAC-CHAP secret or a TLS PSK (NVMeTLSkey-1) from a key file (mode
+        0600) to the keyring under `name` (SPDK's keyring_file_add_key); hosts refer to
+        keys by name."""
+        if not name or not isinstance(name, str):
+            raise ChangeError("name", "a key needs a name")
+        if name in self.keyring:
+            raise ChangeError("name", f"key {name!r} exists")
+        key: DhchapKey | ConfiguredPsk
+        if _holds_tls_psk(path):
+            key = read_psk_file(path)
+        else:
+            try:
+                key = load_key_file(path)
+            except KeyFormatError as e:
+                raise ChangeError("path", str(e)) from None
+        entry = KeyringEntry(name, path, key)
+        self.keyring[name] = entry
+        log.info("key %s added from %s", name, path)
+        return entry
+
+    def remove_key(self, name: str) -> None:
+        if name not in self.keyring:
+            raise ChangeError("name", f"no key named {name!r}")
+        for subsystem in self.subsystems.values():
+            users = [
+                h
+                for h, c in subsystem.host_auth.items()
+                if name in (c.host_key_name, c.ctrl_key_name)
+            ]
+            users += [h for h, used in subsystem.host_psk_names.items() if used == name]
+            for hostnqn in users:
+                raise ChangeError("name", f"key {name!r} is in use by {hostnqn} on {subsystem.nqn}")
+        del self.keyring[name]
+        log.info("key %s removed", name)
+
+    def auth_config(
+        self,
+        dhchap_key: str | DhchapKey,
+        dhchap_ctrl_key: str | DhchapKey | None = None,
+        *,
+        hashes: Iterable[HashId] | None = None,
+        dhgroups: Iterable[DhGroupId] | None = None,
+    ) -> HostAuthConfig:
+        """A host's authentication from keyring names (or keys), with the target's
+        hashes and DH groups unless given."""
+
+        def resolve(ref: str | DhchapKey, field: str) -> tuple[DhchapKey, str]:
+            if isinstance(ref, DhchapKey):
+                return ref, ""
+            entry = self.keyring.get(ref)
+            if entry is None:
+                raise ChangeError(field, f"no key named {ref!r} in the keyring")
+            if not isinstance(entry.key, DhchapKey):
+                raise ChangeError(field, f"key {ref!r} is a TLS PSK, not a DH-HMAC-CHAP secret")
+            return entry.key, entry.name
+
+        host_key, host_name = resolve(dhchap_key, "dhchap_key")
+        ctrl_key, ctrl_name = (
+            resolve(dhchap_ctrl_key, "dhchap_ctrlr_key")
+            if dhchap_ctrl_key is not None
+            else (None, "")
+        )
+        hash_list = tuple(hashes) if hashes is not None else self.dhchap_hashes
+        group_list = tuple(dhgroups) if dhgroups is not None else self.dhchap_dhgroups
+        if not hash_list:
+            raise ChangeError("dhchap_hash", "at least one hash")
+        if not group_list:
+            raise ChangeError("dhchap_dhgroup", "at least one DH group")
+        return HostAuthConfig(host_key, ctrl_key, hash_list, group_list, host_name, ctrl_name)
+
     # -- hosts --------------------------------------------------------------------------
 
-    def add_host(self, nqn: str, hostnqn: str, *, psk: str | ConfiguredPsk | None = None) -> None:
+    def add_host(
+        self,
+        nqn: str,
+        hostnqn: str,
+        *,
+        auth: HostAuthConfig | None = None,
+        psk: str | ConfiguredPsk | None = None,
+    ) -> None:
         """Allow `hostnqn` to connect to `nqn` (when it does not allow any host); with
-        `psk` (a keyring name or a key), only over TLS with that PSK."""
+        `auth`, the host must authenticate with DH-HMAC-CHAP; with `psk` (a keyring name
+        or a key), it connects only over TLS with that PSK."""
         subsystem = self._subsystem(nqn)
         _check_hostnqn(hostnqn)
         if hostnqn in subsystem.allowed_hosts:
             raise ChangeError("hostnqn", f"{hostnqn} is already allowed on {nqn}")
         key = self._resolve_psk(psk) if psk is not None else None
         subsystem.allowed_hosts.add(hostnqn)
+        if auth is not None:
+            subsystem.host_auth[hostnqn] = auth
         if key is not None:
             subsystem.host_psks[hostnqn] = key[1]
             subsystem.host_psk_names[hostnqn] = key[0]
         self._discovery_changed()
+
+    def set_host_keys(self, nqn: str, hostnqn: str, auth: HostAuthConfig | None) -> None:
+        """Change (or, with None, remove) the DH-HMAC-CHAP keys of a host on `nqn`.
+
+        Queues already authenticated stay so; every authentication from now on (a new
+        queue, or the host re-authenticating) uses the new keys, as with nvmet. A host
+        that must rotate its key re-authenticates with it (Linux: writing the new secret
+        to /sys/class/nvme/nvmeX/dhchap_secret)."""
+        subsystem = self._subsystem(nqn)
+        if hostnqn not in subsystem.allowed_hosts and hostnqn not in subsystem.host_auth:
+            raise ChangeError("host", f"{hostnqn!r} is not a host of {nqn}")
+        if auth is None:
+            subsystem.host_auth.pop(hostnqn, None)
+        else:
+            subsystem.host_auth[hostnqn] = auth
+        log.info("DH-HMAC-CHAP keys of %s on %s %s", hostnqn, nqn, "changed" if auth else "removed")
 
     def set_host_psk(self, nqn: str, hostnqn: str, psk: str | ConfiguredPsk | None) -> None:
         """Give a host of `nqn` a TLS PSK (a keyring name or a key), or take it away
@@ -591,35 +705,17 @@ class Target:
             return "", psk
         if not isinstance(psk, str):
             raise ChangeError("psk", "a keyring name or a PSK in the interchange format")
-        if psk in self.psk_keyring:
-            return psk, self.psk_keyring[psk][1]
+        entry = self.keyring.get(psk)
+        if entry is not None:
+            if not isinstance(entry.key, ConfiguredPsk):
+                raise ChangeError("psk", f"key {psk!r} is not a TLS PSK")
+            return psk, entry.key
         try:
             return "", ConfiguredPsk.parse(psk)
         except PskError as exc:
             if psk.startswith("NVMeTLSkey-1:"):
                 raise ChangeError("psk", str(exc)) from None
             raise ChangeError("psk", f"no key named {psk!r} in the keyring") from None
-
-    def add_psk_key(self, name: str, path: str) -> None:
-        """Add a TLS PSK from a file (the interchange format, mode 0600 as SPDK requires)
-        to the keyring under `name` (SPDK's keyring_file_add_key)."""
-        if not name or not isinstance(name, str):
-            raise ChangeError("name", "a key needs a name")
-        if name in self.psk_keyring:
-            raise ChangeError("name", f"key {name!r} exists")
-        self.psk_keyring[name] = (path, read_psk_file(path))
-        log.info("TLS PSK %s added from %s", name, path)
-
-    def remove_psk_key(self, name: str) -> None:
-        if name not in self.psk_keyring:
-            raise ChangeError("name", f"no key named {name!r}")
-        for subsystem in self.subsystems.values():
-            for hostnqn, used in subsystem.host_psk_names.items():
-                if used == name:
-                    raise ChangeError(
-                        "name", f"key {name!r} is in use by {hostnqn} on {subsystem.nqn}"
-                    )
-        del self.psk_keyring[name]
 
     def tls_lookup(self, port: Port) -> Callable[[bytes], list[TlsPsk]]:
         """The PSK for a TLS identity a host offers on `port`: the identity names the host
@@ -656,6 +752,7 @@ class Target:
         if hostnqn not in subsystem.allowed_hosts:
             raise ChangeError("hostnqn", f"{hostnqn!r} is not a host of {nqn}")
         subsystem.allowed_hosts.discard(hostnqn)
+        subsystem.host_auth.pop(hostnqn, None)
         subsystem.host_psks.pop(hostnqn, None)
         subsystem.host_psk_names.pop(hostnqn, None)
         for ctrl in list(subsystem.controllers.values()):
@@ -877,6 +974,15 @@ class Target:
         )
 
 
+def _holds_tls_psk(path: str) -> bool:
+    """Whether a key file holds a TLS PSK (else a DH-HMAC-CHAP secret, or an error)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(16).lstrip().startswith(b"NVMeTLSkey-")
+    except OSError:
+        return False
+
+
 def read_psk_file(path: str) -> ConfiguredPsk:
     """A TLS PSK from a file in the interchange format; the file must not be readable by
     group or others (SPDK's rule for key files). Errors never show the key."""
@@ -1059,6 +1165,8 @@ class TargetProtocol(asyncio.BufferedProtocol):
         unbound = queue is not None and queue.controller is None
         if unbound and now - self.accepted > limits.connect_deadline_s:
             return f"no Connect within {limits.connect_deadline_s:g} s of the connection"
+        if queue is not None and queue.auth_deadline and now > queue.auth_deadline:
+            return "the queue did not authenticate in time"
         since = self.conn.reader.partial_since
         if since and now - since > limits.pdu_deadline_s:
             return f"a PDU started {now - since:.0f} s ago is still incomplete"

@@ -16,6 +16,7 @@ from pynvmf.target.reservations import NamespaceReservation
 from pynvmf.tcp.psk import ConfiguredPsk
 
 if TYPE_CHECKING:
+    from pynvmf.auth.controller import HostAuthConfig
     from pynvmf.target.controller import Controller
 
 # Dynamic controller IDs: 0xFFF0 and above are reserved by the specification.
@@ -121,6 +122,8 @@ class Subsystem:
     # The namespaces that have registrants, by NSID: while it is empty, I/O pays one test
     # for reservations. Their NamespaceReservation objects keep it up to date.
     registered: dict[int, NamespaceReservation] = field(default_factory=dict)
+    # DH-HMAC-CHAP keys by host NQN: a host listed here must authenticate every queue.
+    host_auth: dict[str, HostAuthConfig] = field(default_factory=dict, repr=False)
     # TLS PSKs by host NQN (the configured PSK; pynvmf.tcp.psk derives the TLS PSKs), and
     # the keyring names they came from (what outputs show instead of the keys). A host
     # with a PSK connects only over TLS with it.

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from pynvmf.host import connect
+from pynvmf.auth import DhchapKey
+from pynvmf.host import NvmeAuthenticationError, connect
 from pynvmf.rpc.server import method_table
 from tests.interop.guest import free_tcp_port
 from tests.interop.target_process import TargetProcess
@@ -25,6 +26,8 @@ SPDK_RPC = Path(sys.executable).parent / "spdk-rpc"
 NQN = "nqn.2016-06.io.spdk:cnode1"
 HOST = "nqn.2014-08.org.nvmexpress:uuid:0f8c5d8e-0000-4000-8000-000000000001"
 UUID = "5b1a7c2e-3f4d-4e5f-8a9b-0c1d2e3f4a5b"
+# A host that must authenticate (DH-HMAC-CHAP keys by keyring name).
+AUTH_HOST = "nqn.2014-08.org.nvmexpress:uuid:0f8c5d8e-0000-4000-8000-0000000000a7"
 TLS_HOST = "nqn.2014-08.org.nvmexpress:uuid:0f8c5d8e-0000-4000-8000-000000000002"
 TLS_KEY = "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:"
 
@@ -172,21 +175,52 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
         str(disc_port),
     )
     spdk.run("nvmf_subsystem_add_host", NQN, HOST)
+    keys = {name: DhchapKey.generate(32) for name in ("key0", "key1", "ckey0")}
+    for name, key in keys.items():
+        path = tmp_path / f"{name}.txt"
+        path.write_text(key.representation())
+        path.chmod(0o600)
+        spdk.run("keyring_file_add_key", name, str(path))
+    spdk.run(
+        "nvmf_subsystem_add_host",
+        NQN,
+        AUTH_HOST,
+        "--dhchap-key",
+        "key0",
+        "--dhchap-ctrlr-key",
+        "ckey0",
+    )
+    spdk.run(
+        "nvmf_subsystem_set_keys",
+        NQN,
+        AUTH_HOST,
+        "--dhchap-key",
+        "key1",
+        "--dhchap-ctrlr-key",
+        "ckey0",
+    )
+    listed = spdk.json("keyring_get_keys")
+    assert [(k["name"], k["path"]) for k in listed] == [
+        (name, str(tmp_path / f"{name}.txt")) for name in keys
+    ]
+    assert not any(
+        k.representation().split(":")[2][:12] in json.dumps(listed) for k in keys.values()
+    )
+    note("keyring_file_add_key", "keyring_get_keys", "nvmf_subsystem_set_keys")
     # TLS: a PSK in the keyring, a listener that requires TLS, a host that has the key.
     tls_port = free_tcp_port()
     keyfile = tmp_path / "psk.txt"
     keyfile.write_text(TLS_KEY + "\n")
     keyfile.chmod(0o600)
-    spdk.run("keyring_file_add_key", "key0", str(keyfile))
+    spdk.run("keyring_file_add_key", "psk0", str(keyfile))
     spdk.run(
         "nvmf_subsystem_add_listener",
         NQN,
         *("-t", "tcp", "-a", "127.0.0.1", "-s", str(tls_port), "--secure-channel"),
     )
-    spdk.run("nvmf_subsystem_add_host", NQN, TLS_HOST, "--psk", "key0")
-    (key,) = spdk.json("keyring_get_keys")
-    assert key["name"] == "key0" and key["path"] == str(keyfile) and key["refcnt"] == 2
-    note("keyring_file_add_key", "keyring_get_keys")
+    spdk.run("nvmf_subsystem_add_host", NQN, TLS_HOST, "--psk", "psk0")
+    (psk,) = [k for k in spdk.json("keyring_get_keys") if k["name"] == "psk0"]
+    assert psk["path"] == str(keyfile) and psk["refcnt"] == 2
     spdk.run("nvmf_subsystem_allow_any_host", "-e", NQN)
     spdk.run("nvmf_subsystem_allow_any_host", "-d", NQN)
     note("nvmf_create_subsystem", "nvmf_subsystem_add_ns", "nvmf_subsystem_add_listener")
@@ -194,8 +228,11 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
 
     discovery, sub = spdk.json("nvmf_get_subsystems")
     assert discovery["subtype"] == "Discovery" and sub["nqn"] == NQN
-    assert not sub["allow_any_host"]
-    assert sub["hosts"] == [{"nqn": HOST}, {"nqn": TLS_HOST, "psk": "key0"}]
+    assert not sub["allow_any_host"] and sub["hosts"] == [
+        {"nqn": HOST},
+        {"nqn": TLS_HOST, "psk": "psk0"},
+        {"nqn": AUTH_HOST, "dhchap_key": "key1", "dhchap_ctrlr_key": "ckey0"},
+    ]
     assert TLS_KEY.split(":")[2] not in json.dumps(spdk.json("nvmf_get_subsystems"))
     assert [(n["nsid"], n["bdev_name"]) for n in sub["namespaces"]] == [(1, "Malloc0"), (5, "Aio0")]
     assert sub["namespaces"][1]["uuid"] == UUID
@@ -226,7 +263,26 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
     nvmf_only = json.loads(spdk.run("save_subsystem_config", "-n", "nvmf").stdout)
     by_name = {s["subsystem"]: s["config"] for s in json.loads(saved)["subsystems"]}
     assert nvmf_only["config"] == by_name["nvmf"]
+    assert [c["params"]["name"] for c in by_name["keyring"]] == [*keys, "psk0"]
+    assert not any(k.representation().split(":")[2][:12] in saved for k in keys.values())
+    assert TLS_KEY.split(":")[2] not in saved
     note("framework_get_config")
+
+    # The host with keys authenticates with the ones set last, and with no others.
+    async def authenticated() -> None:
+        async with await connect(
+            "127.0.0.1",
+            io_port,
+            NQN,
+            hostnqn=AUTH_HOST,
+            dhchap_secret=keys["key1"],
+            dhchap_ctrl_secret=keys["ckey0"],
+        ) as ctrl:
+            assert ctrl.authenticated_queues == {0, 1}
+        with pytest.raises(NvmeAuthenticationError):
+            await connect("127.0.0.1", io_port, NQN, hostnqn=AUTH_HOST, dhchap_secret=keys["key0"])
+
+    asyncio.run(authenticated())
 
     # Bad input: an error response naming the parameter, and rpc.py fails.
     failed = spdk.run("nvmf_subsystem_add_ns", NQN, "Malloc9", check=False)
@@ -237,11 +293,13 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
         "nvmf_subsystem_remove_listener", NQN, "-t", "tcp", "-a", "127.0.0.1", "-s", str(io_port)
     )
     spdk.run("nvmf_subsystem_remove_host", NQN, HOST)
-    failed = spdk.run("keyring_file_remove_key", "key0", check=False)
+    spdk.run("nvmf_subsystem_remove_host", NQN, AUTH_HOST)
+    spdk.run("keyring_file_remove_key", "key0")
+    failed = spdk.run("keyring_file_remove_key", "psk0", check=False)
     assert failed.returncode != 0 and "in use" in failed.stdout + failed.stderr
     spdk.run("nvmf_subsystem_remove_host", NQN, TLS_HOST)
-    spdk.run("keyring_file_remove_key", "key0")
-    assert spdk.json("keyring_get_keys") == []
+    spdk.run("keyring_file_remove_key", "psk0")
+    assert [k["name"] for k in spdk.json("keyring_get_keys")] == ["key1", "ckey0"]
     note("keyring_file_remove_key")
     spdk.run("nvmf_subsystem_remove_ns", NQN, "5")
     spdk.run("nvmf_delete_subsystem", NQN)

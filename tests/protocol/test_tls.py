@@ -240,12 +240,12 @@ async def test_changes_and_outputs_never_show_keys(target: Target, tmp_path: obj
     path.write_text(KEY_A.encode() + "\n")
     path.chmod(0o644)
     with pytest.raises(ChangeError, match="0600"):
-        target.add_psk_key("key0", str(path))
+        target.add_key("key0", str(path))
     path.chmod(0o600)
-    target.add_psk_key("key0", str(path))
+    target.add_key("key0", str(path))
     target.set_host_psk(SUBNQN, HOST_C, "key0")
     with pytest.raises(ChangeError, match="in use"):
-        target.remove_psk_key("key0")
+        target.remove_key("key0")
     with pytest.raises(ChangeError, match="CRC"):
         target.set_host_psk(
             SUBNQN, HOST_C, "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8AAAAA:"

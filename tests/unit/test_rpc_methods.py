@@ -189,7 +189,7 @@ async def test_pynvmf_format_loads_back_into_the_same_target(
         (
             "nvmf_subsystem_add_host",
             {"nqn": NQN, "host": HOST, "dhchap_key": "key0"},
-            "dhchap_key: 'key0': pynvmf has no DH-HMAC-CHAP",
+            "dhchap_key: no key named 'key0' in the keyring",
         ),
         (
             "nvmf_subsystem_remove_ns",
@@ -223,6 +223,21 @@ async def test_pynvmf_format_loads_back_into_the_same_target(
             "nvmf_create_transport",
             {"trtype": "TCP", "max_queue_deep": 4},
             "max_queue_deep: unknown parameter",
+        ),
+        (
+            "nvmf_create_transport",
+            {"trtype": "TCP", "max_queue_depth": "128"},
+            "max_queue_depth: '128' is not an integer",
+        ),
+        (
+            "nvmf_create_transport",
+            {"trtype": "TCP", "zcopy": 1},
+            "zcopy: 1 is not a boolean",
+        ),
+        (
+            "nvmf_create_transport",
+            {"trtype": "TCP", "io_unit_size": -1},
+            "io_unit_size: -1 not in 0..",
         ),
         (
             "framework_get_config",
@@ -261,6 +276,19 @@ async def test_the_transport_is_created_once(cp: ControlPlane) -> None:
     )
     with pytest.raises(RpcError, match="already exists"):
         await cp.call("nvmf_create_transport", {"trtype": "TCP"})
+
+
+async def test_transport_options_pynvmf_does_not_apply_are_named_in_a_warning(
+    cp: ControlPlane, caplog: pytest.LogCaptureFixture
+) -> None:
+    # SPDK's save_config carries max_queue_depth 128: pynvmf's queues stay 1024 deep, and
+    # the operator is told so rather than left to believe otherwise.
+    await cp.call(
+        "nvmf_create_transport",
+        {"trtype": "tcp", "max_queue_depth": 128, "max_io_qpairs_per_ctrlr": 64, "zcopy": False},
+    )
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == ["nvmf_create_transport: not applied: max_queue_depth 128 (pynvmf: 1024)"]
 
 
 async def test_deleting_a_bdev_removes_the_namespace_on_it(cp: ControlPlane) -> None:
