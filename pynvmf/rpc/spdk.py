@@ -3,7 +3,7 @@
 Names, parameters and result shapes are SPDK v25.09's. Where SPDK has an option
 pynvmf has no use for (a poll group mask, an RDMA queue size), the option is
 accepted and reported as what pynvmf does; where it asks for something pynvmf
-does not do (ANA reporting, TLS, DH-HMAC-CHAP keys, metadata), the call fails with
+does not do (TLS, DH-HMAC-CHAP keys, metadata), the call fails with
 an error naming it. `save_config` (rpc.py's, built from framework_get_config)
 writes what `pynvmf target --json` loads again.
 """
@@ -23,7 +23,9 @@ from pynvmf.block.memory import MemoryDevice
 from pynvmf.rpc.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane, MethodTable, Params, change_error
 from pynvmf.spec.auth import dhgroup_from_name, hash_from_name
+from pynvmf.spec.logpages import AnaState
 from pynvmf.spec.opcodes import DISCOVERY_NQN
+from pynvmf.target import ana
 from pynvmf.target import devices as D
 from pynvmf.target.config import REDACTED_KEY
 from pynvmf.target.controller import MAX_IO_QUEUES, QUEUE_ENTRIES
@@ -493,7 +495,9 @@ async def nvmf_create_subsystem(cp: ControlPlane, p: Params) -> bool:
     model = p.string("model_number", "pynvmf")
     max_namespaces = p.integer("max_namespaces", 0, high=0xFFFFFFFF)
     allow_any_host = p.boolean("allow_any_host", False)
-    p.refuse_unless("ana_reporting", (False,), "pynvmf has no ANA reporting")
+    # pynvmf's subsystems always report ANA (as nvmet's do): with one group, optimized
+    # on every listener, a host sees what it would without.
+    p.boolean("ana_reporting", False)
     min_cntlid = p.integer("min_cntlid", CNTLID_MIN, high=0xFFFF)
     max_cntlid = p.integer("max_cntlid", CNTLID_MAX, high=0xFFFF)
     p.refuse_unless("max_discard_size_kib", (0,), "pynvmf limits no discard size")
@@ -578,6 +582,7 @@ def _subsystem_json(target: Target, subsystem: Subsystem) -> dict[str, Any]:
             "nguid": ns.nguid.hex().upper(),
             "eui64": ns.eui64.hex().upper(),
             "uuid": str(ns.uuid),
+            "anagrpid": ns.anagrpid,
         }
         for _, ns in sorted(subsystem.namespaces.items())
     ]
@@ -635,9 +640,10 @@ async def nvmf_subsystem_add_listener(cp: ControlPlane, p: Params) -> bool:
     address, port = _listen_address(p)
     _no_target_name(p)
     secure = p.boolean("secure_channel", False)
-    p.refuse_unless("ana_state", ("optimized",), "pynvmf has no ANA states")
+    ana_state = p.string("ana_state", None)
     p.refuse_unless("sock_impl", ("posix",), "pynvmf listens with the kernel's sockets")
     p.done()
+    state = _ana_state(p, ana_state) if ana_state is not None else None
     subsystem = cp.target.subsystems.get(nqn)
     if secure and subsystem is not None and subsystem.allow_any_host:
         # SPDK's rule: a TLS listener serves hosts that have PSKs, so not "any host".
@@ -647,6 +653,35 @@ async def nvmf_subsystem_add_listener(cp: ControlPlane, p: Params) -> bool:
     await _apply(
         cp.target.add_listener(nqn, address, port, secure_channel="required" if secure else None),
         {**_LISTENER_NAMES, "secure_channel": "secure_channel"},
+    )
+    if state is not None and nqn != DISCOVERY_NQN:
+        # SPDK's listener option: the state of every ANA group on this listener.
+        _sync(lambda: cp.target.set_ana_state(nqn, None, state, address, port), _LISTENER_NAMES)
+    return True
+
+
+def _ana_state(p: Params, name: str) -> AnaState:
+    state = ana.parse_state(name)
+    if state is None:
+        raise RpcError(
+            INVALID_PARAMS,
+            f"{p.name('ana_state')}: {name!r} is not an ANA state ({', '.join(ana.STATE_NAMES)})",
+        )
+    return state
+
+
+@method("nvmf_subsystem_listener_set_ana_state")
+async def nvmf_subsystem_listener_set_ana_state(cp: ControlPlane, p: Params) -> bool:
+    nqn = p.string("nqn")
+    address, port = _listen_address(p)
+    name = p.string("ana_state")
+    anagrpid = p.integer("anagrpid", 0, high=0xFFFFFFFF)
+    _no_target_name(p)
+    p.done()
+    state = _ana_state(p, name)
+    _sync(
+        lambda: cp.target.set_ana_state(nqn, anagrpid or None, state, address, port),
+        _LISTENER_NAMES,
     )
     return True
 
@@ -669,7 +704,19 @@ async def nvmf_subsystem_get_listeners(cp: ControlPlane, p: Params) -> list[dict
     p.done()
     if nqn != DISCOVERY_NQN and nqn not in cp.target.subsystems:
         raise RpcError(INVALID_PARAMS, f"nqn: no subsystem {nqn!r}")
-    return [{"address": _trid(port)} for port in _listeners(cp.target, nqn)]
+    if nqn == DISCOVERY_NQN:
+        return [{"address": _trid(port)} for port in _listeners(cp.target, nqn)]
+    groups = cp.target.subsystems[nqn].ana.groups
+    return [
+        {
+            "address": _trid(port),
+            "ana_states": [
+                {"ana_group": grpid, "ana_state": ana.NAMES[group.state_on(port)]}
+                for grpid, group in sorted(groups.items())
+            ],
+        }
+        for port in _listeners(cp.target, nqn)
+    ]
 
 
 # -- namespaces ---------------------------------------------------------------------------------
@@ -681,6 +728,7 @@ _NS_NAMES = {
     "nguid": "namespace.nguid",
     "eui64": "namespace.eui64",
     "ptpl_file": "namespace.ptpl_file",
+    "anagrpid": "namespace.anagrpid",
 }
 
 
@@ -696,7 +744,7 @@ async def nvmf_subsystem_add_ns(cp: ControlPlane, p: Params) -> int:
     nguid = ns.hex_bytes("nguid", 16)
     eui64 = ns.hex_bytes("eui64", 8)
     ptpl_file = ns.string("ptpl_file", None)
-    ns.refuse_unless("anagrpid", (), "pynvmf has no ANA groups")
+    anagrpid = ns.integer("anagrpid", 0, high=0xFFFFFFFF)
     ns.refuse_unless("no_auto_visible", (False,), "pynvmf shows every namespace to every host")
     ns.ignore("hide_metadata")  # pynvmf's namespaces have no metadata to hide
     ns.done()
@@ -710,6 +758,7 @@ async def nvmf_subsystem_add_ns(cp: ControlPlane, p: Params) -> int:
             nguid=nguid,
             eui64=eui64,
             ptpl_file=None if ptpl_file is None else Path(ptpl_file),
+            anagrpid=anagrpid or None,
         ),
         _NS_NAMES,
     )
@@ -982,7 +1031,7 @@ def nvmf_config(target: Target) -> list[dict[str, Any]]:
         if subsystem.max_namespaces:
             params["max_namespaces"] = subsystem.max_namespaces
         params.update(
-            min_cntlid=subsystem.cntlid_min, max_cntlid=subsystem.cntlid_max, ana_reporting=False
+            min_cntlid=subsystem.cntlid_min, max_cntlid=subsystem.cntlid_max, ana_reporting=True
         )
         config.append({"method": "nvmf_create_subsystem", "params": params})
         for host in sorted(subsystem.allowed_hosts):
@@ -1020,6 +1069,7 @@ def nvmf_config(target: Target) -> list[dict[str, Any]]:
                             "nguid": ns.nguid.hex().upper(),
                             "eui64": ns.eui64.hex().upper(),
                             "uuid": str(ns.uuid),
+                            "anagrpid": ns.anagrpid,
                             "no_auto_visible": False,
                         },
                     },
@@ -1027,6 +1077,19 @@ def nvmf_config(target: Target) -> list[dict[str, Any]]:
             )
         for port in _listeners(target, subsystem.nqn):
             config.append(_listener_call(subsystem.nqn, port))
+            for grpid, group in sorted(subsystem.ana.groups.items()):
+                if group.state_on(port) != AnaState.OPTIMIZED:
+                    config.append(
+                        {
+                            "method": "nvmf_subsystem_listener_set_ana_state",
+                            "params": {
+                                "nqn": subsystem.nqn,
+                                "listen_address": _trid(port),
+                                "ana_state": ana.NAMES[group.state_on(port)],
+                                "anagrpid": grpid,
+                            },
+                        }
+                    )
     return config
 
 

@@ -77,6 +77,11 @@ class Status(IntEnum):
     DEALLOCATED_OR_UNWRITTEN = 0x287
     # Path related (SCT 3)
     INTERNAL_PATH_ERROR = 0x300
+    # The namespace's ANA group is not usable through this controller's port: the host
+    # should retry on another path (no DNR), after re-reading the ANA log.
+    ANA_PERSISTENT_LOSS = 0x301
+    ANA_INACCESSIBLE = 0x302
+    ANA_TRANSITION = 0x303
     HOST_PATH_ERROR = 0x370
     HOST_ABORTED = 0x371
 

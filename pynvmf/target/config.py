@@ -23,7 +23,9 @@ from pynvmf.auth.controller import ALL_DHGROUPS, ALL_HASHES, HostAuthConfig
 from pynvmf.block.file import FileDevice
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.spec.auth import dhgroup_from_name, hash_from_name
+from pynvmf.spec.logpages import AnaState
 from pynvmf.spec.opcodes import DISCOVERY_NQN
+from pynvmf.target import ana
 from pynvmf.target import devices as D
 from pynvmf.target.devices import NamedDevice
 from pynvmf.target.server import (
@@ -62,6 +64,7 @@ _PORT_KEYS = {
     "header_digest",
     "data_digest",
     "discovery",
+    "advertise",
 }
 _TRANSPORT_KEYS = {"inline_data_size", "max_h2c_data", "header_digest", "data_digest"}
 _SUBSYSTEM_KEYS = {
@@ -79,9 +82,22 @@ _SUBSYSTEM_KEYS = {
     "firmware",
     "ieee_oui",
     "copy_formats",
+    "ana_groups",
+    "peer_listeners",
 }
+_ANA_GROUP_KEYS = {"grpid", "state", "listeners"}
+_ANA_LISTENER_KEYS = {"address", "port", "state"}
+_PEER_KEYS = {"address", "port", "portid"}
 _DEVICE_KEYS = {"memory", "file", "size", "create", "block_size", "read_only"}
-_NAMESPACE_KEYS = _DEVICE_KEYS | {"nsid", "uuid", "nguid", "eui64", "device", "ptpl_file"}
+_NAMESPACE_KEYS = _DEVICE_KEYS | {
+    "nsid",
+    "uuid",
+    "nguid",
+    "eui64",
+    "device",
+    "ptpl_file",
+    "anagrpid",
+}
 # A file namespace's reservations persist beside its file unless told otherwise.
 PTPL_SUFFIX = ".ptpl.json"
 
@@ -270,8 +286,9 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
             if not name or not path:
                 raise ConfigError(f"{where}: a key needs a name and a path")
             _change(where, lambda name=name, path=path: target.add_key(name, path))
+        listener_states: list[tuple[str, str, Callable[[], Any]]] = []
         for i, spec in enumerate(top.items("subsystems")):
-            _subsystem(target, spec, f"subsystems[{i}]")
+            _subsystem(target, spec, f"subsystems[{i}]", listener_states)
         ports = top.items("ports")
         for i, spec in enumerate(ports):
             where = f"ports[{i}]"
@@ -285,6 +302,7 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
                 subsystems=subsystems,
                 transport=transport_of(spec, where, target.transport),
                 discovery_listener=r.get("discovery", bool, False),
+                advertise=r.get("advertise", str, ""),
                 secure_channel=r.get("secure_channel", str, "none"),
                 ktls=r.get("ktls", str, "auto"),
             )
@@ -307,8 +325,12 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
                 discovery_only=True,
                 discovery_listener=True,
                 transport=transport_of(spec, where, target.transport),
+                advertise=r.get("advertise", str, ""),
             )
             await _change_async(where, target.add_port(port))
+        # ANA states of single listeners, once the listeners exist.
+        for where, _nqn, apply in listener_states:
+            _change(where, apply)
     except (KeyError, TypeError) as exc:
         raise ConfigError(f"invalid configuration: {exc!r}") from exc
 
@@ -368,7 +390,12 @@ def _host_auth(
     return hostnqn
 
 
-def _subsystem(target: Target, spec: Any, where: str) -> None:
+def _subsystem(
+    target: Target,
+    spec: Any,
+    where: str,
+    listener_states: list[tuple[str, str, Callable[[], Any]]],
+) -> None:
     r = _Reader(spec, where, _SUBSYSTEM_KEYS)
     nqn = r.get("nqn", str)
     if nqn is None:
@@ -404,6 +431,46 @@ def _subsystem(target: Target, spec: Any, where: str) -> None:
             f"{where}.hosts",
             lambda hostnqn=hostnqn, psk=psk: target.set_host_psk(nqn, hostnqn, psk),
         )
+    for j, group_spec in enumerate(r.items("ana_groups")):
+        g_where = f"{where}.ana_groups[{j}]"
+        g = _Reader(group_spec, g_where, _ANA_GROUP_KEYS)
+        grpid = g.get("grpid", int)
+        if grpid is None:
+            raise ConfigError(f"{g_where}.grpid: an ANA group needs an ID")
+        state = g.get("state", str, "optimized")
+        if grpid == 1:  # every subsystem has group 1
+            _change(g_where, lambda s=state: target.set_ana_state(nqn, 1, s))
+        else:
+            _change(g_where, lambda i=grpid, s=state: target.add_ana_group(nqn, i, s))
+        for k, listener in enumerate(g.items("listeners")):
+            l_where = f"{g_where}.listeners[{k}]"
+            lr = _Reader(listener, l_where, _ANA_LISTENER_KEYS)
+            address = lr.get("address", str, "127.0.0.1")
+            port_number = lr.get("port", int, NVME_TCP_PORT)
+            l_state = lr.get("state", str)
+            if l_state is None:
+                raise ConfigError(f"{l_where}.state: missing")
+            listener_states.append(
+                (
+                    l_where,
+                    nqn,
+                    lambda i=grpid, s=l_state, a=address, n=port_number: target.set_ana_state(
+                        nqn, i, s, a, n
+                    ),
+                )
+            )
+    for j, peer_spec in enumerate(r.items("peer_listeners")):
+        p_where = f"{where}.peer_listeners[{j}]"
+        pr = _Reader(peer_spec, p_where, _PEER_KEYS)
+        address = pr.get("address", str)
+        port_number = pr.get("port", int, NVME_TCP_PORT)
+        portid = pr.get("portid", int, 0)
+        if address is None:
+            raise ConfigError(f"{p_where}.address: missing")
+        _change(
+            p_where,
+            lambda a=address, n=port_number, i=portid: target.add_peer_listener(nqn, a, n, i),
+        )
     for j, ns_spec in enumerate(r.items("namespaces")):
         ns_where = f"{where}.namespaces[{j}]"
         ns = _Reader(ns_spec, ns_where, _NAMESPACE_KEYS)
@@ -426,7 +493,14 @@ def _subsystem(target: Target, spec: Any, where: str) -> None:
         ptpl_file = Path(ptpl) if ptpl is not None else None
         if not ptpl_given and entry is not None:
             ptpl_file = default_ptpl_file(entry)
-        ns_kwargs = dict(nsid=nsid, ns_uuid=ns_uuid, nguid=nguid, eui64=eui64, ptpl_file=ptpl_file)
+        ns_kwargs = dict(
+            nsid=nsid,
+            ns_uuid=ns_uuid,
+            nguid=nguid,
+            eui64=eui64,
+            ptpl_file=ptpl_file,
+            anagrpid=ns.get("anagrpid", int),
+        )
         _change(
             ns_where,
             lambda device=device, kw=ns_kwargs: target.add_namespace(nqn, device, **kw),
@@ -556,6 +630,8 @@ def config_of(target: Target) -> dict[str, Any]:
             spec["subsystems"] = list(port.subsystems)
         if port.discovery_listener:
             spec["discovery"] = True
+        if port.advertise:
+            spec["advertise"] = port.advertise
         if port.secure_channel != "none":
             spec["secure_channel"] = port.secure_channel
         if port.ktls != "auto":
@@ -567,6 +643,8 @@ def config_of(target: Target) -> dict[str, Any]:
     for port in target.ports:
         if port.discovery_only:
             spec = {"address": port.address, "port": port.port}
+            if port.advertise:
+                spec["advertise"] = port.advertise
             spec.update(_transport_dict(port.transport, target.transport))
             discovery.append(spec)
     config["discovery_ports"] = discovery
@@ -649,6 +727,23 @@ def _subsystem_dict(target: Target, subsystem: Subsystem) -> dict[str, Any]:
         spec["copy_formats"] = [f for f in (2, 3) if subsystem.copy_formats >> f & 1]
     if subsystem.version != DEFAULT_VERSION:
         spec["version"] = format_version(subsystem.version)
+    groups = []
+    for grpid, group in sorted(subsystem.ana.groups.items()):
+        if grpid == 1 and group.state == AnaState.OPTIMIZED and not group.on_port:
+            continue
+        g_spec: dict[str, Any] = {"grpid": grpid, "state": ana.NAMES[group.state]}
+        if group.on_port:
+            g_spec["listeners"] = [
+                {"address": port.address, "port": port.port, "state": ana.NAMES[state]}
+                for port, state in group.on_port.items()
+            ]
+        groups.append(g_spec)
+    if groups:
+        spec["ana_groups"] = groups
+    if subsystem.peer_listeners:
+        spec["peer_listeners"] = [
+            {"address": a, "port": n, "portid": i} for a, n, i in subsystem.peer_listeners
+        ]
     namespaces = []
     for nsid, ns in sorted(subsystem.namespaces.items()):
         entry = target.block_devices.get(ns.device_name)
@@ -665,6 +760,8 @@ def _subsystem_dict(target: Target, subsystem: Subsystem) -> dict[str, Any]:
         ns_spec["uuid"] = str(ns.uuid)
         ns_spec["nguid"] = ns.nguid.hex()
         ns_spec["eui64"] = ns.eui64.hex()
+        if ns.anagrpid != 1:
+            ns_spec["anagrpid"] = ns.anagrpid
         namespaces.append(ns_spec)
     spec["namespaces"] = namespaces
     return spec

@@ -90,6 +90,8 @@ class IoHandler:
         # Namespaces with registrants (the subsystem keeps it current): empty, no I/O
         # command pays more than testing it.
         self.registered = ctrl.subsystem.registered
+        # ANA: while every group is usable through every port, one attribute test.
+        self.ana = ctrl.subsystem.ana
 
     async def execute(self, req: Request) -> None:
         sqe = req.sqe
@@ -98,6 +100,9 @@ class IoHandler:
             handler = _HANDLERS.get(opcode)
             if handler is None:
                 status, data = Status.INVALID_OPCODE | DNR, None
+            elif self.ana.any_blocked and (blocked := self.path_status(sqe.nsid)):
+                # Refused before anything moves (no R2T, no data read or written).
+                status, data = blocked, None
             elif self.registered:
                 status, data = await self._reserved(req, handler)
             else:
@@ -118,6 +123,15 @@ class IoHandler:
         if status:
             self.ctrl.record_error(self.queue.qid, req, status)
         self.queue.conn.complete(req, status, 0, data)
+
+    def path_status(self, nsid: int) -> int:
+        """The ANA path-related status a command to `nsid` gets through this queue's
+        port, or 0 (served; also for NSIDs naming no one namespace, which get the
+        status they would anyway)."""
+        ns = self.namespaces.get(nsid)
+        if ns is None:
+            return 0
+        return self.ana.path_status(self.queue.port, ns.anagrpid)
 
     async def _reserved(
         self, req: Request, handler: Callable[[IoHandler, Request], Awaitable[Outcome]]

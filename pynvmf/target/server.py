@@ -32,8 +32,10 @@ from pynvmf.malloc import trim
 from pynvmf.spec import logpages as L
 from pynvmf.spec.auth import DhGroupId, HashId
 from pynvmf.spec.command import COPY_CDFE_FORMATS
+from pynvmf.spec.logpages import AnaState
 from pynvmf.spec.nqn import nqn_problem
 from pynvmf.spec.opcodes import DISCOVERY_NQN
+from pynvmf.target import ana
 from pynvmf.target.budget import (
     SWEEP_INTERVAL_S,
     WRITE_HIGH_WATER,
@@ -82,6 +84,11 @@ MIN_H2C_DATA = 4096  # NVMe/TCP: MAXH2CDATA is at least 4 KiB
 # only), "required" (TLS 1.3 only) or "optional" (TLS 1.3 or plain, told apart by the
 # connection's first byte, as nvmet does with treq "not required").
 SECURE_CHANNELS = ("none", "required", "optional")
+_TREQ = {
+    "none": L.Treq.NOT_SPECIFIED,
+    "required": L.Treq.REQUIRED,
+    "optional": L.Treq.NOT_REQUIRED,
+}
 
 
 class ChangeError(ValueError):
@@ -110,6 +117,9 @@ class Port:
     # an I/O port with a list of subsystems, the port stays as a discovery-only port
     # rather than closing.
     discovery_listener: bool = False
+    # The address the discovery log gives for this port, when hosts reach it by another
+    # than the one it listens on (NAT, a VM's user-mode network): "" means its own.
+    advertise: str = ""
     secure_channel: str = "none"
     # Whether a TLS connection's record layer may move into the kernel ("auto") or stays
     # in user space ("off", for measurements and for kernels whose kTLS misbehaves).
@@ -441,6 +451,7 @@ class Target:
         nguid: bytes | None = None,
         eui64: bytes | None = None,
         ptpl_file: Path | None = None,
+        anagrpid: int | None = None,
     ) -> Namespace:
         """Serve a block device, by name, as namespace `nsid` (default: the lowest free)
         of subsystem `nqn`; or a new one (a NamedDevice, added with the namespace: it
@@ -452,8 +463,12 @@ class Target:
         derived from the NQN, NSID and what backs the device, so stable across restarts.
         With `ptpl_file` its reservations can persist through power loss; a state saved
         there is restored (a damaged one is refused: the hosts it fences would get in).
+        The namespace is in ANA group `anagrpid` (default 1), which is created (optimized
+        on every listener) if the subsystem has no such group yet.
         """
         subsystem = self._subsystem(nqn)
+        grpid = ana.DEFAULT_GROUP if anagrpid is None else anagrpid
+        _check_grpid(grpid)
         if isinstance(device, NamedDevice):
             entry = device
             if entry.name in self.block_devices:
@@ -493,6 +508,7 @@ class Target:
                 eui64=eui64,
                 device_name=device_name,
                 ptpl_file=ptpl_file,
+                anagrpid=grpid,
             )
         except (OSError, ValueError) as exc:
             raise ChangeError("ptpl_file", str(exc)) from exc
@@ -509,8 +525,11 @@ class Target:
         subsystem.namespaces[nsid] = ns
         ns.reservation.attach(subsystem.registered, nsid)
         log.info("namespace %d of %s added on %s", nsid, nqn, device_name)
+        group = subsystem.ana.add(grpid)
+        subsystem.ana.changed([group])  # its NSID list grew
         for ctrl in list(subsystem.controllers.values()):
             ctrl.namespace_changed(nsid)
+            ctrl.ana_changed()
         return ns
 
     def _free_nsid(self, subsystem: Subsystem) -> int:
@@ -540,8 +559,11 @@ class Target:
         del subsystem.namespaces[nsid]
         ns.reservation.detach()
         log.info("namespace %d of %s removed", nsid, nqn)
+        group = subsystem.ana.group(ns.anagrpid)
+        subsystem.ana.changed([group] if group is not None else [])
         for ctrl in list(subsystem.controllers.values()):
             ctrl.namespace_changed(nsid)
+            ctrl.ana_changed()
         await _drain(waiting, subsystem)
         await self._release(ns)
         return ns
@@ -798,6 +820,11 @@ class Target:
             raise ChangeError("address", f"{port.address!r} is not an IP address") from None
         if (":" in port.address) != (ip.version == 6):
             raise ChangeError("address", f"{port.address!r} is not an IP address")
+        if port.advertise:
+            try:
+                ipaddress.ip_address(port.advertise)
+            except ValueError:
+                raise ChangeError("advertise", f"{port.advertise!r} is not an IP address") from None
         if not isinstance(port.port, int) or not 0 <= port.port <= 0xFFFF:
             raise ChangeError("port", f"{port.port!r} is not a TCP port")
         if port.port and self.find_port(port.address, port.port) is not None:
@@ -840,6 +867,8 @@ class Target:
         if not any(p is port for p in self.ports):
             raise ChangeError("port", f"the target does not listen on {port}")
         self.ports = [p for p in self.ports if p is not port]
+        for subsystem in self.subsystems.values():
+            subsystem.ana.forget_port(port)
         for subsystem in [*self.subsystems.values(), self.discovery]:
             for ctrl in list(subsystem.controllers.values()):
                 if any(queue.port is port for queue in ctrl.queues.values()):
@@ -913,6 +942,7 @@ class Target:
             port.subsystems = [other for other in self.subsystems if other != nqn]
         else:
             port.subsystems.remove(nqn)
+        subsystem.ana.forget_port(port)
         for ctrl in list(subsystem.controllers.values()):
             if any(queue.port is port for queue in ctrl.queues.values()):
                 ctrl.destroy(f"listener {port} removed")
@@ -926,6 +956,125 @@ class Target:
             port.discovery_only = True
         elif any(p is port for p in self.ports):
             await self.remove_port(port)
+
+    # -- ANA ----------------------------------------------------------------------------
+
+    def listener(self, nqn: str, address: str, port_number: int) -> Port:
+        """The port through which subsystem `nqn` is reached on address:port."""
+        self._subsystem(nqn)
+        port = self.find_port(address, port_number)
+        if port is None or port.discovery_only or not port.exposes(nqn):
+            raise ChangeError("address", f"{nqn} does not listen on {address} {port_number}")
+        return port
+
+    def add_ana_group(
+        self, nqn: str, grpid: int, state: AnaState | str = AnaState.OPTIMIZED
+    ) -> ana.AnaGroup:
+        """A new ANA group of subsystem `nqn`, in `state` on every listener, with no
+        namespaces yet (they name it when they are added)."""
+        subsystem = self._subsystem(nqn)
+        _check_grpid(grpid)
+        new_state = _check_state(state)
+        if subsystem.ana.group(grpid) is not None:
+            raise ChangeError("anagrpid", f"{nqn} has ANA group {grpid}")
+        group = subsystem.ana.add(grpid, new_state)
+        for ctrl in list(subsystem.controllers.values()):
+            ctrl.ana_changed()
+        return group
+
+    def set_ana_state(
+        self,
+        nqn: str,
+        anagrpid: int | None,
+        state: AnaState | str,
+        address: str | None = None,
+        port_number: int | None = None,
+    ) -> int:
+        """Put ANA group `anagrpid` of subsystem `nqn` (every group of it if None) in
+        `state` on the listener address:port_number, or, without an address, on every
+        listener of the subsystem (and on those added later). The controllers whose ANA
+        log says something new, and only they, get an ANA Change event; the log's change
+        count moves on. Returns the number of controllers told."""
+        subsystem = self._subsystem(nqn)
+        new_state = _check_state(state)
+        if anagrpid is None:
+            groups = list(subsystem.ana.groups.values())
+        else:
+            _check_grpid(anagrpid)
+            group = subsystem.ana.group(anagrpid)
+            if group is None:
+                raise ChangeError(
+                    "anagrpid",
+                    f"{nqn} has no ANA group {anagrpid} (groups: "
+                    f"{', '.join(map(str, sorted(subsystem.ana.groups)))})",
+                )
+            groups = [group]
+        port = None if address is None else self.listener(nqn, address, port_number or 0)
+        controllers = list(subsystem.controllers.values())
+        ports = {ctrl.port for ctrl in controllers}
+        if port is not None:
+            ports.add(port)
+        before = {(g.grpid, p): g.state_on(p) for g in groups for p in ports}
+        changed = []
+        for g in groups:
+            old = (g.state, dict(g.on_port))
+            if port is None:
+                g.state = new_state
+                g.on_port.clear()
+            else:
+                g.on_port[port] = new_state
+            if (g.state, g.on_port) != old:
+                changed.append(g)
+        if not changed:
+            return 0
+        subsystem.ana.changed(changed)
+        groups_now = subsystem.ana.groups
+        moved = {p for (grpid, p), was in before.items() if groups_now[grpid].state_on(p) != was}
+        log.info(
+            "ANA group%s %s of %s %s on %s",
+            "" if len(changed) == 1 else "s",
+            ",".join(str(g.grpid) for g in changed),
+            nqn,
+            ana.NAMES[new_state],
+            port if port is not None else "every listener",
+        )
+        told = 0
+        for ctrl in controllers:
+            if ctrl.port in moved:
+                ctrl.ana_changed()
+                told += 1
+        return told
+
+    # -- gateways ------------------------------------------------------------------------
+
+    def add_peer_listener(self, nqn: str, address: str, port_number: int, portid: int = 0) -> None:
+        """Another gateway serves subsystem `nqn` on address:port_number: the discovery log
+        lists it, so a host that discovers through this target finds that path too."""
+        subsystem = self._subsystem(nqn)
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            raise ChangeError("address", f"{address!r} is not an IP address") from None
+        if not isinstance(port_number, int) or not 1 <= port_number <= 0xFFFF:
+            raise ChangeError("port", f"{port_number!r} is not a TCP port")
+        if not isinstance(portid, int) or not 0 <= portid <= 0xFFFF:
+            raise ChangeError("portid", f"{portid!r} is not a port ID")
+        for peer_address, peer_port, _ in subsystem.peer_listeners:
+            if peer_port == port_number and _normal_address(peer_address) == _normal_address(
+                address
+            ):
+                raise ChangeError("address", f"{address} {port_number} is a peer of {nqn}")
+        subsystem.peer_listeners.append((address, port_number, portid or port_number))
+        self._discovery_changed()
+
+    def remove_peer_listener(self, nqn: str, address: str, port_number: int) -> None:
+        subsystem = self._subsystem(nqn)
+        for entry in subsystem.peer_listeners:
+            if entry[1] == port_number and _normal_address(entry[0]) == _normal_address(address):
+                subsystem.peer_listeners.remove(entry)
+                self._discovery_changed()
+                return
+        raise ChangeError("address", f"{address} {port_number} is not a peer listener of {nqn}")
 
     # -- discovery ------------------------------------------------------------------------
 
@@ -946,11 +1095,16 @@ class Target:
             for subsystem in self.subsystems.values():
                 if port.exposes(subsystem.nqn) and subsystem.host_allowed(hostnqn):
                     entries.append(self._entry(port, subsystem.nqn, L.SubType.NVME, queue))
+        for subsystem in self.subsystems.values():
+            if subsystem.host_allowed(hostnqn):
+                for address, port_number, portid in subsystem.peer_listeners:
+                    peer = Port(address, port_number, portid=portid)
+                    entries.append(self._entry(peer, subsystem.nqn, L.SubType.NVME, queue))
         entries.append(self._entry(queue.port, DISCOVERY_NQN, L.SubType.CURRENT_DISCOVERY, queue))
         return L.discovery_log(self.genctr, entries)
 
     def _entry(self, port: Port, nqn: str, subtype: int, queue: TargetQueue) -> L.DiscoveryLogEntry:
-        address = port.address
+        address = port.advertise or port.address
         if not address or ipaddress.ip_address(address).is_unspecified:
             # A wildcard listener: tell the host the address it reached us on.
             address = queue.local_address
@@ -958,10 +1112,12 @@ class Target:
             trtype=L.TrType.TCP,
             adrfam=L.AdrFam.IPV6 if ":" in address else L.AdrFam.IPV4,
             subtype=subtype,
-            # As nvmet reports a port: TREQ "required" when only TLS is accepted, SECTYPE
-            # TLS 1.3 in the TSAS whenever TLS is.
-            treq=(L.Treq.REQUIRED if port.secure_channel == "required" else L.Treq.NOT_REQUIRED)
-            | L.Treq.DISABLE_SQFLOW,
+            # As nvmet reports a port: secure channel "not specified" (nvmet's default) where
+            # there is no TLS, not "not required": libnvme 1.3 (nvme-cli 2.3) reads "not
+            # required" as TLS being possible and has connect-all ask Linux 6.1 for TLS,
+            # which that kernel refuses; "required" when only TLS is accepted, "not
+            # required" when either is; SECTYPE TLS 1.3 in the TSAS whenever TLS is.
+            treq=_TREQ[port.secure_channel] | L.Treq.DISABLE_SQFLOW,
             tsas=bytes(
                 [L.TcpSecType.TLS13 if port.secure_channel != "none" else L.TcpSecType.NONE]
             ),
@@ -1010,6 +1166,20 @@ def _check_hostnqn(hostnqn: str) -> None:
         raise ChangeError("hostnqn", f"{hostnqn!r} is not a valid NQN: {problem}")
     if hostnqn == DISCOVERY_NQN:
         raise ChangeError("hostnqn", "the discovery NQN is not a host's")
+
+
+def _check_grpid(grpid: object) -> None:
+    if not isinstance(grpid, int) or isinstance(grpid, bool) or not 1 <= grpid <= ana.ANAGRPMAX:
+        raise ChangeError("anagrpid", f"{grpid!r} is not an ANA group ID (1..{ana.ANAGRPMAX})")
+
+
+def _check_state(state: object) -> AnaState:
+    parsed = ana.parse_state(state)
+    if parsed is None:
+        raise ChangeError(
+            "ana_state", f"{state!r} is not an ANA state ({', '.join(ana.STATE_NAMES)})"
+        )
+    return parsed
 
 
 def _check_text(field: str, text: str, limit: int) -> None:

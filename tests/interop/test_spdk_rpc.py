@@ -240,6 +240,25 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
     assert [x["address"]["trsvcid"] for x in listeners] == [str(io_port), str(tls_port)]
     note("nvmf_get_subsystems", "nvmf_subsystem_get_listeners")
 
+    # ANA: rpc.py's own flags; the state shows in get_listeners and in save_config.
+    listen = ["-t", "tcp", "-a", "127.0.0.1", "-s", str(io_port)]
+    spdk.run(
+        "nvmf_subsystem_listener_set_ana_state", NQN, "-n", "non_optimized", *listen, "-g", "1"
+    )
+    listener, tls_listener = spdk.json("nvmf_subsystem_get_listeners", NQN)
+    assert listener["ana_states"] == [{"ana_group": 1, "ana_state": "non_optimized"}]
+    assert tls_listener["address"]["trsvcid"] == str(tls_port)
+    bad = spdk.run(
+        "nvmf_subsystem_listener_set_ana_state", NQN, "-n", "optimized", *listen, "-g", "7",
+        check=False,
+    )  # fmt: skip
+    assert bad.returncode != 0 and "anagrpid: " in bad.stdout + bad.stderr
+    bad = spdk.run(
+        "nvmf_subsystem_listener_set_ana_state", NQN, "-n", "asleep", *listen, check=False
+    )
+    assert bad.returncode != 0 and "ana_state: 'asleep'" in bad.stdout + bad.stderr
+    note("nvmf_subsystem_listener_set_ana_state")
+
     _connected, release, thread = hold_connection(io_port)
     try:
         (ctrl,) = spdk.json("nvmf_subsystem_get_controllers", NQN)

@@ -132,7 +132,7 @@ async def test_discovery_log_reports_the_secure_channel(target: Target) -> None:
     plain = by_port[_port(target, "none")]
     assert required.treq & L.Treq.SECURE_CHANNEL_MASK == L.Treq.REQUIRED
     assert optional.treq & L.Treq.SECURE_CHANNEL_MASK == L.Treq.NOT_REQUIRED
-    assert plain.treq & L.Treq.SECURE_CHANNEL_MASK == L.Treq.NOT_REQUIRED
+    assert plain.treq & L.Treq.SECURE_CHANNEL_MASK == L.Treq.NOT_SPECIFIED
     assert required.tcp_sectype == optional.tcp_sectype == L.TcpSecType.TLS13
     assert plain.tcp_sectype == L.TcpSecType.NONE
 
