@@ -537,7 +537,8 @@ def nvmetcli_config(target: Target) -> dict[str, Any]:
                     }[port.secure_channel],
                     "trsvcid": str(port.port),
                     "trtype": "tcp",
-                    "tsas": "none" if port.secure_channel == "none" else "tls1.3",
+                    # Only where there is TLS: Linux 6.1 refuses writes to addr_tsas.
+                    **({"tsas": "tls1.3"} if port.secure_channel != "none" else {}),
                 },
                 "ana_groups": _port_ana_groups(target, port, linked),
                 "param": {"inline_data_size": str(port.transport.inline_data_size)},
