@@ -26,8 +26,9 @@ REPO = HERE.parent
 ORDER = ["target_core", "inline_data", "digests", "copy_offload", "network_matrix", "scaling"]
 # What --quick becomes for scripts that have no --quick option.
 QUICK_FALLBACK = {"target_core": ["--runtime", "1", "--repeat", "1"]}
-# Scripts that need an environment of their own: run only when named with --only.
-ON_REQUEST = {"crc32c_libs"}
+# Scripts that need an environment of their own (a venv, a QEMU guest): run only when
+# named with --only.
+ON_REQUEST = {"crc32c_libs", "tls_guest"}
 
 
 def scripts() -> list[Path]:

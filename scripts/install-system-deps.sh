@@ -25,7 +25,8 @@ PACKAGES=(
     libc6-dev
     debootstrap       # the Linux 6.12 peer's root filesystem (Debian 13, trixie)
     debian-archive-keyring  # checks trixie's archive signatures (debootstrap, apt-get)
-    openssl           # its named FFDHE groups check pynvmf's RFC 7919 primes (tests/unit/test_auth.py)
+    openssl           # its named FFDHE groups check pynvmf's RFC 7919 primes (tests/unit/test_auth.py);
+                      # s_server/s_client are TLS 1.3 PSK peers (tests/unit/test_tls_engine.py)
     ceph-mon          # the RBD backend's tests start a one-monitor, one-OSD cluster
     ceph-osd          #   (tests/ceph/cluster.py), without systemd
     ceph-common       # the ceph CLI, ceph-authtool, monmaptool
@@ -50,6 +51,13 @@ done
 need_lists=0
 if [[ "${1:-}" != "--python" ]] && ! apt-cache show linux-image-amd64 >/dev/null 2>&1; then
     need_lists=1
+fi
+
+# kTLS on the machine (pynvmf's TLS record layer moves into the kernel where it can):
+# load the kernel's tls module where it has one. Kernels built without it (CONFIG_TLS
+# unset) make pynvmf use its user-space record layer; the guest tests cover kTLS.
+if [[ "${1:-}" != "--python" ]] && [[ $(id -u) -eq 0 ]] && ! grep -qs '^tls ' /proc/modules; then
+    modprobe tls 2>/dev/null || true
 fi
 
 if [[ ${#missing[@]} -eq 0 && $need_lists -eq 0 ]]; then

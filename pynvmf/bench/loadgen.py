@@ -865,6 +865,9 @@ class ConnectOptions:
     disable_sqflow: bool = False
     hostnqn: str | None = None
     timeout: float = 10.0
+    # TLS 1.3 with this PSK (interchange format); ktls "off" keeps records in user space.
+    tls_psk: str | None = None
+    ktls: str = "auto"
 
 
 @contextlib.asynccontextmanager
@@ -892,6 +895,8 @@ async def remote_namespace(
         data_digest=options.data_digest,
         disable_sqflow=options.disable_sqflow,
         timeout=options.timeout,
+        tls_psk=options.tls_psk,
+        ktls=options.ktls,
     ) as ctrl:
         yield ctrl.namespace(nsid)
 

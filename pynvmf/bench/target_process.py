@@ -49,6 +49,8 @@ class TargetProcess:
         self.cpu = cpu
         self.transport = transport
         self.address = "127.0.0.1"
+        # With tls_psks: the ports that take TLS, by kTLS policy ("auto", "off").
+        self.tls_ports: dict[str, int] = {}
 
     @property
     def pid(self) -> int:
@@ -92,18 +94,22 @@ def start_target(
     fill: bool = False,
     use_uvloop: bool = True,
     timeout: float = 30.0,
+    tls_psks: dict[str, str] | None = None,
 ) -> TargetProcess:
     """Start a target serving a `size`-byte memory namespace (NSID 1) and return once it
     listens. `cpu`: the CPU to pin it to (None: not pinned). `fill`: write pseudo-random
     data over the whole namespace first (in the child, without the network), so that
-    reads copy real pages rather than the shared zero page."""
+    reads copy real pages rather than the shared zero page. `tls_psks` (host NQN: PSK in
+    the interchange format): the hosts that may connect with TLS, on two more ports that
+    allow TLS (``tls_ports``: one may move records into the kernel, one keeps them in user
+    space)."""
     transport = transport or TransportConfig()
     # spawn, not fork: the child must not inherit this process's event loop or threads.
     ctx = multiprocessing.get_context("spawn")
     parent_end, child_end = ctx.Pipe()
     process = ctx.Process(
         target=_child_main,
-        args=(child_end, cpu, size, block_size, transport, nqn, fill, use_uvloop),
+        args=(child_end, cpu, size, block_size, transport, nqn, fill, use_uvloop, tls_psks),
         name="pynvmf-bench-target",
         daemon=True,
     )
@@ -113,7 +119,7 @@ def start_target(
         if not parent_end.poll(timeout):
             raise RuntimeError(f"the target did not start within {timeout} s")
         try:
-            port, uvloop = parent_end.recv()
+            port, uvloop, tls_ports = parent_end.recv()
         except EOFError:
             process.join(5)
             raise RuntimeError(
@@ -124,7 +130,9 @@ def start_target(
         process.join()
         parent_end.close()
         raise
-    return TargetProcess(process, parent_end, port, uvloop, nqn, cpu, transport)
+    started = TargetProcess(process, parent_end, port, uvloop, nqn, cpu, transport)
+    started.tls_ports = tls_ports
+    return started
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -172,13 +180,14 @@ def _child_main(
     nqn: str,
     fill: bool,
     use_uvloop: bool,
+    tls_psks: dict[str, str] | None = None,
 ) -> None:
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
     tune_for_io_buffers()  # as `pynvmf target` does
     uvloop = install_uvloop() if use_uvloop else False
-    asyncio.run(_serve(conn, size, block_size, transport, nqn, fill, uvloop))
+    asyncio.run(_serve(conn, size, block_size, transport, nqn, fill, uvloop, tls_psks))
 
 
 async def _serve(
@@ -189,6 +198,7 @@ async def _serve(
     nqn: str,
     fill: bool,
     uvloop: bool,
+    tls_psks: dict[str, str] | None = None,
 ) -> None:
     from pynvmf.block.memory import MemoryDevice
     from pynvmf.target.server import Port, Target
@@ -204,12 +214,18 @@ async def _serve(
     subsystem = Subsystem(nqn)
     subsystem.add_namespace(Namespace.create(nqn, 1, device, "bench-memory"))
     port = Port("127.0.0.1", 0, transport=transport)
-    target = Target([subsystem], [port])
+    tls_ports = {
+        policy: Port("127.0.0.1", 0, transport=transport, secure_channel="optional", ktls=policy)
+        for policy in (("auto", "off") if tls_psks else ())
+    }
+    target = Target([subsystem], [port, *tls_ports.values()])
     await target.start()
+    for hostnqn, psk in (tls_psks or {}).items():
+        target.add_host(nqn, hostnqn, psk=psk)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_reader(conn.fileno(), stop.set)  # any message, or EOF (the parent died), means stop
-    conn.send((port.port, uvloop))
+    conn.send((port.port, uvloop, {k: p.port for k, p in tls_ports.items()}))
     await stop.wait()
     loop.remove_reader(conn.fileno())
     await target.stop()

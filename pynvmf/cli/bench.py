@@ -97,6 +97,7 @@ from pynvmf.cli.common import (
     loop_factory,
     namespace_option,
     output_option,
+    tls_arguments,
 )
 from pynvmf.host import Controller, NvmeError, RemoteNamespace, connect
 from pynvmf.host.namespace import remote_namespace
@@ -729,6 +730,7 @@ async def _bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             data_digest=args.data_digest,
             dhchap_secret=args.dhchap_secret,
             dhchap_ctrl_secret=args.dhchap_ctrl_secret,
+            **tls_arguments(args),
         )
     except NvmeError as exc:
         raise connect_failure(args, exc) from exc

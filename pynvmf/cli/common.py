@@ -9,8 +9,11 @@ import os
 import socket
 import uuid
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from pynvmf.host import Controller, NvmeConnectionError, NvmeError, RemoteNamespace
+from pynvmf.tcp.psk import ConfiguredPsk, PskError
 
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130  # what a shell reports for a command ended by SIGINT
@@ -87,8 +90,62 @@ def connection_options(
             metavar="DHHC-1:...",
             help="DH-HMAC-CHAP controller secret: authenticate the controller too",
         )
+        tls_options(p)
     # pynvmf.cli.main configures logging from args.verbose for every subcommand.
     p.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeatable)")
+
+
+def tls_options(p: argparse.ArgumentParser) -> None:
+    """TLS 1.3 with a PSK, as nvme-cli's ``--tls`` / ``--tls-key`` (pynvmf has no keyring:
+    the key is given, in the interchange format ``nvme gen-tls-key`` prints)."""
+    p.add_argument("--tls", action="store_true", help="connect with TLS 1.3 (needs --tls-key)")
+    p.add_argument(
+        "--tls-key",
+        metavar="KEY|@FILE",
+        help="TLS PSK in the NVMeTLSkey-1 interchange format, or @FILE holding it (implies --tls)",
+    )
+    p.add_argument(
+        "--tls-identity",
+        type=int,
+        choices=(0, 1),
+        default=0,
+        help="PSK identity version: 0 NVMe0R0x (default, what Linux 6.12 offers), 1 NVMe1R0x",
+    )
+    p.add_argument(
+        "--tls-compat",
+        action="store_true",
+        help="derive the TLS PSK as libnvme < 1.14 / nvme-cli 2.13 did (a target whose keyring "
+        "that nvme-cli filled)",
+    )
+    p.add_argument(
+        "--no-ktls",
+        action="store_true",
+        help="keep the TLS record layer in user space even where the kernel has kTLS",
+    )
+
+
+def tls_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """connect()'s TLS keyword arguments from tls_options' options."""
+    key = getattr(args, "tls_key", None)
+    if key is None:
+        if getattr(args, "tls", False):
+            raise ValueError("--tls needs --tls-key (pynvmf reads no keyring)")
+        return {}
+    if key.startswith("@"):
+        try:
+            key = Path(key[1:]).read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"--tls-key: cannot read {key[1:]}: {exc.strerror}") from None
+    try:
+        psk = ConfiguredPsk.parse(key)
+    except PskError as exc:
+        raise ValueError(f"--tls-key: {exc}") from None
+    return {
+        "tls_psk": psk,
+        "tls_identity": args.tls_identity,
+        "tls_compat": args.tls_compat,
+        "ktls": "off" if args.no_ktls else "auto",
+    }
 
 
 def output_option(p: argparse.ArgumentParser) -> None:

@@ -31,6 +31,7 @@ from pynvmf.cli.common import (
     loop_factory,
     namespace_option,
     output_option,
+    tls_arguments,
     where,
 )
 from pynvmf.host import (
@@ -170,6 +171,7 @@ async def _open(args: argparse.Namespace, *, queues: int) -> Controller:
             data_digest=args.data_digest,
             dhchap_secret=args.dhchap_secret,
             dhchap_ctrl_secret=args.dhchap_ctrl_secret,
+            **tls_arguments(args),
         )
     except NvmeError as exc:
         raise connect_failure(args, exc) from exc

@@ -29,6 +29,7 @@ from pynvmf.spec.auth import AUTHREQ_ATR
 from pynvmf.spec.logpages import LogPageId
 from pynvmf.spec.opcodes import DISCOVERY_NQN, NSID_ALL, AdminOpcode, FeatureId
 from pynvmf.tcp.host import Buffer
+from pynvmf.tcp.psk import ConfiguredPsk, TlsPsk, tls_psk
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,12 @@ class Controller:
         timeout: float = 10.0,
         dhchap_secret: DhchapKey | None = None,
         dhchap_ctrl_secret: DhchapKey | None = None,
+        tls_psk: TlsPsk | None = None,
+        ktls: str = "auto",
     ) -> None:
         self.address = address
+        self.tls_psk = tls_psk
+        self.ktls = ktls
         self.port = port
         self.subnqn = subnqn
         self.identity = identity
@@ -210,6 +215,8 @@ class Controller:
             data_digest=self.data_digest,
             max_transfer=self.max_transfer,
             timeout=self.timeout,
+            tls_psk=self.tls_psk,
+            ktls=self.ktls,
         )
 
     async def _enable(self) -> None:
@@ -626,6 +633,10 @@ async def connect(
     timeout: float = 10.0,
     dhchap_secret: str | DhchapKey | None = None,
     dhchap_ctrl_secret: str | DhchapKey | None = None,
+    tls_psk: str | ConfiguredPsk | TlsPsk | None = None,
+    tls_identity: int = 0,
+    tls_compat: bool = False,
+    ktls: str = "auto",
 ) -> Controller:
     """Create a controller on the subsystem `subnqn` at address:port and bring it up:
     admin queue, enable, Identify, `queues` I/O queues, namespaces.
@@ -649,11 +660,13 @@ async def connect(
     )
     if ctrl_key is not None and host_key is None:
         raise ValueError("a controller secret needs a host secret too")
+    identity = HostIdentity.resolve(hostnqn, hostid)
+    psk = _tls_psk(tls_psk, identity.hostnqn, subnqn, tls_identity, tls_compat)
     ctrl = Controller(
         address,
         port,
         subnqn,
-        HostIdentity.resolve(hostnqn, hostid),
+        identity,
         kato_ms=kato_ms,
         header_digest=header_digest,
         data_digest=data_digest,
@@ -662,6 +675,8 @@ async def connect(
         timeout=timeout,
         dhchap_secret=host_key,
         dhchap_ctrl_secret=ctrl_key,
+        tls_psk=psk,
+        ktls=ktls,
     )
     try:
         await ctrl._start(queues, queue_depth)
@@ -672,3 +687,24 @@ async def connect(
         ctrl._abort_queues("connect failed")
         raise
     return ctrl
+
+
+def _tls_psk(
+    psk: str | ConfiguredPsk | TlsPsk | None,
+    hostnqn: str,
+    subnqn: str,
+    version: int,
+    compat: bool = False,
+) -> TlsPsk | None:
+    """The TLS PSK every queue's handshake uses: the interchange format (what ``nvme
+    gen-tls-key`` prints) or a configured PSK, derived for this host and subsystem with
+    identity version `version` (0: ``NVMe0R0x <hostnqn> <subnqn>``, what Linux 6.12 offers;
+    1: the ``NVMe1R0x`` digest form) and, with `compat`, the way libnvme < 1.14 (nvme-cli
+    2.13) derived the keys it put in a target's keyring; or a TLS PSK as it is."""
+    if psk is None or isinstance(psk, TlsPsk):
+        return psk
+    if isinstance(psk, str):
+        psk = ConfiguredPsk.parse(psk)
+    if version not in (0, 1):
+        raise ValueError("tls_identity is 0 or 1")
+    return tls_psk(psk, hostnqn, subnqn, version, compat=compat)

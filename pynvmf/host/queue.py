@@ -16,6 +16,8 @@ from typing import cast
 from pynvmf.host.errors import NvmeConnectionError, NvmeStatusError
 from pynvmf.spec.command import FUSE_FIRST, FUSE_SECOND, Sqe
 from pynvmf.tcp.host import ABORTED, Buffer, HostCommand, HostConnection
+from pynvmf.tcp.psk import TlsPsk
+from pynvmf.tcp.tls import SecureChannel, TlsEngine, kernel_record_error
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,9 @@ class HostQueue(asyncio.BufferedProtocol):
         # Everything handed to the transport, ICReq to the last PDU (what crossed, or
         # is about to cross, the connection).
         self.bytes_sent = 0
+        # The secure channel (TLS 1.3 with a PSK), when the queue was opened with one.
+        self.tls: SecureChannel | None = None
+        self._tls_ready: asyncio.Future[None] | None = None
 
     @classmethod
     async def open(
@@ -87,8 +92,10 @@ class HostQueue(asyncio.BufferedProtocol):
         data_digest: bool = False,
         max_transfer: int = 1024 * 1024,
         timeout: float = 10.0,
+        tls_psk: TlsPsk | None = None,
+        ktls: str = "auto",
     ) -> HostQueue:
-        """Connect TCP and exchange ICReq/ICResp."""
+        """Connect TCP (and TLS 1.3 with `tls_psk`) and exchange ICReq/ICResp."""
         loop = asyncio.get_running_loop()
         queue = cls(
             qid,
@@ -101,12 +108,15 @@ class HostQueue(asyncio.BufferedProtocol):
         try:
             async with asyncio.timeout(timeout):
                 await loop.create_connection(lambda: queue, host, port)
+                if tls_psk is not None:
+                    await queue._start_tls(tls_psk, ktls, f"{address} port {port} qid {qid}")
                 queue.conn.start()
                 await queue._ready
         except TimeoutError:
-            queue.abort("no ICResp in time")
+            what = "TLS handshake" if queue.tls and not queue.tls.engine.established else "ICResp"
+            queue.abort(f"no {what} in time")
             raise NvmeConnectionError(
-                f"{address} port {port}: no ICResp within {timeout} s"
+                f"{address} port {port}: no {what} within {timeout} s"
             ) from None
         except NvmeConnectionError:
             queue.abort("failed")
@@ -118,6 +128,31 @@ class HostQueue(asyncio.BufferedProtocol):
             queue.abort("cancelled")
             raise
         return queue
+
+    async def _start_tls(self, psk: TlsPsk, ktls: str, label: str) -> None:
+        self._tls_ready = self._loop.create_future()
+        self.tls = SecureChannel(
+            TlsEngine.client(psk),
+            self.transport,
+            self.conn.feed,
+            self._tls_established,
+            self._tls_failed,
+            ktls=ktls,
+            label=label,
+        )
+        self.tls.start()
+        await self._tls_ready
+
+    def _tls_established(self) -> None:
+        if self._tls_ready is not None and not self._tls_ready.done():
+            self._tls_ready.set_result(None)
+
+    def _tls_failed(self, reason: str) -> None:
+        log.warning("%s: TLS failed: %s", self.peer, reason)
+        error = NvmeConnectionError(f"TLS: {reason}")
+        if self._tls_ready is not None and not self._tls_ready.done():
+            self._tls_ready.set_exception(error)
+        self.conn.close(f"TLS: {reason}")
 
     # -- commands -----------------------------------------------------------------------
 
@@ -343,10 +378,17 @@ class HostQueue(asyncio.BufferedProtocol):
         self.peer = str(transport.get_extra_info("peername"))
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        tls = self.tls
+        if tls is not None and tls.rx_user:
+            return tls.get_buffer(sizehint)
         return self.conn.reader.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.conn.data_received(nbytes)
+        tls = self.tls
+        if tls is not None and tls.rx_user:
+            tls.buffer_updated(nbytes)
+        else:
+            self.conn.data_received(nbytes)
         self._flush()
 
     def eof_received(self) -> bool:
@@ -366,12 +408,22 @@ class HostQueue(asyncio.BufferedProtocol):
         out = self.conn.take_output()
         if out:
             self.bytes_sent += sum(b.nbytes if type(b) is memoryview else len(b) for b in out)
-            transport.writelines(out)
+            if self.tls is not None:
+                self.tls.write(out)
+            else:
+                transport.writelines(out)
         if self.conn.closing:
+            if self.tls is not None:
+                self.tls.close()
             transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f"connection lost: {exc}" if exc else "connection closed by controller"
+        tls = self.tls
+        if tls is not None and tls.rx_kernel and kernel_record_error(exc):
+            reason = "connection closed by controller (a TLS alert)"
+        if self._tls_ready is not None and not self._tls_ready.done():
+            self._tls_ready.set_exception(NvmeConnectionError(f"TLS handshake: {reason}"))
         self.conn.close(reason)
         self.transport = None
         if not self._lost.done():

@@ -343,15 +343,24 @@ async def _port(target: Target, spec: dict[str, Any], where: str) -> None:
     adrfam = _text(addr.get("adrfam", "ipv4")).lower()
     if adrfam not in ("ipv4", "ipv6"):
         raise NvmetcliError(f"{a}.adrfam", f"{adrfam!r}: pynvmf serves IPv4 and IPv6")
-    if "treq" in addr:
+    # The secure channel: addr_tsas "tls1.3" offers TLS (nvmet then defaults addr_treq to
+    # "required"); addr_treq "not required" also takes plain NVMe/TCP. The hosts' PSKs live
+    # in the kernel's keyring, not in nvmetcli's JSON: give them in pynvmf's configuration
+    # or over RPC.
+    tsas = _text(addr.get("tsas", "none")) or "none"
+    _only(tsas, ("none", "tls1.3"), f"{a}.tsas", "pynvmf's secure channel is TLS 1.3")
+    treq = _text(addr.get("treq", "not specified"))
+    if tsas == "none":
         _only(
-            addr["treq"],
+            treq,
             ("not specified", "not required"),
             f"{a}.treq",
-            "pynvmf has no secure channel to require",
+            "a port requires a secure channel only with addr_tsas tls1.3",
         )
-    if "tsas" in addr:
-        _only(addr["tsas"], ("none", ""), f"{a}.tsas", "pynvmf has no TLS")
+        secure_channel = "none"
+    else:
+        _only(treq, ("not specified", "required", "not required"), f"{a}.treq", "")
+        secure_channel = "optional" if treq == "not required" else "required"
     traddr = _text(addr.get("traddr", ""))
     trsvcid = _int(addr.get("trsvcid", 4420), f"{a}.trsvcid")
     if (":" in traddr) != (adrfam == "ipv6"):
@@ -415,6 +424,7 @@ async def _port(target: Target, spec: dict[str, Any], where: str) -> None:
         discovery_only=not subsystems,
         discovery_listener=not subsystems,
         transport=transport,
+        secure_channel=secure_channel,
     )
     names = {
         "address": f"{a}.traddr",
@@ -520,9 +530,15 @@ def nvmetcli_config(target: Target) -> dict[str, Any]:
                 "addr": {
                     "adrfam": "ipv6" if port.is_ipv6 else "ipv4",
                     "traddr": port.address,
-                    "treq": "not specified",
+                    "treq": {
+                        "none": "not specified",
+                        "required": "required",
+                        "optional": "not required",
+                    }[port.secure_channel],
                     "trsvcid": str(port.port),
                     "trtype": "tcp",
+                    # Only where there is TLS: Linux 6.1 refuses writes to addr_tsas.
+                    **({"tsas": "tls1.3"} if port.secure_channel != "none" else {}),
                 },
                 "ana_groups": _port_ana_groups(target, port, linked),
                 "param": {"inline_data_size": str(port.transport.inline_data_size)},

@@ -20,7 +20,7 @@ from typing import Any
 
 from pynvmf import __version__
 from pynvmf.block.file import FileDevice
-from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
+from pynvmf.rpc.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane, MethodTable, Params, change_error
 from pynvmf.spec.auth import dhgroup_from_name, hash_from_name
 from pynvmf.spec.logpages import AnaState
@@ -755,6 +755,8 @@ def _host_json(subsystem: Subsystem, hostnqn: str) -> dict[str, Any]:
         out["dhchap_key"] = auth.host_key_name or REDACTED_KEY
         if auth.ctrl_key is not None:
             out["dhchap_ctrlr_key"] = auth.ctrl_key_name or REDACTED_KEY
+    if hostnqn in subsystem.host_psks:
+        out["psk"] = subsystem.host_psk_names.get(hostnqn) or REDACTED_KEY
     return out
 
 
@@ -840,12 +842,21 @@ async def nvmf_subsystem_add_listener(cp: ControlPlane, p: Params) -> bool:
     nqn = p.string("nqn")
     address, port = _listen_address(p)
     _no_target_name(p)
-    p.refuse_unless("secure_channel", (False,), "pynvmf has no TLS")
+    secure = p.boolean("secure_channel", False)
     ana_state = p.string("ana_state", None)
     p.refuse_unless("sock_impl", ("posix",), "pynvmf listens with the kernel's sockets")
     p.done()
     state = _ana_state(p, ana_state) if ana_state is not None else None
-    await _apply(cp.target.add_listener(nqn, address, port), _LISTENER_NAMES)
+    subsystem = cp.target.subsystems.get(nqn)
+    if secure and subsystem is not None and subsystem.allow_any_host:
+        # SPDK's rule: a TLS listener serves hosts that have PSKs, so not "any host".
+        raise RpcError(
+            INTERNAL_ERROR, "Cannot establish secure channel, when 'allow_any_host' is set"
+        )
+    await _apply(
+        cp.target.add_listener(nqn, address, port, secure_channel="required" if secure else None),
+        {**_LISTENER_NAMES, "secure_channel": "secure_channel"},
+    )
     if state is not None and nqn != DISCOVERY_NQN:
         # SPDK's listener option: the state of every ANA group on this listener.
         _sync(lambda: cp.target.set_ana_state(nqn, None, state, address, port), _LISTENER_NAMES)
@@ -975,17 +986,21 @@ async def nvmf_subsystem_add_host(cp: ControlPlane, p: Params) -> bool:
     nqn = p.string("nqn")
     host = p.string("host")
     _no_target_name(p)
-    p.refuse_unless("psk", (), "pynvmf has no TLS")
+    psk = p.string("psk", None)
     key = p.string("dhchap_key", None)
     ctrl_key = p.string("dhchap_ctrlr_key", None)
     p.done()
     target = cp.target
+    if psk is not None and psk not in target.keyring:
+        # SPDK takes keyring names only (keyring_file_add_key first): a key or a path here
+        # would end up in logs and saved configurations.
+        raise RpcError(INVALID_PARAMS, f"psk: no key named {psk!r} in the keyring")
 
     def change() -> None:
         auth = target.auth_config(key, ctrl_key) if key is not None else None
         if auth is None and ctrl_key is not None:
             raise ChangeError("dhchap_key", "a controller key needs a host key")
-        target.add_host(nqn, host, auth=auth)
+        target.add_host(nqn, host, auth=auth, psk=psk)
 
     _sync(change, {"hostnqn": "host"})
     return True
@@ -1036,16 +1051,26 @@ async def keyring_file_remove_key(cp: ControlPlane, p: Params) -> bool:
 @method("keyring_get_keys")
 async def keyring_get_keys(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
     p.done()
+    target = cp.target
+
+    def users(name: str) -> int:
+        count = 0
+        for s in target.subsystems.values():
+            count += sum(name in (a.host_key_name, a.ctrl_key_name) for a in s.host_auth.values())
+            count += list(s.host_psk_names.values()).count(name)
+        return count
+
     return [
         {
             "name": e.name,
             "module": "keyring_file",
             "removed": False,
             "probed": True,
-            "refcnt": 1,
+            # The keyring's reference and one per host that uses the key, as SPDK counts.
+            "refcnt": 1 + users(e.name),
             "path": e.path,
         }
-        for e in cp.target.keyring.values()
+        for e in target.keyring.values()
     ]
 
 
@@ -1164,7 +1189,8 @@ async def nvmf_get_stats(cp: ControlPlane, p: Params) -> dict[str, Any]:
                 "current_io_qpairs": current_io,
                 "pending_bdev_io": 0,
                 "completed_nvme_io": completed,
-                "transports": [{"trtype": "TCP"}],
+                # pynvmf's own field: the secure channel's per-connection decisions.
+                "transports": [{"trtype": "TCP", "tls": target.tls_counters.as_dict()}],
             }
         ],
     }
@@ -1212,7 +1238,7 @@ def nvmf_config(target: Target) -> list[dict[str, Any]]:
         )
         config.append({"method": "nvmf_create_subsystem", "params": params})
         for host in sorted(subsystem.allowed_hosts):
-            host_params = {"nqn": subsystem.nqn, "host": host}
+            host_params: dict[str, Any] = {"nqn": subsystem.nqn, "host": host}
             auth = subsystem.host_auth.get(host)
             if auth is not None:
                 if not auth.host_key_name or (auth.ctrl_key and not auth.ctrl_key_name):
@@ -1224,6 +1250,15 @@ def nvmf_config(target: Target) -> list[dict[str, Any]]:
                 host_params["dhchap_key"] = auth.host_key_name
                 if auth.ctrl_key is not None:
                     host_params["dhchap_ctrlr_key"] = auth.ctrl_key_name
+            if host in subsystem.host_psks:
+                name = subsystem.host_psk_names.get(host)
+                if not name:
+                    raise RpcError(
+                        INVALID_PARAMS,
+                        f"name: host {host} of {subsystem.nqn} has a PSK that is not in the "
+                        "keyring, which SPDK's configuration cannot name (pynvmf_get_config can)",
+                    )
+                host_params["psk"] = name
             config.append({"method": "nvmf_subsystem_add_host", "params": host_params})
         for nsid, ns in sorted(subsystem.namespaces.items()):
             config.append(
@@ -1264,7 +1299,11 @@ def nvmf_config(target: Target) -> list[dict[str, Any]]:
 def _listener_call(nqn: str, port: Port) -> dict[str, Any]:
     return {
         "method": "nvmf_subsystem_add_listener",
-        "params": {"nqn": nqn, "listen_address": _trid(port), "secure_channel": False},
+        "params": {
+            "nqn": nqn,
+            "listen_address": _trid(port),
+            "secure_channel": port.secure_channel == "required",
+        },
     }
 
 

@@ -48,12 +48,15 @@ _DEFAULT_TRANSPORT = TransportConfig()
 
 _TOP_KEYS = {"ports", "discovery_ports", "subsystems", "devices", "transport", "keyring"}
 _KEY_KEYS = {"name", "path"}
-# A host entry as an object: its NQN and DH-HMAC-CHAP keys (keyring names), hashes, groups.
-_HOST_KEYS = {"nqn", "dhchap_key", "dhchap_ctrl_key", "dhchap_hash", "dhchap_dhgroup"}
-# What an export writes for a key that has no keyring name (one nvmetcli's format gave):
-# never the secret; loading it fails, naming the key.
+# A host entry as an object: its NQN, DH-HMAC-CHAP keys (keyring names), hashes, groups,
+# and its TLS PSK (a keyring name, or the key itself in the interchange format).
+_HOST_KEYS = {"nqn", "dhchap_key", "dhchap_ctrl_key", "dhchap_hash", "dhchap_dhgroup", "psk"}
+# What an export writes for a key that has no keyring name (one nvmetcli's format gave, or
+# a PSK given inline): never the secret; loading it fails, naming the key.
 REDACTED_KEY = "<redacted>"
 _PORT_KEYS = {
+    "secure_channel",
+    "ktls",
     "address",
     "port",
     "subsystems",
@@ -369,6 +372,8 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
                 transport=transport_of(spec, where, target.transport),
                 discovery_listener=r.get("discovery", bool, False),
                 advertise=r.get("advertise", str, ""),
+                secure_channel=r.get("secure_channel", str, "none"),
+                ktls=r.get("ktls", str, "auto"),
             )
             await _change_async(where, target.add_port(port))
         if "discovery_ports" in config:
@@ -380,7 +385,9 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
             discovery = [{"address": a, "port": DISCOVERY_PORT} for a in addresses]
         for i, spec in enumerate(discovery):
             where = f"discovery_ports[{i}]"
-            r = _Reader(spec, where, _PORT_KEYS - {"subsystems", "discovery"})
+            r = _Reader(
+                spec, where, _PORT_KEYS - {"subsystems", "discovery", "secure_channel", "ktls"}
+            )
             port = Port(
                 address=r.get("address", str, "127.0.0.1"),
                 port=r.get("port", int, DISCOVERY_PORT),
@@ -420,11 +427,22 @@ def _names(value: Any, parse: Callable[[str], Any], where: str) -> tuple[Any, ..
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def _host_auth(target: Target, spec: Any, where: str, auths: dict[str, HostAuthConfig]) -> str:
+def _host_auth(
+    target: Target,
+    spec: Any,
+    where: str,
+    auths: dict[str, HostAuthConfig],
+    psks: dict[str, str],
+) -> str:
     r = _Reader(spec, where, _HOST_KEYS)
     hostnqn = r.get("nqn", str)
     if not hostnqn:
         raise ConfigError(f"{where}.nqn: a host needs an NQN")
+    psk = r.get("psk", str)
+    if psk is not None:
+        if psk == REDACTED_KEY:
+            raise ConfigError(f"{where}.psk: the export left this key out; give it again")
+        psks[hostnqn] = psk
     key = r.get("dhchap_key", str)
     ctrl_key = r.get("dhchap_ctrl_key", str)
     hashes = _names(spec.get("dhchap_hash"), hash_from_name, r.path("dhchap_hash"))
@@ -454,11 +472,12 @@ def _subsystem(
     host_specs = r.items("hosts")
     hosts: list[str] = []
     auths: dict[str, HostAuthConfig] = {}
+    psks: dict[str, str] = {}
     for j, host in enumerate(host_specs):
         if isinstance(host, str):
             hosts.append(host)
             continue
-        hosts.append(_host_auth(target, host, f"{where}.hosts[{j}]", auths))
+        hosts.append(_host_auth(target, host, f"{where}.hosts[{j}]", auths, psks))
     kwargs: dict[str, Any] = dict(
         serial=r.get("serial", str, ""),
         model=r.get("model", str, "pynvmf"),
@@ -476,6 +495,11 @@ def _subsystem(
     _change(where, lambda: target.add_subsystem(nqn, **kwargs))
     for hostnqn, auth in auths.items():
         _change(where, lambda hostnqn=hostnqn, auth=auth: target.set_host_keys(nqn, hostnqn, auth))
+    for hostnqn, psk in psks.items():
+        _change(
+            f"{where}.hosts",
+            lambda hostnqn=hostnqn, psk=psk: target.set_host_psk(nqn, hostnqn, psk),
+        )
     for j, group_spec in enumerate(r.items("ana_groups")):
         g_where = f"{where}.ana_groups[{j}]"
         g = _Reader(group_spec, g_where, _ANA_GROUP_KEYS)
@@ -693,6 +717,10 @@ def config_of(target: Target) -> dict[str, Any]:
             spec["discovery"] = True
         if port.advertise:
             spec["advertise"] = port.advertise
+        if port.secure_channel != "none":
+            spec["secure_channel"] = port.secure_channel
+        if port.ktls != "auto":
+            spec["ktls"] = port.ktls
         spec.update(_transport_dict(port.transport, target.transport))
         ports.append(spec)
     config["ports"] = ports
@@ -742,11 +770,15 @@ def _device_dict(entry: NamedDevice, *, with_name: bool) -> dict[str, Any]:
     return out
 
 
-def _host_dict(hostnqn: str, auth: HostAuthConfig | None) -> str | dict[str, Any]:
+def _host_dict(
+    hostnqn: str, auth: HostAuthConfig | None, psk: str | None = None
+) -> str | dict[str, Any]:
     """A host entry: its NQN, or an object with its keys' names (never the keys)."""
     if auth is None:
-        return hostnqn
+        return hostnqn if psk is None else {"nqn": hostnqn, "psk": psk}
     spec: dict[str, Any] = {"nqn": hostnqn, "dhchap_key": auth.host_key_name or REDACTED_KEY}
+    if psk is not None:
+        spec["psk"] = psk
     if auth.ctrl_key is not None:
         spec["dhchap_ctrl_key"] = auth.ctrl_key_name or REDACTED_KEY
     if auth.hashes != ALL_HASHES:
@@ -760,7 +792,13 @@ def _subsystem_dict(target: Target, subsystem: Subsystem) -> dict[str, Any]:
     spec: dict[str, Any] = {"nqn": subsystem.nqn}
     if subsystem.allowed_hosts:
         spec["hosts"] = [
-            _host_dict(hostnqn, subsystem.host_auth.get(hostnqn))
+            _host_dict(
+                hostnqn,
+                subsystem.host_auth.get(hostnqn),
+                (subsystem.host_psk_names.get(hostnqn) or REDACTED_KEY)
+                if hostnqn in subsystem.host_psks
+                else None,
+            )
             for hostnqn in sorted(subsystem.allowed_hosts)
         ]
     if subsystem.allow_any_host != (not subsystem.allowed_hosts):

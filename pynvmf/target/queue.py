@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from pynvmf.auth.controller import ControllerAuth
     from pynvmf.target.controller import Controller
     from pynvmf.target.server import Port, Target
+    from pynvmf.tcp.psk import TlsPsk
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,9 @@ class TargetQueue:
         self.peer_address: tuple[str, int] | None = None
         self.controller: Controller | None = None
         self.qid = -1
+        # The PSK this connection's TLS handshake used (its identity names the host and
+        # the subsystem Connect must name), or None on a plain connection.
+        self.tls_psk: TlsPsk | None = None
         self.io: IoHandler | None = None
         # Consulted on an I/O queue only, for commands with FUSE bits or after a held first.
         self.fused = FusedPairing(self.finish, self._start_pair)

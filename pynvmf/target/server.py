@@ -21,7 +21,7 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -55,7 +55,16 @@ from pynvmf.target.subsystem import (
     Namespace,
     Subsystem,
 )
+from pynvmf.tcp.psk import ConfiguredPsk, PskError, TlsPsk, tls_psks
 from pynvmf.tcp.target import TargetConnection, TransportConfig
+from pynvmf.tcp.tls import (
+    CT_HANDSHAKE,
+    KTLS_POLICIES,
+    SecureChannel,
+    TlsCounters,
+    TlsEngine,
+    kernel_record_error,
+)
 
 if TYPE_CHECKING:
     from pynvmf.target.workers import WorkerPool
@@ -75,6 +84,15 @@ MODEL_MAX = 40
 FIRMWARE_MAX = 8
 INLINE_DATA_MAX = 1 << 20
 MIN_H2C_DATA = 4096  # NVMe/TCP: MAXH2CDATA is at least 4 KiB
+# A listener's secure channel (nvmet's addr_tsas and addr_treq): "none" (plain NVMe/TCP
+# only), "required" (TLS 1.3 only) or "optional" (TLS 1.3 or plain, told apart by the
+# connection's first byte, as nvmet does with treq "not required").
+SECURE_CHANNELS = ("none", "required", "optional")
+_TREQ = {
+    "none": L.Treq.NOT_SPECIFIED,
+    "required": L.Treq.REQUIRED,
+    "optional": L.Treq.NOT_REQUIRED,
+}
 
 
 class ChangeError(ValueError):
@@ -106,6 +124,10 @@ class Port:
     # The address the discovery log gives for this port, when hosts reach it by another
     # than the one it listens on (NAT, a VM's user-mode network): "" means its own.
     advertise: str = ""
+    secure_channel: str = "none"
+    # Whether a TLS connection's record layer may move into the kernel ("auto") or stays
+    # in user space ("off", for measurements and for kernels whose kTLS misbehaves).
+    ktls: str = "auto"
     connections: set[TargetProtocol] = field(default_factory=set, repr=False, compare=False)
     server: asyncio.base_events.Server | None = field(default=None, repr=False, compare=False)
 
@@ -141,7 +163,7 @@ class KeyringEntry:
 
     name: str
     path: str
-    key: DhchapKey = field(repr=False)
+    key: DhchapKey | ConfiguredPsk = field(repr=False)
 
 
 @dataclass
@@ -177,6 +199,8 @@ class Target:
         self.genctr = 1
         self.started = time.monotonic()
         self.counters = TargetCounters()
+        # Secure-channel decisions (handshakes, kTLS or user space per direction).
+        self.tls_counters = TlsCounters()
         self.connection_budget = ConnectionBudget(limits or ConnectionLimits())
         limits = self.connection_budget.limits
         self.memory_pool = MemoryPool(limits.max_memory or default_max_memory())
@@ -585,16 +609,21 @@ class Target:
     # -- keys ---------------------------------------------------------------------------
 
     def add_key(self, name: str, path: str) -> KeyringEntry:
-        """Add a DH-HMAC-CHAP secret from a key file (mode 0600) to the keyring under
-        `name` (SPDK's keyring_file_add_key); hosts refer to keys by name."""
+        """Add a DH-HMAC-CHAP secret or a TLS PSK (NVMeTLSkey-1) from a key file (mode
+        0600) to the keyring under `name` (SPDK's keyring_file_add_key); hosts refer to
+        keys by name."""
         if not name or not isinstance(name, str):
             raise ChangeError("name", "a key needs a name")
         if name in self.keyring:
             raise ChangeError("name", f"key {name!r} exists")
-        try:
-            key = load_key_file(path)
-        except KeyFormatError as e:
-            raise ChangeError("path", str(e)) from None
+        key: DhchapKey | ConfiguredPsk
+        if _holds_tls_psk(path):
+            key = read_psk_file(path)
+        else:
+            try:
+                key = load_key_file(path)
+            except KeyFormatError as e:
+                raise ChangeError("path", str(e)) from None
         entry = KeyringEntry(name, path, key)
         self.keyring[name] = entry
         log.info("key %s added from %s", name, path)
@@ -604,11 +633,14 @@ class Target:
         if name not in self.keyring:
             raise ChangeError("name", f"no key named {name!r}")
         for subsystem in self.subsystems.values():
-            for hostnqn, config in subsystem.host_auth.items():
-                if name in (config.host_key_name, config.ctrl_key_name):
-                    raise ChangeError(
-                        "name", f"key {name!r} is in use by {hostnqn} on {subsystem.nqn}"
-                    )
+            users = [
+                h
+                for h, c in subsystem.host_auth.items()
+                if name in (c.host_key_name, c.ctrl_key_name)
+            ]
+            users += [h for h, used in subsystem.host_psk_names.items() if used == name]
+            for hostnqn in users:
+                raise ChangeError("name", f"key {name!r} is in use by {hostnqn} on {subsystem.nqn}")
         del self.keyring[name]
         log.info("key %s removed", name)
 
@@ -629,6 +661,8 @@ class Target:
             entry = self.keyring.get(ref)
             if entry is None:
                 raise ChangeError(field, f"no key named {ref!r} in the keyring")
+            if not isinstance(entry.key, DhchapKey):
+                raise ChangeError(field, f"key {ref!r} is a TLS PSK, not a DH-HMAC-CHAP secret")
             return entry.key, entry.name
 
         host_key, host_name = resolve(dhchap_key, "dhchap_key")
@@ -647,16 +681,28 @@ class Target:
 
     # -- hosts --------------------------------------------------------------------------
 
-    def add_host(self, nqn: str, hostnqn: str, *, auth: HostAuthConfig | None = None) -> None:
+    def add_host(
+        self,
+        nqn: str,
+        hostnqn: str,
+        *,
+        auth: HostAuthConfig | None = None,
+        psk: str | ConfiguredPsk | None = None,
+    ) -> None:
         """Allow `hostnqn` to connect to `nqn` (when it does not allow any host); with
-        `auth`, the host must authenticate with DH-HMAC-CHAP."""
+        `auth`, the host must authenticate with DH-HMAC-CHAP; with `psk` (a keyring name
+        or a key), it connects only over TLS with that PSK."""
         subsystem = self._subsystem(nqn)
         _check_hostnqn(hostnqn)
         if hostnqn in subsystem.allowed_hosts:
             raise ChangeError("hostnqn", f"{hostnqn} is already allowed on {nqn}")
+        key = self._resolve_psk(psk) if psk is not None else None
         subsystem.allowed_hosts.add(hostnqn)
         if auth is not None:
             subsystem.host_auth[hostnqn] = auth
+        if key is not None:
+            subsystem.host_psks[hostnqn] = key[1]
+            subsystem.host_psk_names[hostnqn] = key[0]
         self._discovery_changed()
 
     def set_host_keys(self, nqn: str, hostnqn: str, auth: HostAuthConfig | None) -> None:
@@ -675,6 +721,66 @@ class Target:
             subsystem.host_auth[hostnqn] = auth
         log.info("DH-HMAC-CHAP keys of %s on %s %s", hostnqn, nqn, "changed" if auth else "removed")
 
+    def set_host_psk(self, nqn: str, hostnqn: str, psk: str | ConfiguredPsk | None) -> None:
+        """Give a host of `nqn` a TLS PSK (a keyring name or a key), or take it away
+        (None). Connections already made stay; the next handshake uses the new key."""
+        subsystem = self._subsystem(nqn)
+        if hostnqn not in subsystem.allowed_hosts:
+            raise ChangeError("hostnqn", f"{hostnqn!r} is not a host of {nqn}")
+        if psk is None:
+            subsystem.host_psks.pop(hostnqn, None)
+            subsystem.host_psk_names.pop(hostnqn, None)
+            return
+        name, key = self._resolve_psk(psk)
+        subsystem.host_psks[hostnqn] = key
+        subsystem.host_psk_names[hostnqn] = name
+
+    def _resolve_psk(self, psk: str | ConfiguredPsk) -> tuple[str, ConfiguredPsk]:
+        if isinstance(psk, ConfiguredPsk):
+            return "", psk
+        if not isinstance(psk, str):
+            raise ChangeError("psk", "a keyring name or a PSK in the interchange format")
+        entry = self.keyring.get(psk)
+        if entry is not None:
+            if not isinstance(entry.key, ConfiguredPsk):
+                raise ChangeError("psk", f"key {psk!r} is not a TLS PSK")
+            return psk, entry.key
+        try:
+            return "", ConfiguredPsk.parse(psk)
+        except PskError as exc:
+            if psk.startswith("NVMeTLSkey-1:"):
+                raise ChangeError("psk", str(exc)) from None
+            raise ChangeError("psk", f"no key named {psk!r} in the keyring") from None
+
+    def tls_lookup(self, port: Port) -> Callable[[bytes], list[TlsPsk]]:
+        """The PSK for a TLS identity a host offers on `port`: the identity names the host
+        and the subsystem (NVMe0R0x <hostnqn> <subnqn>, NVMe1R0x ... <digest>)."""
+
+        def lookup(identity: bytes) -> list[TlsPsk]:
+            try:
+                words = identity.decode("ascii").split(" ")
+            except UnicodeDecodeError:
+                return []
+            if len(words) not in (3, 4) or not words[0].startswith("NVMe"):
+                return []
+            hostnqn, subnqn = words[1], words[2]
+            subsystem = self.subsystems.get(subnqn)
+            if subsystem is None or not port.exposes(subnqn):
+                return []
+            configured = subsystem.host_psks.get(hostnqn)
+            if configured is None or not subsystem.host_allowed(hostnqn):
+                return []
+            # The RFC 8446 derivation, and libnvme < 1.14's (nvme-cli 2.13 put keys so
+            # derived in Debian 13's keyrings): the binder tells which the host used.
+            return [
+                psk
+                for compat in (False, True)
+                for psk in tls_psks(configured, hostnqn, subnqn, compat=compat)
+                if psk.identity == identity
+            ]
+
+        return lookup
+
     def remove_host(self, nqn: str, hostnqn: str) -> None:
         """Take `hostnqn` off the subsystem's hosts; its controllers there are torn down."""
         subsystem = self._subsystem(nqn)
@@ -682,6 +788,8 @@ class Target:
             raise ChangeError("hostnqn", f"{hostnqn!r} is not a host of {nqn}")
         subsystem.allowed_hosts.discard(hostnqn)
         subsystem.host_auth.pop(hostnqn, None)
+        subsystem.host_psks.pop(hostnqn, None)
+        subsystem.host_psk_names.pop(hostnqn, None)
         for ctrl in list(subsystem.controllers.values()):
             if ctrl.hostnqn == hostnqn:
                 ctrl.destroy("host removed from the subsystem")
@@ -736,6 +844,12 @@ class Target:
             raise ChangeError("port", f"the target already listens on {port}")
         if port.subsystems is not None:
             port.subsystems = list(dict.fromkeys(port.subsystems))
+        if port.secure_channel not in SECURE_CHANNELS:
+            raise ChangeError(
+                "secure_channel", f"{port.secure_channel!r} is not one of {SECURE_CHANNELS}"
+            )
+        if port.ktls not in KTLS_POLICIES:
+            raise ChangeError("ktls", f"{port.ktls!r} is not one of {KTLS_POLICIES}")
         _check_transport(port.transport)
 
     def _place_port(self, port: Port) -> None:
@@ -781,11 +895,18 @@ class Target:
         log.info("stopped listening on %s", port)
         self._discovery_changed()
 
-    async def add_listener(self, nqn: str, address: str, port_number: int) -> Port:
+    async def add_listener(
+        self, nqn: str, address: str, port_number: int, *, secure_channel: str | None = None
+    ) -> Port:
         """Let subsystem `nqn` (or the discovery subsystem) be reached on address:port,
-        opening the port if the target does not listen there yet."""
+        opening the port if the target does not listen there yet. `secure_channel` sets a
+        new port's TLS requirement; on a port that exists it must match."""
         if nqn != DISCOVERY_NQN:
             self._subsystem(nqn)
+        if secure_channel is not None and secure_channel not in SECURE_CHANNELS:
+            raise ChangeError(
+                "secure_channel", f"{secure_channel!r} is not one of {SECURE_CHANNELS}"
+            )
         port = self.find_port(address, port_number) if port_number else None
         if port is None:
             if nqn == DISCOVERY_NQN:
@@ -793,7 +914,13 @@ class Target:
             else:
                 new = Port(address, port_number, subsystems=[nqn])
             new.transport = self.transport
+            new.secure_channel = secure_channel or "none"
             return await self.add_port(new)
+        if secure_channel is not None and secure_channel != port.secure_channel:
+            raise ChangeError(
+                "secure_channel",
+                f"{port} already listens with secure channel {port.secure_channel!r}",
+            )
         if nqn == DISCOVERY_NQN:
             port.discovery_listener = True
             return port
@@ -998,10 +1125,15 @@ class Target:
             trtype=L.TrType.TCP,
             adrfam=L.AdrFam.IPV6 if ":" in address else L.AdrFam.IPV4,
             subtype=subtype,
-            # Secure channel "not specified" (nvmet's default), not "not required": libnvme
-            # 1.3 (nvme-cli 2.3) reads "not required" as TLS being possible and has
-            # connect-all ask Linux 6.1 for TLS, which that kernel refuses.
-            treq=L.Treq.NOT_SPECIFIED | L.Treq.DISABLE_SQFLOW,
+            # As nvmet reports a port: secure channel "not specified" (nvmet's default) where
+            # there is no TLS, not "not required": libnvme 1.3 (nvme-cli 2.3) reads "not
+            # required" as TLS being possible and has connect-all ask Linux 6.1 for TLS,
+            # which that kernel refuses; "required" when only TLS is accepted, "not
+            # required" when either is; SECTYPE TLS 1.3 in the TSAS whenever TLS is.
+            treq=_TREQ[port.secure_channel] | L.Treq.DISABLE_SQFLOW,
+            tsas=bytes(
+                [L.TcpSecType.TLS13 if port.secure_channel != "none" else L.TcpSecType.NONE]
+            ),
             portid=port.portid,
             cntlid=0xFFFF,
             asqsz=32,
@@ -1009,6 +1141,36 @@ class Target:
             subnqn=nqn,
             traddr=address,
         )
+
+
+def _holds_tls_psk(path: str) -> bool:
+    """Whether a key file holds a TLS PSK (else a DH-HMAC-CHAP secret, or an error)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(16).lstrip().startswith(b"NVMeTLSkey-")
+    except OSError:
+        return False
+
+
+def read_psk_file(path: str) -> ConfiguredPsk:
+    """A TLS PSK from a file in the interchange format; the file must not be readable by
+    group or others (SPDK's rule for key files). Errors never show the key."""
+    import os
+
+    try:
+        st = os.stat(path)
+        if st.st_mode & 0o077:
+            raise ChangeError(
+                "path", f"key file {path} is accessible by group or others (it must be 0600)"
+            )
+        with open(path, encoding="ascii") as f:
+            text = f.read(4096)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ChangeError("path", f"cannot read key file {path}: {exc}") from None
+    try:
+        return ConfiguredPsk.parse(text)
+    except PskError as exc:
+        raise ChangeError("path", f"key file {path}: {exc}") from None
 
 
 def _check_hostnqn(hostnqn: str) -> None:
@@ -1101,6 +1263,10 @@ class TargetProtocol(asyncio.BufferedProtocol):
         # waits holds no buffer; SQSIZE bounds how many commands can wait.)
         self._input_holds: set[str] = set()
         self._rx_charge = 0  # the receive buffer, charged to the target's memory pool
+        # The secure channel on a port that offers TLS; until the first bytes arrive,
+        # `_sniffing` (is this TLS or plain NVMe/TCP?).
+        self.tls: SecureChannel | None = None
+        self._sniffing = False
 
     @staticmethod
     def _no_command(_req: object) -> None:
@@ -1123,6 +1289,57 @@ class TargetProtocol(asyncio.BufferedProtocol):
         self.conn.on_command = self.queue.on_command
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         self.port.connections.add(self)
+        if self.port.secure_channel != "none":
+            self.tls = SecureChannel(
+                TlsEngine.server(self.target.tls_lookup(self.port)),
+                self.transport,
+                self.conn.feed,
+                self._tls_established,
+                self._tls_failed,
+                ktls=self.port.ktls,
+                label=f"connection from {self.peer_address} on {self.port}",
+                counters=self.target.tls_counters,
+            )
+            self._sniffing = True
+
+    def _tls_established(self) -> None:
+        tls, queue = self.tls, self.queue
+        if tls is not None and queue is not None:
+            queue.tls_psk = tls.engine.psk
+
+    def _tls_failed(self, reason: str) -> None:
+        # The reason names the failure (alert, field), never a key or a secret.
+        clean = self.tls is not None and self.tls.clean_close
+        log.log(
+            logging.INFO if clean else logging.WARNING,
+            "TLS from %s on %s %s: %s",
+            self.peer_address,
+            self.port,
+            "closed" if clean else "failed",
+            reason,
+        )
+        self.conn.close(f"TLS: {reason}")
+
+    def _sniff(self, tls: SecureChannel, nbytes: int) -> bool:
+        """The connection's first bytes: a TLS handshake record, or plain NVMe/TCP (an
+        ICReq) where the port allows it. False: the connection is refused."""
+        self._sniffing = False
+        first = tls.engine.peek_input(nbytes)
+        if first[:1] == bytes([CT_HANDSHAKE]):
+            return True
+        if self.port.secure_channel == "required":
+            log.warning(
+                "connection from %s on %s refused: the port requires TLS, the host sent "
+                "plain NVMe/TCP",
+                self.peer_address,
+                self.port,
+            )
+            self.target.tls_counters.handshake_failures += 1
+            self.abort("TLS required")
+            return False
+        self.tls = None
+        self.conn.feed(first)
+        return False
 
     def overdue(self, now: float) -> str:
         """Why this connection has waited too long for its host, or "" if it has not."""
@@ -1144,11 +1361,19 @@ class TargetProtocol(asyncio.BufferedProtocol):
             self.transport.abort()
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        tls = self.tls
+        if tls is not None and tls.rx_user:
+            return tls.get_buffer(sizehint)
         return self.conn.reader.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
         conn = self.conn
-        conn.data_received(nbytes)
+        tls = self.tls
+        if tls is not None and tls.rx_user:
+            if not self._sniffing or self._sniff(tls, nbytes):
+                tls.buffer_updated(nbytes)
+        else:
+            conn.data_received(nbytes)
         if not self._rx_charge and conn.established:
             self._charge_receive_buffer()
         self._flush()
@@ -1157,6 +1382,8 @@ class TargetProtocol(asyncio.BufferedProtocol):
         """The handshake sized the receive buffer: it counts against the target's memory
         like any data buffer, and a connection the pool cannot hold goes."""
         size = len(self.conn.reader._buf)
+        if self.tls is not None:
+            size += self.tls.engine.buffer_size
         pool = self.target.memory_pool
         if pool.used + size > pool.capacity:
             log.warning(
@@ -1202,14 +1429,20 @@ class TargetProtocol(asyncio.BufferedProtocol):
             return
         conn = self.conn
         out = conn.take_output()
+        tls = self.tls
         if out:
-            transport.writelines(out)
+            if tls is not None:
+                tls.write(out)
+            else:
+                transport.writelines(out)
             # Read data still in the socket's buffer stays charged only above the high
             # water mark: past it asyncio pauses us and resume_writing gives it back; below
             # it (the bound is the mark itself) no callback would ever come.
             if conn.undrained and transport.get_write_buffer_size() <= WRITE_HIGH_WATER:
                 conn.output_drained()
         if conn.closing:
+            if tls is not None:
+                tls.close()
             transport.close()
 
     def pause_writing(self) -> None:
@@ -1222,6 +1455,11 @@ class TargetProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         conn = self.conn
+        tls = self.tls
+        if tls is not None and tls.rx_kernel and kernel_record_error(exc):
+            # An alert (close_notify, or a failure) or a post-handshake message came to the
+            # kernel's record layer: recv() cannot return it as data. The connection ends.
+            conn.close("a TLS control record (alert) arrived")
         if conn.established:
             # One line per connection: what the transport did, for users and for tests
             # that check offload decisions (in-capsule vs R2T, digests) made with real hosts.
@@ -1231,7 +1469,7 @@ class TargetProtocol(asyncio.BufferedProtocol):
             log.info(
                 "connection closed: port=%s qid=%d cntlid=%d digests=%s%s commands=%d "
                 "r2t=%d h2c_data=%d c2h_data=%d in_capsule_bytes=%d data_digest_errors=%d "
-                "term_reqs=%d reason=%s",
+                "term_reqs=%d tls=%s reason=%s",
                 self.port,
                 conn.qid,
                 ctrl.cntlid if ctrl else 0,
@@ -1244,6 +1482,7 @@ class TargetProtocol(asyncio.BufferedProtocol):
                 s.in_capsule_bytes,
                 s.data_digest_errors,
                 s.term_reqs_sent,
+                tls.offload if tls is not None else "-",
                 conn.close_reason or "host closed",
             )
         if self.admitted:

@@ -14,6 +14,7 @@ from pynvmf.spec.opcodes import DISCOVERY_NQN
 from pynvmf.target.ana import DEFAULT_GROUP, AnaGroups
 from pynvmf.target.fused import WriteGate
 from pynvmf.target.reservations import NamespaceReservation
+from pynvmf.tcp.psk import ConfiguredPsk
 
 if TYPE_CHECKING:
     from pynvmf.auth.controller import HostAuthConfig
@@ -135,6 +136,11 @@ class Subsystem:
     # ID): the discovery log lists them beside this target's own, so that a host's
     # `nvme connect-all` finds every path.
     peer_listeners: list[tuple[str, int, int]] = field(default_factory=list)
+    # TLS PSKs by host NQN (the configured PSK; pynvmf.tcp.psk derives the TLS PSKs), and
+    # the keyring names they came from (what outputs show instead of the keys). A host
+    # with a PSK connects only over TLS with it.
+    host_psks: dict[str, ConfiguredPsk] = field(default_factory=dict, repr=False)
+    host_psk_names: dict[str, str] = field(default_factory=dict)
     _next_cntlid: int = 0
 
     def __post_init__(self) -> None:

@@ -304,6 +304,10 @@ class WorkerPool:
         protocol = next((p for p in queue.port.connections if p.queue is queue), None)
         if protocol is None or protocol.transport is None or protocol.transport.is_closing():
             return False
+        if protocol.tls is not None:
+            # A TLS connection's record state (user space, or the kernel's, which a
+            # replayed plaintext Connect would not go through) stays with this process.
+            return False
         conn = queue.conn
         reader = conn.reader
         if getattr(reader, "_end", 0) != getattr(reader, "_start", 0):

@@ -9,6 +9,9 @@ the machine (bookworm) as the 6.1 peer's are. Instead:
   nvme-auth, nvme-keyring and tls among them: DH-HMAC-CHAP and TLS load what they need on
   demand). ``mkfs.ext4 -d`` writes it to a raw ext4 image (no loop mount). QEMU opens the
   image with ``snapshot=on``: the guest may write to it, the image never changes.
+  (python3-cryptography is not among them: debootstrap failed to configure it when tried
+  (2026-12); `python_bundle` fetches it and python3-cffi-backend for tests that run pynvmf in
+  the guest; the rootfs has Python 3.13.)
 - A small busybox (the machine's busybox-static) stage-1 initramfs loads virtio_blk and
   ext4, mounts the image, copies the guest scripts (and Guest(extra_files=...), which
   travel under ``/overlay`` in the initramfs) over it and switches root to the same init and
@@ -519,3 +522,43 @@ def prepare_assets() -> GuestAssets:
         root_disk=rootfs,
         overlay_prefix="overlay",
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Debian Python packages for pynvmf in the guest
+
+
+def python_bundle(
+    packages: Sequence[str] = ("python3-cryptography", "python3-cffi-backend"),
+) -> Path:
+    """A tar.gz of trixie's builds of `packages` (their ``usr/lib/python3/dist-packages``),
+    for running pynvmf itself in the guest with the guest's Python 3.13, where a test needs
+    the guest kernel's features on pynvmf's side of a connection (kTLS: the machine's
+    kernel may have no tls module). Downloaded once with trixie's apt lists, cached."""
+    require_prerequisites()
+    work = A.cache_dir() / SUITE
+    work.mkdir(parents=True, exist_ok=True)
+    with A.locked(work / ".build.lock"):
+        mirror = debian_mirror(work / "memo.json")
+        apt = TrixieApt(work / "apt", mirror)
+        apt.ensure_lists()
+        key = hashlib.sha256(json.dumps([mirror, list(packages)]).encode()).hexdigest()[:16]
+        dest = work / f"python-{key}.tar.gz"
+        if dest.exists():
+            return dest
+        tmp = work / f".python-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "debs").mkdir(parents=True)
+        try:
+            A.run_tool(
+                [A.tool("apt-get"), *apt.options, "-q", "download", *packages], cwd=tmp / "debs"
+            )
+            for deb in sorted((tmp / "debs").glob("*.deb")):
+                A.run_tool([A.tool("dpkg-deb", "dpkg"), "-x", str(deb), str(tmp / "root")])
+            site = tmp / "root" / "usr" / "lib" / "python3" / "dist-packages"
+            A.run_tool([A.tool("tar"), "-C", str(site), "-czf", str(tmp / "bundle.tar.gz"), "."])
+            os.replace(tmp / "bundle.tar.gz", dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        log.info("Python packages for the guest: %s", dest)
+        return dest

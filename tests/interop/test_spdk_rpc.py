@@ -29,6 +29,8 @@ HOST = "nqn.2014-08.org.nvmexpress:uuid:0f8c5d8e-0000-4000-8000-000000000001"
 UUID = "5b1a7c2e-3f4d-4e5f-8a9b-0c1d2e3f4a5b"
 # A host that must authenticate (DH-HMAC-CHAP keys by keyring name).
 AUTH_HOST = "nqn.2014-08.org.nvmexpress:uuid:0f8c5d8e-0000-4000-8000-0000000000a7"
+TLS_HOST = "nqn.2014-08.org.nvmexpress:uuid:0f8c5d8e-0000-4000-8000-000000000002"
+TLS_KEY = "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:"
 
 # Every SPDK method the RPC server implements (pynvmf's own start with pynvmf_).
 SPDK_METHODS = sorted(m for m in method_table().methods if not m.startswith("pynvmf_"))
@@ -74,6 +76,14 @@ def served(tmp_path: Path) -> Iterator[tuple[TargetProcess, Spdk]]:
     yield proc, spdk
     if proc.alive:
         assert proc.stop() == 0, proc.stderr()
+
+
+async def tls_round_trip(port: int) -> None:
+    """pynvmf's host over TLS 1.3 to the listener rpc.py made with --secure-channel."""
+    async with await connect(
+        "127.0.0.1", port, NQN, hostnqn=TLS_HOST, tls_psk=TLS_KEY, queues=1
+    ) as ctrl:
+        await ctrl.namespace(1).write(0, bytes(4096))
 
 
 def hold_connection(port: int) -> tuple[threading.Event, threading.Event, threading.Thread]:
@@ -265,6 +275,20 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
         k.representation().split(":")[2][:12] in json.dumps(listed) for k in keys.values()
     )
     note("keyring_file_add_key", "keyring_get_keys", "nvmf_subsystem_set_keys")
+    # TLS: a PSK in the keyring, a listener that requires TLS, a host that has the key.
+    tls_port = free_tcp_port()
+    keyfile = tmp_path / "psk.txt"
+    keyfile.write_text(TLS_KEY + "\n")
+    keyfile.chmod(0o600)
+    spdk.run("keyring_file_add_key", "psk0", str(keyfile))
+    spdk.run(
+        "nvmf_subsystem_add_listener",
+        NQN,
+        *("-t", "tcp", "-a", "127.0.0.1", "-s", str(tls_port), "--secure-channel"),
+    )
+    spdk.run("nvmf_subsystem_add_host", NQN, TLS_HOST, "--psk", "psk0")
+    (psk,) = [k for k in spdk.json("keyring_get_keys") if k["name"] == "psk0"]
+    assert psk["path"] == str(keyfile) and psk["refcnt"] == 2
     spdk.run("nvmf_subsystem_allow_any_host", "-e", NQN)
     spdk.run("nvmf_subsystem_allow_any_host", "-d", NQN)
     note("nvmf_create_subsystem", "nvmf_subsystem_add_ns", "nvmf_subsystem_add_listener")
@@ -274,12 +298,14 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
     assert discovery["subtype"] == "Discovery" and sub["nqn"] == NQN
     assert not sub["allow_any_host"] and sub["hosts"] == [
         {"nqn": HOST},
+        {"nqn": TLS_HOST, "psk": "psk0"},
         {"nqn": AUTH_HOST, "dhchap_key": "key1", "dhchap_ctrlr_key": "ckey0"},
     ]
+    assert TLS_KEY.split(":")[2] not in json.dumps(spdk.json("nvmf_get_subsystems"))
     assert [(n["nsid"], n["bdev_name"]) for n in sub["namespaces"]] == [(1, "Malloc0"), (5, "Aio0")]
     assert sub["namespaces"][1]["uuid"] == UUID
-    (listener,) = spdk.json("nvmf_subsystem_get_listeners", NQN)
-    assert listener["address"]["trsvcid"] == str(io_port)
+    listeners = spdk.json("nvmf_subsystem_get_listeners", NQN)
+    assert [x["address"]["trsvcid"] for x in listeners] == [str(io_port), str(tls_port)]
     note("nvmf_get_subsystems", "nvmf_subsystem_get_listeners")
 
     # ANA: rpc.py's own flags; the state shows in get_listeners and in save_config.
@@ -287,8 +313,9 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
     spdk.run(
         "nvmf_subsystem_listener_set_ana_state", NQN, "-n", "non_optimized", *listen, "-g", "1"
     )
-    (listener,) = spdk.json("nvmf_subsystem_get_listeners", NQN)
+    listener, tls_listener = spdk.json("nvmf_subsystem_get_listeners", NQN)
     assert listener["ana_states"] == [{"ana_group": 1, "ana_state": "non_optimized"}]
+    assert tls_listener["address"]["trsvcid"] == str(tls_port)
     bad = spdk.run(
         "nvmf_subsystem_listener_set_ana_state", NQN, "-n", "optimized", *listen, "-g", "7",
         check=False,
@@ -309,6 +336,11 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
         assert all(q["peer_address"]["traddr"] == "127.0.0.1" for q in qpairs)
         (group,) = spdk.json("nvmf_get_stats")["poll_groups"]
         assert group["current_io_qpairs"] == 2 and group["current_admin_qpairs"] == 1
+        asyncio.run(tls_round_trip(tls_port))
+        (group,) = spdk.json("nvmf_get_stats")["poll_groups"]
+        tls = group["transports"][0]["tls"]
+        assert tls["handshakes"] == 2 and tls["handshake_failures"] == 0
+        assert tls["ktls_tx"] + tls["user_space_tx"] == 2
         note("nvmf_subsystem_get_controllers", "nvmf_subsystem_get_qpairs", "nvmf_get_stats")
     finally:
         release.set()
@@ -318,8 +350,9 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
     nvmf_only = json.loads(spdk.run("save_subsystem_config", "-n", "nvmf").stdout)
     by_name = {s["subsystem"]: s["config"] for s in json.loads(saved)["subsystems"]}
     assert nvmf_only["config"] == by_name["nvmf"]
-    assert [c["params"]["name"] for c in by_name["keyring"]] == list(keys)
+    assert [c["params"]["name"] for c in by_name["keyring"]] == [*keys, "psk0"]
     assert not any(k.representation().split(":")[2][:12] in saved for k in keys.values())
+    assert TLS_KEY.split(":")[2] not in saved
     note("framework_get_config")
 
     # The host with keys authenticates with the ones set last, and with no others.
@@ -349,6 +382,10 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
     spdk.run("nvmf_subsystem_remove_host", NQN, HOST)
     spdk.run("nvmf_subsystem_remove_host", NQN, AUTH_HOST)
     spdk.run("keyring_file_remove_key", "key0")
+    failed = spdk.run("keyring_file_remove_key", "psk0", check=False)
+    assert failed.returncode != 0 and "in use" in failed.stdout + failed.stderr
+    spdk.run("nvmf_subsystem_remove_host", NQN, TLS_HOST)
+    spdk.run("keyring_file_remove_key", "psk0")
     assert [k["name"] for k in spdk.json("keyring_get_keys")] == ["key1", "ckey0"]
     note("keyring_file_remove_key")
     spdk.run("nvmf_subsystem_remove_ns", NQN, "5")

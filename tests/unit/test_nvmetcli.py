@@ -132,7 +132,7 @@ def _set(config: dict[str, Any], path: str, value: Any) -> None:
     [
         ("ports.0.addr.trtype", "rdma", "config.ports[0].addr.trtype"),
         ("ports.0.addr.treq", "required", "config.ports[0].addr.treq"),
-        ("ports.0.addr.tsas", "tls1.3", "config.ports[0].addr.tsas"),
+        ("ports.0.addr.tsas", "tls1.2", "config.ports[0].addr.tsas"),
         ("ports.0.param.pi_enable", "1", "config.ports[0].param.pi_enable"),
         ("ports.0.param.inline_data_size", "100", "config.ports[0].param.inline_data_size"),
         (
@@ -210,3 +210,28 @@ async def test_memory_namespaces_cannot_be_written_for_nvmet() -> None:
     with pytest.raises(RpcError, match=r"namespace 1 of .* is not on a file or block device"):
         nvmetcli_config(target)
     assert target.subsystems[NQN].version == DEFAULT_VERSION
+
+
+@pytest.mark.parametrize(
+    ("tsas", "treq", "secure_channel", "written_treq"),
+    [
+        ("tls1.3", "required", "required", "required"),
+        # nvmet makes a tls1.3 port's treq "required" unless told otherwise.
+        ("tls1.3", "not specified", "required", "required"),
+        ("tls1.3", "not required", "optional", "not required"),
+        ("none", "not specified", "none", "not specified"),
+    ],
+)
+async def test_a_tls_port_loads_and_is_written_back(
+    image: Path, tsas: str, treq: str, secure_channel: str, written_treq: str
+) -> None:
+    config = saved(image)
+    _set(config, "ports.0.addr.tsas", tsas)
+    _set(config, "ports.0.addr.treq", treq)
+    target = Target()
+    await load_nvmetcli(target, config)
+    (port,) = target.ports
+    assert port.secure_channel == secure_channel
+    addr = nvmetcli_config(target)["ports"][0]["addr"]
+    assert (addr.get("tsas", "none"), addr["treq"]) == (tsas, written_treq)
+    await target.stop()

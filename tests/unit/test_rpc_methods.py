@@ -222,9 +222,13 @@ async def test_pynvmf_format_loads_back_into_the_same_target(
             "listen_address.trsvcid: missing",
         ),
         (
-            "nvmf_subsystem_add_listener",
-            {"nqn": NQN, "listen_address": listen(), "secure_channel": True},
-            "secure_channel: True: pynvmf has no TLS",
+            "nvmf_subsystem_add_host",
+            {
+                "nqn": NQN,
+                "host": "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-000000000001",
+                "psk": "key9",
+            },
+            "psk: no key named 'key9' in the keyring",
         ),
         ("nvmf_subsystem_add_host", {"nqn": NQN, "host": "h h"}, "host: 'h h' is not a valid NQN"),
         (
