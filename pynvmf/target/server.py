@@ -842,6 +842,7 @@ class TargetProtocol(asyncio.BufferedProtocol):
         if peer:
             self.queue.peer_address = (peer[0], peer[1])
         self.conn.on_command = self.queue.on_command
+        self.conn.flush_now = self._flush
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         self.port.connections.add(self)
 
