@@ -191,7 +191,7 @@ def spdk_target(spdk: Path, cpu: int, shm_id: int) -> Iterator[tuple[int, str]]:
 
 
 @contextlib.contextmanager
-def pynvmf_target(tree: Path | None, cpu: int) -> Iterator[tuple[int, str]]:
+def pynvmf_target(tree: Path | None, cpu: int, busy_poll_us: int) -> Iterator[tuple[int, str]]:
     """A pynvmf target (from `tree`, or from this checkout) on `cpu`; yields (port, nqn).
     It runs in a child interpreter (this script with --serve), so that a --baseline tree's
     code is the one imported."""
@@ -199,7 +199,8 @@ def pynvmf_target(tree: Path | None, cpu: int) -> Iterator[tuple[int, str]]:
     if tree is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--serve", "--target-cpu", str(cpu)],
+        [sys.executable, __file__, "--serve", "--target-cpu", str(cpu)]
+        + (["--busy-poll", str(busy_poll_us)] if busy_poll_us else []),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=env,
@@ -221,7 +222,7 @@ def pynvmf_target(tree: Path | None, cpu: int) -> Iterator[tuple[int, str]]:
             proc.wait()
 
 
-def serve(cpu: int) -> None:
+def serve(cpu: int, busy_poll_us: int) -> None:
     """--serve: start a pynvmf target, print "port nqn", stop at EOF on stdin."""
     from pynvmf.bench.target_process import start_target
     from pynvmf.tcp.target import TransportConfig
@@ -232,6 +233,7 @@ def serve(cpu: int) -> None:
         block_size=BLOCK,
         fill=True,
         transport=TransportConfig(inline_data_size=IN_CAPSULE),
+        **({"busy_poll_us": busy_poll_us} if busy_poll_us else {}),  # older trees lack it
     )
     try:
         print(target.port, target.nqn, flush=True)
@@ -291,9 +293,11 @@ def measure(args: argparse.Namespace, spdk: Path) -> list[Measurement]:
     """SPDK's target runs alone (it busy-polls its core) and is started for each repeat;
     the pynvmf targets stay up all along (idle, they cost nothing) and take turns row by
     row, so that a before/after pair sees the same moment of the machine's load."""
-    trees: list[tuple[str, Path | None]] = [("pynvmf", None)]
+    trees: list[tuple[str, Path | None, int]] = [("pynvmf", None, 0)]
+    if args.busy_poll:
+        trees.append((f"pynvmf poll {args.busy_poll} us", None, args.busy_poll))
     if args.baseline:
-        trees.append(("pynvmf before", Path(args.baseline)))
+        trees.append(("pynvmf before", Path(args.baseline), 0))
     rows = [r for r in ROWS if not args.rows or any(k in r.name for k in args.rows)]
     host_rows = [] if args.no_host else HOST_ROWS
     shm_base = 4000 + os.getpid() % 1000  # DPDK shared memory IDs of our own
@@ -314,7 +318,8 @@ def measure(args: argparse.Namespace, spdk: Path) -> list[Measurement]:
 
     with contextlib.ExitStack() as stack:
         pynvmf = {
-            name: stack.enter_context(pynvmf_target(tree, args.target_cpu)) for name, tree in trees
+            name: stack.enter_context(pynvmf_target(tree, args.target_cpu, poll))
+            for name, tree, poll in trees
         }
         for rep in range(args.repeat):
             with spdk_target(spdk, args.target_cpu, shm_base) as (port, nqn):
@@ -397,12 +402,19 @@ def main() -> int:
     parser.add_argument("--rows", nargs="*", help="only the rows whose name contains one of these")
     parser.add_argument("--no-host", action="store_true", help="skip pynvmf's host library rows")
     parser.add_argument("--no-write", action="store_true", help="write nothing to docs/")
+    parser.add_argument(
+        "--busy-poll",
+        type=int,
+        default=0,
+        metavar="USEC",
+        help="also measure this tree's target with --busy-poll USEC",
+    )
     parser.add_argument("--target-cpu", type=int, default=0)
     parser.add_argument("--host-cpu", type=int, default=1)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.target_cpu)
+        serve(args.target_cpu, args.busy_poll)
         return 0
     spdk_dir = args.spdk or (
         os.path.join(os.environ["SPDK_DIR"], "build") if os.environ.get("SPDK_DIR") else None

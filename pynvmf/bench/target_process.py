@@ -92,6 +92,7 @@ def start_target(
     fill: bool = False,
     use_uvloop: bool = True,
     timeout: float = 30.0,
+    busy_poll_us: int = 0,
 ) -> TargetProcess:
     """Start a target serving a `size`-byte memory namespace (NSID 1) and return once it
     listens. `cpu`: the CPU to pin it to (None: not pinned). `fill`: write pseudo-random
@@ -103,7 +104,7 @@ def start_target(
     parent_end, child_end = ctx.Pipe()
     process = ctx.Process(
         target=_child_main,
-        args=(child_end, cpu, size, block_size, transport, nqn, fill, use_uvloop),
+        args=(child_end, cpu, size, block_size, transport, nqn, fill, use_uvloop, busy_poll_us),
         name="pynvmf-bench-target",
         daemon=True,
     )
@@ -172,13 +173,14 @@ def _child_main(
     nqn: str,
     fill: bool,
     use_uvloop: bool,
+    busy_poll_us: int = 0,
 ) -> None:
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
     tune_for_io_buffers()  # as `pynvmf target` does
     uvloop = install_uvloop() if use_uvloop else False
-    asyncio.run(_serve(conn, size, block_size, transport, nqn, fill, uvloop))
+    asyncio.run(_serve(conn, size, block_size, transport, nqn, fill, uvloop, busy_poll_us))
 
 
 async def _serve(
@@ -189,6 +191,7 @@ async def _serve(
     nqn: str,
     fill: bool,
     uvloop: bool,
+    busy_poll_us: int = 0,
 ) -> None:
     from pynvmf.block.memory import MemoryDevice
     from pynvmf.target.server import Port, Target
@@ -204,7 +207,7 @@ async def _serve(
     subsystem = Subsystem(nqn)
     subsystem.add_namespace(Namespace.create(nqn, 1, device, "bench-memory"))
     port = Port("127.0.0.1", 0, transport=transport)
-    target = Target([subsystem], [port])
+    target = Target([subsystem], [port], busy_poll_us=busy_poll_us)
     await target.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -221,6 +221,7 @@ class TargetConnection(PduConnection):
         reader.accepted_types = frozenset(
             (P.PduType.CAPSULE_CMD, P.PduType.H2C_DATA, P.PduType.H2C_TERM_REQ)
         )
+        reader.on_capsule = self._on_capsule  # capsules without data skip _on_pdu
         overhead = P.CAPSULE_CMD_HLEN + 2 * P.DIGEST_LEN + 4 * (cfg.cpda + 1)
         reader.set_max_pdu_len(
             max(cfg.inline_data_size, ADMIN_INLINE_LIMIT, cfg.max_h2c_data) + overhead

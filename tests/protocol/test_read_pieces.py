@@ -48,7 +48,7 @@ async def test_a_read_of_mdts_from_a_file_holds_about_one_piece(
         (controller,) = subsystem.controllers.values()
         conn = controller.queues[1].conn
         assert conn.ddgst is digest
-        for offset, length in ((0, MAX_TRANSFER), (3 * BLOCK, MIB + 5 * BLOCK), (0, 300_000)):
+        for offset, length in ((0, MAX_TRANSFER), (3 * BLOCK, MIB - 5 * BLOCK), (0, 300_000)):
             length -= length % BLOCK
             before_pdus = conn.stats.c2h_data_pdus
             baseline = pool.used  # the connections' receive buffers
