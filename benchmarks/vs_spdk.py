@@ -5,10 +5,10 @@ runs on --host-cpu; the target under test runs alone on --target-cpu (SPDK's
 `nvmf_tgt` busy-polls its core, so only one target runs at a time). Both targets
 serve one 256 MiB memory namespace (SPDK: a malloc bdev; pynvmf: a MemoryDevice
 filled with random data, so reads copy real pages) with 16 KiB of in-capsule data,
-on 127.0.0.1. For each repeat SPDK's target runs the whole table, then the pynvmf
-targets (this tree's and any --baseline tree's) take turns row by row; every cell is the median of
---repeat runs and the table prints pynvmf / SPDK ratios. pynvmf's own host library
-then drives both targets the same way, so its speed is on the same page.
+on 127.0.0.1. Row by row the targets take turns (SPDK's, then this tree's, then
+any --baseline tree's); every cell is the median of --repeat runs and the table
+prints pynvmf / SPDK ratios. pynvmf's own host library then drives both targets
+the same way, so its speed is on the same page.
 
 --baseline DIR adds a pynvmf target run from another source tree (e.g. an export of
 main), alternated with the others: a before/after table measured side by side.
@@ -290,9 +290,10 @@ def run_host(row: Row, port: int, nqn: str, args: argparse.Namespace) -> tuple[f
 
 
 def measure(args: argparse.Namespace, spdk: Path) -> list[Measurement]:
-    """SPDK's target runs alone (it busy-polls its core) and is started for each repeat;
-    the pynvmf targets stay up all along (idle, they cost nothing) and take turns row by
-    row, so that a before/after pair sees the same moment of the machine's load."""
+    """Row by row, SPDK's target and then each pynvmf target run the row in turn, so that
+    the figures compared see the same moment of the machine's load. SPDK's target runs
+    alone (it busy-polls its core) and is started for each row; the pynvmf targets stay
+    up all along (idle, they cost nothing)."""
     trees: list[tuple[str, Path | None, int]] = [("pynvmf", None, 0)]
     if args.busy_poll:
         trees.append((f"pynvmf poll {args.busy_poll} us", None, args.busy_poll))
@@ -322,16 +323,14 @@ def measure(args: argparse.Namespace, spdk: Path) -> list[Measurement]:
             for name, tree, poll in trees
         }
         for rep in range(args.repeat):
-            with spdk_target(spdk, args.target_cpu, shm_base) as (port, nqn):
-                for row in rows:
-                    one("SPDK", row, rep, port, nqn, False)
-                for row in host_rows:
-                    one("SPDK", row, rep, port, nqn, True)
             names = list(pynvmf) if rep % 2 == 0 else list(reversed(pynvmf))
             for row in [*rows, *host_rows]:
+                host = row in host_rows
+                with spdk_target(spdk, args.target_cpu, shm_base) as (port, nqn):
+                    one("SPDK", row, rep, port, nqn, host)
                 for name in names:
                     port, nqn = pynvmf[name]
-                    one(name, row, rep, port, nqn, row in host_rows)
+                    one(name, row, rep, port, nqn, host)
     return results
 
 
