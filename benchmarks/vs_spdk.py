@@ -260,11 +260,14 @@ def run_perf(
         *(("-H", "-I") if row.digests else ()),
         *("-r", trid),
     ]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.runtime + 60)
-    m = _TOTAL.search(out.stdout)
-    if out.returncode or not m:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout}{out.stderr}")
-    return float(m.group(1)), float(m.group(2)), float(m.group(3))
+    for attempt in range(3):
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.runtime + 60)
+        m = _TOTAL.search(out.stdout)
+        if not out.returncode and m:
+            return float(m.group(1)), float(m.group(2)), float(m.group(3))
+        # On a machine shared with other work a Connect can time out: try again.
+        print(f"spdk_nvme_perf failed (attempt {attempt + 1}), retrying", file=sys.stderr)
+    raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout}{out.stderr}")
 
 
 def run_host(row: Row, port: int, nqn: str, args: argparse.Namespace) -> tuple[float, float, float]:
