@@ -413,10 +413,20 @@ def main() -> int:
     )
     parser.add_argument("--target-cpu", type=int, default=0)
     parser.add_argument("--host-cpu", type=int, default=1)
+    parser.add_argument(
+        "--replot", action="store_true", help="draw docs/vs-spdk.png from the last run in the JSONL"
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(args.target_cpu, args.busy_poll)
+        return 0
+    if args.replot:
+        lines = [json.loads(line) for line in (DOCS / "vs-spdk.jsonl").read_text().splitlines()]
+        last = [d for d in lines if d["started"] == lines[-1]["started"]]
+        fields = ("target", "row", "repeat", "iops", "mibps", "lat_us")
+        _headers, _rows, medians = table([Measurement(*(d[f] for f in fields)) for d in last])
+        draw(DOCS / "vs-spdk.png", medians, last[-1]["command"])
         return 0
     spdk_dir = args.spdk or (
         os.path.join(os.environ["SPDK_DIR"], "build") if os.environ.get("SPDK_DIR") else None
