@@ -25,6 +25,7 @@ PACKAGES=(
     libc6-dev
     debootstrap       # the Linux 6.12 peer's root filesystem (Debian 13, trixie)
     debian-archive-keyring  # checks trixie's archive signatures (debootstrap, apt-get)
+    openssl           # its named FFDHE groups check pynvmf's RFC 7919 primes (tests/unit/test_auth.py)
 )
 
 # `--python`: only what `make setup` needs to create a virtual environment.

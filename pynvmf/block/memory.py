@@ -17,10 +17,17 @@ itself, sent without a copy (see read_view for why that is safe).
 from __future__ import annotations
 
 import mmap
+import os
 
 from pynvmf.block.device import Buffer, Capabilities, Medium, check_range
 
 _PAGE = mmap.PAGESIZE
+
+
+def _physical_memory() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 _PAGE_MASK = _PAGE - 1
 # Partial-page edges of a zeroed range are shorter than a page; a range that
 # contains no whole page is shorter than two.  Untouched anonymous memory maps the
@@ -62,7 +69,14 @@ class MemoryDevice:
             deallocated_reads_zero=True,
             native_copy=True,
         )
-        self._map = mmap.mmap(-1, size_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        try:
+            self._map = mmap.mmap(-1, size_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except OSError as exc:
+            raise OSError(
+                exc.errno,
+                f"cannot reserve {size_bytes} bytes of memory for the namespace "
+                f"({exc.strerror}; the machine has {_physical_memory()} bytes)",
+            ) from None
         self._view = memoryview(self._map)
         # A private mapping is no other device's storage: a key of its own. A token
         # rather than the device itself, which would make device and key a cycle.

@@ -727,6 +727,8 @@ async def _bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             queue_depth=depth,
             header_digest=args.hdr_digest,
             data_digest=args.data_digest,
+            dhchap_secret=args.dhchap_secret,
+            dhchap_ctrl_secret=args.dhchap_ctrl_secret,
         )
     except NvmeError as exc:
         raise connect_failure(args, exc) from exc

@@ -74,6 +74,19 @@ def connection_options(
         # pynvmf.host.discover() takes no digest options, so discover offers none.
         p.add_argument("-g", "--hdr-digest", action="store_true", help="enable header digest")
         p.add_argument("-G", "--data-digest", action="store_true", help="enable data digest")
+        p.add_argument(
+            "-S",
+            "--dhchap-secret",
+            metavar="DHHC-1:...",
+            help="DH-HMAC-CHAP host secret (as nvme gen-dhchap-key writes it), used when "
+            "the controller asks to authenticate",
+        )
+        p.add_argument(
+            "-C",
+            "--dhchap-ctrl-secret",
+            metavar="DHHC-1:...",
+            help="DH-HMAC-CHAP controller secret: authenticate the controller too",
+        )
     # pynvmf.cli.main configures logging from args.verbose for every subcommand.
     p.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeatable)")
 

@@ -275,6 +275,13 @@ def add_copy_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     p.add_argument("--hostid", metavar="UUID", help="host identifier")
     p.add_argument("-g", "--hdr-digest", action="store_true", help="enable header digest")
     p.add_argument("-G", "--data-digest", action="store_true", help="enable data digest")
+    p.add_argument("-S", "--dhchap-secret", metavar="DHHC-1:...", help="DH-HMAC-CHAP host secret")
+    p.add_argument(
+        "-C",
+        "--dhchap-ctrl-secret",
+        metavar="DHHC-1:...",
+        help="DH-HMAC-CHAP controller secret (bidirectional authentication)",
+    )
     # cli.py configures logging from args.verbose for every subcommand.
     p.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeatable)")
 
@@ -380,6 +387,8 @@ class _Devices:
                 queues=min(self._opts.depth, _MAX_QUEUES),
                 header_digest=self._args.hdr_digest,
                 data_digest=self._args.data_digest,
+                dhchap_secret=self._args.dhchap_secret,
+                dhchap_ctrl_secret=self._args.dhchap_ctrl_secret,
             )
         except NvmeError as exc:
             if not isinstance(exc, NvmeConnectionError):

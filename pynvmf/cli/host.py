@@ -168,6 +168,8 @@ async def _open(args: argparse.Namespace, *, queues: int) -> Controller:
             queues=queues,
             header_digest=args.hdr_digest,
             data_digest=args.data_digest,
+            dhchap_secret=args.dhchap_secret,
+            dhchap_ctrl_secret=args.dhchap_ctrl_secret,
         )
     except NvmeError as exc:
         raise connect_failure(args, exc) from exc

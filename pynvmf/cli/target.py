@@ -36,6 +36,7 @@ from pynvmf.target.config import (
     parse_size,
 )
 from pynvmf.target.server import DISCOVERY_PORT, Target
+from pynvmf.target.workers import available_cores, make_target
 
 log = logging.getLogger("pynvmf")
 
@@ -141,12 +142,21 @@ def add_target_command(sub: Any) -> None:
         help="data buffers one connection holds at once (default 32M)",
     )
     p.add_argument(
+        "--cores",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="worker processes serving the I/O queues (default: the cores this process may "
+        "use; 1: everything in one process)",
+    )
+    p.add_argument(
         "--busy-poll",
         type=int,
         default=0,
         metavar="USEC",
         help="keep polling the sockets for USEC microseconds after each input instead of "
-        "sleeping (lower latency at low queue depth, a busy core meanwhile; default 0: off)",
+        "sleeping (lower latency at low queue depth, a busy core meanwhile; default 0: off; "
+        "the main process's queues only: with --cores 1 all of them)",
     )
     p.add_argument("-v", "--verbose", action="count", default=0)
 
@@ -162,7 +172,10 @@ def _size(text: str) -> int:
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more, not {text}")
     return value
@@ -195,6 +208,22 @@ def _read_json(path: str) -> Any:
             return json.load(f)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from exc
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """What argparse cannot check alone, before anything is built or listens."""
+    if args.max_memory and args.max_connection_data > args.max_memory:
+        raise ConfigError(
+            f"--max-connection-data {args.max_connection_data} is more than "
+            f"--max-memory {args.max_memory}"
+        )
+    if args.rpc_listen:
+        try:  # refused before the target starts, not half-way
+            parse_listen(args.rpc_listen)
+        except ConfigError as exc:
+            raise ConfigError(f"--rpc-listen: {exc}") from None
 
 
 async def _load(target: Target, args: argparse.Namespace, stop: asyncio.Event) -> Any:
@@ -225,7 +254,8 @@ async def _load(target: Target, args: argparse.Namespace, stop: asyncio.Event) -
 
 async def _run_target(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
-    target = Target(
+    target = make_target(
+        args.cores or available_cores(),
         limits=ConnectionLimits(
             max_connections=args.max_connections,
             max_connections_per_address=args.max_connections_per_address,
@@ -243,10 +273,16 @@ async def _run_target(args: argparse.Namespace) -> int:
         if args.rpc_socket or args.rpc_listen:
             rpc = RpcServer(cp)
             if args.rpc_socket:
-                await rpc.listen_unix(args.rpc_socket)
+                try:
+                    await rpc.listen_unix(args.rpc_socket)
+                except OSError as exc:
+                    raise ConfigError(f"--rpc-socket {args.rpc_socket}: {_why(exc)}") from exc
             if args.rpc_listen:
                 address, port = parse_listen(args.rpc_listen)
-                await rpc.listen_tcp(address, port)
+                try:
+                    await rpc.listen_tcp(address, port)
+                except OSError as exc:
+                    raise ConfigError(f"--rpc-listen {args.rpc_listen}: {_why(exc)}") from exc
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
@@ -260,8 +296,13 @@ async def _run_target(args: argparse.Namespace) -> int:
     return 0
 
 
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
 def run_target_command(args: argparse.Namespace) -> int:
     try:
+        check_options(args)
         _install_uvloop()
         # Every host connection is a file descriptor: take all the system allows.
         raise_open_file_limit()

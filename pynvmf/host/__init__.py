@@ -4,6 +4,7 @@ as BlockDevices, discover subsystems."""
 from pynvmf.host.controller import Controller, connect
 from pynvmf.host.discovery import discover
 from pynvmf.host.errors import (
+    NvmeAuthenticationError,
     NvmeConnectionError,
     NvmeError,
     NvmeStatusError,
@@ -18,6 +19,7 @@ __all__ = [
     "Controller",
     "DiscoveryLogEntry",
     "HostIdentity",
+    "NvmeAuthenticationError",
     "NvmeConnectionError",
     "NvmeError",
     "NvmeStatusError",

@@ -9,8 +9,11 @@ import logging
 from collections.abc import Mapping
 from types import TracebackType
 
+from pynvmf.auth.host import HostAuth
+from pynvmf.auth.keys import DhchapKey
 from pynvmf.host import fabrics
 from pynvmf.host.errors import (
+    NvmeAuthenticationError,
     NvmeConnectionError,
     NvmeError,
     NvmeStatusError,
@@ -22,6 +25,7 @@ from pynvmf.host.queue import HostQueue
 from pynvmf.spec import command as C
 from pynvmf.spec import identify as I
 from pynvmf.spec import reservations as R
+from pynvmf.spec.auth import AUTHREQ_ATR
 from pynvmf.spec.logpages import LogPageId
 from pynvmf.spec.opcodes import DISCOVERY_NQN, NSID_ALL, AdminOpcode, FeatureId
 from pynvmf.tcp.host import Buffer
@@ -67,6 +71,8 @@ class Controller:
         disable_sqflow: bool = False,
         max_transfer: int = DEFAULT_MAX_TRANSFER,
         timeout: float = 10.0,
+        dhchap_secret: DhchapKey | None = None,
+        dhchap_ctrl_secret: DhchapKey | None = None,
     ) -> None:
         self.address = address
         self.port = port
@@ -78,6 +84,11 @@ class Controller:
         self.disable_sqflow = disable_sqflow
         self.timeout = timeout
         self.max_transfer = max_transfer
+        # DH-HMAC-CHAP: the host's secret, and the controller's (bidirectional).
+        self._dhchap_secret = dhchap_secret
+        self._dhchap_ctrl_secret = dhchap_ctrl_secret
+        # Queue IDs that authenticated (the last transaction on each succeeded).
+        self.authenticated_queues: set[int] = set()
         self.admin: HostQueue | None = None
         self.io_queues: list[HostQueue] = []
         self.cntlid = 0
@@ -139,7 +150,7 @@ class Controller:
     async def _bring_up(self, queues: int, queue_depth: int, deadline: asyncio.Timeout) -> None:
         admin = await self._open_queue(0, ADMIN_QUEUE_DEPTH)
         self.admin = admin
-        self.cntlid = await fabrics.connect_queue(
+        result = await fabrics.connect_queue(
             admin,
             self.identity,
             self.subnqn,
@@ -147,6 +158,8 @@ class Controller:
             kato_ms=self.kato_ms,
             disable_sqflow=self.disable_sqflow,
         )
+        self.cntlid = result & 0xFFFF
+        await self._authenticate_if_asked(admin, result)
         self.cap = await fabrics.property_get(admin, C.PROP_CAP, 8)
         self.vs = await fabrics.property_get(admin, C.PROP_VS)
         # Becoming ready may take CAP.TO on top of everything else.
@@ -227,7 +240,7 @@ class Controller:
         queue.conn.inline_limit = self.io_inline_limit
         try:
             # SQSIZE is 0's based: depth + 1 entries keep `depth` in flight with one free.
-            await fabrics.connect_queue(
+            result = await fabrics.connect_queue(
                 queue,
                 self.identity,
                 self.subnqn,
@@ -235,10 +248,52 @@ class Controller:
                 cntlid=self.cntlid,
                 disable_sqflow=self.disable_sqflow,
             )
+            await self._authenticate_if_asked(queue, result)
         except BaseException:
             queue.abort("I/O queue connect failed")
             raise
         return queue
+
+    # -- authentication ----------------------------------------------------------------------
+
+    async def _authenticate_if_asked(self, queue: HostQueue, connect_result: int) -> None:
+        """Authenticate `queue` when Connect's AUTHREQ asks for it (as Linux's host: a
+        secret given to a controller that does not ask is not used)."""
+        if not connect_result & AUTHREQ_ATR:
+            return
+        if self._dhchap_secret is None:
+            raise NvmeAuthenticationError(
+                f"{self.subnqn} requires DH-HMAC-CHAP authentication and no secret was given"
+            )
+        await self._authenticate(queue)
+
+    async def _authenticate(self, queue: HostQueue) -> None:
+        assert self._dhchap_secret is not None
+        self.authenticated_queues.discard(queue.qid)
+        auth = HostAuth(
+            self._dhchap_secret,
+            self.identity.hostnqn,
+            self.subnqn,
+            ctrl_key=self._dhchap_ctrl_secret,
+        )
+        await fabrics.authenticate(queue, auth)
+        self.authenticated_queues.add(queue.qid)
+
+    async def reauthenticate(
+        self,
+        dhchap_secret: DhchapKey | None = None,
+        dhchap_ctrl_secret: DhchapKey | None = None,
+    ) -> None:
+        """A new DH-HMAC-CHAP transaction on every queue (AUTH_Negotiate on authenticated
+        queues), with new secrets if given: what Linux does when its dhchap_secret changes."""
+        if dhchap_secret is not None:
+            self._dhchap_secret = dhchap_secret
+        if dhchap_ctrl_secret is not None:
+            self._dhchap_ctrl_secret = dhchap_ctrl_secret
+        if self._dhchap_secret is None:
+            raise NvmeAuthenticationError("no DH-HMAC-CHAP secret to authenticate with")
+        for queue in [self._admin(), *self.io_queues]:
+            await self._authenticate(queue)
 
     # -- commands ----------------------------------------------------------------------------
 
@@ -569,15 +624,31 @@ async def connect(
     disable_sqflow: bool = False,
     max_transfer: int = DEFAULT_MAX_TRANSFER,
     timeout: float = 10.0,
+    dhchap_secret: str | DhchapKey | None = None,
+    dhchap_ctrl_secret: str | DhchapKey | None = None,
 ) -> Controller:
     """Create a controller on the subsystem `subnqn` at address:port and bring it up:
     admin queue, enable, Identify, `queues` I/O queues, namespaces.
 
     `disable_sqflow` asks for SQ flow control off (Connect CATTR), which lets a
     controller complete a read with its last C2HData PDU instead of a CapsuleResp.
+
+    `dhchap_secret` (a DHHC-1 string as `nvme gen-dhchap-key` writes, or a DhchapKey)
+    authenticates every queue with DH-HMAC-CHAP when the controller asks;
+    `dhchap_ctrl_secret` also has the controller prove it holds its own secret
+    (bidirectional). A failure raises NvmeAuthenticationError; a malformed secret,
+    KeyFormatError (a ValueError) before anything is sent.
     """
     if queue_depth < 1:
         raise ValueError("queue_depth must be at least 1")
+    host_key = DhchapKey.parse(dhchap_secret) if isinstance(dhchap_secret, str) else dhchap_secret
+    ctrl_key = (
+        DhchapKey.parse(dhchap_ctrl_secret)
+        if isinstance(dhchap_ctrl_secret, str)
+        else dhchap_ctrl_secret
+    )
+    if ctrl_key is not None and host_key is None:
+        raise ValueError("a controller secret needs a host secret too")
     ctrl = Controller(
         address,
         port,
@@ -589,6 +660,8 @@ async def connect(
         disable_sqflow=disable_sqflow,
         max_transfer=max_transfer,
         timeout=timeout,
+        dhchap_secret=host_key,
+        dhchap_ctrl_secret=ctrl_key,
     )
     try:
         await ctrl._start(queues, queue_depth)

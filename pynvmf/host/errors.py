@@ -43,6 +43,18 @@ class NvmeConnectionError(NvmeError, ConnectionError):
     the command's outcome is unknown."""
 
 
+class NvmeAuthenticationError(NvmeError):
+    """DH-HMAC-CHAP failed on a queue: the controller refused (`by_controller`, with the
+    reason explanation of its AUTH_Failure1) or the host did (the controller's message or
+    response was wrong; the host sent AUTH_Failure2). `explanation` is the reason code
+    explanation (pynvmf.spec.auth.FailureExplanation), 0 when there was no exchange."""
+
+    def __init__(self, text: str, explanation: int = 0, *, by_controller: bool = False) -> None:
+        super().__init__(text)
+        self.explanation = explanation
+        self.by_controller = by_controller
+
+
 class NvmeTimeoutError(NvmeError, TimeoutError):
     """The controller did not reach a state in the time the specification allows."""
 

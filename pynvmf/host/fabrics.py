@@ -7,8 +7,11 @@ import contextlib
 import uuid
 from dataclasses import dataclass
 
+from pynvmf.auth.host import AuthenticationFailed, HostAuth
+from pynvmf.host.errors import NvmeAuthenticationError, NvmeError
 from pynvmf.host.queue import HostQueue
 from pynvmf.spec import command as C
+from pynvmf.spec.auth import auth_cdw10
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType
 
 _UUID_NQN_PREFIX = "nqn.2014-08.org.nvmexpress:uuid:"
@@ -52,7 +55,8 @@ async def connect_queue(
     kato_ms: int = 0,
     disable_sqflow: bool = False,
 ) -> int:
-    """Bind `queue` (its qid) to a controller; returns the controller ID.
+    """Bind `queue` (its qid) to a controller; returns Connect's result DW0: the
+    controller ID in bits 15:0, AUTHREQ above (pynvmf.spec.auth.AUTHREQ_ATR).
 
     `sqsize` is 0's based, as on the wire.
     """
@@ -65,7 +69,52 @@ async def connect_queue(
     )
     data = C.ConnectData(identity.hostid, cntlid, subnqn, identity.hostnqn).pack()
     result = await queue.execute(AdminOpcode.FABRICS, FabricsType.CONNECT, *cmd.cdws(), data=data)
-    return result & 0xFFFF
+    return result & 0xFFFFFFFF
+
+
+# What an Authentication Receive allocates (Linux's host and SPDK's ask for as much).
+AUTH_RECEIVE_SIZE = 4096
+
+
+async def _auth_send(queue: HostQueue, message: bytes) -> None:
+    await queue.execute(
+        AdminOpcode.FABRICS, FabricsType.AUTH_SEND, auth_cdw10(), len(message), data=message
+    )
+
+
+async def _auth_receive(queue: HostQueue) -> bytes:
+    buf = bytearray(AUTH_RECEIVE_SIZE)
+    await queue.execute(
+        AdminOpcode.FABRICS,
+        FabricsType.AUTH_RECV,
+        auth_cdw10(),
+        AUTH_RECEIVE_SIZE,
+        into=memoryview(buf),
+    )
+    return bytes(buf)
+
+
+async def authenticate(queue: HostQueue, auth: HostAuth) -> None:
+    """One DH-HMAC-CHAP transaction on `queue` (after its Connect, or again to
+    re-authenticate); NvmeAuthenticationError if either side refuses."""
+    try:
+        await _auth_send(queue, auth.negotiate())
+        reply = auth.reply(await _auth_receive(queue))
+        await _auth_send(queue, reply)
+        success2 = auth.success1(await _auth_receive(queue))
+        if success2 is not None:
+            await _auth_send(queue, success2)
+    except AuthenticationFailed as e:
+        if e.failure2 is not None:
+            # Tell the controller why, then give up; its answer does not change that.
+            with contextlib.suppress(NvmeError, ConnectionError):
+                await _auth_send(queue, e.failure2)
+        who = "the controller refused" if e.by_controller else "the host refused"
+        raise NvmeAuthenticationError(
+            f"queue {queue.qid}: DH-HMAC-CHAP failed, {who}: {e}",
+            e.explanation,
+            by_controller=e.by_controller,
+        ) from None
 
 
 async def property_get(queue: HostQueue, offset: int, size: int = 4) -> int:

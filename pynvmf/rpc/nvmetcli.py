@@ -4,7 +4,9 @@ nvmetcli dumps the Linux target's configfs: `hosts`; `ports` with `addr`, `param
 `subsystems`, `referrals` and `ana_groups`; `subsystems` with `attr`,
 `allowed_hosts` and `namespaces` (`device`, `enable`, `ana_grpid`). Attribute values
 are the configfs files' text. Loading builds the target through the Target's change
-methods; a key pynvmf cannot honour (a transport other than TCP, TLS, a referral,
+methods; ANA groups keep nvmet's meaning (a state per port and group; a group other
+than 1 is inaccessible on a port that does not list it). A key pynvmf cannot honour
+(a transport other than TCP, TLS, a referral,
 protection information, a disabled namespace, ...) is refused with the key's path,
 never dropped. Writing describes what nvmet can hold; an in-memory namespace cannot
 be one of them and is refused.
@@ -19,10 +21,15 @@ import sys
 import uuid
 from typing import Any
 
+from pynvmf.auth.controller import ALL_DHGROUPS, ALL_HASHES, HostAuthConfig
+from pynvmf.auth.keys import DhchapKey, KeyFormatError
 from pynvmf.block.file import FileDevice
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
+from pynvmf.spec.auth import dhgroup_from_name, hash_from_name
+from pynvmf.spec.logpages import AnaState
+from pynvmf.target import ana
 from pynvmf.target import devices as D
-from pynvmf.target.config import format_version, parse_version
+from pynvmf.target.config import REDACTED_KEY, format_version, parse_version
 from pynvmf.target.devices import NamedDevice
 from pynvmf.target.server import ChangeError, Port, Target
 from pynvmf.target.subsystem import CNTLID_MAX, CNTLID_MIN
@@ -79,17 +86,78 @@ async def load_nvmetcli(target: Target, config: Any, where: str = "config") -> N
     ports name them)."""
     config = _obj(config, where)
     _known(config, where, {"hosts", "ports", "subsystems"})
+    auths: dict[str, HostAuthConfig] = {}
     for i, host in enumerate(_list(config.get("hosts"), f"{where}.hosts")):
         h_where = f"{where}.hosts[{i}]"
         host = _obj(host, h_where)
-        # The dhchap_* attributes of newer kernels: DH-HMAC-CHAP, which pynvmf lacks.
-        _known(host, h_where, {"nqn"})
-        if not isinstance(host.get("nqn"), str):
+        # nvmet's host attributes dhchap_key, dhchap_ctrl_key, dhchap_hash, dhchap_dhgroup:
+        # nvmetcli's "dhchap" attribute group, or written out flat.
+        _known(host, h_where, {"nqn", "dhchap", *(f"dhchap_{a}" for a in _DHCHAP_ATTRS)})
+        nqn = host.get("nqn")
+        if not isinstance(nqn, str):
             raise NvmetcliError(f"{h_where}.nqn", "a host needs an NQN")
+        auth = _host_auth(host, h_where)
+        if auth is not None:
+            auths[nqn] = auth
     for i, spec in enumerate(_list(config.get("subsystems"), f"{where}.subsystems")):
         _subsystem(target, _obj(spec, f"{where}.subsystems[{i}]"), f"{where}.subsystems[{i}]")
+    # nvmet keys a host's secrets per host: every subsystem that allows it asks for them.
+    for subsystem in target.subsystems.values():
+        for hostnqn in subsystem.allowed_hosts:
+            if hostnqn in auths:
+                target.set_host_keys(subsystem.nqn, hostnqn, auths[hostnqn])
     for i, spec in enumerate(_list(config.get("ports"), f"{where}.ports")):
         await _port(target, _obj(spec, f"{where}.ports[{i}]"), f"{where}.ports[{i}]")
+
+
+_DHCHAP_ATTRS = ("key", "ctrl_key", "hash", "dhgroup")
+
+
+def _host_auth(host: dict[str, Any], where: str) -> HostAuthConfig | None:
+    """A host's DH-HMAC-CHAP from its nvmet attributes; None without a key. nvmet prefers
+    its dhchap_hash and dhchap_dhgroup and falls back to what the host offers: the
+    configured one comes first, the others after."""
+    group = host.get("dhchap")
+    attrs: dict[str, Any] = {}
+    prefix = f"{where}.dhchap"
+    if group is not None:
+        attrs = _obj(group, prefix)
+        _known(attrs, prefix, set(_DHCHAP_ATTRS))
+        prefix += "."
+    else:
+        prefix = f"{where}.dhchap_"
+    for name in _DHCHAP_ATTRS:
+        if f"dhchap_{name}" in host:
+            attrs[name] = host[f"dhchap_{name}"]
+    key_text = _text(attrs.get("key", "")).strip()
+    ctrl_text = _text(attrs.get("ctrl_key", "")).strip()
+    if not key_text:
+        if ctrl_text:
+            raise NvmetcliError(f"{prefix}ctrl_key", "a controller key needs a host key")
+        return None
+    keys = []
+    for name, text in (("key", key_text), ("ctrl_key", ctrl_text)):
+        if not text:
+            keys.append(None)
+            continue
+        try:
+            keys.append(DhchapKey.parse(text))
+        except KeyFormatError as exc:
+            raise NvmetcliError(f"{prefix}{name}", str(exc)) from None
+    hashes, groups = ALL_HASHES, ALL_DHGROUPS
+    try:
+        if _text(attrs.get("hash", "")).strip():
+            first = hash_from_name(_text(attrs["hash"]))
+            hashes = (first, *(h for h in ALL_HASHES if h != first))
+    except ValueError as exc:
+        raise NvmetcliError(f"{prefix}hash", str(exc)) from None
+    try:
+        if _text(attrs.get("dhgroup", "")).strip():
+            first_group = dhgroup_from_name(_text(attrs["dhgroup"]))
+            groups = (first_group, *(g for g in ALL_DHGROUPS if g != first_group))
+    except ValueError as exc:
+        raise NvmetcliError(f"{prefix}dhgroup", str(exc)) from None
+    return HostAuthConfig(keys[0], keys[1], hashes, groups)  # type: ignore[arg-type]
 
 
 _SUBSYSTEM_ATTRS = {
@@ -157,12 +225,23 @@ def _namespace(target: Target, nqn: str, spec: dict[str, Any], where: str) -> No
     nsid = _int(spec["nsid"], f"{where}.nsid")
     if _text(spec.get("enable", 1)) != "1":
         raise NvmetcliError(f"{where}.enable", "pynvmf has no disabled namespaces")
-    if "ana_grpid" in spec:
-        _only(spec["ana_grpid"], ("1",), f"{where}.ana_grpid", "pynvmf has no ANA groups")
-    ana = _obj(spec.get("ana", {}), f"{where}.ana")
-    _known(ana, f"{where}.ana", {"grpid"})
-    if "grpid" in ana:
-        _only(ana["grpid"], ("1",), f"{where}.ana.grpid", "pynvmf has no ANA groups")
+    # Older nvmetcli writes ana_grpid, newer {"ana": {"grpid"}}.
+    grpid = _int(spec.get("ana_grpid", 1), f"{where}.ana_grpid")
+    ana_spec = _obj(spec.get("ana", {}), f"{where}.ana")
+    _known(ana_spec, f"{where}.ana", {"grpid"})
+    if "grpid" in ana_spec:
+        grpid = _int(ana_spec["grpid"], f"{where}.ana.grpid")
+    grpid_where = f"{where}.ana.grpid" if "grpid" in ana_spec else f"{where}.ana_grpid"
+    if grpid != 1 and target.subsystems.get(nqn) is not None:
+        subsystem = target.subsystems[nqn]
+        if subsystem.ana.group(grpid) is None:
+            # nvmet's groups other than 1 are inaccessible on a port that does not
+            # configure them; the ports' ana_groups then say where they are not.
+            _change(
+                lambda: target.add_ana_group(nqn, grpid, AnaState.INACCESSIBLE),
+                where,
+                {"anagrpid": grpid_where},
+            )
     resv = _obj(spec.get("resv", {}), f"{where}.resv")
     _known(resv, f"{where}.resv", {"enable"})
     if "enable" in resv:
@@ -187,11 +266,11 @@ def _namespace(target: Target, nqn: str, spec: dict[str, Any], where: str) -> No
         raise NvmetcliError(f"{d}.path", f"{path}: {reason}") from exc
     entry = NamedDevice.wrap(f"{nqn}/{nsid}", opened, owned=True)
     names = {"nsid": f"{where}.nsid", "device": f"{d}.path", "uuid": f"{d}.uuid"}
-    names.update(nguid=f"{d}.nguid", eui64=f"{d}.eui64")
+    names.update(nguid=f"{d}.nguid", eui64=f"{d}.eui64", anagrpid=grpid_where)
     try:
         _change(
             lambda: target.add_namespace(
-                nqn, entry, nsid=nsid, ns_uuid=ns_uuid, nguid=nguid, eui64=eui64
+                nqn, entry, nsid=nsid, ns_uuid=ns_uuid, nguid=nguid, eui64=eui64, anagrpid=grpid
             ),
             where,
             names,
@@ -308,19 +387,20 @@ async def _port(target: Target, spec: dict[str, Any], where: str) -> None:
         )
     if _list(spec.get("referrals"), f"{where}.referrals"):
         raise NvmetcliError(f"{where}.referrals", "pynvmf's discovery log has no referrals")
+    groups: list[tuple[str, int, AnaState]] = []
     for k, group in enumerate(_list(spec.get("ana_groups"), f"{where}.ana_groups")):
         g = f"{where}.ana_groups[{k}]"
         group = _obj(group, g)
         _known(group, g, {"grpid", "ana"})
-        _only(group.get("grpid", 1), ("1",), f"{g}.grpid", "pynvmf has no ANA groups")
-        state = _obj(group.get("ana", {}), f"{g}.ana")
-        _known(state, f"{g}.ana", {"state"})
-        _only(
-            state.get("state", "optimized"),
-            ("optimized",),
-            f"{g}.ana.state",
-            "pynvmf has no ANA states",
-        )
+        grpid = _int(group.get("grpid", 1), f"{g}.grpid")
+        state_spec = _obj(group.get("ana", {}), f"{g}.ana")
+        _known(state_spec, f"{g}.ana", {"state"})
+        # nvmet's configfs names: optimized, non-optimized, inaccessible,
+        # persistent-loss, change.
+        state = ana.parse_state(_text(state_spec.get("state", "optimized")))
+        if state is None:
+            raise NvmetcliError(f"{g}.ana.state", f"{state_spec['state']!r} is not an ANA state")
+        groups.append((g, grpid, state))
     subsystems = _list(spec.get("subsystems"), f"{where}.subsystems")
     for k, nqn in enumerate(subsystems):
         if not isinstance(nqn, str) or nqn not in target.subsystems:
@@ -345,6 +425,23 @@ async def _port(target: Target, spec: dict[str, Any], where: str) -> None:
         await target.add_port(port)
     except ChangeError as exc:
         raise NvmetcliError(names.get(exc.field, f"{where}.{exc.field}"), exc.reason) from exc
+    # nvmet keeps ANA states per port and group, for every subsystem linked to the port.
+    for g, grpid, state in groups:
+        for nqn in subsystems:
+            subsystem = target.subsystems[nqn]
+            if subsystem.ana.group(grpid) is None:
+                _change(
+                    lambda n=nqn, i=grpid: target.add_ana_group(n, i, AnaState.INACCESSIBLE),
+                    g,
+                    {"anagrpid": f"{g}.grpid"},
+                )
+            _change(
+                lambda n=nqn, i=grpid, st=state: target.set_ana_state(
+                    n, i, st, port.address, port.port
+                ),
+                g,
+                {"anagrpid": f"{g}.grpid"},
+            )
 
 
 def _change(apply: Any, where: str, names: dict[str, str], prefix: str | None = None) -> Any:
@@ -385,7 +482,7 @@ def nvmetcli_config(target: Target) -> dict[str, Any]:
                     "device": _device_json(ns.nguid, ns.eui64, entry.path, str(ns.uuid)),
                     "enable": 1,
                     "nsid": nsid,
-                    "ana_grpid": 1,
+                    "ana_grpid": ns.anagrpid,
                 }
             )
         attr = {
@@ -427,11 +524,58 @@ def nvmetcli_config(target: Target) -> dict[str, Any]:
                     "trsvcid": str(port.port),
                     "trtype": "tcp",
                 },
-                "ana_groups": [{"ana": {"state": "optimized"}, "grpid": 1}],
+                "ana_groups": _port_ana_groups(target, port, linked),
                 "param": {"inline_data_size": str(port.transport.inline_data_size)},
                 "portid": port.portid,
                 "referrals": [],
                 "subsystems": linked,
             }
         )
-    return {"hosts": [{"nqn": h} for h in hosts], "ports": ports, "subsystems": subsystems}
+    auths: dict[str, HostAuthConfig] = {}
+    for subsystem in target.subsystems.values():
+        auths.update(subsystem.host_auth)
+    return {
+        "hosts": [_host_json(h, auths.get(h)) for h in hosts],
+        "ports": ports,
+        "subsystems": subsystems,
+    }
+
+
+def _host_json(hostnqn: str, auth: HostAuthConfig | None) -> dict[str, Any]:
+    """A host, with its DH-HMAC-CHAP attributes when it has a key, as nvmetcli's
+    attribute-group convention names them ("dhchap": {"key", ...}; upstream nvmetcli saves
+    none). The keys themselves are never written: REDACTED_KEY, which nvmet's configfs
+    refuses if it is written there, and which pynvmf refuses to load."""
+    out: dict[str, Any] = {"nqn": hostnqn}
+    if auth is not None:
+        out["dhchap"] = {
+            "key": REDACTED_KEY,
+            "ctrl_key": REDACTED_KEY if auth.ctrl_key is not None else "",
+            "hash": auth.hashes[0].hmac_name,
+            "dhgroup": auth.dhgroups[0].text,
+        }
+    return out
+
+
+def _port_ana_groups(target: Target, port: Port, linked: list[str]) -> list[dict[str, Any]]:
+    """nvmet's per-port ANA groups: the states on `port` of its subsystems' groups, which
+    must agree (nvmet has one state per port and group, whatever the subsystem)."""
+    states: dict[int, tuple[str, AnaState]] = {1: ("", AnaState.OPTIMIZED)}
+    for nqn in linked:
+        for grpid, group in target.subsystems[nqn].ana.groups.items():
+            state = group.state_on(port)
+            seen = states.get(grpid)
+            if seen is not None and seen[0] and seen[1] != state:
+                raise RpcError(
+                    INVALID_PARAMS,
+                    f"format: ANA group {grpid} is {ana.NAMES[seen[1]]} for {seen[0]} and "
+                    f"{ana.NAMES[state]} for {nqn} on port {port}, which nvmet cannot hold",
+                )
+            states[grpid] = (nqn, state)
+    return [
+        {"ana": {"state": _NVMET_STATE[state]}, "grpid": grpid}
+        for grpid, (_nqn, state) in sorted(states.items())
+    ]
+
+
+_NVMET_STATE = {state: name.replace("_", "-") for state, name in ana.NAMES.items()}

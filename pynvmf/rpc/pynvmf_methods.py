@@ -7,6 +7,10 @@
   atomically (a temporary file, fsync, rename), so a crash leaves the old or the new.
 - pynvmf_add_port / pynvmf_remove_port: a listener with transport options of its own
   (SPDK's listeners share the transport's), or one that exposes every subsystem.
+- pynvmf_subsystem_add_peer_listener / pynvmf_subsystem_remove_peer_listener
+  {nqn, traddr, trsvcid, portid?}: another gateway's listener for the same subsystem,
+  which this target's discovery log lists too (so `nvme connect-all` finds all paths);
+  pynvmf_subsystem_get_peer_listeners {nqn}.
 """
 
 from __future__ import annotations
@@ -107,3 +111,51 @@ async def pynvmf_remove_port(cp: ControlPlane, p: Params) -> bool:
         )
     await cp.target.remove_port(port)
     return True
+
+
+def _peer(p: Params) -> tuple[str, str, int]:
+    nqn = p.string("nqn")
+    traddr = p.string("traddr")
+    trsvcid = p.string("trsvcid")
+    if not trsvcid.isdigit() or not 1 <= int(trsvcid) <= 0xFFFF:
+        raise RpcError(INVALID_PARAMS, f"trsvcid: {trsvcid!r} is not a TCP port")
+    return nqn, traddr, int(trsvcid)
+
+
+_PEER_NAMES = {"address": "traddr", "port": "trsvcid"}
+
+
+@method("pynvmf_subsystem_add_peer_listener")
+async def pynvmf_subsystem_add_peer_listener(cp: ControlPlane, p: Params) -> bool:
+    nqn, traddr, trsvcid = _peer(p)
+    portid = p.integer("portid", 0, high=0xFFFF)
+    p.done()
+    try:
+        cp.target.add_peer_listener(nqn, traddr, trsvcid, portid)
+    except ChangeError as exc:
+        raise change_error(exc, _PEER_NAMES) from exc
+    return True
+
+
+@method("pynvmf_subsystem_remove_peer_listener")
+async def pynvmf_subsystem_remove_peer_listener(cp: ControlPlane, p: Params) -> bool:
+    nqn, traddr, trsvcid = _peer(p)
+    p.done()
+    try:
+        cp.target.remove_peer_listener(nqn, traddr, trsvcid)
+    except ChangeError as exc:
+        raise change_error(exc, _PEER_NAMES) from exc
+    return True
+
+
+@method("pynvmf_subsystem_get_peer_listeners")
+async def pynvmf_subsystem_get_peer_listeners(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
+    nqn = p.string("nqn")
+    p.done()
+    subsystem = cp.target.subsystems.get(nqn)
+    if subsystem is None:
+        raise RpcError(INVALID_PARAMS, f"nqn: no subsystem {nqn!r}")
+    return [
+        {"traddr": address, "trsvcid": str(port), "portid": portid}
+        for address, port, portid in subsystem.peer_listeners
+    ]

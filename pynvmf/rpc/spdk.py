@@ -3,7 +3,7 @@
 Names, parameters and result shapes are SPDK v25.09's. Where SPDK has an option
 pynvmf has no use for (a poll group mask, an RDMA queue size), the option is
 accepted and reported as what pynvmf does; where it asks for something pynvmf
-does not do (ANA reporting, TLS, DH-HMAC-CHAP keys, metadata), the call fails with
+does not do (TLS, DH-HMAC-CHAP keys, metadata), the call fails with
 an error naming it. `save_config` (rpc.py's, built from framework_get_config)
 writes what `pynvmf target --json` loads again.
 """
@@ -11,6 +11,7 @@ writes what `pynvmf target --json` loads again.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import uuid as uuid_mod
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -18,11 +19,14 @@ from typing import Any
 
 from pynvmf import __version__
 from pynvmf.block.file import FileDevice
-from pynvmf.block.memory import MemoryDevice
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane, MethodTable, Params, change_error
+from pynvmf.spec.auth import dhgroup_from_name, hash_from_name
+from pynvmf.spec.logpages import AnaState
 from pynvmf.spec.opcodes import DISCOVERY_NQN
+from pynvmf.target import ana
 from pynvmf.target import devices as D
+from pynvmf.target.config import REDACTED_KEY
 from pynvmf.target.controller import MAX_IO_QUEUES, QUEUE_ENTRIES
 from pynvmf.target.devices import NamedDevice
 from pynvmf.target.limits import MAX_TRANSFER
@@ -30,13 +34,16 @@ from pynvmf.target.server import ChangeError, Port, Target
 from pynvmf.target.subsystem import CNTLID_MAX, CNTLID_MIN, Subsystem
 from pynvmf.tcp.target import TransportConfig
 
+log = logging.getLogger(__name__)
+
 table = MethodTable()
 method = table.register
 
 # The configuration "subsystems" (SPDK's word for its libraries) pynvmf has.
 CONFIG_SUBSYSTEMS = (
+    {"subsystem": "keyring", "depends_on": []},
     {"subsystem": "bdev", "depends_on": []},
-    {"subsystem": "nvmf", "depends_on": ["bdev"]},
+    {"subsystem": "nvmf", "depends_on": ["bdev", "keyring"]},
 )
 TICK_RATE = 1_000_000_000  # nvmf_get_stats' ticks per second: pynvmf counts nanoseconds
 
@@ -96,6 +103,8 @@ async def framework_get_subsystems(cp: ControlPlane, p: Params) -> list[dict[str
 async def framework_get_config(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
     name = p.string("name")
     p.done()
+    if name == "keyring":
+        return keyring_config(cp.target)
     if name == "bdev":
         return bdev_config(cp.target)
     if name == "nvmf":
@@ -150,11 +159,11 @@ async def bdev_malloc_create(cp: ControlPlane, p: Params) -> str:
     if name in target.block_devices:
         raise RpcError(INVALID_PARAMS, f"name: a bdev named {name!r} exists")
     try:
-        device = MemoryDevice(num_blocks * block_size, block_size)
+        device = target.memory_device(num_blocks * block_size, block_size)
     except ValueError as exc:
         raise RpcError(INVALID_PARAMS, f"block_size: {exc}") from exc
     except OSError as exc:
-        raise RpcError(INVALID_PARAMS, f"num_blocks: cannot allocate: {exc.strerror}") from exc
+        raise RpcError(INVALID_PARAMS, f"num_blocks: {exc.strerror}") from exc
     entry = NamedDevice.wrap(name, device, device_uuid=dev_uuid or uuid_mod.uuid4())
     try:
         target.add_block_device(entry)
@@ -294,8 +303,21 @@ def bdev_config(target: Target) -> list[dict[str, Any]]:
 # -- the NVMe-oF target: transport ------------------------------------------------------------
 
 # What nvmf_create_transport takes (SPDK's generic options, TCP's, and those rpc.py sends for
-# every transport): accepted; of them pynvmf applies in_capsule_data_size.
-_TRANSPORT_OPTIONS = (
+# every transport). pynvmf applies in_capsule_data_size; the others are checked like any
+# input (type and range) and, where pynvmf has a fixed value that differs, the operator is
+# told it was not applied rather than left to believe it was.
+_TRANSPORT_BOOLEANS = (
+    "dif_insert_or_strip",
+    "zcopy",
+    "c2h_success",
+    "disable_command_passthru",
+    "no_srq",
+    "no_wr_batching",
+    "disable_mappable_bar0",
+    "disable_adaptive_irq",
+    "disable_shadow_doorbells",
+)
+_TRANSPORT_INTEGERS = (
     "max_queue_depth",
     "max_io_qpairs_per_ctrlr",
     "max_io_size",
@@ -303,27 +325,42 @@ _TRANSPORT_OPTIONS = (
     "max_aq_depth",
     "num_shared_buffers",
     "buf_cache_size",
-    "dif_insert_or_strip",
     "abort_timeout_sec",
-    "zcopy",
     "acceptor_poll_rate",
     "ack_timeout",
     "data_wr_pool_size",
-    "disable_command_passthru",
     "kas",
     "min_kato",
-    "c2h_success",
     "control_msg_num",
     "sock_priority",
-    "no_srq",
     "num_cqe",
     "max_srq_depth",
     "acceptor_backlog",
-    "no_wr_batching",
-    "disable_mappable_bar0",
-    "disable_adaptive_irq",
-    "disable_shadow_doorbells",
 )
+
+
+def _fixed_transport_values(target: Target) -> dict[str, int]:
+    return {
+        "max_queue_depth": QUEUE_ENTRIES,
+        "max_aq_depth": QUEUE_ENTRIES,
+        "max_io_qpairs_per_ctrlr": MAX_IO_QUEUES,
+        "max_io_size": MAX_TRANSFER,
+        "io_unit_size": target.transport.max_h2c_data,
+    }
+
+
+def _unapplied_transport_options(p: Params, target: Target) -> list[str]:
+    """Check every option nvmf_create_transport may carry; what differs from pynvmf's own
+    fixed values, as 'name value (pynvmf: value)'."""
+    for key in _TRANSPORT_BOOLEANS:
+        p.boolean(key, None)
+    fixed = _fixed_transport_values(target)
+    unapplied = []
+    for key in _TRANSPORT_INTEGERS:
+        value = p.integer(key, None, high=0xFFFFFFFF)
+        if value is not None and key in fixed and value != fixed[key]:
+            unapplied.append(f"{key} {value} (pynvmf: {fixed[key]})")
+    return unapplied
 
 
 def _check_trtype(p: Params, key: str = "trtype") -> None:
@@ -337,7 +374,7 @@ async def nvmf_create_transport(cp: ControlPlane, p: Params) -> bool:
     _check_trtype(p)
     _no_target_name(p)
     inline = p.integer("in_capsule_data_size", None, high=0xFFFFFFFF)
-    p.ignore(*_TRANSPORT_OPTIONS)
+    unapplied = _unapplied_transport_options(p, cp.target)
     p.done()
     if cp.transport_created:
         raise RpcError(INVALID_PARAMS, "trtype: transport type 'TCP' already exists")
@@ -352,6 +389,8 @@ async def nvmf_create_transport(cp: ControlPlane, p: Params) -> bool:
         )
         _sync(lambda: cp.target.set_transport(config), {"inline_data_size": "in_capsule_data_size"})
     cp.transport_created = True
+    if unapplied:
+        log.warning("nvmf_create_transport: not applied: %s", ", ".join(unapplied))
     return True
 
 
@@ -419,10 +458,22 @@ async def nvmf_set_config(cp: ControlPlane, p: Params) -> bool:
     p.refuse_unless(
         "discovery_filter", ("match_any",), "pynvmf's discovery log lists every listener"
     )
-    # Without DH-HMAC-CHAP, which digests and groups it would allow changes nothing.
-    p.strings("dhchap_digests")
-    p.strings("dhchap_dhgroups")
+    digests = p.strings("dhchap_digests")
+    groups = p.strings("dhchap_dhgroups")
     p.done()
+    try:
+        hashes = tuple(hash_from_name(d) for d in digests) if digests is not None else None
+    except ValueError as exc:
+        raise RpcError(INVALID_PARAMS, f"dhchap_digests: {exc}") from None
+    try:
+        dhgroups = tuple(dhgroup_from_name(g) for g in groups) if groups is not None else None
+    except ValueError as exc:
+        raise RpcError(INVALID_PARAMS, f"dhchap_dhgroups: {exc}") from None
+    # The hashes and DH groups of hosts whose keys are set from now on (SPDK's too).
+    if hashes:
+        cp.target.dhchap_hashes = hashes
+    if dhgroups:
+        cp.target.dhchap_dhgroups = dhgroups
     return True
 
 
@@ -443,7 +494,9 @@ async def nvmf_create_subsystem(cp: ControlPlane, p: Params) -> bool:
     model = p.string("model_number", "pynvmf")
     max_namespaces = p.integer("max_namespaces", 0, high=0xFFFFFFFF)
     allow_any_host = p.boolean("allow_any_host", False)
-    p.refuse_unless("ana_reporting", (False,), "pynvmf has no ANA reporting")
+    # pynvmf's subsystems always report ANA (as nvmet's do): with one group, optimized
+    # on every listener, a host sees what it would without.
+    p.boolean("ana_reporting", False)
     min_cntlid = p.integer("min_cntlid", CNTLID_MIN, high=0xFFFF)
     max_cntlid = p.integer("max_cntlid", CNTLID_MAX, high=0xFFFF)
     p.refuse_unless("max_discard_size_kib", (0,), "pynvmf limits no discard size")
@@ -490,6 +543,17 @@ def _listeners(target: Target, nqn: str) -> list[Port]:
     return [port for port in target.ports if not port.discovery_only and port.exposes(nqn)]
 
 
+def _host_json(subsystem: Subsystem, hostnqn: str) -> dict[str, Any]:
+    """A host as SPDK lists it: its NQN and its keys' keyring names (never the keys)."""
+    out: dict[str, Any] = {"nqn": hostnqn}
+    auth = subsystem.host_auth.get(hostnqn)
+    if auth is not None:
+        out["dhchap_key"] = auth.host_key_name or REDACTED_KEY
+        if auth.ctrl_key is not None:
+            out["dhchap_ctrlr_key"] = auth.ctrl_key_name or REDACTED_KEY
+    return out
+
+
 def _subsystem_json(target: Target, subsystem: Subsystem) -> dict[str, Any]:
     discovery = subsystem.nqn == DISCOVERY_NQN
     out: dict[str, Any] = {
@@ -497,7 +561,7 @@ def _subsystem_json(target: Target, subsystem: Subsystem) -> dict[str, Any]:
         "subtype": "Discovery" if discovery else "NVMe",
         "listen_addresses": [_trid(port) for port in _listeners(target, subsystem.nqn)],
         "allow_any_host": subsystem.allow_any_host,
-        "hosts": [{"nqn": h} for h in sorted(subsystem.allowed_hosts)],
+        "hosts": [_host_json(subsystem, h) for h in sorted(subsystem.allowed_hosts)],
     }
     if discovery:
         return out
@@ -515,6 +579,7 @@ def _subsystem_json(target: Target, subsystem: Subsystem) -> dict[str, Any]:
             "nguid": ns.nguid.hex().upper(),
             "eui64": ns.eui64.hex().upper(),
             "uuid": str(ns.uuid),
+            "anagrpid": ns.anagrpid,
         }
         for _, ns in sorted(subsystem.namespaces.items())
     ]
@@ -572,10 +637,40 @@ async def nvmf_subsystem_add_listener(cp: ControlPlane, p: Params) -> bool:
     address, port = _listen_address(p)
     _no_target_name(p)
     p.refuse_unless("secure_channel", (False,), "pynvmf has no TLS")
-    p.refuse_unless("ana_state", ("optimized",), "pynvmf has no ANA states")
+    ana_state = p.string("ana_state", None)
     p.refuse_unless("sock_impl", ("posix",), "pynvmf listens with the kernel's sockets")
     p.done()
+    state = _ana_state(p, ana_state) if ana_state is not None else None
     await _apply(cp.target.add_listener(nqn, address, port), _LISTENER_NAMES)
+    if state is not None and nqn != DISCOVERY_NQN:
+        # SPDK's listener option: the state of every ANA group on this listener.
+        _sync(lambda: cp.target.set_ana_state(nqn, None, state, address, port), _LISTENER_NAMES)
+    return True
+
+
+def _ana_state(p: Params, name: str) -> AnaState:
+    state = ana.parse_state(name)
+    if state is None:
+        raise RpcError(
+            INVALID_PARAMS,
+            f"{p.name('ana_state')}: {name!r} is not an ANA state ({', '.join(ana.STATE_NAMES)})",
+        )
+    return state
+
+
+@method("nvmf_subsystem_listener_set_ana_state")
+async def nvmf_subsystem_listener_set_ana_state(cp: ControlPlane, p: Params) -> bool:
+    nqn = p.string("nqn")
+    address, port = _listen_address(p)
+    name = p.string("ana_state")
+    anagrpid = p.integer("anagrpid", 0, high=0xFFFFFFFF)
+    _no_target_name(p)
+    p.done()
+    state = _ana_state(p, name)
+    _sync(
+        lambda: cp.target.set_ana_state(nqn, anagrpid or None, state, address, port),
+        _LISTENER_NAMES,
+    )
     return True
 
 
@@ -597,7 +692,19 @@ async def nvmf_subsystem_get_listeners(cp: ControlPlane, p: Params) -> list[dict
     p.done()
     if nqn != DISCOVERY_NQN and nqn not in cp.target.subsystems:
         raise RpcError(INVALID_PARAMS, f"nqn: no subsystem {nqn!r}")
-    return [{"address": _trid(port)} for port in _listeners(cp.target, nqn)]
+    if nqn == DISCOVERY_NQN:
+        return [{"address": _trid(port)} for port in _listeners(cp.target, nqn)]
+    groups = cp.target.subsystems[nqn].ana.groups
+    return [
+        {
+            "address": _trid(port),
+            "ana_states": [
+                {"ana_group": grpid, "ana_state": ana.NAMES[group.state_on(port)]}
+                for grpid, group in sorted(groups.items())
+            ],
+        }
+        for port in _listeners(cp.target, nqn)
+    ]
 
 
 # -- namespaces ---------------------------------------------------------------------------------
@@ -609,6 +716,7 @@ _NS_NAMES = {
     "nguid": "namespace.nguid",
     "eui64": "namespace.eui64",
     "ptpl_file": "namespace.ptpl_file",
+    "anagrpid": "namespace.anagrpid",
 }
 
 
@@ -624,7 +732,7 @@ async def nvmf_subsystem_add_ns(cp: ControlPlane, p: Params) -> int:
     nguid = ns.hex_bytes("nguid", 16)
     eui64 = ns.hex_bytes("eui64", 8)
     ptpl_file = ns.string("ptpl_file", None)
-    ns.refuse_unless("anagrpid", (), "pynvmf has no ANA groups")
+    anagrpid = ns.integer("anagrpid", 0, high=0xFFFFFFFF)
     ns.refuse_unless("no_auto_visible", (False,), "pynvmf shows every namespace to every host")
     ns.ignore("hide_metadata")  # pynvmf's namespaces have no metadata to hide
     ns.done()
@@ -638,6 +746,7 @@ async def nvmf_subsystem_add_ns(cp: ControlPlane, p: Params) -> int:
             nguid=nguid,
             eui64=eui64,
             ptpl_file=None if ptpl_file is None else Path(ptpl_file),
+            anagrpid=anagrpid or None,
         ),
         _NS_NAMES,
     )
@@ -663,11 +772,85 @@ async def nvmf_subsystem_add_host(cp: ControlPlane, p: Params) -> bool:
     host = p.string("host")
     _no_target_name(p)
     p.refuse_unless("psk", (), "pynvmf has no TLS")
-    p.refuse_unless("dhchap_key", (), "pynvmf has no DH-HMAC-CHAP")
-    p.refuse_unless("dhchap_ctrlr_key", (), "pynvmf has no DH-HMAC-CHAP")
+    key = p.string("dhchap_key", None)
+    ctrl_key = p.string("dhchap_ctrlr_key", None)
     p.done()
-    _sync(lambda: cp.target.add_host(nqn, host), {"hostnqn": "host"})
+    target = cp.target
+
+    def change() -> None:
+        auth = target.auth_config(key, ctrl_key) if key is not None else None
+        if auth is None and ctrl_key is not None:
+            raise ChangeError("dhchap_key", "a controller key needs a host key")
+        target.add_host(nqn, host, auth=auth)
+
+    _sync(change, {"hostnqn": "host"})
     return True
+
+
+@method("nvmf_subsystem_set_keys")
+async def nvmf_subsystem_set_keys(cp: ControlPlane, p: Params) -> bool:
+    """New DH-HMAC-CHAP keys for a host (none: it no longer authenticates); queues already
+    authenticated stay so, the next (re-)authentication uses them."""
+    nqn = p.string("nqn")
+    host = p.string("host")
+    _no_target_name(p)
+    key = p.string("dhchap_key", None)
+    ctrl_key = p.string("dhchap_ctrlr_key", None)
+    p.done()
+    target = cp.target
+
+    def change() -> None:
+        if key is None and ctrl_key is not None:
+            raise ChangeError("dhchap_key", "a controller key needs a host key")
+        auth = target.auth_config(key, ctrl_key) if key is not None else None
+        target.set_host_keys(nqn, host, auth)
+
+    _sync(change, {})
+    return True
+
+
+# -- keyring ------------------------------------------------------------------------------------
+
+
+@method("keyring_file_add_key")
+async def keyring_file_add_key(cp: ControlPlane, p: Params) -> bool:
+    name = p.string("name")
+    path = p.string("path")
+    p.done()
+    _sync(lambda: cp.target.add_key(name, path), {})
+    return True
+
+
+@method("keyring_file_remove_key")
+async def keyring_file_remove_key(cp: ControlPlane, p: Params) -> bool:
+    name = p.string("name")
+    p.done()
+    _sync(lambda: cp.target.remove_key(name), {})
+    return True
+
+
+@method("keyring_get_keys")
+async def keyring_get_keys(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
+    p.done()
+    return [
+        {
+            "name": e.name,
+            "module": "keyring_file",
+            "removed": False,
+            "probed": True,
+            "refcnt": 1,
+            "path": e.path,
+        }
+        for e in cp.target.keyring.values()
+    ]
+
+
+def keyring_config(target: Target) -> list[dict[str, Any]]:
+    """framework_get_config keyring: the keys by name and file (their secrets stay there)."""
+    return [
+        {"method": "keyring_file_add_key", "params": {"name": e.name, "path": e.path}}
+        for e in target.keyring.values()
+    ]
 
 
 @method("nvmf_subsystem_remove_host")
@@ -821,16 +1004,23 @@ def nvmf_config(target: Target) -> list[dict[str, Any]]:
         if subsystem.max_namespaces:
             params["max_namespaces"] = subsystem.max_namespaces
         params.update(
-            min_cntlid=subsystem.cntlid_min, max_cntlid=subsystem.cntlid_max, ana_reporting=False
+            min_cntlid=subsystem.cntlid_min, max_cntlid=subsystem.cntlid_max, ana_reporting=True
         )
         config.append({"method": "nvmf_create_subsystem", "params": params})
         for host in sorted(subsystem.allowed_hosts):
-            config.append(
-                {
-                    "method": "nvmf_subsystem_add_host",
-                    "params": {"nqn": subsystem.nqn, "host": host},
-                }
-            )
+            host_params = {"nqn": subsystem.nqn, "host": host}
+            auth = subsystem.host_auth.get(host)
+            if auth is not None:
+                if not auth.host_key_name or (auth.ctrl_key and not auth.ctrl_key_name):
+                    raise RpcError(
+                        INVALID_PARAMS,
+                        f"name: the keys of {host} on {subsystem.nqn} are not in the keyring,"
+                        " which SPDK's configuration names them by (pynvmf_get_config can)",
+                    )
+                host_params["dhchap_key"] = auth.host_key_name
+                if auth.ctrl_key is not None:
+                    host_params["dhchap_ctrlr_key"] = auth.ctrl_key_name
+            config.append({"method": "nvmf_subsystem_add_host", "params": host_params})
         for nsid, ns in sorted(subsystem.namespaces.items()):
             config.append(
                 {
@@ -843,6 +1033,7 @@ def nvmf_config(target: Target) -> list[dict[str, Any]]:
                             "nguid": ns.nguid.hex().upper(),
                             "eui64": ns.eui64.hex().upper(),
                             "uuid": str(ns.uuid),
+                            "anagrpid": ns.anagrpid,
                             "no_auto_visible": False,
                         },
                     },
@@ -850,6 +1041,19 @@ def nvmf_config(target: Target) -> list[dict[str, Any]]:
             )
         for port in _listeners(target, subsystem.nqn):
             config.append(_listener_call(subsystem.nqn, port))
+            for grpid, group in sorted(subsystem.ana.groups.items()):
+                if group.state_on(port) != AnaState.OPTIMIZED:
+                    config.append(
+                        {
+                            "method": "nvmf_subsystem_listener_set_ana_state",
+                            "params": {
+                                "nqn": subsystem.nqn,
+                                "listen_address": _trid(port),
+                                "ana_state": ana.NAMES[group.state_on(port)],
+                                "anagrpid": grpid,
+                            },
+                        }
+                    )
     return config
 
 
@@ -886,6 +1090,7 @@ def spdk_config(target: Target) -> dict[str, Any]:
     """What rpc.py save_config writes for this target."""
     return {
         "subsystems": [
+            {"subsystem": "keyring", "config": keyring_config(target)},
             {"subsystem": "bdev", "config": bdev_config(target)},
             {"subsystem": "nvmf", "config": nvmf_config(target)},
         ]

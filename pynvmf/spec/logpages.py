@@ -398,6 +398,69 @@ class ChangedNsList:
 
 
 # ---------------------------------------------------------------------------------------
+# Asymmetric Namespace Access (LID 0Ch)
+
+
+class AnaState(IntEnum):
+    """An ANA group's state through one controller (NVMe Base 2.0, 8.1.1)."""
+
+    OPTIMIZED = 0x01
+    NON_OPTIMIZED = 0x02
+    INACCESSIBLE = 0x03
+    PERSISTENT_LOSS = 0x04
+    CHANGE = 0x0F
+
+
+# Get Log Page LSP bit 0 for the ANA log: Return Groups Only, without their NSID lists.
+ANA_LSP_RGO = 1 << 0
+ANA_HEADER_SIZE = 16
+ANA_DESC_SIZE = 32
+_ANA_HEADER = struct.Struct("<QH6x")
+_ANA_DESC = struct.Struct("<IIQB15x")
+
+
+@dataclass(slots=True)
+class AnaGroupDescriptor:
+    grpid: int
+    state: int
+    chgcnt: int = 0
+    nsids: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class AnaLog:
+    """The ANA log: a change count, then one descriptor per ANA group, each with the
+    NSIDs of the group's attached namespaces (none with RGO)."""
+
+    chgcnt: int = 0
+    groups: list[AnaGroupDescriptor] = field(default_factory=list)
+
+    def pack(self, *, groups_only: bool = False) -> bytes:
+        out = bytearray(_ANA_HEADER.pack(self.chgcnt, len(self.groups)))
+        for g in self.groups:
+            nsids = [] if groups_only else g.nsids
+            out += _ANA_DESC.pack(g.grpid, len(nsids), g.chgcnt, g.state)
+            out += struct.pack(f"<{len(nsids)}I", *nsids)
+        return bytes(out)
+
+    @classmethod
+    def unpack(cls, data: Buffer) -> Self:
+        _require(data, ANA_HEADER_SIZE, "ANA log header")
+        chgcnt, ngrps = _ANA_HEADER.unpack_from(data, 0)
+        offset = ANA_HEADER_SIZE
+        groups = []
+        for _ in range(ngrps):
+            _require(data, offset + ANA_DESC_SIZE, "ANA group descriptor")
+            grpid, nnsids, gchg, state = _ANA_DESC.unpack_from(data, offset)
+            offset += ANA_DESC_SIZE
+            _require(data, offset + 4 * nnsids, "ANA group NSID list")
+            nsids = list(struct.unpack_from(f"<{nnsids}I", data, offset))
+            offset += 4 * nnsids
+            groups.append(AnaGroupDescriptor(grpid, state, gchg, nsids))
+        return cls(chgcnt, groups)
+
+
+# ---------------------------------------------------------------------------------------
 # Commands Supported and Effects (LID 05h)
 
 CMD_EFFECTS_LOG_SIZE = 4096

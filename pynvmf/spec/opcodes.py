@@ -101,6 +101,7 @@ class AsyncEventType(IntEnum):
 
 
 NOTICE_NS_ATTR_CHANGED = 0x00
+NOTICE_ANA_CHANGE = 0x03
 NOTICE_DISC_LOG_CHANGED = 0xF0
 
 DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"

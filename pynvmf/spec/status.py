@@ -64,6 +64,10 @@ class Status(IntEnum):
     CONNECT_INVALID_PARAM = 0x182
     CONNECT_RESTART_DISCOVERY = 0x183
     CONNECT_INVALID_HOST = 0x184
+    DISCOVERY_RESTART = 0x190
+    # A command other than Connect, authentication or Property Get before the queue has
+    # authenticated (DH-HMAC-CHAP), as nvmet and SPDK answer it.
+    AUTH_REQUIRED = 0x191
     # Media and data integrity errors (SCT 2)
     WRITE_FAULT = 0x280
     UNRECOVERED_READ_ERROR = 0x281
@@ -73,6 +77,11 @@ class Status(IntEnum):
     DEALLOCATED_OR_UNWRITTEN = 0x287
     # Path related (SCT 3)
     INTERNAL_PATH_ERROR = 0x300
+    # The namespace's ANA group is not usable through this controller's port: the host
+    # should retry on another path (no DNR), after re-reading the ANA log.
+    ANA_PERSISTENT_LOSS = 0x301
+    ANA_INACCESSIBLE = 0x302
+    ANA_TRANSITION = 0x303
     HOST_PATH_ERROR = 0x370
     HOST_ABORTED = 0x371
 

@@ -22,7 +22,7 @@ from pynvmf.spec.command import HOST_BEHAVIOR_SIZE, host_behavior_cdfe
 from pynvmf.spec.opcodes import AdminOpcode, FeatureId
 from pynvmf.spec.reservations import FEATURE_EXHID
 from pynvmf.spec.status import DNR, IOCS_COMBINATION_REJECTED, Status
-from pynvmf.target import reservations
+from pynvmf.target import ana, reservations
 from pynvmf.target.controller import (
     AERL,
     ERROR_LOG_ENTRIES,
@@ -58,7 +58,10 @@ PENDING = None  # an Asynchronous Event Request completes later, not now
 FIRMWARE = __version__[:8]
 
 # Optional asynchronous events a host may enable with Set Features (Async Event Config).
-_AEN_SUPPORTED_IO = I.Oaes.NS_ATTR
+_AEN_SUPPORTED_IO = I.Oaes.NS_ATTR | I.Oaes.ANA_CHANGE
+# Identify Controller MNAN: at most NN (the Linux host refuses ANA otherwise) and small
+# enough that the largest ANA log (16 + NANAGRPID * 32 + MNAN * 4 bytes) fits MDTS.
+MNAN_MAX = 65536
 _AEN_SUPPORTED_DISCOVERY = I.Oaes.DISCOVERY_CHANGE
 
 
@@ -281,7 +284,14 @@ def identify_controller(ctrl: Controller, queue: TargetQueue) -> I.IdentifyContr
     return I.IdentifyController(
         cntrltype=I.CtrlType.IO,
         rab=6,
-        cmic=I.Cmic.MULTI_CTRL,
+        # Several ports, several controllers, ANA reporting: the subsystem may be served
+        # by several gateways, each a port of it.
+        cmic=I.Cmic.MULTI_PORT | I.Cmic.MULTI_CTRL | I.Cmic.ANA,
+        anatt=ana.ANATT,
+        anacap=ana.ANACAP,
+        anagrpmax=ana.ANAGRPMAX,
+        nanagrpid=ana.ANAGRPMAX,
+        mnan=min(reported_nn(subsystem), MNAN_MAX),
         mdts=MDTS,
         oaes=_AEN_SUPPORTED_IO,
         ctratt=_CTRATT,
@@ -337,6 +347,7 @@ def identify_namespace(ns: Namespace) -> I.IdentifyNamespace:
         msrc=limits.max_ranges - 1,
         nguid=ns.nguid,
         eui64=ns.eui64,
+        anagrpid=ns.anagrpid,
         lbaf=[I.LbaFormat(ms=0, lbads=int(math.log2(caps.block_size)), rp=0)],
     )
 
@@ -350,7 +361,11 @@ def identify_namespace_independent(ns: Namespace) -> I.IdentifyNamespaceIndepend
     # independent structure (the Linux host does when CAP.CRMS asks it to, or for
     # command sets other than NVM).
     return I.IdentifyNamespaceIndependent(
-        nsfeat=_nsfeat(ns), nmic=I.NMIC_SHARED, rescap=ns.reservation.rescap, nstat=I.Nstat.READY
+        nsfeat=_nsfeat(ns),
+        nmic=I.NMIC_SHARED,
+        rescap=ns.reservation.rescap,
+        anagrpid=ns.anagrpid,
+        nstat=I.Nstat.READY,
     )
 
 
@@ -623,6 +638,20 @@ def _reservation_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes:
     return reservations.notification_log_page(ctrl, sqe.cdw12 | sqe.cdw13 << 32)
 
 
+def _ana_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes:
+    # The states through the port this controller was created on; LSP bit 0 (RGO): the
+    # group descriptors without their NSID lists.
+    subsystem = ctrl.subsystem
+    groups_only = bool((sqe.cdw10 >> 8) & L.ANA_LSP_RGO)
+    page = subsystem.ana.log(ctrl.port, subsystem.ana_members()).pack(groups_only=groups_only)
+    # The log's size is what Identify promises at most (16 + NANAGRPID * 32 + MNAN * 4
+    # bytes), which hosts read in pieces (nvme-cli 2.3 does): past the groups, zeros.
+    nn = reported_nn(subsystem)
+    largest = L.ANA_HEADER_SIZE + ana.ANAGRPMAX * L.ANA_DESC_SIZE + 4 * min(nn, MNAN_MAX)
+    offset = sqe.cdw12 | sqe.cdw13 << 32
+    return page if offset <= len(page) else page.ljust(min(offset, largest))
+
+
 def _discovery_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes:
     return ctrl.target.discovery_log(ctrl.hostnqn, queue)
 
@@ -633,6 +662,7 @@ _LOG_PAGES: dict[int, LogPageBuilder] = {
     L.LogPageId.FW_SLOT: _fw_slot_log,
     L.LogPageId.CHANGED_NS: _changed_ns_log,
     L.LogPageId.CMD_EFFECTS: _cmd_effects_log,
+    L.LogPageId.ANA: _ana_log,
     L.LogPageId.RESERVATION: _reservation_log,
 }
 _DISCOVERY_LOG_PAGES: dict[int, LogPageBuilder] = {L.LogPageId.DISCOVERY: _discovery_log}

@@ -107,6 +107,12 @@ async def _compare_and_write(
     io: IoHandler, first: Request, second: Request
 ) -> tuple[int | None, int | None]:
     """Statuses of the Compare and of the Write; None for one the transport completed."""
+    if io.ana.any_blocked:
+        # Through a path that does not serve the namespace both go back to the host,
+        # which retries them on another.
+        blocked = io.path_status(first.sqe.nsid) or io.path_status(second.sqe.nsid)
+        if blocked:
+            return blocked, blocked
     status, ns, slba, _nlb, length = io._rw_target(first)
     if status or ns is None:
         return status, FUSED_FAIL

@@ -9,6 +9,7 @@ running target in the same format, so that `pynvmf target --config` starts it ag
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import re
@@ -18,9 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pynvmf.auth.controller import ALL_DHGROUPS, ALL_HASHES, HostAuthConfig
 from pynvmf.block.file import FileDevice
 from pynvmf.block.memory import MemoryDevice
+from pynvmf.spec.auth import dhgroup_from_name, hash_from_name
+from pynvmf.spec.logpages import AnaState
 from pynvmf.spec.opcodes import DISCOVERY_NQN
+from pynvmf.target import ana
 from pynvmf.target import devices as D
 from pynvmf.target.devices import NamedDevice
 from pynvmf.target.server import (
@@ -40,7 +45,13 @@ DEFAULT_BLOCK_SIZE = 512
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _DEFAULT_TRANSPORT = TransportConfig()
 
-_TOP_KEYS = {"ports", "discovery_ports", "subsystems", "devices", "transport"}
+_TOP_KEYS = {"ports", "discovery_ports", "subsystems", "devices", "transport", "keyring"}
+_KEY_KEYS = {"name", "path"}
+# A host entry as an object: its NQN and DH-HMAC-CHAP keys (keyring names), hashes, groups.
+_HOST_KEYS = {"nqn", "dhchap_key", "dhchap_ctrl_key", "dhchap_hash", "dhchap_dhgroup"}
+# What an export writes for a key that has no keyring name (one nvmetcli's format gave):
+# never the secret; loading it fails, naming the key.
+REDACTED_KEY = "<redacted>"
 _PORT_KEYS = {
     "address",
     "port",
@@ -50,6 +61,7 @@ _PORT_KEYS = {
     "header_digest",
     "data_digest",
     "discovery",
+    "advertise",
 }
 _TRANSPORT_KEYS = {"inline_data_size", "max_h2c_data", "header_digest", "data_digest"}
 _SUBSYSTEM_KEYS = {
@@ -67,9 +79,22 @@ _SUBSYSTEM_KEYS = {
     "firmware",
     "ieee_oui",
     "copy_formats",
+    "ana_groups",
+    "peer_listeners",
 }
+_ANA_GROUP_KEYS = {"grpid", "state", "listeners"}
+_ANA_LISTENER_KEYS = {"address", "port", "state"}
+_PEER_KEYS = {"address", "port", "portid"}
 _DEVICE_KEYS = {"memory", "file", "size", "create", "block_size", "read_only"}
-_NAMESPACE_KEYS = _DEVICE_KEYS | {"nsid", "uuid", "nguid", "eui64", "device", "ptpl_file"}
+_NAMESPACE_KEYS = _DEVICE_KEYS | {
+    "nsid",
+    "uuid",
+    "nguid",
+    "eui64",
+    "device",
+    "ptpl_file",
+    "anagrpid",
+}
 # A file namespace's reservations persist beside its file unless told otherwise.
 PTPL_SUFFIX = ".ptpl.json"
 
@@ -89,16 +114,31 @@ def parse_size(text: str | int) -> int:
 
 
 def parse_listen(text: str) -> tuple[str, int]:
-    """'127.0.0.1:4420', '[::1]:4420', '0.0.0.0' -> (address, port)."""
-    m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\](?::(\d+))?", text)
+    """'127.0.0.1:4420', '[::1]:4420', '0.0.0.0' -> (address, port).
+
+    Strict, as host input is: an address that is not an IP address, or a port outside
+    0..65535, is refused here rather than wrapped or resolved by the socket layer
+    ('1.2.3' would bind 1.2.0.3; port 99999 would bind 34463)."""
+    m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\](?::([^:]*))?", text)
     if m:
-        return m.group(1), int(m.group(2) or NVME_TCP_PORT)
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        return text, NVME_TCP_PORT
-    if ":" in host:
+        host, port_text = m.group(1), m.group(2)
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            host, port_text = text, None
+        elif ":" in host:
+            raise ConfigError(f"IPv6 addresses need brackets: {text!r}")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        raise ConfigError(f"{text!r}: {host!r} is not an IP address") from None
+    if m is None and ip.version == 6:
         raise ConfigError(f"IPv6 addresses need brackets: {text!r}")
-    return host, int(port)
+    if port_text is None:
+        return host, NVME_TCP_PORT
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 0xFFFF:
+        raise ConfigError(f"{text!r}: {port_text!r} is not a TCP port (0 to 65535)")
+    return host, int(port_text)
 
 
 def parse_version(text: str | int) -> int:
@@ -175,8 +215,16 @@ def transport_of(spec: dict[str, Any], where: str, base: TransportConfig) -> Tra
     )
 
 
-def open_device(spec: dict[str, Any], where: str, name: str, *, owned: bool) -> NamedDevice:
-    """The block device a namespace or devices[] entry describes, opened."""
+def open_device(
+    spec: dict[str, Any],
+    where: str,
+    name: str,
+    *,
+    owned: bool,
+    memory: Callable[[int, int], MemoryDevice] = MemoryDevice,
+) -> NamedDevice:
+    """The block device a namespace or devices[] entry describes, opened; a memory
+    device made by `memory` (the target's: shared memory when workers serve I/O)."""
     r = _Reader(spec, where, _NAMESPACE_KEYS | {"name"})
     block_size = r.get("block_size", int, DEFAULT_BLOCK_SIZE)
     dev_uuid = None if owned else r.convert("uuid", uuid.UUID)
@@ -184,7 +232,7 @@ def open_device(spec: dict[str, Any], where: str, name: str, *, owned: bool) -> 
         if "memory" in spec:
             size = r.convert("memory", parse_size)
             return NamedDevice.wrap(
-                name, MemoryDevice(size, block_size), device_uuid=dev_uuid, owned=owned
+                name, memory(size, block_size), device_uuid=dev_uuid, owned=owned
             )
         if "file" in spec:
             path = Path(r.get("file", str))
@@ -196,7 +244,8 @@ def open_device(spec: dict[str, Any], where: str, name: str, *, owned: bool) -> 
             )
             return NamedDevice.wrap(name, device, device_uuid=dev_uuid, owned=owned)
     except OSError as exc:
-        raise ConfigError(f"{where}: {exc.filename or ''}: {exc.strerror or exc}") from exc
+        what = f"{exc.filename}: " if exc.filename else ""
+        raise ConfigError(f"{where}: {what}{exc.strerror or exc}") from exc
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from exc
     raise ConfigError(f"{where}: a namespace needs 'memory', 'file' or 'device'")
@@ -233,10 +282,18 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
             name = r.get("name", str)
             if not name:
                 raise ConfigError(f"{where}.name: a device needs a name")
-            entry = open_device(spec, where, name, owned=False)
+            entry = open_device(spec, where, name, owned=False, memory=target.memory_device)
             _change(where, lambda entry=entry: target.add_block_device(entry), entry)
+        for i, spec in enumerate(top.items("keyring")):
+            where = f"keyring[{i}]"
+            r = _Reader(spec, where, _KEY_KEYS)
+            name, path = r.get("name", str), r.get("path", str)
+            if not name or not path:
+                raise ConfigError(f"{where}: a key needs a name and a path")
+            _change(where, lambda name=name, path=path: target.add_key(name, path))
+        listener_states: list[tuple[str, str, Callable[[], Any]]] = []
         for i, spec in enumerate(top.items("subsystems")):
-            _subsystem(target, spec, f"subsystems[{i}]")
+            _subsystem(target, spec, f"subsystems[{i}]", listener_states)
         ports = top.items("ports")
         for i, spec in enumerate(ports):
             where = f"ports[{i}]"
@@ -250,6 +307,7 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
                 subsystems=subsystems,
                 transport=transport_of(spec, where, target.transport),
                 discovery_listener=r.get("discovery", bool, False),
+                advertise=r.get("advertise", str, ""),
             )
             await _change_async(where, target.add_port(port))
         if "discovery_ports" in config:
@@ -268,8 +326,12 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
                 discovery_only=True,
                 discovery_listener=True,
                 transport=transport_of(spec, where, target.transport),
+                advertise=r.get("advertise", str, ""),
             )
             await _change_async(where, target.add_port(port))
+        # ANA states of single listeners, once the listeners exist.
+        for where, _nqn, apply in listener_states:
+            _change(where, apply)
     except (KeyError, TypeError) as exc:
         raise ConfigError(f"invalid configuration: {exc!r}") from exc
 
@@ -284,14 +346,58 @@ def _copy_formats(formats: list[Any], where: str) -> int:
     return mask
 
 
-def _subsystem(target: Target, spec: Any, where: str) -> None:
+def _names(value: Any, parse: Callable[[str], Any], where: str) -> tuple[Any, ...] | None:
+    """One name or a list of names (hashes, DH groups), in order of preference."""
+    if value is None:
+        return None
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items or not all(isinstance(v, str) for v in items):
+        raise ConfigError(f"{where}: a name or a non-empty list of names")
+    try:
+        return tuple(dict.fromkeys(parse(v) for v in items))
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _host_auth(target: Target, spec: Any, where: str, auths: dict[str, HostAuthConfig]) -> str:
+    r = _Reader(spec, where, _HOST_KEYS)
+    hostnqn = r.get("nqn", str)
+    if not hostnqn:
+        raise ConfigError(f"{where}.nqn: a host needs an NQN")
+    key = r.get("dhchap_key", str)
+    ctrl_key = r.get("dhchap_ctrl_key", str)
+    hashes = _names(spec.get("dhchap_hash"), hash_from_name, r.path("dhchap_hash"))
+    groups = _names(spec.get("dhchap_dhgroup"), dhgroup_from_name, r.path("dhchap_dhgroup"))
+    if key is None:
+        if ctrl_key is not None or hashes or groups:
+            raise ConfigError(f"{where}.dhchap_key: DH-HMAC-CHAP settings need a host key")
+        return hostnqn
+    try:
+        auths[hostnqn] = target.auth_config(key, ctrl_key, hashes=hashes, dhgroups=groups)
+    except ChangeError as exc:
+        field = "dhchap_ctrl_key" if exc.field == "dhchap_ctrlr_key" else exc.field
+        raise ConfigError(f"{where}.{field}: {exc.reason}") from None
+    return hostnqn
+
+
+def _subsystem(
+    target: Target,
+    spec: Any,
+    where: str,
+    listener_states: list[tuple[str, str, Callable[[], Any]]],
+) -> None:
     r = _Reader(spec, where, _SUBSYSTEM_KEYS)
     nqn = r.get("nqn", str)
     if nqn is None:
         raise ConfigError(f"{where}.nqn: a subsystem needs an NQN")
-    hosts = r.items("hosts")
-    if not all(isinstance(h, str) for h in hosts):
-        raise ConfigError(f"{where}.hosts: not a list of NQNs")
+    host_specs = r.items("hosts")
+    hosts: list[str] = []
+    auths: dict[str, HostAuthConfig] = {}
+    for j, host in enumerate(host_specs):
+        if isinstance(host, str):
+            hosts.append(host)
+            continue
+        hosts.append(_host_auth(target, host, f"{where}.hosts[{j}]", auths))
     kwargs: dict[str, Any] = dict(
         serial=r.get("serial", str, ""),
         model=r.get("model", str, "pynvmf"),
@@ -307,6 +413,48 @@ def _subsystem(target: Target, spec: Any, where: str) -> None:
         copy_formats=_copy_formats(r.items("copy_formats"), f"{where}.copy_formats"),
     )
     _change(where, lambda: target.add_subsystem(nqn, **kwargs))
+    for hostnqn, auth in auths.items():
+        _change(where, lambda hostnqn=hostnqn, auth=auth: target.set_host_keys(nqn, hostnqn, auth))
+    for j, group_spec in enumerate(r.items("ana_groups")):
+        g_where = f"{where}.ana_groups[{j}]"
+        g = _Reader(group_spec, g_where, _ANA_GROUP_KEYS)
+        grpid = g.get("grpid", int)
+        if grpid is None:
+            raise ConfigError(f"{g_where}.grpid: an ANA group needs an ID")
+        state = g.get("state", str, "optimized")
+        if grpid == 1:  # every subsystem has group 1
+            _change(g_where, lambda s=state: target.set_ana_state(nqn, 1, s))
+        else:
+            _change(g_where, lambda i=grpid, s=state: target.add_ana_group(nqn, i, s))
+        for k, listener in enumerate(g.items("listeners")):
+            l_where = f"{g_where}.listeners[{k}]"
+            lr = _Reader(listener, l_where, _ANA_LISTENER_KEYS)
+            address = lr.get("address", str, "127.0.0.1")
+            port_number = lr.get("port", int, NVME_TCP_PORT)
+            l_state = lr.get("state", str)
+            if l_state is None:
+                raise ConfigError(f"{l_where}.state: missing")
+            listener_states.append(
+                (
+                    l_where,
+                    nqn,
+                    lambda i=grpid, s=l_state, a=address, n=port_number: target.set_ana_state(
+                        nqn, i, s, a, n
+                    ),
+                )
+            )
+    for j, peer_spec in enumerate(r.items("peer_listeners")):
+        p_where = f"{where}.peer_listeners[{j}]"
+        pr = _Reader(peer_spec, p_where, _PEER_KEYS)
+        address = pr.get("address", str)
+        port_number = pr.get("port", int, NVME_TCP_PORT)
+        portid = pr.get("portid", int, 0)
+        if address is None:
+            raise ConfigError(f"{p_where}.address: missing")
+        _change(
+            p_where,
+            lambda a=address, n=port_number, i=portid: target.add_peer_listener(nqn, a, n, i),
+        )
     for j, ns_spec in enumerate(r.items("namespaces")):
         ns_where = f"{where}.namespaces[{j}]"
         ns = _Reader(ns_spec, ns_where, _NAMESPACE_KEYS)
@@ -320,7 +468,9 @@ def _subsystem(target: Target, spec: Any, where: str) -> None:
         device: str | NamedDevice
         entry = None
         if name is None:
-            device = entry = open_device(ns_spec, ns_where, f"{nqn}/{nsid}", owned=True)
+            device = entry = open_device(
+                ns_spec, ns_where, f"{nqn}/{nsid}", owned=True, memory=target.memory_device
+            )
         elif set(ns_spec) & _DEVICE_KEYS:
             key = sorted(set(ns_spec) & _DEVICE_KEYS)[0]
             raise ConfigError(f"{ns_where}.{key}: a namespace on a named device describes none")
@@ -329,7 +479,14 @@ def _subsystem(target: Target, spec: Any, where: str) -> None:
         ptpl_file = Path(ptpl) if ptpl is not None else None
         if not ptpl_given and entry is not None:
             ptpl_file = default_ptpl_file(entry)
-        ns_kwargs = dict(nsid=nsid, ns_uuid=ns_uuid, nguid=nguid, eui64=eui64, ptpl_file=ptpl_file)
+        ns_kwargs = dict(
+            nsid=nsid,
+            ns_uuid=ns_uuid,
+            nguid=nguid,
+            eui64=eui64,
+            ptpl_file=ptpl_file,
+            anagrpid=ns.get("anagrpid", int),
+        )
         _change(
             ns_where,
             lambda device=device, kw=ns_kwargs: target.add_namespace(nqn, device, **kw),
@@ -383,11 +540,13 @@ async def build_target(config: dict[str, Any]) -> Target:
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
-    with open(path) as f:
-        try:
+    try:
+        with open(path) as f:
             data = json.load(f)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be an object")
     return data
@@ -436,6 +595,8 @@ def config_of(target: Target) -> dict[str, Any]:
 
     A device that is neither memory nor a file cannot be described: ConfigError."""
     config: dict[str, Any] = {}
+    if target.keyring:
+        config["keyring"] = [{"name": e.name, "path": e.path} for e in target.keyring.values()]
     if target.transport != _DEFAULT_TRANSPORT:
         config["transport"] = _transport_dict(target.transport, _DEFAULT_TRANSPORT)
     devices = [
@@ -455,6 +616,8 @@ def config_of(target: Target) -> dict[str, Any]:
             spec["subsystems"] = list(port.subsystems)
         if port.discovery_listener:
             spec["discovery"] = True
+        if port.advertise:
+            spec["advertise"] = port.advertise
         spec.update(_transport_dict(port.transport, target.transport))
         ports.append(spec)
     config["ports"] = ports
@@ -462,6 +625,8 @@ def config_of(target: Target) -> dict[str, Any]:
     for port in target.ports:
         if port.discovery_only:
             spec = {"address": port.address, "port": port.port}
+            if port.advertise:
+                spec["advertise"] = port.advertise
             spec.update(_transport_dict(port.transport, target.transport))
             discovery.append(spec)
     config["discovery_ports"] = discovery
@@ -498,10 +663,27 @@ def _device_dict(entry: NamedDevice, *, with_name: bool) -> dict[str, Any]:
     return out
 
 
+def _host_dict(hostnqn: str, auth: HostAuthConfig | None) -> str | dict[str, Any]:
+    """A host entry: its NQN, or an object with its keys' names (never the keys)."""
+    if auth is None:
+        return hostnqn
+    spec: dict[str, Any] = {"nqn": hostnqn, "dhchap_key": auth.host_key_name or REDACTED_KEY}
+    if auth.ctrl_key is not None:
+        spec["dhchap_ctrl_key"] = auth.ctrl_key_name or REDACTED_KEY
+    if auth.hashes != ALL_HASHES:
+        spec["dhchap_hash"] = [h.hashlib_name for h in auth.hashes]
+    if auth.dhgroups != ALL_DHGROUPS:
+        spec["dhchap_dhgroup"] = [g.text for g in auth.dhgroups]
+    return spec
+
+
 def _subsystem_dict(target: Target, subsystem: Subsystem) -> dict[str, Any]:
     spec: dict[str, Any] = {"nqn": subsystem.nqn}
     if subsystem.allowed_hosts:
-        spec["hosts"] = sorted(subsystem.allowed_hosts)
+        spec["hosts"] = [
+            _host_dict(hostnqn, subsystem.host_auth.get(hostnqn))
+            for hostnqn in sorted(subsystem.allowed_hosts)
+        ]
     if subsystem.allow_any_host != (not subsystem.allowed_hosts):
         spec["allow_any_host"] = subsystem.allow_any_host
     spec["serial"] = subsystem.serial
@@ -517,6 +699,23 @@ def _subsystem_dict(target: Target, subsystem: Subsystem) -> dict[str, Any]:
         spec["copy_formats"] = [f for f in (2, 3) if subsystem.copy_formats >> f & 1]
     if subsystem.version != DEFAULT_VERSION:
         spec["version"] = format_version(subsystem.version)
+    groups = []
+    for grpid, group in sorted(subsystem.ana.groups.items()):
+        if grpid == 1 and group.state == AnaState.OPTIMIZED and not group.on_port:
+            continue
+        g_spec: dict[str, Any] = {"grpid": grpid, "state": ana.NAMES[group.state]}
+        if group.on_port:
+            g_spec["listeners"] = [
+                {"address": port.address, "port": port.port, "state": ana.NAMES[state]}
+                for port, state in group.on_port.items()
+            ]
+        groups.append(g_spec)
+    if groups:
+        spec["ana_groups"] = groups
+    if subsystem.peer_listeners:
+        spec["peer_listeners"] = [
+            {"address": a, "port": n, "portid": i} for a, n, i in subsystem.peer_listeners
+        ]
     namespaces = []
     for nsid, ns in sorted(subsystem.namespaces.items()):
         entry = target.block_devices.get(ns.device_name)
@@ -533,6 +732,8 @@ def _subsystem_dict(target: Target, subsystem: Subsystem) -> dict[str, Any]:
         ns_spec["uuid"] = str(ns.uuid)
         ns_spec["nguid"] = ns.nguid.hex()
         ns_spec["eui64"] = ns.eui64.hex()
+        if ns.anagrpid != 1:
+            ns_spec["anagrpid"] = ns.anagrpid
         namespaces.append(ns_spec)
     spec["namespaces"] = namespaces
     return spec

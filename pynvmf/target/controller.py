@@ -17,6 +17,7 @@ from pynvmf.spec import command as C
 from pynvmf.spec.identify import IocsVector, Oaes
 from pynvmf.spec.logpages import CHANGED_NS_MAX, ErrorLogEntry, LogPageId
 from pynvmf.spec.opcodes import (
+    NOTICE_ANA_CHANGE,
     NOTICE_DISC_LOG_CHANGED,
     NOTICE_NS_ATTR_CHANGED,
     AsyncEventType,
@@ -125,6 +126,10 @@ class Controller:
         # KATO 0 would let a controller (and what it holds) live for ever: bounded.
         self._kato_ms = effective_kato_ms(requested)
 
+    @property
+    def keep_alive_running(self) -> bool:
+        return self._ka_handle is not None
+
     def start_keep_alive(self) -> None:
         """(Re)start the keep-alive timer: traffic based, checked every slack interval, so
         a silent host is noticed after KATO and before KATO + 2 intervals."""
@@ -202,6 +207,12 @@ class Controller:
         """The Changed Namespace List as the host reads it; reading clears it."""
         changed, self.changed_nsids = self.changed_nsids, []
         return changed
+
+    def ana_changed(self) -> None:
+        """What this controller's ANA log says changed: an ANA Change event, if enabled
+        (and unless one is waiting for the host to read the log)."""
+        if self.aen_config & Oaes.ANA_CHANGE:
+            self.notify(AsyncEventType.NOTICE, NOTICE_ANA_CHANGE, LogPageId.ANA)
 
     def discovery_changed(self) -> None:
         """The discovery log changed: a Discovery Log Page Change event, if enabled."""

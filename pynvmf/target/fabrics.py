@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING
 
+from pynvmf.auth.controller import ControllerAuth
 from pynvmf.spec import command as C
+from pynvmf.spec.auth import AUTHREQ_ATR
 from pynvmf.spec.opcodes import FabricsType
 from pynvmf.spec.status import DNR, Status
 from pynvmf.target.controller import CAP, QUEUE_ENTRIES, Controller
@@ -55,7 +58,6 @@ async def connect(queue: TargetQueue, req: Request) -> Result:
             target, subsystem, cntlid, cdata.hostnqn, cdata.hostid, cmd.kato, queue.port
         )
         subsystem.controllers[cntlid] = ctrl
-        ctrl.start_keep_alive()
         log.info(
             "controller %d of %s created for %s (kato %d ms)",
             cntlid,
@@ -80,8 +82,27 @@ async def connect(queue: TargetQueue, req: Request) -> Result:
             return Status.CMD_SEQ_ERROR | DNR, 0
         if cmd.qid in ctrl.queues:
             return Status.CMD_SEQ_ERROR | DNR, 0
+    authreq = 0
+    if not subsystem.is_discovery and cdata.hostnqn in subsystem.host_auth:
+        # The host has a key here: this queue answers nothing but authentication (and
+        # Property Get) until it has authenticated; AUTHREQ.ATR tells the host so.
+        authreq = AUTHREQ_ATR
+        queue.require_auth(
+            ControllerAuth(
+                functools.partial(subsystem.host_auth.get, cdata.hostnqn),
+                cdata.hostnqn,
+                subsystem.nqn,
+                cmd.qid,
+                ctrl.cntlid,
+            )
+        )
     queue.bind(ctrl, cmd.qid, cmd.sqsize + 1, bool(cmd.cattr & C.CATTR_DISABLE_SQ_FLOW))
-    return Status.SUCCESS, ctrl.cntlid
+    if cmd.qid == 0 and not authreq:
+        # With authentication the keep-alive timer starts once the admin queue has
+        # authenticated: a host cannot send Keep Alive before, and its DH computation may
+        # take longer than KATO on a slow machine. The authentication deadline bounds it.
+        ctrl.start_keep_alive()
+    return Status.SUCCESS, ctrl.cntlid | authreq
 
 
 # CC.CSS values CAP.CSS advertises: the NVM command set, or every I/O command set.

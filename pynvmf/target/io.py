@@ -95,6 +95,8 @@ class IoHandler:
         # Namespaces with registrants (the subsystem keeps it current): empty, no I/O
         # command pays more than testing it.
         self.registered = ctrl.subsystem.registered
+        # ANA: while every group is usable through every port, one attribute test.
+        self.ana = ctrl.subsystem.ana
 
     def submit(self, req: Request) -> None:
         """Run a command that arrived, at once where it can: the hot path.
@@ -103,12 +105,12 @@ class IoHandler:
         I/O in place (memory: read_view / write_now) completes here with no coroutine
         and no buffer of its own (the read's data is a view of the device's memory, the
         write's is copied from the receive buffer straight into it). Anything else, or
-        anything unusual about these (a range or length that is wrong, reservations, a
-        fused operation holding the namespace), takes the general path, which decides
-        the status."""
+        anything unusual about these (a range or length that is wrong, reservations, an
+        ANA group not usable through some port, a fused operation holding the namespace),
+        takes the general path, which decides the status."""
         sqe = req.sqe
         opcode = sqe.opcode
-        if opcode in (_READ, _WRITE) and not self.registered:
+        if opcode in (_READ, _WRITE) and not self.registered and not self.ana.any_blocked:
             ns = self.namespaces.get(sqe.nsid)
             if ns is not None:
                 device = ns.device
@@ -159,6 +161,9 @@ class IoHandler:
             handler = _HANDLERS.get(opcode)
             if handler is None:
                 status, data = Status.INVALID_OPCODE | DNR, None
+            elif self.ana.any_blocked and (blocked := self.path_status(sqe.nsid)):
+                # Refused before anything moves (no R2T, no data read or written).
+                status, data = blocked, None
             elif self.registered:
                 status, data = await self._reserved(req, handler)
             else:
@@ -179,6 +184,15 @@ class IoHandler:
         if status:
             self.ctrl.record_error(self.queue.qid, req, status)
         self.queue.conn.complete(req, status, 0, data)
+
+    def path_status(self, nsid: int) -> int:
+        """The ANA path-related status a command to `nsid` gets through this queue's
+        port, or 0 (served; also for NSIDs naming no one namespace, which get the
+        status they would anyway)."""
+        ns = self.namespaces.get(nsid)
+        if ns is None:
+            return 0
+        return self.ana.path_status(self.queue.port, ns.anagrpid)
 
     async def _reserved(
         self, req: Request, handler: Callable[[IoHandler, Request], Awaitable[Outcome]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -13,16 +14,26 @@ from pynvmf.spec.command import CSTS_RDY, FUSE_MASK
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType
 from pynvmf.spec.status import DNR, Status
 from pynvmf.target import admin, compare, fabrics
+from pynvmf.target import auth as auth_commands
 from pynvmf.target.budget import DataBudget
 from pynvmf.target.fused import FusedPairing
 from pynvmf.target.io import IoHandler
 from pynvmf.tcp.target import ADMIN_INLINE_LIMIT, Request, TargetConnection, TransferAborted
 
 if TYPE_CHECKING:
+    from pynvmf.auth.controller import ControllerAuth
     from pynvmf.target.controller import Controller
     from pynvmf.target.server import Port, Target
 
 log = logging.getLogger(__name__)
+
+# Until it has authenticated, a queue that must answers these Fabrics commands alone
+# (Authentication Required for anything else, as nvmet and SPDK).
+_BEFORE_AUTH = (FabricsType.AUTH_SEND, FabricsType.AUTH_RECV, FabricsType.PROPERTY_GET)
+_AUTH_COMMANDS = (FabricsType.AUTH_SEND, FabricsType.AUTH_RECV)
+# How long a queue that has not authenticated may wait between the steps of its
+# transaction (from Connect to Negotiate, Negotiate to Reply, ...); nvmet: KATO or 120 s.
+AUTH_DEADLINE_S = 60.0
 
 
 def _deliver(fut: asyncio.Future[bytearray], req: Request) -> None:
@@ -68,6 +79,11 @@ class TargetQueue:
         limits = target.connection_budget.limits
         self.budget = DataBudget(target.memory_pool, limits.connection_data)
         conn.budget = self.budget
+        # DH-HMAC-CHAP on this queue (None: its host has no key); an I/O queue gets its
+        # handler only once authenticated, so the I/O path never tests for it.
+        self.auth: ControllerAuth | None = None
+        self.auth_deadline = 0.0
+        self._io_after_auth: IoHandler | None = None
 
     def on_command(self, req: Request) -> None:
         ctrl = self.controller
@@ -98,8 +114,37 @@ class TargetQueue:
                 # Connect must be the first command on every queue.
                 self.conn.complete(req, Status.CMD_SEQ_ERROR | DNR)
             return
+        auth = self.auth
+        if (
+            auth is not None
+            and not auth.authenticated
+            and not (opcode == AdminOpcode.FABRICS and req.sqe.fctype in _BEFORE_AUTH)
+        ):
+            self.finish(req, Status.AUTH_REQUIRED | DNR)
+            return
         ctrl.traffic = True
+        _own_data(req)  # an I/O queue still authenticating lends its capsule data too
         self._run(self._admin(req))
+
+    def require_auth(self, auth: ControllerAuth) -> None:
+        """The host must authenticate this queue before it is of any use."""
+        self.auth = auth
+        self.auth_deadline = time.monotonic() + AUTH_DEADLINE_S
+
+    def auth_progressed(self) -> None:
+        """An authentication command went through the state machine."""
+        auth = self.auth
+        if auth is None:
+            return
+        if not auth.authenticated:
+            self.auth_deadline = time.monotonic() + AUTH_DEADLINE_S
+            return
+        self.auth_deadline = 0.0
+        if self._io_after_auth is not None:
+            self.io, self._io_after_auth = self._io_after_auth, None
+        ctrl = self.controller
+        if self.qid == 0 and ctrl is not None and not ctrl.keep_alive_running:
+            ctrl.start_keep_alive()
 
     def _run(self, command: Coroutine[Any, Any, None]) -> None:
         task = start_eager(command)
@@ -133,7 +178,10 @@ class TargetQueue:
         conn.inline_limit = ADMIN_INLINE_LIMIT if qid == 0 else self.port.transport.inline_data_size
         counters = self.target.counters
         if qid:
-            self.io = IoHandler(ctrl, self)
+            if self.auth is not None and not self.auth.authenticated:
+                self._io_after_auth = IoHandler(ctrl, self)
+            else:
+                self.io = IoHandler(ctrl, self)
             conn.on_refused = self.fused.refused
             # Every path from on_command copies what it keeps (_own_data, IoHandler.submit).
             conn.borrow_capsule_data = True
@@ -149,6 +197,9 @@ class TargetQueue:
         except Exception:
             log.exception("connect failed")
             status, result = Status.INTERNAL_ERROR, 0
+        workers = self.target.workers
+        if not status and self.qid > 0 and workers is not None and workers.hand_off(self, req):
+            return  # a worker process serves the queue from here on, and completes the Connect
         self.conn.complete(req, status, result)
 
     async def _admin(self, req: Request) -> None:
@@ -157,7 +208,10 @@ class TargetQueue:
         data = None
         try:
             if req.sqe.opcode == AdminOpcode.FABRICS:
-                status, result = await fabrics.execute(self, req)
+                if req.sqe.fctype in _AUTH_COMMANDS:
+                    status, result, data = await auth_commands.execute(self, req)
+                else:
+                    status, result = await fabrics.execute(self, req)
             elif not ctrl.csts & CSTS_RDY:
                 # Only Fabrics commands until the host enables the controller (CC.EN).
                 status, result = Status.CMD_SEQ_ERROR | DNR, 0
@@ -166,6 +220,14 @@ class TargetQueue:
                 if outcome is None:
                     return  # completes later (Asynchronous Event Request)
                 status, result, data = outcome
+                if (
+                    not status
+                    and req.sqe.opcode == AdminOpcode.SET_FEATURES
+                    and self.target.workers is not None
+                ):
+                    # The workers serving this controller's I/O queues take the change
+                    # before the host hears of it.
+                    await self.target.workers.controller_changed(ctrl)
         except ConnectionError:
             return
         except Exception:
@@ -174,6 +236,11 @@ class TargetQueue:
         if status:
             ctrl.record_error(self.qid, req, status)
         self.conn.complete(req, status, result, data)
+        auth = self.auth
+        if auth is not None and auth.closing:
+            # A failed authentication ends this queue's connection once its last message
+            # (AUTH_Failure1, or the completion of the host's Failure2) has gone out.
+            self.close(auth.closing)
 
     async def hold(self, req: Request, n: int) -> None:
         """Charge `req` with `n` bytes of data buffer before it allocates them, waiting (and
@@ -209,6 +276,7 @@ class TargetQueue:
             if not fut.done():
                 fut.set_exception(TransferAborted("connection closed"))
         self._waiters.clear()
+        self._io_after_auth = None
         ctrl = self.controller
         if ctrl is not None:
             ctrl.remove_queue(self.qid, self)

@@ -24,13 +24,19 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
+from pynvmf.auth.controller import ALL_DHGROUPS, ALL_HASHES, HostAuthConfig
+from pynvmf.auth.keys import DhchapKey, KeyFormatError, load_key_file
+from pynvmf.block.memory import MemoryDevice
 from pynvmf.malloc import trim
 from pynvmf.spec import logpages as L
+from pynvmf.spec.auth import DhGroupId, HashId
 from pynvmf.spec.command import COPY_CDFE_FORMATS
+from pynvmf.spec.logpages import AnaState
 from pynvmf.spec.nqn import nqn_problem
 from pynvmf.spec.opcodes import DISCOVERY_NQN
+from pynvmf.target import ana
 from pynvmf.target.budget import (
     SWEEP_INTERVAL_S,
     WRITE_HIGH_WATER,
@@ -50,6 +56,9 @@ from pynvmf.target.subsystem import (
     Subsystem,
 )
 from pynvmf.tcp.target import TargetConnection, TransportConfig
+
+if TYPE_CHECKING:
+    from pynvmf.target.workers import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +103,9 @@ class Port:
     # an I/O port with a list of subsystems, the port stays as a discovery-only port
     # rather than closing.
     discovery_listener: bool = False
+    # The address the discovery log gives for this port, when hosts reach it by another
+    # than the one it listens on (NAT, a VM's user-mode network): "" means its own.
+    advertise: str = ""
     connections: set[TargetProtocol] = field(default_factory=set, repr=False, compare=False)
     server: asyncio.base_events.Server | None = field(default=None, repr=False, compare=False)
 
@@ -121,6 +133,15 @@ def _normal_address(address: str) -> str:
         return ipaddress.ip_address(address).compressed
     except ValueError:
         return address
+
+
+@dataclass(frozen=True)
+class KeyringEntry:
+    """A named secret and the file it came from; outputs show the name and path only."""
+
+    name: str
+    path: str
+    key: DhchapKey = field(repr=False)
 
 
 @dataclass
@@ -172,6 +193,11 @@ class Target:
         busy_poll_us: int = 0,
     ) -> None:
         self.subsystems: dict[str, Subsystem] = {}
+        # DH-HMAC-CHAP secrets by name (SPDK's keyring), and the hashes and DH groups a
+        # host's authentication allows unless its own configuration says otherwise.
+        self.keyring: dict[str, KeyringEntry] = {}
+        self.dhchap_hashes: tuple[HashId, ...] = ALL_HASHES
+        self.dhchap_dhgroups: tuple[DhGroupId, ...] = ALL_DHGROUPS
         self.block_devices: dict[str, NamedDevice] = {}
         self.discovery = Subsystem(DISCOVERY_NQN, model="pynvmf discovery")
         self.ports: list[Port] = []
@@ -189,6 +215,9 @@ class Target:
             raise ChangeError("busy_poll_us", f"{busy_poll_us} is not a number of microseconds")
         self.poller = BusyPoller(busy_poll_us / 1e6) if busy_poll_us else None
         self._sweeper: asyncio.TimerHandle | None = None
+        # The worker processes that serve I/O queues (pynvmf target --cores N, workers.py);
+        # None: every queue is served here.
+        self.workers: WorkerPool | None = None
         self._running = False
         self._stopped = False
         for subsystem in subsystems:
@@ -262,6 +291,11 @@ class Target:
         if nqn == DISCOVERY_NQN:
             return self.discovery
         return self.subsystems.get(nqn)
+
+    def memory_device(self, size_bytes: int, block_size: int) -> MemoryDevice:
+        """A new memory device for the configuration or the RPC to serve: private memory,
+        or shared memory the worker processes map when they serve the I/O queues."""
+        return MemoryDevice(size_bytes, block_size)
 
     def set_transport(self, config: TransportConfig) -> None:
         """The transport options of the listeners add_listener opens from now on."""
@@ -439,6 +473,7 @@ class Target:
         nguid: bytes | None = None,
         eui64: bytes | None = None,
         ptpl_file: Path | None = None,
+        anagrpid: int | None = None,
     ) -> Namespace:
         """Serve a block device, by name, as namespace `nsid` (default: the lowest free)
         of subsystem `nqn`; or a new one (a NamedDevice, added with the namespace: it
@@ -450,8 +485,12 @@ class Target:
         derived from the NQN, NSID and what backs the device, so stable across restarts.
         With `ptpl_file` its reservations can persist through power loss; a state saved
         there is restored (a damaged one is refused: the hosts it fences would get in).
+        The namespace is in ANA group `anagrpid` (default 1), which is created (optimized
+        on every listener) if the subsystem has no such group yet.
         """
         subsystem = self._subsystem(nqn)
+        grpid = ana.DEFAULT_GROUP if anagrpid is None else anagrpid
+        _check_grpid(grpid)
         if isinstance(device, NamedDevice):
             entry = device
             if entry.name in self.block_devices:
@@ -491,6 +530,7 @@ class Target:
                 eui64=eui64,
                 device_name=device_name,
                 ptpl_file=ptpl_file,
+                anagrpid=grpid,
             )
         except (OSError, ValueError) as exc:
             raise ChangeError("ptpl_file", str(exc)) from exc
@@ -507,8 +547,11 @@ class Target:
         subsystem.namespaces[nsid] = ns
         ns.reservation.attach(subsystem.registered, nsid)
         log.info("namespace %d of %s added on %s", nsid, nqn, device_name)
+        group = subsystem.ana.add(grpid)
+        subsystem.ana.changed([group])  # its NSID list grew
         for ctrl in list(subsystem.controllers.values()):
             ctrl.namespace_changed(nsid)
+            ctrl.ana_changed()
         return ns
 
     def _free_nsid(self, subsystem: Subsystem) -> int:
@@ -538,8 +581,11 @@ class Target:
         del subsystem.namespaces[nsid]
         ns.reservation.detach()
         log.info("namespace %d of %s removed", nsid, nqn)
+        group = subsystem.ana.group(ns.anagrpid)
+        subsystem.ana.changed([group] if group is not None else [])
         for ctrl in list(subsystem.controllers.values()):
             ctrl.namespace_changed(nsid)
+            ctrl.ana_changed()
         await _drain(waiting, subsystem)
         await self._release(ns)
         return ns
@@ -569,16 +615,98 @@ class Target:
             except OSError as exc:
                 log.error("flushing %s failed: %s", entry.name, exc)
 
+    # -- keys ---------------------------------------------------------------------------
+
+    def add_key(self, name: str, path: str) -> KeyringEntry:
+        """Add a DH-HMAC-CHAP secret from a key file (mode 0600) to the keyring under
+        `name` (SPDK's keyring_file_add_key); hosts refer to keys by name."""
+        if not name or not isinstance(name, str):
+            raise ChangeError("name", "a key needs a name")
+        if name in self.keyring:
+            raise ChangeError("name", f"key {name!r} exists")
+        try:
+            key = load_key_file(path)
+        except KeyFormatError as e:
+            raise ChangeError("path", str(e)) from None
+        entry = KeyringEntry(name, path, key)
+        self.keyring[name] = entry
+        log.info("key %s added from %s", name, path)
+        return entry
+
+    def remove_key(self, name: str) -> None:
+        if name not in self.keyring:
+            raise ChangeError("name", f"no key named {name!r}")
+        for subsystem in self.subsystems.values():
+            for hostnqn, config in subsystem.host_auth.items():
+                if name in (config.host_key_name, config.ctrl_key_name):
+                    raise ChangeError(
+                        "name", f"key {name!r} is in use by {hostnqn} on {subsystem.nqn}"
+                    )
+        del self.keyring[name]
+        log.info("key %s removed", name)
+
+    def auth_config(
+        self,
+        dhchap_key: str | DhchapKey,
+        dhchap_ctrl_key: str | DhchapKey | None = None,
+        *,
+        hashes: Iterable[HashId] | None = None,
+        dhgroups: Iterable[DhGroupId] | None = None,
+    ) -> HostAuthConfig:
+        """A host's authentication from keyring names (or keys), with the target's
+        hashes and DH groups unless given."""
+
+        def resolve(ref: str | DhchapKey, field: str) -> tuple[DhchapKey, str]:
+            if isinstance(ref, DhchapKey):
+                return ref, ""
+            entry = self.keyring.get(ref)
+            if entry is None:
+                raise ChangeError(field, f"no key named {ref!r} in the keyring")
+            return entry.key, entry.name
+
+        host_key, host_name = resolve(dhchap_key, "dhchap_key")
+        ctrl_key, ctrl_name = (
+            resolve(dhchap_ctrl_key, "dhchap_ctrlr_key")
+            if dhchap_ctrl_key is not None
+            else (None, "")
+        )
+        hash_list = tuple(hashes) if hashes is not None else self.dhchap_hashes
+        group_list = tuple(dhgroups) if dhgroups is not None else self.dhchap_dhgroups
+        if not hash_list:
+            raise ChangeError("dhchap_hash", "at least one hash")
+        if not group_list:
+            raise ChangeError("dhchap_dhgroup", "at least one DH group")
+        return HostAuthConfig(host_key, ctrl_key, hash_list, group_list, host_name, ctrl_name)
+
     # -- hosts --------------------------------------------------------------------------
 
-    def add_host(self, nqn: str, hostnqn: str) -> None:
-        """Allow `hostnqn` to connect to `nqn` (when it does not allow any host)."""
+    def add_host(self, nqn: str, hostnqn: str, *, auth: HostAuthConfig | None = None) -> None:
+        """Allow `hostnqn` to connect to `nqn` (when it does not allow any host); with
+        `auth`, the host must authenticate with DH-HMAC-CHAP."""
         subsystem = self._subsystem(nqn)
         _check_hostnqn(hostnqn)
         if hostnqn in subsystem.allowed_hosts:
             raise ChangeError("hostnqn", f"{hostnqn} is already allowed on {nqn}")
         subsystem.allowed_hosts.add(hostnqn)
+        if auth is not None:
+            subsystem.host_auth[hostnqn] = auth
         self._discovery_changed()
+
+    def set_host_keys(self, nqn: str, hostnqn: str, auth: HostAuthConfig | None) -> None:
+        """Change (or, with None, remove) the DH-HMAC-CHAP keys of a host on `nqn`.
+
+        Queues already authenticated stay so; every authentication from now on (a new
+        queue, or the host re-authenticating) uses the new keys, as with nvmet. A host
+        that must rotate its key re-authenticates with it (Linux: writing the new secret
+        to /sys/class/nvme/nvmeX/dhchap_secret)."""
+        subsystem = self._subsystem(nqn)
+        if hostnqn not in subsystem.allowed_hosts and hostnqn not in subsystem.host_auth:
+            raise ChangeError("host", f"{hostnqn!r} is not a host of {nqn}")
+        if auth is None:
+            subsystem.host_auth.pop(hostnqn, None)
+        else:
+            subsystem.host_auth[hostnqn] = auth
+        log.info("DH-HMAC-CHAP keys of %s on %s %s", hostnqn, nqn, "changed" if auth else "removed")
 
     def remove_host(self, nqn: str, hostnqn: str) -> None:
         """Take `hostnqn` off the subsystem's hosts; its controllers there are torn down."""
@@ -586,6 +714,7 @@ class Target:
         if hostnqn not in subsystem.allowed_hosts:
             raise ChangeError("hostnqn", f"{hostnqn!r} is not a host of {nqn}")
         subsystem.allowed_hosts.discard(hostnqn)
+        subsystem.host_auth.pop(hostnqn, None)
         for ctrl in list(subsystem.controllers.values()):
             if ctrl.hostnqn == hostnqn:
                 ctrl.destroy("host removed from the subsystem")
@@ -629,6 +758,11 @@ class Target:
             raise ChangeError("address", f"{port.address!r} is not an IP address") from None
         if (":" in port.address) != (ip.version == 6):
             raise ChangeError("address", f"{port.address!r} is not an IP address")
+        if port.advertise:
+            try:
+                ipaddress.ip_address(port.advertise)
+            except ValueError:
+                raise ChangeError("advertise", f"{port.advertise!r} is not an IP address") from None
         if not isinstance(port.port, int) or not 0 <= port.port <= 0xFFFF:
             raise ChangeError("port", f"{port.port!r} is not a TCP port")
         if port.port and self.find_port(port.address, port.port) is not None:
@@ -665,6 +799,8 @@ class Target:
         if not any(p is port for p in self.ports):
             raise ChangeError("port", f"the target does not listen on {port}")
         self.ports = [p for p in self.ports if p is not port]
+        for subsystem in self.subsystems.values():
+            subsystem.ana.forget_port(port)
         for subsystem in [*self.subsystems.values(), self.discovery]:
             for ctrl in list(subsystem.controllers.values()):
                 if any(queue.port is port for queue in ctrl.queues.values()):
@@ -725,6 +861,7 @@ class Target:
             port.subsystems = [other for other in self.subsystems if other != nqn]
         else:
             port.subsystems.remove(nqn)
+        subsystem.ana.forget_port(port)
         for ctrl in list(subsystem.controllers.values()):
             if any(queue.port is port for queue in ctrl.queues.values()):
                 ctrl.destroy(f"listener {port} removed")
@@ -738,6 +875,125 @@ class Target:
             port.discovery_only = True
         elif any(p is port for p in self.ports):
             await self.remove_port(port)
+
+    # -- ANA ----------------------------------------------------------------------------
+
+    def listener(self, nqn: str, address: str, port_number: int) -> Port:
+        """The port through which subsystem `nqn` is reached on address:port."""
+        self._subsystem(nqn)
+        port = self.find_port(address, port_number)
+        if port is None or port.discovery_only or not port.exposes(nqn):
+            raise ChangeError("address", f"{nqn} does not listen on {address} {port_number}")
+        return port
+
+    def add_ana_group(
+        self, nqn: str, grpid: int, state: AnaState | str = AnaState.OPTIMIZED
+    ) -> ana.AnaGroup:
+        """A new ANA group of subsystem `nqn`, in `state` on every listener, with no
+        namespaces yet (they name it when they are added)."""
+        subsystem = self._subsystem(nqn)
+        _check_grpid(grpid)
+        new_state = _check_state(state)
+        if subsystem.ana.group(grpid) is not None:
+            raise ChangeError("anagrpid", f"{nqn} has ANA group {grpid}")
+        group = subsystem.ana.add(grpid, new_state)
+        for ctrl in list(subsystem.controllers.values()):
+            ctrl.ana_changed()
+        return group
+
+    def set_ana_state(
+        self,
+        nqn: str,
+        anagrpid: int | None,
+        state: AnaState | str,
+        address: str | None = None,
+        port_number: int | None = None,
+    ) -> int:
+        """Put ANA group `anagrpid` of subsystem `nqn` (every group of it if None) in
+        `state` on the listener address:port_number, or, without an address, on every
+        listener of the subsystem (and on those added later). The controllers whose ANA
+        log says something new, and only they, get an ANA Change event; the log's change
+        count moves on. Returns the number of controllers told."""
+        subsystem = self._subsystem(nqn)
+        new_state = _check_state(state)
+        if anagrpid is None:
+            groups = list(subsystem.ana.groups.values())
+        else:
+            _check_grpid(anagrpid)
+            group = subsystem.ana.group(anagrpid)
+            if group is None:
+                raise ChangeError(
+                    "anagrpid",
+                    f"{nqn} has no ANA group {anagrpid} (groups: "
+                    f"{', '.join(map(str, sorted(subsystem.ana.groups)))})",
+                )
+            groups = [group]
+        port = None if address is None else self.listener(nqn, address, port_number or 0)
+        controllers = list(subsystem.controllers.values())
+        ports = {ctrl.port for ctrl in controllers}
+        if port is not None:
+            ports.add(port)
+        before = {(g.grpid, p): g.state_on(p) for g in groups for p in ports}
+        changed = []
+        for g in groups:
+            old = (g.state, dict(g.on_port))
+            if port is None:
+                g.state = new_state
+                g.on_port.clear()
+            else:
+                g.on_port[port] = new_state
+            if (g.state, g.on_port) != old:
+                changed.append(g)
+        if not changed:
+            return 0
+        subsystem.ana.changed(changed)
+        groups_now = subsystem.ana.groups
+        moved = {p for (grpid, p), was in before.items() if groups_now[grpid].state_on(p) != was}
+        log.info(
+            "ANA group%s %s of %s %s on %s",
+            "" if len(changed) == 1 else "s",
+            ",".join(str(g.grpid) for g in changed),
+            nqn,
+            ana.NAMES[new_state],
+            port if port is not None else "every listener",
+        )
+        told = 0
+        for ctrl in controllers:
+            if ctrl.port in moved:
+                ctrl.ana_changed()
+                told += 1
+        return told
+
+    # -- gateways ------------------------------------------------------------------------
+
+    def add_peer_listener(self, nqn: str, address: str, port_number: int, portid: int = 0) -> None:
+        """Another gateway serves subsystem `nqn` on address:port_number: the discovery log
+        lists it, so a host that discovers through this target finds that path too."""
+        subsystem = self._subsystem(nqn)
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            raise ChangeError("address", f"{address!r} is not an IP address") from None
+        if not isinstance(port_number, int) or not 1 <= port_number <= 0xFFFF:
+            raise ChangeError("port", f"{port_number!r} is not a TCP port")
+        if not isinstance(portid, int) or not 0 <= portid <= 0xFFFF:
+            raise ChangeError("portid", f"{portid!r} is not a port ID")
+        for peer_address, peer_port, _ in subsystem.peer_listeners:
+            if peer_port == port_number and _normal_address(peer_address) == _normal_address(
+                address
+            ):
+                raise ChangeError("address", f"{address} {port_number} is a peer of {nqn}")
+        subsystem.peer_listeners.append((address, port_number, portid or port_number))
+        self._discovery_changed()
+
+    def remove_peer_listener(self, nqn: str, address: str, port_number: int) -> None:
+        subsystem = self._subsystem(nqn)
+        for entry in subsystem.peer_listeners:
+            if entry[1] == port_number and _normal_address(entry[0]) == _normal_address(address):
+                subsystem.peer_listeners.remove(entry)
+                self._discovery_changed()
+                return
+        raise ChangeError("address", f"{address} {port_number} is not a peer listener of {nqn}")
 
     # -- discovery ------------------------------------------------------------------------
 
@@ -758,11 +1014,16 @@ class Target:
             for subsystem in self.subsystems.values():
                 if port.exposes(subsystem.nqn) and subsystem.host_allowed(hostnqn):
                     entries.append(self._entry(port, subsystem.nqn, L.SubType.NVME, queue))
+        for subsystem in self.subsystems.values():
+            if subsystem.host_allowed(hostnqn):
+                for address, port_number, portid in subsystem.peer_listeners:
+                    peer = Port(address, port_number, portid=portid)
+                    entries.append(self._entry(peer, subsystem.nqn, L.SubType.NVME, queue))
         entries.append(self._entry(queue.port, DISCOVERY_NQN, L.SubType.CURRENT_DISCOVERY, queue))
         return L.discovery_log(self.genctr, entries)
 
     def _entry(self, port: Port, nqn: str, subtype: int, queue: TargetQueue) -> L.DiscoveryLogEntry:
-        address = port.address
+        address = port.advertise or port.address
         if not address or ipaddress.ip_address(address).is_unspecified:
             # A wildcard listener: tell the host the address it reached us on.
             address = queue.local_address
@@ -770,7 +1031,10 @@ class Target:
             trtype=L.TrType.TCP,
             adrfam=L.AdrFam.IPV6 if ":" in address else L.AdrFam.IPV4,
             subtype=subtype,
-            treq=L.Treq.NOT_REQUIRED | L.Treq.DISABLE_SQFLOW,
+            # Secure channel "not specified" (nvmet's default), not "not required": libnvme
+            # 1.3 (nvme-cli 2.3) reads "not required" as TLS being possible and has
+            # connect-all ask Linux 6.1 for TLS, which that kernel refuses.
+            treq=L.Treq.NOT_SPECIFIED | L.Treq.DISABLE_SQFLOW,
             portid=port.portid,
             cntlid=0xFFFF,
             asqsz=32,
@@ -786,6 +1050,20 @@ def _check_hostnqn(hostnqn: str) -> None:
         raise ChangeError("hostnqn", f"{hostnqn!r} is not a valid NQN: {problem}")
     if hostnqn == DISCOVERY_NQN:
         raise ChangeError("hostnqn", "the discovery NQN is not a host's")
+
+
+def _check_grpid(grpid: object) -> None:
+    if not isinstance(grpid, int) or isinstance(grpid, bool) or not 1 <= grpid <= ana.ANAGRPMAX:
+        raise ChangeError("anagrpid", f"{grpid!r} is not an ANA group ID (1..{ana.ANAGRPMAX})")
+
+
+def _check_state(state: object) -> AnaState:
+    parsed = ana.parse_state(state)
+    if parsed is None:
+        raise ChangeError(
+            "ana_state", f"{state!r} is not an ANA state ({', '.join(ana.STATE_NAMES)})"
+        )
+    return parsed
 
 
 def _check_text(field: str, text: str, limit: int) -> None:
@@ -887,6 +1165,8 @@ class TargetProtocol(asyncio.BufferedProtocol):
         unbound = queue is not None and queue.controller is None
         if unbound and now - self.accepted > limits.connect_deadline_s:
             return f"no Connect within {limits.connect_deadline_s:g} s of the connection"
+        if queue is not None and queue.auth_deadline and now > queue.auth_deadline:
+            return "the queue did not authenticate in time"
         since = self.conn.reader.partial_since
         if since and now - since > limits.pdu_deadline_s:
             return f"a PDU started {now - since:.0f} s ago is still incomplete"

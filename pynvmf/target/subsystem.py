@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING
 from pynvmf.block.device import BlockDevice
 from pynvmf.spec.command import HOST_BEHAVIOR_SIZE, nvme_version, set_host_behavior_cdfe
 from pynvmf.spec.opcodes import DISCOVERY_NQN
+from pynvmf.target.ana import DEFAULT_GROUP, AnaGroups
 from pynvmf.target.fused import WriteGate
 from pynvmf.target.reservations import NamespaceReservation
 
 if TYPE_CHECKING:
+    from pynvmf.auth.controller import HostAuthConfig
     from pynvmf.target.controller import Controller
 
 # Dynamic controller IDs: 0xFFF0 and above are reserved by the specification.
@@ -34,6 +36,9 @@ class Namespace:
     eui64: bytes
     # The name of the target's block device behind the namespace (Target.block_devices).
     device_name: str = ""
+    # The ANA group the namespace belongs to (Identify Namespace ANAGRPID), fixed while
+    # the namespace exists.
+    anagrpid: int = DEFAULT_GROUP
     # Shared by every controller's queues: a fused Compare and Write excludes the others' writes.
     gate: WriteGate = field(default_factory=WriteGate, repr=False, compare=False)
     # Registrants and the reservation, shared by every controller of the subsystem.
@@ -54,6 +59,7 @@ class Namespace:
         eui64: bytes | None = None,
         device_name: str = "",
         ptpl_file: Path | None = None,
+        anagrpid: int = DEFAULT_GROUP,
     ) -> Namespace:
         """`ptpl_file` makes the namespace's reservations able to persist through power
         loss (RESCAP.PTPLS); a state saved there is loaded now (ValueError if damaged)."""
@@ -67,6 +73,7 @@ class Namespace:
             nguid=ident.bytes if nguid is None else nguid,
             eui64=digest[:8] if eui64 is None else eui64,
             device_name=device_name,
+            anagrpid=anagrpid,
             reservation=NamespaceReservation(ptpl_file),
         )
 
@@ -120,6 +127,14 @@ class Subsystem:
     # The namespaces that have registrants, by NSID: while it is empty, I/O pays one test
     # for reservations. Their NamespaceReservation objects keep it up to date.
     registered: dict[int, NamespaceReservation] = field(default_factory=dict)
+    # DH-HMAC-CHAP keys by host NQN: a host listed here must authenticate every queue.
+    host_auth: dict[str, HostAuthConfig] = field(default_factory=dict, repr=False)
+    # ANA groups and their states on this subsystem's listeners.
+    ana: AnaGroups = field(default_factory=AnaGroups)
+    # Listeners of other gateways serving this same subsystem (address, TCP port, port
+    # ID): the discovery log lists them beside this target's own, so that a host's
+    # `nvme connect-all` finds every path.
+    peer_listeners: list[tuple[str, int, int]] = field(default_factory=list)
     _next_cntlid: int = 0
 
     def __post_init__(self) -> None:
@@ -140,6 +155,7 @@ class Subsystem:
             raise ValueError(f"{self.nqn}: invalid or duplicate NSID {ns.nsid}")
         self.namespaces[ns.nsid] = ns
         ns.reservation.attach(self.registered, ns.nsid)
+        self.ana.changed([self.ana.add(ns.anagrpid)])
 
     def allocate_cntlid(self) -> int | None:
         low, high = self.cntlid_min, self.cntlid_max
@@ -151,6 +167,13 @@ class Subsystem:
             if cntlid not in self.controllers:
                 return cntlid
         return None
+
+    def ana_members(self) -> dict[int, list[int]]:
+        """Each ANA group's NSIDs, ascending."""
+        members: dict[int, list[int]] = {}
+        for nsid in sorted(self.namespaces):
+            members.setdefault(self.namespaces[nsid].anagrpid, []).append(nsid)
+        return members
 
     @property
     def max_nsid(self) -> int:

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from pynvmf.host import connect
+from pynvmf.auth import DhchapKey
+from pynvmf.host import NvmeAuthenticationError, connect
 from pynvmf.rpc.server import method_table
 from tests.interop.guest import free_tcp_port
 from tests.interop.target_process import TargetProcess
@@ -25,6 +26,8 @@ SPDK_RPC = Path(sys.executable).parent / "spdk-rpc"
 NQN = "nqn.2016-06.io.spdk:cnode1"
 HOST = "nqn.2014-08.org.nvmexpress:uuid:0f8c5d8e-0000-4000-8000-000000000001"
 UUID = "5b1a7c2e-3f4d-4e5f-8a9b-0c1d2e3f4a5b"
+# A host that must authenticate (DH-HMAC-CHAP keys by keyring name).
+AUTH_HOST = "nqn.2014-08.org.nvmexpress:uuid:0f8c5d8e-0000-4000-8000-0000000000a7"
 
 # Every SPDK method the RPC server implements (pynvmf's own start with pynvmf_).
 SPDK_METHODS = sorted(m for m in method_table().methods if not m.startswith("pynvmf_"))
@@ -103,7 +106,11 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
     methods = spdk.json("rpc_get_methods")
     assert set(SPDK_METHODS) <= set(methods)
     assert spdk.run("framework_wait_init").returncode == 0
-    assert [s["subsystem"] for s in spdk.json("framework_get_subsystems")] == ["bdev", "nvmf"]
+    assert [s["subsystem"] for s in spdk.json("framework_get_subsystems")] == [
+        "keyring",
+        "bdev",
+        "nvmf",
+    ]
     note("spdk_get_version", "rpc_get_methods", "framework_wait_init", "framework_get_subsystems")
 
     spdk.run("nvmf_create_transport", "-t", "TCP", "-u", "8192", "-c", "8192", "-q", "128")
@@ -158,6 +165,38 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
         str(disc_port),
     )
     spdk.run("nvmf_subsystem_add_host", NQN, HOST)
+    keys = {name: DhchapKey.generate(32) for name in ("key0", "key1", "ckey0")}
+    for name, key in keys.items():
+        path = tmp_path / f"{name}.txt"
+        path.write_text(key.representation())
+        path.chmod(0o600)
+        spdk.run("keyring_file_add_key", name, str(path))
+    spdk.run(
+        "nvmf_subsystem_add_host",
+        NQN,
+        AUTH_HOST,
+        "--dhchap-key",
+        "key0",
+        "--dhchap-ctrlr-key",
+        "ckey0",
+    )
+    spdk.run(
+        "nvmf_subsystem_set_keys",
+        NQN,
+        AUTH_HOST,
+        "--dhchap-key",
+        "key1",
+        "--dhchap-ctrlr-key",
+        "ckey0",
+    )
+    listed = spdk.json("keyring_get_keys")
+    assert [(k["name"], k["path"]) for k in listed] == [
+        (name, str(tmp_path / f"{name}.txt")) for name in keys
+    ]
+    assert not any(
+        k.representation().split(":")[2][:12] in json.dumps(listed) for k in keys.values()
+    )
+    note("keyring_file_add_key", "keyring_get_keys", "nvmf_subsystem_set_keys")
     spdk.run("nvmf_subsystem_allow_any_host", "-e", NQN)
     spdk.run("nvmf_subsystem_allow_any_host", "-d", NQN)
     note("nvmf_create_subsystem", "nvmf_subsystem_add_ns", "nvmf_subsystem_add_listener")
@@ -165,12 +204,33 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
 
     discovery, sub = spdk.json("nvmf_get_subsystems")
     assert discovery["subtype"] == "Discovery" and sub["nqn"] == NQN
-    assert not sub["allow_any_host"] and sub["hosts"] == [{"nqn": HOST}]
+    assert not sub["allow_any_host"] and sub["hosts"] == [
+        {"nqn": HOST},
+        {"nqn": AUTH_HOST, "dhchap_key": "key1", "dhchap_ctrlr_key": "ckey0"},
+    ]
     assert [(n["nsid"], n["bdev_name"]) for n in sub["namespaces"]] == [(1, "Malloc0"), (5, "Aio0")]
     assert sub["namespaces"][1]["uuid"] == UUID
     (listener,) = spdk.json("nvmf_subsystem_get_listeners", NQN)
     assert listener["address"]["trsvcid"] == str(io_port)
     note("nvmf_get_subsystems", "nvmf_subsystem_get_listeners")
+
+    # ANA: rpc.py's own flags; the state shows in get_listeners and in save_config.
+    listen = ["-t", "tcp", "-a", "127.0.0.1", "-s", str(io_port)]
+    spdk.run(
+        "nvmf_subsystem_listener_set_ana_state", NQN, "-n", "non_optimized", *listen, "-g", "1"
+    )
+    (listener,) = spdk.json("nvmf_subsystem_get_listeners", NQN)
+    assert listener["ana_states"] == [{"ana_group": 1, "ana_state": "non_optimized"}]
+    bad = spdk.run(
+        "nvmf_subsystem_listener_set_ana_state", NQN, "-n", "optimized", *listen, "-g", "7",
+        check=False,
+    )  # fmt: skip
+    assert bad.returncode != 0 and "anagrpid: " in bad.stdout + bad.stderr
+    bad = spdk.run(
+        "nvmf_subsystem_listener_set_ana_state", NQN, "-n", "asleep", *listen, check=False
+    )
+    assert bad.returncode != 0 and "ana_state: 'asleep'" in bad.stdout + bad.stderr
+    note("nvmf_subsystem_listener_set_ana_state")
 
     _connected, release, thread = hold_connection(io_port)
     try:
@@ -188,8 +248,27 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
 
     saved = spdk.run("save_config").stdout
     nvmf_only = json.loads(spdk.run("save_subsystem_config", "-n", "nvmf").stdout)
-    assert nvmf_only["config"] == json.loads(saved)["subsystems"][1]["config"]
+    by_name = {s["subsystem"]: s["config"] for s in json.loads(saved)["subsystems"]}
+    assert nvmf_only["config"] == by_name["nvmf"]
+    assert [c["params"]["name"] for c in by_name["keyring"]] == list(keys)
+    assert not any(k.representation().split(":")[2][:12] in saved for k in keys.values())
     note("framework_get_config")
+
+    # The host with keys authenticates with the ones set last, and with no others.
+    async def authenticated() -> None:
+        async with await connect(
+            "127.0.0.1",
+            io_port,
+            NQN,
+            hostnqn=AUTH_HOST,
+            dhchap_secret=keys["key1"],
+            dhchap_ctrl_secret=keys["ckey0"],
+        ) as ctrl:
+            assert ctrl.authenticated_queues == {0, 1}
+        with pytest.raises(NvmeAuthenticationError):
+            await connect("127.0.0.1", io_port, NQN, hostnqn=AUTH_HOST, dhchap_secret=keys["key0"])
+
+    asyncio.run(authenticated())
 
     # Bad input: an error response naming the parameter, and rpc.py fails.
     failed = spdk.run("nvmf_subsystem_add_ns", NQN, "Malloc9", check=False)
@@ -200,6 +279,10 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
         "nvmf_subsystem_remove_listener", NQN, "-t", "tcp", "-a", "127.0.0.1", "-s", str(io_port)
     )
     spdk.run("nvmf_subsystem_remove_host", NQN, HOST)
+    spdk.run("nvmf_subsystem_remove_host", NQN, AUTH_HOST)
+    spdk.run("keyring_file_remove_key", "key0")
+    assert [k["name"] for k in spdk.json("keyring_get_keys")] == ["key1", "ckey0"]
+    note("keyring_file_remove_key")
     spdk.run("nvmf_subsystem_remove_ns", NQN, "5")
     spdk.run("nvmf_delete_subsystem", NQN)
     spdk.run("bdev_malloc_delete", "Malloc0")

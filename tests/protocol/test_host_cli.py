@@ -353,3 +353,32 @@ def test_an_unknown_namespace_fails(
     err = one_line_error(capsys.readouterr().err)
     assert "namespace 9 is not active" in err
     assert "active: 1, 2" in err
+
+
+# -- DH-HMAC-CHAP ----------------------------------------------------------------------------
+
+
+def test_dhchap_secret_options_authenticate_and_a_bad_one_fails_in_one_line(
+    target: BackgroundTarget, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pynvmf.auth import DhchapKey, HostAuthConfig
+
+    key, ctrl_key = DhchapKey.generate(32), DhchapKey.generate(48)
+    target.target.set_host_keys(PRIVATE_NQN, ALLOWED_HOSTNQN, HostAuthConfig(key, ctrl_key))
+    base = ["-a", "127.0.0.1", "-s", str(target.port), "-n", PRIVATE_NQN, "-q", ALLOWED_HOSTNQN]
+    args = [*base, "--dhchap-secret", key.representation(), "-C", ctrl_key.representation()]
+    assert run("id-ctrl", *args, "-o", "json") == 0
+    assert json.loads(capsys.readouterr().out)["subnqn"] == PRIVATE_NQN
+    # No secret: the controller's demand is the error.
+    assert run("id-ctrl", *base) == 1
+    assert "requires DH-HMAC-CHAP" in one_line_error(capsys.readouterr().err)
+    # A wrong secret: refused by the controller, reason named.
+    assert run("id-ctrl", *base, "-S", DhchapKey.generate(32).representation()) == 1
+    assert "FAILED" in one_line_error(capsys.readouterr().err)
+    # A secret copied wrongly: the CRC, not the secret, in the message.
+    text = key.representation()
+    body = text.split(":")[2]
+    bad = text.replace(body, ("B" if body[0] == "A" else "A") + body[1:])
+    assert run("id-ctrl", *base, "-S", bad) == 1
+    err = one_line_error(capsys.readouterr().err)
+    assert "CRC" in err and body[1:12] not in err

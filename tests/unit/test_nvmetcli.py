@@ -140,7 +140,12 @@ def _set(config: dict[str, Any], path: str, value: Any) -> None:
             [{"name": "r", "addr": {"trtype": "tcp"}}],
             "config.ports[0].referrals",
         ),
-        ("ports.0.ana_groups", [{"grpid": 2}], "config.ports[0].ana_groups[0].grpid"),
+        ("ports.0.ana_groups", [{"grpid": 200}], "config.ports[0].ana_groups[0].grpid"),
+        (
+            "ports.0.ana_groups",
+            [{"grpid": 1, "ana": {"state": "asleep"}}],
+            "config.ports[0].ana_groups[0].ana.state",
+        ),
         ("ports.0.subsystems", ["nqn.none"], "config.ports[0].subsystems[0]"),
         ("ports.0.bogus", 1, "config.ports[0].bogus"),
         ("subsystems.0.attr.pi_enable", "1", "config.subsystems[0].attr.pi_enable"),
@@ -152,7 +157,11 @@ def _set(config: dict[str, Any], path: str, value: Any) -> None:
             "config.subsystems[0].passthru[0].enable",
         ),
         ("subsystems.0.namespaces.0.enable", 0, "config.subsystems[0].namespaces[0].enable"),
-        ("subsystems.0.namespaces.0.ana_grpid", 2, "config.subsystems[0].namespaces[0].ana_grpid"),
+        (
+            "subsystems.0.namespaces.0.ana",
+            {"grpid": "129"},
+            "config.subsystems[0].namespaces[0].ana.grpid",
+        ),
         (
             "subsystems.0.namespaces.0.resv",
             {"enable": "1"},

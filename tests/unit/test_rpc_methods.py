@@ -83,7 +83,12 @@ async def test_an_spdk_style_setup_reads_back_as_spdk_shows_it(
     assert transport["trtype"] == "TCP" and transport["in_capsule_data_size"] == 8192
     assert cp.target.ports[-1].transport.inline_data_size == 8192
     listeners = await cp.call("nvmf_subsystem_get_listeners", {"nqn": NQN})
-    assert listeners == [{"address": sub["listen_addresses"][0]}]
+    assert listeners == [
+        {
+            "address": sub["listen_addresses"][0],
+            "ana_states": [{"ana_group": 1, "ana_state": "optimized"}],
+        }
+    ]
 
 
 async def test_save_config_loads_back_into_the_same_target(
@@ -121,7 +126,47 @@ async def test_pynvmf_format_loads_back_into_the_same_target(
         ("nvmf_create_subsystem", {"nqn": 5}, "nqn: 5 is not a string"),
         ("nvmf_create_subsystem", {"nqn": "bad nqn"}, "nqn: 'bad nqn' is not a valid NQN"),
         ("nvmf_create_subsystem", {"nqn": NQN, "bogus": 1}, "bogus: unknown parameter"),
-        ("nvmf_create_subsystem", {"nqn": NQN, "ana_reporting": True}, "ana_reporting: True: "),
+        ("nvmf_create_subsystem", {"nqn": NQN, "ana_reporting": 1}, "ana_reporting: 1 is not a"),
+        (
+            "nvmf_subsystem_listener_set_ana_state",
+            {"nqn": NQN, "listen_address": listen(), "ana_state": "optimized", "anagrpid": 7},
+            "anagrpid: nqn.2016-06.io.spdk:cnode1 has no ANA group 7 (groups: 1)",
+        ),
+        (
+            "nvmf_subsystem_listener_set_ana_state",
+            {"nqn": NQN, "listen_address": listen(), "ana_state": "optimized", "anagrpid": 999},
+            "anagrpid: 999 is not an ANA group ID (1..128)",
+        ),
+        (
+            "nvmf_subsystem_listener_set_ana_state",
+            {"nqn": NQN, "listen_address": listen(), "ana_state": "sleepy"},
+            "ana_state: 'sleepy' is not an ANA state (optimized, non_optimized, inaccessible,",
+        ),
+        (
+            "nvmf_subsystem_listener_set_ana_state",
+            {"nqn": NQN, "listen_address": listen(14999), "ana_state": "inaccessible"},
+            "listen_address.traddr: nqn.2016-06.io.spdk:cnode1 does not listen on 127.0.0.1 14999",
+        ),
+        (
+            "nvmf_subsystem_listener_set_ana_state",
+            {"nqn": NQN + "x", "listen_address": listen(), "ana_state": "inaccessible"},
+            "nqn: no subsystem 'nqn.2016-06.io.spdk:cnode1x'",
+        ),
+        (
+            "nvmf_subsystem_listener_set_ana_state",
+            {"nqn": NQN, "listen_address": listen()},
+            "ana_state: missing",
+        ),
+        (
+            "nvmf_subsystem_add_ns",
+            {"nqn": NQN, "namespace": {"bdev_name": "Malloc0", "anagrpid": 129}},
+            "namespace.anagrpid: 129 is not an ANA group ID (1..128)",
+        ),
+        (
+            "pynvmf_subsystem_add_peer_listener",
+            {"nqn": NQN, "traddr": "gw2.example", "trsvcid": "4420"},
+            "traddr: 'gw2.example' is not an IP address",
+        ),
         ("nvmf_create_subsystem", {"nqn": NQN, "tgt_name": "x"}, "tgt_name: 'x'"),
         ("nvmf_create_subsystem", {"nqn": NQN + "x", "serial_number": "S" * 21}, "serial_number: "),
         (
@@ -185,7 +230,7 @@ async def test_pynvmf_format_loads_back_into_the_same_target(
         (
             "nvmf_subsystem_add_host",
             {"nqn": NQN, "host": HOST, "dhchap_key": "key0"},
-            "dhchap_key: 'key0': pynvmf has no DH-HMAC-CHAP",
+            "dhchap_key: no key named 'key0' in the keyring",
         ),
         (
             "nvmf_subsystem_remove_ns",
@@ -219,6 +264,21 @@ async def test_pynvmf_format_loads_back_into_the_same_target(
             "nvmf_create_transport",
             {"trtype": "TCP", "max_queue_deep": 4},
             "max_queue_deep: unknown parameter",
+        ),
+        (
+            "nvmf_create_transport",
+            {"trtype": "TCP", "max_queue_depth": "128"},
+            "max_queue_depth: '128' is not an integer",
+        ),
+        (
+            "nvmf_create_transport",
+            {"trtype": "TCP", "zcopy": 1},
+            "zcopy: 1 is not a boolean",
+        ),
+        (
+            "nvmf_create_transport",
+            {"trtype": "TCP", "io_unit_size": -1},
+            "io_unit_size: -1 not in 0..",
         ),
         (
             "framework_get_config",
@@ -257,6 +317,19 @@ async def test_the_transport_is_created_once(cp: ControlPlane) -> None:
     )
     with pytest.raises(RpcError, match="already exists"):
         await cp.call("nvmf_create_transport", {"trtype": "TCP"})
+
+
+async def test_transport_options_pynvmf_does_not_apply_are_named_in_a_warning(
+    cp: ControlPlane, caplog: pytest.LogCaptureFixture
+) -> None:
+    # SPDK's save_config carries max_queue_depth 128: pynvmf's queues stay 1024 deep, and
+    # the operator is told so rather than left to believe otherwise.
+    await cp.call(
+        "nvmf_create_transport",
+        {"trtype": "tcp", "max_queue_depth": 128, "max_io_qpairs_per_ctrlr": 64, "zcopy": False},
+    )
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == ["nvmf_create_transport: not applied: max_queue_depth 128 (pynvmf: 1024)"]
 
 
 async def test_deleting_a_bdev_removes_the_namespace_on_it(cp: ControlPlane) -> None:

@@ -1,0 +1,80 @@
+"""Authentication Send / Receive (Fabrics command types 05h / 06h) on any queue: the
+command fields checked here, the messages handed to the queue's `ControllerAuth`.
+
+Field errors complete the command with a status (nvmet's choices: Invalid Field for
+SECP/SPSP/TL/AL, SGL Data Invalid when the transfer length is not TL/AL); a message that
+is wrong is the state machine's business and completes successfully, its failure
+reported by the next Receive (AUTH_Failure1), after which the queue's connection closes.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import TYPE_CHECKING
+
+from pynvmf.auth.controller import ControllerAuth
+from pynvmf.spec.auth import SECP_DHCHAP, SPSP_DHCHAP, auth_cdw10_fields
+from pynvmf.spec.opcodes import FabricsType
+from pynvmf.spec.status import DNR, Status
+
+if TYPE_CHECKING:
+    from pynvmf.target.queue import TargetQueue
+    from pynvmf.tcp.target import Request
+
+log = logging.getLogger(__name__)
+
+# The largest Authentication Send accepted (a Reply with SHA-512 and ffdhe8192 is 1168
+# bytes) and Receive allocation answered (Linux and SPDK ask for 4096).
+MAX_SEND = 8192
+MAX_RECEIVE = 65536
+
+Outcome = tuple[int, int, bytes | None]
+
+
+async def execute(queue: TargetQueue, req: Request) -> Outcome:
+    sqe = req.sqe
+    secp, spsp1, spsp0 = auth_cdw10_fields(sqe.cdw10)
+    length = sqe.cdw11
+    if secp != SECP_DHCHAP or spsp0 != SPSP_DHCHAP or spsp1 != SPSP_DHCHAP:
+        return Status.INVALID_FIELD | DNR, 0, None
+    auth = queue.auth
+    ctrl = queue.controller
+    if auth is None and ctrl is not None:
+        # A queue connected before its host had a key: once the host has one, the host
+        # may authenticate (a key added at runtime, then the host re-authenticating). The
+        # queue was usable so far and stays so unless that authentication fails.
+        subsystem = ctrl.subsystem
+        if ctrl.hostnqn in subsystem.host_auth:
+            auth = ControllerAuth(
+                functools.partial(subsystem.host_auth.get, ctrl.hostnqn),
+                ctrl.hostnqn,
+                subsystem.nqn,
+                queue.qid,
+                ctrl.cntlid,
+                authenticated=True,
+            )
+            queue.auth = auth
+    if auth is None:
+        # This queue was not asked to authenticate (the host has no key here).
+        log.info("authentication command on a queue that needs none (qid %d)", queue.qid)
+        return Status.INVALID_FIELD | DNR, 0, None
+    send = sqe.fctype == FabricsType.AUTH_SEND
+    if length == 0 or length > (MAX_SEND if send else MAX_RECEIVE):
+        return Status.INVALID_FIELD | DNR, 0, None
+    if req.length != length:
+        return Status.SGL_INVALID_DATA | DNR, 0, None
+    if send:
+        data = req.data if req.data is not None else await queue.fetch_data(req)
+        auth.send(bytes(data))
+        queue.auth_progressed()
+        return Status.SUCCESS, 0, None
+    await queue.hold(req, length)
+    message = auth.receive()
+    queue.auth_progressed()
+    if len(message) > length:
+        # The message does not fit what the host allocated: the transaction cannot go on.
+        auth.closing = auth.closing or "Authentication Receive allocation too small"
+        return Status.INVALID_FIELD | DNR, 0, None
+    # Padded to AL, as nvmet answers (the host's buffer is the allocation).
+    return Status.SUCCESS, 0, message.ljust(length, b"\0")
