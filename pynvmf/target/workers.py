@@ -562,9 +562,7 @@ def _connect_capsule(req: Request, hdgst: bool, ddgst: bool, cpda: int) -> bytes
     """The Connect as a capsule with its data in it (however it arrived), framed as the
     host frames its PDUs on this connection."""
     assert req.data is not None
-    sqe = dataclasses.replace(
-        req.sqe, sgl_addr=0, sgl_length=len(req.data), sgl_type=SGL_DATA_BLOCK_OFFSET
-    )
+    sqe = req.sqe._replace(sgl_addr=0, sgl_length=len(req.data), sgl_type=SGL_DATA_BLOCK_OFFSET)
     writer = PduWriter()
     writer.configure(hdgst=hdgst, ddgst=ddgst, pda=cpda)
     out: list[Any] = []
