@@ -95,6 +95,7 @@ def start_target(
     use_uvloop: bool = True,
     timeout: float = 30.0,
     tls_psks: dict[str, str] | None = None,
+    busy_poll_us: int = 0,
 ) -> TargetProcess:
     """Start a target serving a `size`-byte memory namespace (NSID 1) and return once it
     listens. `cpu`: the CPU to pin it to (None: not pinned). `fill`: write pseudo-random
@@ -109,7 +110,18 @@ def start_target(
     parent_end, child_end = ctx.Pipe()
     process = ctx.Process(
         target=_child_main,
-        args=(child_end, cpu, size, block_size, transport, nqn, fill, use_uvloop, tls_psks),
+        args=(
+            child_end,
+            cpu,
+            size,
+            block_size,
+            transport,
+            nqn,
+            fill,
+            use_uvloop,
+            tls_psks,
+            busy_poll_us,
+        ),
         name="pynvmf-bench-target",
         daemon=True,
     )
@@ -181,13 +193,16 @@ def _child_main(
     fill: bool,
     use_uvloop: bool,
     tls_psks: dict[str, str] | None = None,
+    busy_poll_us: int = 0,
 ) -> None:
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
     tune_for_io_buffers()  # as `pynvmf target` does
     uvloop = install_uvloop() if use_uvloop else False
-    asyncio.run(_serve(conn, size, block_size, transport, nqn, fill, uvloop, tls_psks))
+    asyncio.run(
+        _serve(conn, size, block_size, transport, nqn, fill, uvloop, tls_psks, busy_poll_us)
+    )
 
 
 async def _serve(
@@ -199,6 +214,7 @@ async def _serve(
     fill: bool,
     uvloop: bool,
     tls_psks: dict[str, str] | None = None,
+    busy_poll_us: int = 0,
 ) -> None:
     from pynvmf.block.memory import MemoryDevice
     from pynvmf.target.server import Port, Target
@@ -218,7 +234,7 @@ async def _serve(
         policy: Port("127.0.0.1", 0, transport=transport, secure_channel="optional", ktls=policy)
         for policy in (("auto", "off") if tls_psks else ())
     }
-    target = Target([subsystem], [port, *tls_ports.values()])
+    target = Target([subsystem], [port, *tls_ports.values()], busy_poll_us=busy_poll_us)
     await target.start()
     for hostnqn, psk in (tls_psks or {}).items():
         target.add_host(nqn, hostnqn, psk=psk)

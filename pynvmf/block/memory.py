@@ -9,6 +9,9 @@ comes back on the next access) instead of discarding the pages.
 Every method is `async def` but never suspends (there is no await inside), so a
 caller may drive one synchronously with `coro.send(None)`, which raises
 StopIteration on completion, instead of a round trip through the event loop.
+The target's hot path goes further: `read_view` and `write_now` are plain methods
+that do a whole Read or Write at once, and a read's data is a view of the mapping
+itself, sent without a copy (see read_view for why that is safe).
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ _PAGE_MASK = _PAGE - 1
 # shared zero page, so this buffer costs nothing resident.
 _ZEROS = mmap.mmap(-1, 2 * _PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ)
 _ZERO_VIEW = memoryview(_ZEROS)
+# What a device closed while views of its memory were still being sent holds instead
+# of its mapping (the mapping goes with the last of those views).
+_CLOSED = mmap.mmap(-1, _PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+_CLOSED.close()
 
 
 def _block_shift(block_size: int) -> int:
@@ -75,6 +82,15 @@ class MemoryDevice:
         # rather than the device itself, which would make device and key a cycle.
         self._medium = Medium((object(),))
 
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        # A subclass that overrides read or write wants it called for every I/O: the
+        # target's in-place path (read_view / write_now) would go around it.
+        if cls.read is not MemoryDevice.read:
+            cls.read_view = None  # type: ignore[assignment]
+        if cls.write is not MemoryDevice.write:
+            cls.write_now = None  # type: ignore[assignment]
+
     def __repr__(self) -> str:
         c = self._caps
         return f"MemoryDevice({c.size}, block_size={c.block_size})"
@@ -111,6 +127,32 @@ class MemoryDevice:
             # A memoryview whose format is not "B": copy into a byte view of it.
             # (A released view, i.e. a closed device, fails here again.)
             memoryview(buf).cast("B")[:] = self._view[off:end]
+
+    def read_view(self, lba: int, nblocks: int, length: int) -> memoryview | None:
+        """The `nblocks` blocks at `lba` as a read-only view of the device's memory, or
+        None if the range is not inside the device or is not `length` bytes long (the
+        caller's slow path then says why).
+
+        A view rather than a copy: a Read's data leaves in the same stream ahead of its
+        completion, so a host can only start a write that must not show in the read
+        after the data has been handed to the kernel (which copies it); a write that
+        runs while the read is in flight may show in it, as on any device."""
+        off = lba << self._shift
+        end = off + (nblocks << self._shift)
+        if end - off != length or lba < 0 or end > self._size:
+            return None
+        return self._view[off:end].toreadonly()
+
+    def write_now(self, lba: int, nblocks: int, data: Buffer) -> bool:
+        """Write `data` (`nblocks` blocks) at `lba` at once; False, touching nothing, if
+        the range is not inside the device or `data` is not that long."""
+        off = lba << self._shift
+        end = off + (nblocks << self._shift)
+        n = data.nbytes if type(data) is memoryview else len(data)
+        if end - off != n or lba < 0 or end > self._size:
+            return False
+        self._map[off:end] = data
+        return True
 
     async def write(self, lba: int, data: Buffer, *, fua: bool = False) -> None:
         n = data.nbytes if type(data) is memoryview else len(data)
@@ -160,7 +202,12 @@ class MemoryDevice:
         """Unmap the memory (its contents are gone); idempotent."""
         if not self._map.closed:
             self._view.release()
-            self._map.close()
+            try:
+                self._map.close()
+            except BufferError:
+                # Views of read data still waiting to be sent (read_view) hold the
+                # mapping: it is unmapped when the last of them goes.
+                self._map = _CLOSED
 
     async def __aenter__(self) -> MemoryDevice:
         return self

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 SQE_SIZE = 64
 CQE_SIZE = 16
@@ -27,9 +28,11 @@ FUSE_FIRST = 0x01
 FUSE_SECOND = 0x02
 
 
-@dataclass(slots=True)
-class Sqe:
-    """A decoded submission queue entry. `cdw` holds CDW10..CDW15."""
+class Sqe(NamedTuple):
+    """A decoded submission queue entry. `cdw` holds CDW10..CDW15.
+
+    A tuple: decoding one is a single C call (`Sqe.unpack`, or `new_sqe` on the hot
+    path), where a class with an __init__ would cost a Python call per command."""
 
     opcode: int
     flags: int
@@ -47,7 +50,7 @@ class Sqe:
 
     @classmethod
     def unpack(cls, data: bytes | bytearray | memoryview, offset: int = 0) -> Sqe:
-        return cls(*_SQE.unpack_from(data, offset))
+        return tuple.__new__(cls, _SQE.unpack_from(data, offset))
 
     def pack(self) -> bytes:
         return _SQE.pack(
@@ -70,6 +73,12 @@ class Sqe:
     def fctype(self) -> int:
         """Fabrics command type: byte 4, where other commands have the NSID."""
         return self.nsid & 0xFF
+
+
+# The decoding of a submission queue entry for the transport's hot path:
+# new_sqe(Sqe, unpack_sqe(pdu, offset)) builds one without a Python-level call.
+new_sqe = tuple.__new__
+unpack_sqe = _SQE.unpack_from
 
 
 def build_sqe(

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pynvmf.aio import start_eager
 from pynvmf.block import copy as block_copy
 from pynvmf.block.device import BlockRangeError, StorageUnavailable
 from pynvmf.spec.command import (
@@ -38,7 +39,7 @@ from pynvmf.spec.status import (
     Status,
 )
 from pynvmf.target import compare, reservations
-from pynvmf.target.budget import UNCHARGED_READ
+from pynvmf.target.budget import READ_CHUNK, UNCHARGED_READ
 from pynvmf.target.limits import COPY_FORMATS, MAX_TRANSFER, copy_limits, reported_nn
 
 if TYPE_CHECKING:
@@ -51,6 +52,9 @@ log = logging.getLogger(__name__)
 
 # What Identify reports for each block size, made once (a Copy checks it every time).
 _copy_limits = functools.cache(copy_limits)
+# Plain ints for the hot path's tests (an enum member is a class attribute lookup).
+_READ = int(IoOpcode.READ)
+_WRITE = int(IoOpcode.WRITE)
 
 
 Outcome = tuple[int, bytes | bytearray | memoryview | None]
@@ -97,6 +101,62 @@ class IoHandler:
         self.registered = ctrl.subsystem.registered
         # ANA: while every group is usable through every port, one attribute test.
         self.ana = ctrl.subsystem.ana
+
+    def submit(self, req: Request) -> None:
+        """Run a command that arrived, at once where it can: the hot path.
+
+        A Read from, or a Write with in-capsule data to, a namespace whose device does
+        I/O in place (memory: read_view / write_now) completes here with no coroutine
+        and no buffer of its own (the read's data is a view of the device's memory, the
+        write's is copied from the receive buffer straight into it). Anything else, or
+        anything unusual about these (a range or length that is wrong, reservations, an
+        ANA group not usable through some port, a fused operation holding the namespace),
+        takes the general path, which decides the status."""
+        sqe = req.sqe
+        opcode = sqe.opcode
+        if opcode in (_READ, _WRITE) and not self.registered and not self.ana.any_blocked:
+            ns = self.namespaces.get(sqe.nsid)
+            if ns is not None:
+                device = ns.device
+                try:
+                    if opcode == _READ:
+                        read_view = getattr(device, "read_view", None)
+                        if read_view is not None and req.length <= MAX_TRANSFER:
+                            data = read_view(
+                                sqe.cdw10 | sqe.cdw11 << 32, (sqe.cdw12 & 0xFFFF) + 1, req.length
+                            )
+                            if data is not None:
+                                stats = self.stats
+                                stats.read_cmds += 1
+                                stats.read_bytes += req.length
+                                self.queue.conn.complete(req, 0, 0, data)
+                                return
+                    else:
+                        data = req.data
+                        write_now = getattr(device, "write_now", None)
+                        if (
+                            type(data) is memoryview
+                            and write_now is not None
+                            and not ns.gate.closed
+                            and write_now(
+                                sqe.cdw10 | sqe.cdw11 << 32, (sqe.cdw12 & 0xFFFF) + 1, data
+                            )
+                        ):
+                            stats = self.stats
+                            stats.write_cmds += 1
+                            stats.write_bytes += req.length
+                            self.queue.conn.complete(req, 0)
+                            return
+                except (ValueError, TypeError):
+                    pass  # a closed device: the general path reports it
+        data = req.data
+        if type(data) is memoryview:
+            # In-capsule data borrowed from the receive buffer (TargetConnection
+            # borrow_capsule_data): a command that may wait keeps a copy of its own.
+            req.data = bytearray(data)
+        task = start_eager(self.execute(req))
+        if task is not None:
+            self.queue._track(task)
 
     async def execute(self, req: Request) -> None:
         sqe = req.sqe
@@ -173,20 +233,54 @@ class IoHandler:
         return Status.SUCCESS, ns, slba, nlb, length
 
     async def read(self, req: Request) -> Outcome:
-        status, ns, slba, _nlb, length = self._rw_target(req)
+        status, ns, slba, nlb, length = self._rw_target(req)
         if status or ns is None:
             return status, None
-        if length > UNCHARGED_READ:
-            budget = self.budget
-            if not budget.try_take(length):
-                await budget.take(length)
-            req.charge = length
-        buf = bytearray(length)
-        await ns.device.read(slba, memoryview(buf))
+        device = ns.device
+        read_view = getattr(device, "read_view", None)
+        data = read_view(slba, nlb, length) if read_view is not None else None
+        if data is None:
+            if length > READ_CHUNK:
+                return await self._read_in_pieces(req, ns, slba, length)
+            if length > UNCHARGED_READ:
+                budget = self.budget
+                if not budget.try_take(length):
+                    await budget.take(length)
+                req.charge = length
+            data = bytearray(length)
+            await device.read(slba, memoryview(data))
         stats = self.stats
         stats.read_cmds += 1
         stats.read_bytes += length
-        return Status.SUCCESS, buf
+        return Status.SUCCESS, data
+
+    async def _read_in_pieces(self, req: Request, ns: Namespace, slba: int, length: int) -> Outcome:
+        """A Read larger than READ_CHUNK from a device that needs a buffer: read and sent
+        a piece at a time, each piece charged to the budget only until the socket has
+        taken it, so that one command never holds MDTS of memory. The last piece goes
+        with the completion."""
+        budget = self.budget
+        conn = self.queue.conn
+        device = ns.device
+        shift = ns.block_size.bit_length() - 1
+        lba, offset = slba, 0
+        while True:
+            n = min(READ_CHUNK, length - offset)
+            if not budget.try_take(n):
+                await budget.take(n)
+            req.charge += n
+            buf = bytearray(n)
+            await device.read(lba, memoryview(buf))
+            offset += n
+            if offset == length:
+                stats = self.stats
+                stats.read_cmds += 1
+                stats.read_bytes += length
+                return Status.SUCCESS, buf
+            if conn.closing:
+                raise ConnectionError("the connection closed during a read")
+            conn.send_data(req, buf)
+            lba += n >> shift
 
     async def write(self, req: Request) -> Outcome:
         status, ns, slba, _nlb, length = self._rw_target(req)

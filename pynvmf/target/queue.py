@@ -47,6 +47,14 @@ def _deliver(fut: asyncio.Future[bytearray], req: Request) -> None:
         fut.set_result(req.data)
 
 
+def _own_data(req: Request) -> None:
+    """A command's in-capsule data as a buffer of its own, not a view of the receive
+    buffer (TargetConnection.borrow_capsule_data), for a command that may wait."""
+    data = req.data
+    if type(data) is memoryview:
+        req.data = bytearray(data)
+
+
 class TargetQueue:
     def __init__(
         self, target: Target, port: Port, conn: TargetConnection, local_address: str
@@ -88,14 +96,14 @@ class TargetQueue:
         if io is not None:
             io.ctrl.traffic = True
             fused = self.fused
-            if (req.sqe.flags & FUSE_MASK or fused.first is not None) and fused.arrive(req):
-                return
+            if req.sqe.flags & FUSE_MASK or fused.first is not None:
+                _own_data(req)  # a fused command may wait for its partner
+                if fused.arrive(req):
+                    return
             if opcode != AdminOpcode.FABRICS:
-                # The hot path: only a command that suspends pays for being tracked.
-                task = start_eager(io.execute(req))
-                if task is not None:
-                    self._track(task)
+                io.submit(req)  # the hot path
             else:
+                _own_data(req)
                 self._run(self._admin(req))
             return
         if req.sqe.flags & FUSE_MASK:
@@ -119,6 +127,7 @@ class TargetQueue:
             self.finish(req, Status.AUTH_REQUIRED | DNR)
             return
         ctrl.traffic = True
+        _own_data(req)  # an I/O queue still authenticating lends its capsule data too
         self._run(self._admin(req))
 
     def require_auth(self, auth: ControllerAuth) -> None:
@@ -178,6 +187,8 @@ class TargetQueue:
             else:
                 self.io = IoHandler(ctrl, self)
             conn.on_refused = self.fused.refused
+            # Every path from on_command copies what it keeps (_own_data, IoHandler.submit).
+            conn.borrow_capsule_data = True
             counters.io_queues += 1
         else:
             counters.admin_queues += 1

@@ -566,9 +566,7 @@ def _connect_capsule(req: Request, hdgst: bool, ddgst: bool, cpda: int) -> bytes
     """The Connect as a capsule with its data in it (however it arrived), framed as the
     host frames its PDUs on this connection."""
     assert req.data is not None
-    sqe = dataclasses.replace(
-        req.sqe, sgl_addr=0, sgl_length=len(req.data), sgl_type=SGL_DATA_BLOCK_OFFSET
-    )
+    sqe = req.sqe._replace(sgl_addr=0, sgl_length=len(req.data), sgl_type=SGL_DATA_BLOCK_OFFSET)
     writer = PduWriter()
     writer.configure(hdgst=hdgst, ddgst=ddgst, pda=cpda)
     out: list[Any] = []
@@ -663,12 +661,16 @@ def _check_cores(cores: int) -> None:
         raise ChangeError("cores", f"{cores!r} is not a positive number of cores")
 
 
-def make_target(cores: int, *, limits: ConnectionLimits | None = None) -> Target:
-    """The target `pynvmf target --cores N` runs: today's single process for 1."""
+def make_target(
+    cores: int, *, limits: ConnectionLimits | None = None, busy_poll_us: int = 0
+) -> Target:
+    """The target `pynvmf target --cores N` runs: today's single process for 1.
+    `busy_poll_us`: poll mode (server.BusyPoller) in this process (the workers do not
+    poll yet)."""
     _check_cores(cores)
     if cores == 1:
-        return Target(limits=limits)
-    return MultiCoreTarget(cores, limits=limits)
+        return Target(limits=limits, busy_poll_us=busy_poll_us)
+    return MultiCoreTarget(cores, limits=limits, busy_poll_us=busy_poll_us)
 
 
 __all__ = ["MultiCoreTarget", "RemoteQueue", "WorkerPool", "available_cores", "make_target"]

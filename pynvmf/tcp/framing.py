@@ -35,6 +35,7 @@ DataDigestHandler = Callable[[int, int, int, int, int, memoryview], None]
 
 _U32 = struct.Struct("<I")  # a digest as it travels: CRC32C, little endian
 _DIGEST_FLAGS = P.FLAG_HDGST | P.FLAG_DDGST
+_CAPSULE_CMD = int(P.PduType.CAPSULE_CMD)
 # Receive buffer size once a connection is established (each read may fill it).
 _MIN_BUFFER = 256 * 1024
 _NO_DIGEST_TYPES = frozenset(
@@ -76,6 +77,9 @@ class PduReader:
         on_data_digest_error: DataDigestHandler | None = None,
     ) -> None:
         self._on_pdu = on_pdu
+        # A handler for command capsules, called as (pdo, data_end, pdu) instead of
+        # on_pdu: the target's hot path, one call less per command.
+        self.on_capsule: Callable[[int, int, memoryview], None] | None = None
         self._on_fatal = on_fatal
         self._on_ddgst_error = on_data_digest_error
         self.accepted_types = accepted_types
@@ -105,6 +109,7 @@ class PduReader:
         garbage collection."""
         self.dead = True
         self._on_pdu = _ignore_pdu
+        self.on_capsule = None
         self._on_fatal = _ignore_fatal
         self._on_ddgst_error = None
         try:
@@ -234,7 +239,12 @@ class PduReader:
                         else:
                             self._on_ddgst_error(pdu_type, flags, hlen, pdo, data_end, pdu)
                         continue
-                self._on_pdu(pdu_type, flags, hlen, pdo, data_end, pdu)
+                if pdu_type == _CAPSULE_CMD and self.on_capsule is not None:
+                    self.on_capsule(pdo, data_end, pdu)
+                else:
+                    self._on_pdu(pdu_type, flags, hlen, pdo, data_end, pdu)
+            elif pdu_type == _CAPSULE_CMD and self.on_capsule is not None:
+                self.on_capsule(0, header_end, pdu)
             else:
                 self._on_pdu(pdu_type, flags, hlen, 0, header_end, pdu)
         if self._start == self._end:

@@ -22,6 +22,8 @@ from pynvmf.spec.command import (
     SGL_DATA_BLOCK_OFFSET,
     SGL_TRANSPORT_DATA_BLOCK,
     Sqe,
+    new_sqe,
+    unpack_sqe,
 )
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType
 from pynvmf.spec.status import DNR, Status
@@ -83,6 +85,7 @@ class Request:
         "received",
         "retired",
         "reusable",
+        "sent",
         "sqe",
         "ttag",
     )
@@ -97,10 +100,12 @@ class Request:
         self.reusable = False
         self.retired = False
         # Host-to-controller data, once it has all arrived (in-capsule or via R2T).
-        self.data: bytearray | None = None
+        self.data: bytearray | memoryview | None = None
         self.length = sqe.sgl_length
         self.ttag = -1
         self.received = 0
+        # Controller-to-host data already sent with send_data (a Read sent in pieces).
+        self.sent = 0
         self.on_data: Callable[[Request], None] | None = None
 
 
@@ -156,9 +161,19 @@ class TargetConnection(PduConnection):
         # Where the data buffers commands hold are given back: the target's budget for
         # this connection (target/budget.py), set by the NVMe layer.
         self.budget: Charges = _NO_BUDGET
+        # In-capsule data is handed to on_command as a memoryview of the receive buffer,
+        # valid only until on_command returns, when the NVMe layer says it copies what
+        # it keeps (TargetQueue does: a Write to memory consumes it at once, anything
+        # else copies it first); otherwise (tests, other users) as a bytearray of its own.
+        self.borrow_capsule_data = False
+        # The glue's synchronous flush (hand the outbox to the socket now), for data sent
+        # piece by piece; None: the output waits for the next flush as usual.
+        self.flush_now: Callable[[], None] | None = None
         self.undrained = 0
         self._r2t: dict[int, Request] = {}
         self._next_ttag = 0
+        self._plain_resp: Callable[..., bytes] | None = None
+        self._plain_data = False
 
     # -- input ----------------------------------------------------------------------
 
@@ -193,19 +208,27 @@ class TargetConnection(PduConnection):
         self._emit(P.pack_ic(P.PduType.ICRESP, P.PFV_1_0, cfg.cpda, resp_dgst, cfg.max_h2c_data))
         self.established = True
         self.writer.configure(hdgst=self.hdgst, ddgst=self.ddgst, pda=hpda)
+        # The common case framed without the writer's general code (same bytes).
+        self._plain_resp = None if self.hdgst else P.CAPSULE_RESP.pack
+        self._plain_data = (
+            not self.hdgst
+            and not self.ddgst
+            and P.data_offset(P.DATA_HLEN, False, hpda) == P.DATA_HLEN
+        )
         reader = self.reader
         reader.hdgst, reader.ddgst = self.hdgst, self.ddgst
         reader.pdo_alignment = (cfg.cpda + 1) * 4
         reader.accepted_types = frozenset(
             (P.PduType.CAPSULE_CMD, P.PduType.H2C_DATA, P.PduType.H2C_TERM_REQ)
         )
+        reader.on_capsule = self._on_capsule  # capsules without data skip _on_pdu
         overhead = P.CAPSULE_CMD_HLEN + 2 * P.DIGEST_LEN + 4 * (cfg.cpda + 1)
         reader.set_max_pdu_len(
             max(cfg.inline_data_size, ADMIN_INLINE_LIMIT, cfg.max_h2c_data) + overhead
         )
 
     def _on_capsule(self, pdo: int, data_end: int, pdu: memoryview) -> None:
-        sqe = Sqe.unpack(pdu, P.CH_LEN)
+        sqe: Sqe = new_sqe(Sqe, unpack_sqe(pdu, P.CH_LEN))
         req = Request(sqe)
         self.stats.commands += 1
         if not self.sqhd_disabled:
@@ -242,9 +265,13 @@ class TargetConnection(PduConnection):
             elif sqe.sgl_length != data_len:
                 self._refuse(req, Status.SGL_INVALID_DATA | DNR)
             else:
-                req.data = bytearray(pdu[pdo:data_end])
                 self.stats.in_capsule_bytes += data_len
-                self.on_command(req)
+                if self.borrow_capsule_data:
+                    req.data = pdu[pdo:data_end]
+                    self.on_command(req)
+                else:
+                    req.data = bytearray(pdu[pdo:data_end])
+                    self.on_command(req)
             return
         if sqe.sgl_type == SGL_DATA_BLOCK_OFFSET and sqe.sgl_length:
             # The SGL promises in-capsule data that the capsule does not carry.
@@ -371,7 +398,8 @@ class TargetConnection(PduConnection):
         *,
         track: bool = True,
     ) -> None:
-        """Send `data` (controller-to-host) if any, then the completion."""
+        """Send `data` (controller-to-host) if any, then the completion. After send_data,
+        `data` is the rest of the command's data."""
         charge = req.charge
         if charge:
             req.charge = 0
@@ -384,34 +412,96 @@ class TargetConnection(PduConnection):
         if self.closing or req.retired:
             return
         cid = req.sqe.cid
-        if track and self._inflight.get(cid) is req:
-            del self._inflight[cid]
+        inflight = self._inflight
+        if track and inflight.get(cid) is req:
+            del inflight[cid]
         if req.ttag >= 0 and self._r2t.get(req.ttag) is req:
             del self._r2t[req.ttag]
         out = self.outbox
         if data is not None and status == 0 and len(data):
             success = self.sqhd_disabled
-            self._emit_c2h_data(cid, data, success)
+            self._emit_c2h_data(cid, data, req.sent, True, success)
             if success:
-                self._output_added()
+                if not self._receiving:
+                    self._request_output()
                 return
-        self.writer.control(
-            out,
-            P.CAPSULE_RESP,
-            P.PduType.CAPSULE_RESP,
-            P.CAPSULE_RESP_HLEN,
-            result & 0xFFFFFFFF,
-            result >> 32,
-            0xFFFF if self.sqhd_disabled else self._sqhd,
-            self.qid,
-            cid,
-            (status << 1) & 0xFFFF,
-        )
-        self._output_added()
+        resp = self._plain_resp
+        if resp is not None:
+            out.append(
+                resp(
+                    P.PduType.CAPSULE_RESP,
+                    0,
+                    P.CAPSULE_RESP_HLEN,
+                    0,
+                    P.CAPSULE_RESP_HLEN,
+                    result & 0xFFFFFFFF,
+                    result >> 32,
+                    0xFFFF if self.sqhd_disabled else self._sqhd,
+                    self.qid,
+                    cid,
+                    (status << 1) & 0xFFFF,
+                )
+            )
+        else:
+            self.writer.control(
+                out,
+                P.CAPSULE_RESP,
+                P.PduType.CAPSULE_RESP,
+                P.CAPSULE_RESP_HLEN,
+                result & 0xFFFFFFFF,
+                result >> 32,
+                0xFFFF if self.sqhd_disabled else self._sqhd,
+                self.qid,
+                cid,
+                (status << 1) & 0xFFFF,
+            )
+        if not self._receiving:
+            self._request_output()
 
-    def _emit_c2h_data(self, cid: int, data: Buffer, success: bool) -> None:
+    def send_data(self, req: Request, data: Buffer) -> None:
+        """Send the next part of a command's controller-to-host data (not its last part,
+        which goes with complete), at once: the bytes `req` holds against the budget are
+        given back once the socket has taken them (flush_now), so a large Read sent
+        piece by piece holds about one piece at a time."""
+        charge = req.charge
+        if charge:
+            req.charge = 0
+            if self.closing:
+                self.budget.give(charge)
+            else:
+                self.undrained += charge
+        if self.closing or req.retired:
+            return
+        self._emit_c2h_data(req.sqe.cid, data, req.sent, False, False)
+        req.sent += len(data) if type(data) is not memoryview else data.nbytes
+        flush = self.flush_now
+        if flush is not None:
+            flush()
+        else:
+            self._request_output()
+
+    def _emit_c2h_data(self, cid: int, data: Buffer, datao: int, last: bool, success: bool) -> None:
         self.stats.c2h_data_pdus += 1
-        flags = P.FLAG_DATA_LAST | (P.FLAG_DATA_SUCCESS if success else 0)
+        flags = (P.FLAG_DATA_LAST if last else 0) | (P.FLAG_DATA_SUCCESS if success else 0)
+        n = len(data) if type(data) is not memoryview else data.nbytes
+        if self._plain_data:
+            # No digests, data right after the header: the header is one pack.
+            out = self.outbox
+            out.append(
+                P.DATA_HEADER.pack(
+                    P.PduType.C2H_DATA,
+                    flags,
+                    P.DATA_HLEN,
+                    P.DATA_HLEN,
+                    P.DATA_HLEN + n,
+                    cid,
+                    0,
+                    datao,
+                    n,
+                )
+            )
+            out.append(data)
+            return
         self.writer.data(
             self.outbox,
             P.DATA_HEADER,
@@ -421,8 +511,8 @@ class TargetConnection(PduConnection):
             data,
             cid,
             0,
-            0,
-            len(data),
+            datao,
+            n,
         )
 
     # -- errors and teardown ------------------------------------------------------------
@@ -467,6 +557,7 @@ class TargetConnection(PduConnection):
         super().release()
         self.on_command = _ignore_request
         self.on_refused = None
+        self.flush_now = None
         # Nothing more is granted to this connection, and commands that will never complete
         # now hold nothing any more.
         self.budget.close()

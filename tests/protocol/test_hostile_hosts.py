@@ -32,7 +32,13 @@ from pynvmf.tcp.framing import PduReader
 from pynvmf.tcp.target import TargetConnection
 from tests.interop.guest import free_tcp_port
 from tests.interop.target_process import TargetProcess
-from tests.protocol.conftest import RAW_NS1_BLOCK, RAW_SUBNQN, RawTarget, RawTargetFactory
+from tests.protocol.conftest import (
+    RAW_NS1_BLOCK,
+    RAW_NS1_BLOCKS,
+    RAW_SUBNQN,
+    RawTarget,
+    RawTargetFactory,
+)
 from tests.protocol.raw import RawQueue, capsule, h2c_data, icreq, rw_sqe
 
 pytestmark = pytest.mark.timeout(120)
@@ -270,6 +276,21 @@ def _target_queue(rt: RawTarget, qid: int = 1) -> TargetQueue:
     return ctrl.queues[qid]
 
 
+class BufferedMemoryDevice(MemoryDevice):
+    """A memory device whose reads fill a buffer, as a file's do: its own read() turns
+    off the zero-copy path (read_view), so a Read holds buffers the budget counts."""
+
+    async def read(self, lba: int, buf: memoryview) -> None:
+        await super().read(lba, buf)
+
+
+def _buffered_subsystem() -> list[Subsystem]:
+    subsystem = Subsystem(RAW_SUBNQN)
+    device = BufferedMemoryDevice(RAW_NS1_BLOCK * RAW_NS1_BLOCKS, RAW_NS1_BLOCK)
+    subsystem.add_namespace(Namespace.create(RAW_SUBNQN, 1, device, "buffered:1"))
+    return [subsystem]
+
+
 def _read_capsule(io: RawQueue, cid: int, slba: int, nbytes: int) -> bytes:
     nlb = nbytes // RAW_NS1_BLOCK
     return io.capsule(rw_sqe(IoOpcode.READ, cid, 1, slba, nlb, nbytes))
@@ -297,7 +318,10 @@ async def test_reads_a_host_never_collects_hold_no_more_than_the_connection_budg
     raw_target_factory: RawTargetFactory,
 ) -> None:
     budget_bytes = 4 * MIB
-    rt = await raw_target_factory(limits=ConnectionLimits(connection_data=budget_bytes))
+    # Reads that need buffers (a memory namespace's are views of its memory and hold none).
+    rt = await raw_target_factory(
+        _buffered_subsystem(), limits=ConnectionLimits(connection_data=budget_bytes)
+    )
     _admin, io = await _io_queue(rt)
     queue = _target_queue(rt)
     pool = rt.target.memory_pool
@@ -364,7 +388,7 @@ async def test_no_set_of_hosts_pushes_the_target_past_its_memory_cap(
     assert pool.peak <= pool.capacity
 
 
-async def test_a_burst_of_large_reads_is_given_back_once_it_is_over(
+async def test_a_burst_of_large_writes_is_given_back_once_it_is_over(
     raw_target_factory: RawTargetFactory,
 ) -> None:
     from pynvmf.host import connect
@@ -376,10 +400,12 @@ async def test_a_burst_of_large_reads_is_given_back_once_it_is_over(
     async with await connect("127.0.0.1", port, RAW_SUBNQN, queues=2) as ctrl:
         ns = ctrl.namespace(1)
         bufs = [bytearray(MIB) for _ in range(48)]
-        await ns.read(0, memoryview(bufs[0]))
+        await ns.write(0, memoryview(bufs[0]))
         before = _rss()
-        for _ in range(3):  # 48 reads of 1 MiB at once: 48 MiB of target buffers
-            await asyncio.gather(*(ns.read(0, memoryview(b)) for b in bufs))
+        # 48 writes of 1 MiB at once: 48 MiB of target buffers for their R2T data. (Reads
+        # hold at most a piece each: budget.READ_CHUNK, test_read_pieces.py.)
+        for _ in range(3):
+            await asyncio.gather(*(ns.write(0, memoryview(b)) for b in bufs))
         peak = rt.target.memory_pool.peak
         assert peak >= 40 * MIB, peak
         # Below glibc's trim threshold as tuned (64 MiB), the heap would keep all of it.
