@@ -387,7 +387,7 @@ def _connection_stats(target: Setup, port: int, since: int) -> list[dict[str, in
             entry: dict[str, int | str] = {"qid": int(m.group(2)), "digests": m.group(3)}
             for field in m.group(4).split():
                 key, value = field.split("=")
-                entry[key] = int(value)
+                entry[key] = int(value) if value.isdigit() else value  # tls=user|ktls|-
             stats.append(entry)
         if any(e["qid"] == 0 for e in stats) or time.monotonic() > deadline:
             return stats
