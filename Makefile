@@ -14,7 +14,9 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
+# The optional RBD backend's bindings (Debian's python3-rados/python3-rbd), when installed.
 setup: $(BIN)/.installed
+	@$(BIN)/python scripts/link-ceph-bindings.py
 
 run: setup
 	$(BIN)/pynvmf target $(ARGS)

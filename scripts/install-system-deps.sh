@@ -26,6 +26,11 @@ PACKAGES=(
     debootstrap       # the Linux 6.12 peer's root filesystem (Debian 13, trixie)
     debian-archive-keyring  # checks trixie's archive signatures (debootstrap, apt-get)
     openssl           # its named FFDHE groups check pynvmf's RFC 7919 primes (tests/unit/test_auth.py)
+    ceph-mon          # the RBD backend's tests start a one-monitor, one-OSD cluster
+    ceph-osd          #   (tests/ceph/cluster.py), without systemd
+    ceph-common       # the ceph CLI, ceph-authtool, monmaptool
+    python3-rados     # the rados/rbd bindings (no PyPI wheels), linked into the venv
+    python3-rbd       #   by scripts/link-ceph-bindings.py (make setup)
 )
 
 # `--python`: only what `make setup` needs to create a virtual environment.

@@ -18,6 +18,14 @@ class BlockRangeError(ValueError):
     """An LBA range that does not lie inside the device."""
 
 
+class StorageUnavailable(OSError):
+    """The device's storage cannot be reached through this device, for now or for good:
+    a network backend whose cluster does not answer, or whose client was fenced (a Ceph
+    client on the OSD blocklist). Not a media error: the data is intact, and another
+    path (another gateway, another client) may reach it. The target answers it with a
+    path-related status, so that a multipath host retries on another path."""
+
+
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     block_size: int

@@ -96,6 +96,23 @@ def add_target_command(sub: Any) -> None:
         metavar="PATH",
         help="add a namespace backed by a file or block device, repeatable",
     )
+    p.add_argument(
+        "--rbd",
+        action="append",
+        default=[],
+        metavar="POOL/IMAGE",
+        help="add a namespace on a Ceph RBD image (needs python3-rbd), repeatable",
+    )
+    p.add_argument(
+        "--ceph-conf",
+        metavar="FILE",
+        help="ceph.conf for --rbd (default: librados' search, /etc/ceph/ceph.conf)",
+    )
+    p.add_argument(
+        "--ceph-client",
+        metavar="ID",
+        help="Ceph client id for --rbd, e.g. admin for client.admin (default: librados')",
+    )
     p.add_argument("--block-size", type=int, default=512, choices=(512, 4096))
     p.add_argument("--nqn", default=DEFAULT_NQN, help=f"subsystem NQN (default {DEFAULT_NQN})")
     p.add_argument(
@@ -224,6 +241,9 @@ async def _load(target: Target, args: argparse.Namespace, stop: asyncio.Event) -
                 listen=args.listen,
                 memory=args.memory,
                 files=args.file,
+                rbd_images=args.rbd,
+                ceph_conf=args.ceph_conf,
+                ceph_client=args.ceph_client,
                 nqn=args.nqn,
                 allow_hosts=args.allow_host,
                 block_size=args.block_size,

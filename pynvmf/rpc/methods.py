@@ -105,6 +105,18 @@ class Params:
             raise RpcError(INVALID_PARAMS, f"{self.name(key)}: not a list of strings")
         return value
 
+    def string_map(self, key: str) -> dict[str, str] | None:
+        """An object of string values (SPDK's key=value maps), or None when absent."""
+        value = self._get(key, False)
+        if value is _MISSING:
+            return None
+        if not isinstance(value, Mapping):
+            raise RpcError(INVALID_PARAMS, f"{self.name(key)}: must be an object")
+        for k, v in value.items():
+            if not isinstance(v, str):
+                raise RpcError(INVALID_PARAMS, f"{self.name(key)}.{k}: {v!r} is not a string")
+        return {str(k): v for k, v in value.items()}
+
     def nested(self, key: str, *, required: bool = True) -> Params | None:
         value = self._get(key, required)
         if value is _MISSING:
@@ -156,6 +168,9 @@ class ControlPlane:
     # Stops the process (spdk_kill_instance); None: the method is refused.
     shutdown: Callable[[], None] | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # bdev_rbd_register_cluster's clusters by name: (how to reach it, the connection
+    # held open for it until bdev_rbd_unregister_cluster).
+    rbd_clusters: dict[str, tuple[Any, Any]] = field(default_factory=dict)
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         handler = self.table.methods.get(method)

@@ -10,6 +10,7 @@ writes what `pynvmf target --json` loads again.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import uuid as uuid_mod
@@ -222,6 +223,146 @@ async def bdev_aio_delete(cp: ControlPlane, p: Params) -> bool:
     return await _delete_bdev(cp, p, D.FILE)
 
 
+# -- Ceph RBD (pynvmf.block.rbd; SPDK's bdev_rbd) ----------------------------------------------
+
+
+def _rbd_error(key: str, exc: Exception) -> RpcError:
+    from pynvmf.block.rbd import RbdUnavailable
+
+    if isinstance(exc, RbdUnavailable):
+        return RpcError(INVALID_PARAMS, f"{key}: {exc}")
+    if isinstance(exc, OSError):
+        return RpcError(INVALID_PARAMS, f"{key}: {exc.strerror or exc}")
+    return RpcError(INVALID_PARAMS, f"{key}: {exc}")
+
+
+@method("bdev_rbd_register_cluster")
+async def bdev_rbd_register_cluster(cp: ControlPlane, p: Params) -> str:
+    from pynvmf.block.rbd import ClusterSpec, RadosConnection
+
+    name = p.string("name")
+    user_id = p.string("user_id", None)
+    config_param = p.string_map("config_param") or {}
+    config_file = p.string("config_file", None)
+    key_file = p.string("key_file", None)
+    p.refuse_unless("core_mask", (None,), "pynvmf does not pin librbd's threads")
+    p.done()
+    if name in cp.rbd_clusters:
+        raise RpcError(INVALID_PARAMS, f"name: a cluster named {name!r} is registered")
+    if key_file is not None:
+        config_param = {**config_param, "keyring": key_file}
+    # SPDK reads the default ceph.conf only when given neither a file nor options.
+    conf = config_file if config_file is not None else ("" if config_param else None)
+    spec = ClusterSpec.of(conf, user_id, config_param)
+    try:
+        conn = await asyncio.to_thread(RadosConnection.get, spec)
+    except (ImportError, OSError) as exc:
+        raise _rbd_error("name", exc) from exc
+    cp.rbd_clusters[name] = (spec, conn)
+    return name
+
+
+@method("bdev_rbd_unregister_cluster")
+async def bdev_rbd_unregister_cluster(cp: ControlPlane, p: Params) -> bool:
+    name = p.string("name")
+    p.done()
+    entry = cp.rbd_clusters.pop(name, None)
+    if entry is None:
+        raise RpcError(INVALID_PARAMS, f"name: no cluster named {name!r}")
+    await asyncio.to_thread(entry[1].release)
+    return True
+
+
+@method("bdev_rbd_get_clusters_info")
+async def bdev_rbd_get_clusters_info(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
+    name = p.string("name", None)
+    p.done()
+    if name is not None and name not in cp.rbd_clusters:
+        raise RpcError(INVALID_PARAMS, f"name: no cluster named {name!r}")
+    out = []
+    for cname, (spec, _conn) in cp.rbd_clusters.items():
+        if name is not None and cname != name:
+            continue
+        info: dict[str, Any] = {"cluster_name": cname}
+        if spec.client is not None:
+            info["user_id"] = spec.client
+        if spec.conf:
+            info["config_file"] = spec.conf
+        if spec.options:
+            info["config_param"] = dict(spec.options)
+        out.append(info)
+    return out
+
+
+@method("bdev_rbd_create")
+async def bdev_rbd_create(cp: ControlPlane, p: Params) -> str:
+    from pynvmf.block.rbd import ClusterSpec, RbdDevice
+
+    name = p.string("name", None)
+    pool = p.string("pool_name")
+    image = p.string("rbd_name")
+    block_size = p.integer("block_size", low=1)
+    user_id = p.string("user_id", None)
+    config = p.string_map("config")
+    cluster_name = p.string("cluster_name", None)
+    dev_uuid = p.uuid_value("uuid")
+    read_only = p.boolean("read_only", False)
+    p.done()
+    if not pool:
+        raise RpcError(INVALID_PARAMS, "pool_name: empty")
+    if not image:
+        raise RpcError(INVALID_PARAMS, "rbd_name: empty")
+    if block_size & (block_size - 1) or block_size < 512:
+        raise RpcError(INVALID_PARAMS, f"block_size: {block_size} is not a power of two >= 512")
+    target = cp.target
+    name = name or _free_name(target, "Ceph")
+    if name in target.block_devices:
+        raise RpcError(INVALID_PARAMS, f"name: a bdev named {name!r} exists")
+    if cluster_name is not None:
+        if user_id is not None or config is not None:
+            raise RpcError(
+                INVALID_PARAMS, "cluster_name: user_id and config belong to the registered cluster"
+            )
+        registered = cp.rbd_clusters.get(cluster_name)
+        if registered is None:
+            raise RpcError(INVALID_PARAMS, f"cluster_name: no cluster named {cluster_name!r}")
+        spec = registered[0]
+    else:
+        spec = ClusterSpec.of("" if config else None, user_id, config or {})
+    try:
+        device = await RbdDevice.open_async(
+            pool,
+            image,
+            conf=spec.conf,
+            client=spec.client,
+            options=dict(spec.options),
+            block_size=block_size,
+            read_only=read_only,
+        )
+    except (ImportError, OSError) as exc:
+        raise _rbd_error("rbd_name", exc) from exc
+    except ValueError as exc:
+        raise RpcError(INVALID_PARAMS, f"block_size: {exc}") from exc
+    entry = NamedDevice.wrap(name, device, device_uuid=dev_uuid or uuid_mod.uuid4())
+    try:
+        target.add_block_device(entry)
+    except ChangeError as exc:
+        await device.close()
+        raise change_error(exc, {}) from exc
+    return name
+
+
+@method("bdev_rbd_delete")
+async def bdev_rbd_delete(cp: ControlPlane, p: Params) -> bool:
+    name = p.string("name")
+    p.done()
+    entry = cp.target.block_devices.get(name)
+    if entry is None or entry.kind != D.RBD:
+        raise RpcError(INVALID_PARAMS, f"name: no rbd bdev named {name!r}")
+    await _apply(cp.target.remove_block_device(name), {})
+    return True
+
+
 @method("bdev_get_bdevs")
 async def bdev_get_bdevs(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
     name = p.string("name", None)
@@ -238,7 +379,9 @@ async def bdev_get_bdevs(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
 
 def _bdev_json(target: Target, entry: NamedDevice) -> dict[str, Any]:
     caps = entry.device.capabilities
-    product = {D.MEMORY: "Malloc disk", D.FILE: "AIO disk"}.get(entry.kind, "pynvmf device")
+    product = {D.MEMORY: "Malloc disk", D.FILE: "AIO disk", D.RBD: "Ceph Rbd Disk"}.get(
+        entry.kind, "pynvmf device"
+    )
     out: dict[str, Any] = {
         "name": entry.name,
         "aliases": [str(entry.uuid)] if entry.uuid else [],
@@ -266,6 +409,16 @@ def _bdev_json(target: Target, entry: NamedDevice) -> dict[str, Any]:
             "readonly": entry.read_only,
             "fallocate": True,
         }
+    elif entry.kind == D.RBD:
+        dev: Any = entry.device
+        spec = dev.cluster_spec
+        rbd: dict[str, Any] = {"pool_name": dev.pool, "rbd_name": dev.image_name}
+        if spec.client is not None:
+            rbd["user_id"] = spec.client
+        if spec.options:
+            rbd["config"] = dict(spec.options)
+        rbd["state"] = dev.state.value  # pynvmf's: ok, unreachable, fenced, closed
+        driver["rbd"] = rbd
     out["driver_specific"] = driver
     return out
 
@@ -273,9 +426,12 @@ def _bdev_json(target: Target, entry: NamedDevice) -> dict[str, Any]:
 def bdev_config(target: Target) -> list[dict[str, Any]]:
     """framework_get_config bdev: the calls that create every block device again."""
     config = []
+    clusters: dict[Any, str] = {}
     for entry in target.block_devices.values():
         caps = entry.device.capabilities
-        if entry.kind == D.MEMORY:
+        if entry.kind == D.RBD:
+            config += _rbd_config(entry, clusters)
+        elif entry.kind == D.MEMORY:
             params: dict[str, Any] = {
                 "name": entry.name,
                 "num_blocks": caps.num_blocks,
@@ -299,6 +455,44 @@ def bdev_config(target: Target) -> list[dict[str, Any]]:
                 INVALID_PARAMS, f"name: bdev {entry.name!r} is neither memory nor a file"
             )
     return config
+
+
+def _rbd_config(entry: NamedDevice, clusters: dict[Any, str]) -> list[dict[str, Any]]:
+    """bdev_rbd_create for an RBD device, after a bdev_rbd_register_cluster for its
+    cluster where it needs one (SPDK's bdev_rbd_create takes no configuration file)."""
+    calls = []
+    dev: Any = entry.device
+    spec = dev.cluster_spec
+    params: dict[str, Any] = {
+        "name": entry.name,
+        "pool_name": dev.pool,
+        "rbd_name": dev.image_name,
+        "block_size": entry.block_size,
+    }
+    if spec.conf is None and not spec.options:
+        if spec.client is not None:
+            params["user_id"] = spec.client
+    elif spec.conf == "":
+        if spec.client is not None:
+            params["user_id"] = spec.client
+        params["config"] = dict(spec.options)
+    else:
+        cluster = clusters.get(spec)
+        if cluster is None:
+            cluster = clusters[spec] = f"pynvmf_cluster{len(clusters)}"
+            reg: dict[str, Any] = {"name": cluster, "config_file": spec.conf}
+            if spec.client is not None:
+                reg["user_id"] = spec.client
+            if spec.options:
+                reg["config_param"] = dict(spec.options)
+            calls.append({"method": "bdev_rbd_register_cluster", "params": reg})
+        params["cluster_name"] = cluster
+    if entry.read_only:
+        params["read_only"] = True
+    if entry.uuid:
+        params["uuid"] = str(entry.uuid)
+    calls.append({"method": "bdev_rbd_create", "params": params})
+    return calls
 
 
 # -- the NVMe-oF target: transport ------------------------------------------------------------

@@ -18,7 +18,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from pynvmf.block.device import BlockRangeError
+from pynvmf.block.device import BlockRangeError, StorageUnavailable
 from pynvmf.spec.command import RW_FUA
 from pynvmf.spec.status import DNR, Status
 from pynvmf.target import reservations
@@ -38,6 +38,14 @@ _READ_ERROR = Status.UNRECOVERED_READ_ERROR
 _VERIFY_CHUNK = MAX_TRANSFER
 
 
+def _error_status(exc: OSError, media_error: int) -> int:
+    """A device error's status: path-related when the storage is unreachable through
+    this target (as IoHandler.execute answers), else the media error given."""
+    if isinstance(exc, StorageUnavailable):
+        return Status.INTERNAL_PATH_ERROR
+    return media_error
+
+
 async def compare(io: IoHandler, req: Request) -> Outcome:
     status, ns, slba, _nlb, length = io._rw_target(req)
     if status or ns is None:
@@ -50,7 +58,7 @@ async def compare(io: IoHandler, req: Request) -> Outcome:
         same = await _matches(ns, slba, data)
     except OSError as exc:
         log.error("read error in Compare on nsid %d: %s", ns.nsid, exc)
-        return _READ_ERROR, None
+        return _error_status(exc, _READ_ERROR), None
     _count_read(io, length)
     return (Status.SUCCESS if same else COMPARE_FAILED), None
 
@@ -80,7 +88,7 @@ async def verify(io: IoHandler, req: Request) -> Outcome:
             await device.read(lba, buf[: n * ns.block_size])
     except OSError as exc:
         log.error("read error in Verify on nsid %d: %s", ns.nsid, exc)
-        return _READ_ERROR, None
+        return _error_status(exc, _READ_ERROR), None
     _count_read(io, length)
     return Status.SUCCESS, None
 
@@ -138,7 +146,7 @@ async def _compare_and_write(
             return Status.LBA_OUT_OF_RANGE | DNR, FUSED_FAIL
         except OSError as exc:
             log.error("read error in Compare and Write on nsid %d: %s", ns.nsid, exc)
-            return _READ_ERROR, FUSED_FAIL
+            return _error_status(exc, _READ_ERROR), FUSED_FAIL
         _count_read(io, length)
         if not same:
             return COMPARE_FAILED, FUSED_FAIL
@@ -147,7 +155,7 @@ async def _compare_and_write(
         except OSError as exc:
             # The Compare did succeed; what the Write left in the range is unknown.
             log.error("write error in Compare and Write on nsid %d: %s", ns.nsid, exc)
-            return Status.SUCCESS, Status.WRITE_FAULT
+            return Status.SUCCESS, _error_status(exc, Status.WRITE_FAULT)
     stats = io.stats
     stats.write_cmds += 1
     stats.write_bytes += length

@@ -15,13 +15,14 @@ import os
 import re
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from pynvmf.auth.controller import ALL_DHGROUPS, ALL_HASHES, HostAuthConfig
 from pynvmf.block.file import FileDevice
 from pynvmf.block.memory import MemoryDevice
+from pynvmf.block.rbd import DEFAULT_IO_TIMEOUT, RbdDevice, RbdUnavailable, parse_image_spec
 from pynvmf.spec.auth import dhgroup_from_name, hash_from_name
 from pynvmf.spec.logpages import AnaState
 from pynvmf.spec.opcodes import DISCOVERY_NQN
@@ -85,7 +86,8 @@ _SUBSYSTEM_KEYS = {
 _ANA_GROUP_KEYS = {"grpid", "state", "listeners"}
 _ANA_LISTENER_KEYS = {"address", "port", "state"}
 _PEER_KEYS = {"address", "port", "portid"}
-_DEVICE_KEYS = {"memory", "file", "size", "create", "block_size", "read_only"}
+_DEVICE_KEYS = {"memory", "file", "rbd", "size", "create", "block_size", "read_only"}
+_RBD_KEYS = {"pool", "image", "conf", "client", "options", "io_timeout"}
 _NAMESPACE_KEYS = _DEVICE_KEYS | {
     "nsid",
     "uuid",
@@ -235,12 +237,71 @@ def open_device(spec: dict[str, Any], where: str, name: str, *, owned: bool) -> 
                 path, block_size, size_bytes=size, create=create, read_only=read_only
             )
             return NamedDevice.wrap(name, device, device_uuid=dev_uuid, owned=owned)
+        if "rbd" in spec:
+            read_only = r.get("read_only", bool, False)
+            device = RbdDevice.open(
+                **rbd_options(spec["rbd"], r.path("rbd")),
+                block_size=block_size,
+                read_only=read_only,
+            )
+            return NamedDevice.wrap(name, device, device_uuid=dev_uuid, owned=owned)
+    except RbdUnavailable as exc:
+        raise ConfigError(f"{where}.rbd: {exc}") from exc
     except OSError as exc:
         what = f"{exc.filename}: " if exc.filename else ""
         raise ConfigError(f"{where}: {what}{exc.strerror or exc}") from exc
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from exc
-    raise ConfigError(f"{where}: a namespace needs 'memory', 'file' or 'device'")
+    raise ConfigError(f"{where}: a namespace needs 'memory', 'file', 'rbd' or 'device'")
+
+
+def rbd_options(spec: Any, where: str) -> dict[str, Any]:
+    """An "rbd" entry as RbdDevice.open's keyword arguments: "POOL/IMAGE", or
+    {"pool", "image", "conf", "client", "options", "io_timeout"} (pool defaults to "rbd",
+    conf to librados' own search: $CEPH_CONF, /etc/ceph/ceph.conf)."""
+    if isinstance(spec, str):
+        try:
+            pool, image = parse_image_spec(spec)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        return {"pool": pool, "image": image}
+    r = _Reader(spec, where, _RBD_KEYS)
+    image = r.get("image", str)
+    if not image:
+        raise ConfigError(f"{r.path('image')}: an RBD namespace needs an image name")
+    pool = r.get("pool", str, "rbd")
+    if not pool:
+        raise ConfigError(f"{r.path('pool')}: an empty pool name")
+    options = r.get("options", dict, {})
+    for key, value in options.items():
+        if not isinstance(value, (str, int, float, bool)) or isinstance(value, bool):
+            raise ConfigError(f"{r.path('options')}.{key}: {value!r} is not a string or number")
+    timeout = r.get("io_timeout", (int, float), DEFAULT_IO_TIMEOUT)
+    if timeout <= 0:
+        raise ConfigError(f"{r.path('io_timeout')}: {timeout!r} is not positive")
+    return {
+        "pool": pool,
+        "image": image,
+        "conf": r.get("conf", str),
+        "client": r.get("client", str),
+        "options": {str(k): str(v) for k, v in options.items()},
+        "io_timeout": float(timeout),
+    }
+
+
+def rbd_spec_of(device: RbdDevice) -> dict[str, Any]:
+    """The "rbd" entry that opens `device` again."""
+    spec: dict[str, Any] = {"pool": device.pool, "image": device.image_name}
+    cluster = device.cluster_spec
+    if cluster.conf is not None:
+        spec["conf"] = cluster.conf
+    if cluster.client is not None:
+        spec["client"] = cluster.client
+    if cluster.options:
+        spec["options"] = dict(cluster.options)
+    if device.io_timeout != DEFAULT_IO_TIMEOUT:
+        spec["io_timeout"] = device.io_timeout
+    return spec
 
 
 def _hex_bytes(size: int) -> Callable[[Any], bytes]:
@@ -548,6 +609,9 @@ def config_from_options(
     memory: list[str],
     files: list[str],
     nqn: str,
+    rbd_images: Sequence[str] = (),
+    ceph_conf: str | None = None,
+    ceph_client: str | None = None,
     allow_hosts: list[str],
     block_size: int,
     inline_data_size: int,
@@ -557,6 +621,17 @@ def config_from_options(
         {"memory": size, "block_size": block_size} for size in memory
     ]
     namespaces += [{"file": path, "block_size": block_size} for path in files]
+    for text in rbd_images:
+        try:
+            pool, image = parse_image_spec(text)
+        except ValueError as exc:
+            raise ConfigError(f"--rbd: {exc}") from None
+        rbd: dict[str, Any] = {"pool": pool, "image": image}
+        if ceph_conf is not None:
+            rbd["conf"] = ceph_conf
+        if ceph_client is not None:
+            rbd["client"] = ceph_client
+        namespaces.append({"rbd": rbd, "block_size": block_size})
     if not namespaces:
         namespaces = [{"memory": DEFAULT_MEMORY, "block_size": block_size}]
     for nsid, ns in enumerate(namespaces, start=1):
@@ -644,8 +719,12 @@ def _device_dict(entry: NamedDevice, *, with_name: bool) -> dict[str, Any]:
         out["file"] = entry.path
         if entry.read_only:
             out["read_only"] = True
+    elif entry.kind == D.RBD and isinstance(entry.device, RbdDevice):
+        out["rbd"] = rbd_spec_of(entry.device)
+        if entry.read_only:
+            out["read_only"] = True
     else:
-        raise ConfigError(f"block device {entry.name!r} is neither memory nor a file")
+        raise ConfigError(f"block device {entry.name!r} is neither memory, a file nor RBD")
     if entry.block_size != DEFAULT_BLOCK_SIZE:
         out["block_size"] = entry.block_size
     if with_name and entry.uuid is not None:

@@ -16,8 +16,12 @@ from pynvmf.block.device import BlockDevice
 from pynvmf.block.file import FileDevice
 from pynvmf.block.memory import MemoryDevice
 
+# No Ceph import: pynvmf.block.rbd loads the bindings only when an image is opened.
+from pynvmf.block.rbd import RbdDevice
+
 MEMORY = "memory"
 FILE = "file"
+RBD = "rbd"  # a Ceph RBD image (pynvmf.block.rbd)
 OTHER = "other"  # any other BlockDevice: served, but no configuration format can recreate it
 
 
@@ -48,6 +52,8 @@ class NamedDevice:
         if isinstance(device, FileDevice):
             path = os.path.realpath(device.path)
             return cls(name, device, FILE, path, uuid=device_uuid, owned=owned)
+        if isinstance(device, RbdDevice):
+            return cls(name, device, RBD, uuid=device_uuid, owned=owned)
         return cls(name, device, OTHER, uuid=device_uuid, owned=owned)
 
     @property
@@ -56,6 +62,12 @@ class NamedDevice:
         across restarts for a file, the same for every memory device."""
         if self.kind == FILE:
             return f"file:{self.path}"
+        if self.kind == RBD:
+            # The same on every gateway that serves the image: a multipath host groups
+            # paths by the namespace identities derived from this.
+            dev = self.device
+            assert isinstance(dev, RbdDevice)
+            return f"rbd:{dev.fsid}/{dev.pool}/{dev.image_name}"
         return self.kind
 
     @property
@@ -68,4 +80,6 @@ class NamedDevice:
 
     @property
     def read_only(self) -> bool:
+        if isinstance(self.device, RbdDevice):
+            return self.device.read_only
         return isinstance(self.device, FileDevice) and self.device.read_only

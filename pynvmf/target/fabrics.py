@@ -175,7 +175,12 @@ async def property_set(ctrl: Controller, attrib: int, offset: int, value: int) -
     if new & C.CC_SHN_MASK and not old & C.CC_SHN_MASK:
         # A copy: the target may remove a namespace while this waits for a flush.
         for ns in list(ctrl.subsystem.namespaces.values()):
-            await ns.device.flush()
+            try:
+                await ns.device.flush()
+            except OSError as exc:
+                # Storage that cannot be flushed (gone, fenced) must not fail the host's
+                # shutdown: the controller's side of it is done, and the error is logged.
+                log.error("flush at shutdown of nsid %d failed: %s", ns.nsid, exc)
         ctrl.csts = (ctrl.csts & ~C.CSTS_SHST_MASK) | C.CSTS_SHST_COMPLETE
     elif not new & C.CC_SHN_MASK:
         ctrl.csts &= ~C.CSTS_SHST_MASK

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pynvmf.block import copy as block_copy
-from pynvmf.block.device import BlockRangeError
+from pynvmf.block.device import BlockRangeError, StorageUnavailable
 from pynvmf.spec.command import (
     COPY_CDFE_FORMATS,
     COPY_DESCRIPTOR_SIZE,
@@ -111,6 +111,14 @@ class IoHandler:
             status, data = Status.LBA_OUT_OF_RANGE | DNR, None
         except ConnectionError:
             return  # the queue went away while the command waited for data
+        except StorageUnavailable as exc:
+            # The storage is not reachable through this target (a fenced or cut-off
+            # network backend), the data is not damaged: a path-related status, without
+            # DNR, so that a multipath host retries the command on another path.
+            log.error(
+                "storage unavailable on %s nsid %d: %s", self.ctrl.subsystem.nqn, sqe.nsid, exc
+            )
+            status, data = Status.INTERNAL_PATH_ERROR, None
         except OSError as exc:
             log.error("I/O error on %s nsid %d: %s", self.ctrl.subsystem.nqn, sqe.nsid, exc)
             status = (

@@ -241,8 +241,9 @@ class Target:
         for entry in self.block_devices.values():
             if id(entry.device) not in closed:  # one device may back several namespaces
                 closed.add(id(entry.device))
-                await entry.device.flush()
-                await entry.device.close()
+                # A device whose flush fails (storage gone) is still closed, and so are
+                # the ones after it.
+                await _close_device(entry)
 
     def find_subsystem(self, nqn: str, port: Port) -> Subsystem | None:
         if not port.exposes(nqn) or not any(p is port for p in self.ports):

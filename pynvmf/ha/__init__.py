@@ -1,0 +1,1 @@
+"""High availability across gateways: ANA group ownership through RADOS (lease.py)."""

@@ -1,0 +1,1 @@
+"""The Ceph tests' fixtures (the cluster itself is tests/conftest.py's `ceph_cluster`)."""
