@@ -126,7 +126,8 @@ async def test_spdk_rpc_methods(ceph_cluster: CephCluster, rbd_image: Callable[[
         assert cp.target.block_devices["Ceph0"].kind == RBD
         # save_config's bdev calls create it again (the cluster first).
         saved = spdk_config(cp.target)
-        bdev_calls = [c["method"] for c in saved["subsystems"][0]["config"]]
+        (bdev_config,) = [s["config"] for s in saved["subsystems"] if s["subsystem"] == "bdev"]
+        bdev_calls = [c["method"] for c in bdev_config]
         assert bdev_calls == ["bdev_rbd_register_cluster", "bdev_rbd_create"]
         for call, params, error in [
             (
