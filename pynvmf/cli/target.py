@@ -39,6 +39,7 @@ from pynvmf.target.config import (
     parse_size,
 )
 from pynvmf.target.server import DISCOVERY_PORT, Target
+from pynvmf.target.workers import available_cores, make_target
 
 log = logging.getLogger("pynvmf")
 
@@ -160,6 +161,14 @@ def add_target_command(sub: Any) -> None:
         metavar="SIZE",
         help="data buffers one connection holds at once (default 32M)",
     )
+    p.add_argument(
+        "--cores",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="worker processes serving the I/O queues (default: the cores this process may "
+        "use; 1: everything in one process)",
+    )
     p.add_argument("-v", "--verbose", action="count", default=0)
 
 
@@ -271,13 +280,14 @@ def _announce(grpid: int, state: AnaState) -> None:
 
 async def _run_target(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
-    target = Target(
+    target = make_target(
+        args.cores or available_cores(),
         limits=ConnectionLimits(
             max_connections=args.max_connections,
             max_connections_per_address=args.max_connections_per_address,
             max_memory=args.max_memory,
             connection_data=args.max_connection_data,
-        )
+        ),
     )
     rpc: RpcServer | None = None
     gateway: Gateway | None = None

@@ -20,7 +20,6 @@ from typing import Any
 
 from pynvmf import __version__
 from pynvmf.block.file import FileDevice
-from pynvmf.block.memory import MemoryDevice
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane, MethodTable, Params, change_error
 from pynvmf.spec.auth import dhgroup_from_name, hash_from_name
@@ -161,7 +160,7 @@ async def bdev_malloc_create(cp: ControlPlane, p: Params) -> str:
     if name in target.block_devices:
         raise RpcError(INVALID_PARAMS, f"name: a bdev named {name!r} exists")
     try:
-        device = MemoryDevice(num_blocks * block_size, block_size)
+        device = target.memory_device(num_blocks * block_size, block_size)
     except ValueError as exc:
         raise RpcError(INVALID_PARAMS, f"block_size: {exc}") from exc
     except OSError as exc:

@@ -108,6 +108,14 @@ class AnaGroups:
             group.chgcnt = self.chgcnt
         self._index()
 
+    @property
+    def in_use(self) -> bool:
+        """Whether the states say more than "group 1, optimized everywhere" (what a
+        process that holds no ANA state, a worker, would assume)."""
+        return len(self.groups) > 1 or any(
+            g.state != AnaState.OPTIMIZED or g.on_port for g in self.groups.values()
+        )
+
     def forget_port(self, port: Port) -> None:
         """A listener went away: its own states go with it."""
         for group in self.groups.values():

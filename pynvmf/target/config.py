@@ -226,8 +226,16 @@ def transport_of(spec: dict[str, Any], where: str, base: TransportConfig) -> Tra
     )
 
 
-def open_device(spec: dict[str, Any], where: str, name: str, *, owned: bool) -> NamedDevice:
-    """The block device a namespace or devices[] entry describes, opened."""
+def open_device(
+    spec: dict[str, Any],
+    where: str,
+    name: str,
+    *,
+    owned: bool,
+    memory: Callable[[int, int], MemoryDevice] = MemoryDevice,
+) -> NamedDevice:
+    """The block device a namespace or devices[] entry describes, opened; a memory
+    device made by `memory` (the target's: shared memory when workers serve I/O)."""
     r = _Reader(spec, where, _NAMESPACE_KEYS | {"name"})
     block_size = r.get("block_size", int, DEFAULT_BLOCK_SIZE)
     dev_uuid = None if owned else r.convert("uuid", uuid.UUID)
@@ -235,7 +243,7 @@ def open_device(spec: dict[str, Any], where: str, name: str, *, owned: bool) -> 
         if "memory" in spec:
             size = r.convert("memory", parse_size)
             return NamedDevice.wrap(
-                name, MemoryDevice(size, block_size), device_uuid=dev_uuid, owned=owned
+                name, memory(size, block_size), device_uuid=dev_uuid, owned=owned
             )
         if "file" in spec:
             path = Path(r.get("file", str))
@@ -344,7 +352,7 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
             name = r.get("name", str)
             if not name:
                 raise ConfigError(f"{where}.name: a device needs a name")
-            entry = open_device(spec, where, name, owned=False)
+            entry = open_device(spec, where, name, owned=False, memory=target.memory_device)
             _change(where, lambda entry=entry: target.add_block_device(entry), entry)
         for i, spec in enumerate(top.items("keyring")):
             where = f"keyring[{i}]"
@@ -530,7 +538,9 @@ def _subsystem(
         device: str | NamedDevice
         entry = None
         if name is None:
-            device = entry = open_device(ns_spec, ns_where, f"{nqn}/{nsid}", owned=True)
+            device = entry = open_device(
+                ns_spec, ns_where, f"{nqn}/{nsid}", owned=True, memory=target.memory_device
+            )
         elif set(ns_spec) & _DEVICE_KEYS:
             key = sorted(set(ns_spec) & _DEVICE_KEYS)[0]
             raise ConfigError(f"{ns_where}.{key}: a namespace on a named device describes none")

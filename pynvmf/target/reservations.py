@@ -455,6 +455,9 @@ class NamespaceReservation:
         # Data commands under way per host, and Preempt and Abort waiting for them to end.
         self._inflight: dict[bytes, int] = {}
         self._drain: dict[bytes, list[asyncio.Future[None]]] = {}
+        # Where a committed change goes before its command completes: the worker
+        # processes' replicas (target/workers.py), with the preempted hosts; None: nowhere.
+        self.replicate: Callable[[NamespaceReservation, list[bytes]], Awaitable[None]] | None = None
         self._update_access()
 
     @property
@@ -519,6 +522,8 @@ class NamespaceReservation:
                 return Status.INTERNAL_ERROR
             self.commit(state)
         deliver(subsystem, self.nsid, decision.notices)
+        if self.replicate is not None:
+            await self.replicate(self, list(decision.preempted))
         if decision.preempted:
             await self.wait_for(decision.preempted)
         return Status.SUCCESS

@@ -24,10 +24,11 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from pynvmf.auth.controller import ALL_DHGROUPS, ALL_HASHES, HostAuthConfig
 from pynvmf.auth.keys import DhchapKey, KeyFormatError, load_key_file
+from pynvmf.block.memory import MemoryDevice
 from pynvmf.malloc import trim
 from pynvmf.spec import logpages as L
 from pynvmf.spec.auth import DhGroupId, HashId
@@ -55,6 +56,9 @@ from pynvmf.target.subsystem import (
     Subsystem,
 )
 from pynvmf.tcp.target import TargetConnection, TransportConfig
+
+if TYPE_CHECKING:
+    from pynvmf.target.workers import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +181,9 @@ class Target:
         limits = self.connection_budget.limits
         self.memory_pool = MemoryPool(limits.max_memory or default_max_memory())
         self._sweeper: asyncio.TimerHandle | None = None
+        # The worker processes that serve I/O queues (pynvmf target --cores N, workers.py);
+        # None: every queue is served here.
+        self.workers: WorkerPool | None = None
         self._running = False
         self._stopped = False
         for subsystem in subsystems:
@@ -251,6 +258,11 @@ class Target:
         if nqn == DISCOVERY_NQN:
             return self.discovery
         return self.subsystems.get(nqn)
+
+    def memory_device(self, size_bytes: int, block_size: int) -> MemoryDevice:
+        """A new memory device for the configuration or the RPC to serve: private memory,
+        or shared memory the worker processes map when they serve the I/O queues."""
+        return MemoryDevice(size_bytes, block_size)
 
     def set_transport(self, config: TransportConfig) -> None:
         """The transport options of the listeners add_listener opens from now on."""

@@ -1,0 +1,322 @@
+"""`pynvmf target --cores 2` against `--cores 1`: how the I/O queues' workers scale.
+
+Each round starts `pynvmf target --cores N` (a 1 GiB memory namespace) as a user
+would, drives it with a client for --seconds, and stops it; the rounds alternate
+1, 2, 2, 1, 1, 2, ... so that the load of a shared machine falls on both alike, and
+the table shows medians with the spread. The client is SPDK's `spdk_nvme_perf`
+(`--spdk DIR`, several I/O qpairs on one core: `-c 0x1 -P 4`) and pynvmf's own
+host benchmark (`pynvmf bench --numjobs 4`), both sharing the machine's cores with
+the target. The target's CPU time (main process and workers) per command is the
+per-command cost; a round trip over the workers' channel is what a command
+forwarded to the main process costs; a memcpy's bandwidth bounds the data path.
+
+    python benchmarks/cores.py [--spdk /work/spdk/build/bin] [--rounds 3] [--seconds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+NQN = "nqn.2024-11.dev.pynvmf:default"
+READY = "pynvmf target ready"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU time of `pid` (the main process) and of its live children (the workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    main = workers = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        seconds = (int(fields[11]) + int(fields[12])) / tick
+        if int(entry) == pid:
+            main += seconds
+        elif int(fields[1]) == pid:
+            workers += seconds
+    return main, workers
+
+
+class Target:
+    def __init__(self, cores: int) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pynvmf",
+                "target",
+                "--cores",
+                str(cores),
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                "--discovery-port",
+                "0",
+                "--memory",
+                "1G",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=REPO,
+        )
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.strip() == READY:
+                break
+        else:
+            raise RuntimeError("the target did not start")
+
+    def cpu(self) -> tuple[float, float]:
+        return _cpu_seconds(self.proc.pid)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def spdk_perf(spdk: Path, port: int, workload: str, seconds: float) -> float:
+    rw, bs = {"4k randread": ("randread", 4096), "4k randwrite": ("randwrite", 4096)}[workload]
+    trid = f"trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{NQN}"
+    out = subprocess.run(
+        [
+            str(spdk / "spdk_nvme_perf"),
+            "-r",
+            trid,
+            "-q",
+            "32",
+            "-o",
+            str(bs),
+            "-w",
+            rw,
+            "-t",
+            str(int(seconds)),
+            "-c",
+            "0x1",
+            "-P",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+    ).stdout
+    m = re.search(r"^Total\s*:\s*([\d.]+)", out, re.MULTILINE)
+    if m is None:
+        raise RuntimeError(f"spdk_nvme_perf printed no total:\n{out}")
+    return float(m.group(1))
+
+
+def pynvmf_bench(port: int, workload: str, seconds: float) -> float:
+    rw = workload.split()[1]
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pynvmf",
+            "bench",
+            "-a",
+            "127.0.0.1",
+            "-s",
+            str(port),
+            "-n",
+            NQN,
+            "--rw",
+            rw,
+            "--bs",
+            "4k",
+            "--iodepth",
+            "32",
+            "--numjobs",
+            "4",
+            "--runtime",
+            str(seconds),
+            "--group-reporting",
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+        cwd=REPO,
+    ).stdout
+    doc = json.loads(out[out.index("{") :])
+    job = doc["jobs"][0]
+    return float(job["read"]["iops"] + job["write"]["iops"])
+
+
+CONNECTS = 20
+
+
+def connect_ms(port: int, n: int = CONNECTS, queues: int = 4) -> float:
+    """Median ms to bring up a controller with `queues` I/O queues and close it: with
+    workers, each I/O queue is handed over (descriptor passing and replay)."""
+    sys.path.insert(0, str(REPO))
+    from pynvmf.host import connect
+
+    async def run() -> float:
+        times = []
+        for _ in range(n):
+            start = time.perf_counter()
+            ctrl = await connect("127.0.0.1", port, NQN, queues=queues)
+            times.append(time.perf_counter() - start)
+            await ctrl.close()
+        return statistics.median(times) * 1e3
+
+    return asyncio.run(run())
+
+
+def round_trip_us(n: int = 20000) -> float:
+    """Mean µs of one request and its reply over a worker channel (ipc.Channel) to
+    another process: what forwarding a command to the main process adds."""
+    code = (
+        "import asyncio, socket, sys\n"
+        "from pynvmf.target.ipc import Channel\n"
+        "async def main():\n"
+        "    done = asyncio.Event()\n"
+        "    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=int(sys.argv[1]))\n"
+        "    Channel(s, lambda kind, args, fds: args, done.set)\n"
+        "    await done.wait()\n"
+        "asyncio.run(main())\n"
+    )
+    from pynvmf.target.ipc import Channel, socket_pair
+
+    async def run() -> float:
+        mine, theirs = socket_pair()
+        os.set_inheritable(theirs.fileno(), True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            cwd=REPO,
+        )
+        theirs.close()
+        channel = Channel(mine, lambda kind, args, fds: None, lambda: None)
+        await channel.request("echo", 0)
+        start = time.perf_counter()
+        for i in range(n):
+            await channel.request("echo", i)
+        elapsed = time.perf_counter() - start
+        channel.close()
+        proc.wait(10)
+        return elapsed / n * 1e6
+
+    return asyncio.run(run())
+
+
+def memcpy_gbps(size: int = 256 << 20) -> float:
+    src = bytearray(os.urandom(1 << 20)) * (size >> 20)
+    dst = bytearray(size)
+    best = 0.0
+    for _ in range(5):
+        start = time.perf_counter()
+        dst[:] = src
+        best = max(best, size / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--spdk", type=Path, default=Path("/work/spdk/build/bin"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--workloads", default="4k randread,4k randwrite")
+    args = parser.parse_args()
+    clients = ["pynvmf bench"]
+    if (args.spdk / "spdk_nvme_perf").exists():
+        clients.insert(0, "spdk_nvme_perf")
+    else:
+        print(f"no spdk_nvme_perf in {args.spdk}: pynvmf's own host only", file=sys.stderr)
+    workloads = args.workloads.split(",")
+    results: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
+    connects: dict[int, list[float]] = {1: [], 2: []}
+    connect_cpu: dict[int, list[float]] = {1: [], 2: []}
+    load_start = os.getloadavg()
+    started = time.monotonic()
+    for r in range(args.rounds):
+        order = (1, 2) if r % 2 == 0 else (2, 1)
+        for cores in order:
+            target = Target(cores)
+            try:
+                for client in clients:
+                    for workload in workloads:
+                        main0, workers0 = target.cpu()
+                        if client == "spdk_nvme_perf":
+                            iops = spdk_perf(args.spdk, target.port, workload, args.seconds)
+                        else:
+                            iops = pynvmf_bench(target.port, workload, args.seconds)
+                        main1, workers1 = target.cpu()
+                        used = main1 - main0 + workers1 - workers0
+                        cpu_us = used / max(1.0, iops * args.seconds) * 1e6
+                        main_share = (main1 - main0) / used if used else 0.0
+                        results.setdefault((client, workload, cores), []).append((iops, cpu_us))
+                        line = {"client": client, "workload": workload, "cores": cores}
+                        line |= {"iops": round(iops), "cpu_us": round(cpu_us, 2)}
+                        line |= {"main_cpu_share": round(main_share, 3)}
+                        print(json.dumps(line), flush=True)
+                main0, _ = target.cpu()
+                connects[cores].append(connect_ms(target.port))
+                main1, _ = target.cpu()
+                connect_cpu[cores].append((main1 - main0) / CONNECTS * 1e3)
+            finally:
+                target.stop()
+    load_end = os.getloadavg()
+    rtt = round_trip_us()
+    bw = memcpy_gbps()
+    print()
+    print(
+        f"{args.rounds} rounds of {args.seconds:g} s, alternating; {os.cpu_count()} CPUs; "
+        f"load average {load_start[0]:.1f} at the start, {load_end[0]:.1f} at the end; "
+        f"{time.monotonic() - started:.0f} s"
+    )
+    print()
+    print(
+        "| client | workload | --cores 1 IOPS | --cores 2 IOPS | ratio | target CPU µs/cmd 1 → 2 |"
+    )
+    print("|---|---|---:|---:|---:|---:|")
+    for client in clients:
+        for workload in workloads:
+            one = results[(client, workload, 1)]
+            two = results[(client, workload, 2)]
+            m1 = statistics.median(i for i, _ in one)
+            m2 = statistics.median(i for i, _ in two)
+            c1 = statistics.median(c for _, c in one)
+            c2 = statistics.median(c for _, c in two)
+            spread1 = f"{min(i for i, _ in one) / 1000:.1f}-{max(i for i, _ in one) / 1000:.1f}K"
+            spread2 = f"{min(i for i, _ in two) / 1000:.1f}-{max(i for i, _ in two) / 1000:.1f}K"
+            print(
+                f"| {client} | {workload} QD32 x 4 queues | {m1:,.0f} ({spread1}) | "
+                f"{m2:,.0f} ({spread2}) | {m2 / m1:.2f} | {c1:.1f} → {c2:.1f} |"
+            )
+    print()
+    c1, c2 = statistics.median(connects[1]), statistics.median(connects[2])
+    print(f"controller with 4 I/O queues, connect to ready: {c1:.1f} ms (1) vs {c2:.1f} ms (2)")
+    m1, m2 = statistics.median(connect_cpu[1]), statistics.median(connect_cpu[2])
+    print(
+        f"main process CPU per controller (admin + 4 I/O queue connects, close): "
+        f"{m1:.2f} ms (1) vs {m2:.2f} ms (2, handing 4 queues over)"
+    )
+    print(f"worker channel round trip (request + reply, another process): {rtt:.1f} µs")
+    print(f"memcpy (one core, 256 MiB bytearray copy): {bw:.1f} GB/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""SharedMemoryDevice: a MemoryDevice whose bytes several processes map.
+
+`pynvmf target --cores N` serves one memory namespace from N worker processes, so
+its storage cannot be a private mapping: it is a memfd (anonymous shared memory
+with a file descriptor), mapped MAP_SHARED by the process that created it and by
+every worker it is passed to (SCM_RIGHTS). All of them see the same bytes, with
+the ordering a single mapping has (a write is visible to every reader once its
+memcpy returned, which is before its completion leaves).
+
+Deallocation differs from the private mapping: MADV_DONTNEED on a shared mapping
+only drops page-table entries (the data comes back), so whole pages are punched
+out of the memfd instead (MADV_REMOVE), which frees them and makes them read back
+as zeroes in every process.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+from pynvmf.block.device import Medium
+from pynvmf.block.memory import _PAGE_MASK, _ZERO_VIEW, MemoryDevice
+
+
+class SharedMemoryDevice(MemoryDevice):
+    """`size_bytes` of zeroed shared memory; or, with `fd`, the memory another process
+    created (its descriptor, received over a Unix socket)."""
+
+    __slots__ = ("_fd",)
+
+    def __init__(self, size_bytes: int, block_size: int = 512, *, fd: int | None = None) -> None:
+        # The private mapping MemoryDevice makes is replaced before anything touches it
+        # (an untouched mapping costs no memory).
+        super().__init__(size_bytes, block_size)
+        self._view.release()
+        self._map.close()
+        if fd is None:
+            fd = os.memfd_create("pynvmf-namespace", os.MFD_CLOEXEC)
+            try:
+                os.ftruncate(fd, size_bytes)
+            except BaseException:
+                os.close(fd)
+                raise
+        elif os.fstat(fd).st_size != size_bytes:
+            raise ValueError(f"shared memory of {os.fstat(fd).st_size} bytes, not {size_bytes}")
+        self._fd = fd
+        self._map = mmap.mmap(fd, size_bytes, flags=mmap.MAP_SHARED)
+        self._view = memoryview(self._map)
+        # The same storage in every process: a key that names the memfd's inode, so the
+        # copy planner of one process treats two devices on it as one medium.
+        st = os.fstat(fd)
+        self._medium = Medium((("shmem", st.st_dev, st.st_ino),))
+
+    def __repr__(self) -> str:
+        c = self.capabilities
+        return f"SharedMemoryDevice({c.size}, block_size={c.block_size})"
+
+    def fileno(self) -> int:
+        """The memfd, to pass to another process (which maps it with `fd=`)."""
+        return self._fd
+
+    def close_sync(self) -> None:
+        super().close_sync()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _zero(self, off: int, end: int) -> None:
+        lo = (off + _PAGE_MASK) & ~_PAGE_MASK
+        hi = end & ~_PAGE_MASK
+        view = self._view
+        if lo < hi:
+            if off < lo:
+                view[off:lo] = _ZERO_VIEW[: lo - off]
+            self._map.madvise(mmap.MADV_REMOVE, lo, hi - lo)
+            if hi < end:
+                view[hi:end] = _ZERO_VIEW[: end - hi]
+        elif off < end:
+            view[off:end] = _ZERO_VIEW[: end - off]
+        elif self._map.closed:
+            raise ValueError("device is closed")

@@ -1,0 +1,146 @@
+"""What the main process tells its workers about the target's state, as plain data.
+
+The main process owns the target (subsystems, namespaces, controllers, keep-alive,
+reservations); a worker holds a replica of what its I/O queues need, built from
+these records and kept current by messages (workers.py sends, worker.py applies).
+Everything here is plain data that pickles: no sockets, no devices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pynvmf.block.file import FileDevice
+from pynvmf.block.shared_memory import SharedMemoryDevice
+from pynvmf.target.reservations import ReservationState
+from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.tcp.target import TransportConfig
+
+# Message kinds, main process -> worker.
+INIT = "init"  # (WorkerInit): the first message
+NAMESPACE = "namespace"  # (nqn, SubsystemInfo, NamespaceSpec) + memfd: add or replace; request
+NAMESPACE_GONE = "namespace_gone"  # (nqn, nsid): request, answered once drained and closed
+SUBSYSTEM_GONE = "subsystem_gone"  # (nqn): request
+ADOPT = "adopt"  # (Adoption) + the connection's socket
+CONTROLLER = "controller"  # (ControllerInfo): a controller's I/O-relevant state; request
+QUEUE_CLOSE = "queue_close"  # (queue token, reason)
+RESERVATION = "reservation"  # (nqn, nsid, seq, state, preempted host IDs): request
+EXIT = "exit"  # ()
+# Worker -> main process.
+QUEUE_CLOSED = "queue_closed"  # (queue token)
+ACTIVITY = "activity"  # (controller tokens with traffic, {token: [ErrorLogEntry]}, {nqn: stats})
+FORWARD = "forward"  # (controller token, sqe bytes, data or None): request -> (status, data)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInit:
+    index: int
+    log_level: int
+    max_memory: int
+    connection_data: int
+    connect_deadline_s: float
+    pdu_deadline_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class SubsystemInfo:
+    """What I/O commands read of a subsystem."""
+
+    max_namespaces: int
+
+    @classmethod
+    def of(cls, subsystem: Subsystem) -> SubsystemInfo:
+        return cls(subsystem.max_namespaces)
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceSpec:
+    """How a worker opens a namespace's device: the memfd that comes with the message
+    (kind "memory") or the file at `path` (kind "file"), and its identity."""
+
+    nsid: int
+    kind: str
+    block_size: int
+    size: int
+    path: str = ""
+    read_only: bool = False
+    # The reservation state at the time of sending (a dataclass of plain values).
+    reservation: ReservationState | None = None
+    reservation_seq: int = 0
+
+
+def shareable(ns: Namespace) -> bool:
+    """Whether worker processes can serve I/O to `ns` on their own: shared memory, or a
+    regular file each opens for itself. (A block device is opened with O_EXCL, which a
+    second open fails; other devices live in the main process alone.)"""
+    device = ns.device
+    if isinstance(device, SharedMemoryDevice):
+        return True
+    return isinstance(device, FileDevice) and not device.is_block_device
+
+
+def namespace_spec(ns: Namespace, reservation_seq: int) -> NamespaceSpec:
+    device = ns.device
+    caps = device.capabilities
+    reservation = ns.reservation.state.copy()
+    if isinstance(device, SharedMemoryDevice):
+        return NamespaceSpec(
+            ns.nsid,
+            "memory",
+            caps.block_size,
+            caps.size,
+            reservation=reservation,
+            reservation_seq=reservation_seq,
+        )
+    assert isinstance(device, FileDevice)
+    return NamespaceSpec(
+        ns.nsid,
+        "file",
+        caps.block_size,
+        caps.size,
+        path=device.path,
+        read_only=device.read_only,
+        reservation=reservation,
+        reservation_seq=reservation_seq,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerInfo:
+    """A controller as its I/O queues see it (the rest stays with the main process)."""
+
+    token: int
+    nqn: str
+    cntlid: int
+    hostnqn: str
+    hostid: bytes
+    kato_ms: int
+    cc: int
+    csts: int
+    io_queues: int
+    volatile_write_cache: bool
+    host_behavior: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PortInfo:
+    portid: int
+    address: str
+    port: int
+    transport: TransportConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Adoption:
+    """A connection handed to a worker after its I/O queue Connect was validated: the
+    worker replays `icreq` (its ICResp already went out) and `connect` (a capsule with
+    the Connect data in it, framed with the negotiated digests), whose completion it
+    sends; from then on the connection is the worker's."""
+
+    token: int
+    controller: ControllerInfo
+    subsystem: SubsystemInfo
+    port: PortInfo
+    peer_address: tuple[str, int] | None
+    icreq: bytes
+    connect: bytes

@@ -1,0 +1,450 @@
+"""A worker process of `pynvmf target --cores N` (workers.py starts it).
+
+It serves the I/O queues the main process hands it, with the same TargetProtocol,
+TargetQueue and IoHandler as the single-process target, over a replica of what
+they read: subsystems with their namespaces (shared memory mapped here, files
+opened here), controllers as the main process describes them, and reservations as
+the main process last committed them. It decides nothing about the target's
+state: reservation commands go to the main process (FORWARD), and its controllers
+are the main process's (keep alive, events, Set Features live there).
+
+Run as `python -m pynvmf.target.worker FD PARENT_PID`; it dies with its parent
+(PR_SET_PDEATHSIG, and the channel closing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+from pynvmf.block.file import FileDevice
+from pynvmf.block.shared_memory import SharedMemoryDevice
+from pynvmf.spec.opcodes import IoOpcode
+from pynvmf.spec.status import Status
+from pynvmf.target import io as io_module
+from pynvmf.target import shared_state as S
+from pynvmf.target.budget import ConnectionLimits, keep_alive_check_ms
+from pynvmf.target.controller import Controller
+from pynvmf.target.ipc import Channel
+from pynvmf.target.reservations import ReservationState
+from pynvmf.target.server import Port, Target, TargetProtocol, _drain
+from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.tcp.target import Request
+
+log = logging.getLogger("pynvmf.worker")
+
+PR_SET_PDEATHSIG = 1
+# How often traffic is reported at most, and at least (the keep-alive checks of the
+# controllers served decide between the two).
+REPORT_MIN_S = 0.005
+REPORT_MAX_S = 0.5
+# Far above anything: the main process admitted the connection against its limits.
+_UNLIMITED = 1 << 30
+
+
+class WorkerProtocol(TargetProtocol):
+    """A connection the main process handed over: it reports its end."""
+
+    def __init__(self, worker: Worker, target: Target, port: Port, token: int) -> None:
+        super().__init__(target, port)
+        self.worker = worker
+        self.token = token
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        queue = self.queue
+        ctrl = queue.controller if queue is not None else None
+        super().connection_lost(exc)
+        self.worker.queue_gone(self.token, ctrl)
+
+
+class Worker:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.index = -1
+        self.target: Target | None = None
+        self.channel: Channel | None = None
+        self.done = asyncio.Event()
+        self.protocols: dict[int, WorkerProtocol] = {}
+        # Replica controllers by the main process's token, while they have queues here.
+        self.controllers: dict[int, Controller] = {}
+        self.tokens: dict[int, int] = {}  # id(replica controller) -> token
+        self.ports: dict[int, Port] = {}
+        self.reservation_seq: dict[tuple[str, int], int] = {}
+        self._reported_errors: dict[int, int] = {}
+        self._reported_stats: dict[str, tuple[int, ...]] = {}
+        self._report_handle: asyncio.TimerHandle | None = None
+
+    async def run(self) -> None:
+        self.channel = Channel(self.sock, self._on_message, self.done.set)
+        _install_forwarding(self)
+        await self.done.wait()
+        if self.target is not None:
+            target = self.target
+            await target.stop()
+            # What this worker wrote through its own descriptors is flushed before it goes
+            # (the main process flushes its own at its stop, possibly before these).
+            for subsystem in target.subsystems.values():
+                for ns in subsystem.namespaces.values():
+                    try:
+                        await ns.device.flush()
+                    except (OSError, ValueError) as exc:
+                        log.error("flushing namespace %d of %s: %s", ns.nsid, subsystem.nqn, exc)
+                    await ns.device.close()
+        if self._report_handle is not None:
+            self._report_handle.cancel()
+
+    # -- messages --------------------------------------------------------------------
+
+    def _on_message(self, kind: str, args: tuple[Any, ...], fds: list[int]) -> Any:
+        if kind == S.ADOPT:
+            return self._adopt(args[0], fds[0])
+        for fd in fds[1:] if kind == S.NAMESPACE else fds:
+            os.close(fd)
+        if kind == S.NAMESPACE:
+            return self._namespace(*args, fds[0] if fds else None)
+        if kind == S.QUEUE_CLOSE:
+            protocol = self.protocols.get(args[0])
+            if protocol is not None:
+                protocol.close(args[1])
+            return None
+        if kind == S.CONTROLLER:
+            self._update_controller(args[0])
+            return None
+        if kind == S.RESERVATION:
+            return self._reservation(*args)
+        if kind == S.NAMESPACE_GONE:
+            return self._namespace_gone(*args)
+        if kind == S.SUBSYSTEM_GONE:
+            return self._subsystem_gone(*args)
+        if kind == S.INIT:
+            return self._init(args[0])
+        if kind == S.EXIT:
+            self.done.set()
+            return None
+        log.error("worker: unknown message %r", kind)
+        return None
+
+    async def _init(self, init: S.WorkerInit) -> int:
+        self.index = init.index
+        logging.basicConfig(
+            level=init.log_level,
+            format=f"%(asctime)s worker {init.index} %(levelname)s %(name)s: %(message)s",
+        )
+        self.target = Target(
+            limits=ConnectionLimits(
+                max_connections=_UNLIMITED,
+                max_connections_per_address=_UNLIMITED,
+                connect_deadline_s=init.connect_deadline_s,
+                pdu_deadline_s=init.pdu_deadline_s,
+                max_memory=init.max_memory,
+                connection_data=init.connection_data,
+            )
+        )
+        await self.target.start()  # no ports: only the sweep of unfinished input
+        self._schedule_report()
+        return os.getpid()
+
+    def _subsystem(self, nqn: str, info: S.SubsystemInfo) -> Subsystem:
+        assert self.target is not None
+        subsystem = self.target.subsystems.get(nqn)
+        if subsystem is None:
+            subsystem = Subsystem(nqn)
+            self.target.subsystems[nqn] = subsystem
+        subsystem.max_namespaces = info.max_namespaces
+        return subsystem
+
+    async def _namespace(
+        self, nqn: str, info: S.SubsystemInfo, spec: S.NamespaceSpec, fd: int | None
+    ) -> None:
+        subsystem = self._subsystem(nqn, info)
+        if spec.kind == "memory":
+            assert fd is not None
+            device: Any = SharedMemoryDevice(spec.size, spec.block_size, fd=fd)
+        else:
+            device = FileDevice(spec.path, spec.block_size, read_only=spec.read_only)
+        old = subsystem.namespaces.get(spec.nsid)
+        # The identities are the main process's business (Identify runs there).
+        ns = Namespace.create(nqn, spec.nsid, device, spec.kind)
+        if old is not None:
+            old.reservation.detach()
+        subsystem.namespaces[spec.nsid] = ns
+        ns.reservation.attach(subsystem.registered, spec.nsid)
+        self._apply_reservation(nqn, ns, spec.reservation_seq, spec.reservation)
+        if old is not None:
+            await old.device.close()
+
+    def _apply_reservation(
+        self, nqn: str, ns: Namespace, seq: int, state: ReservationState | None
+    ) -> bool:
+        key = (nqn, ns.nsid)
+        if seq < self.reservation_seq.get(key, 0):
+            return False  # an older state than the one applied
+        self.reservation_seq[key] = seq
+        if state is not None:
+            ns.reservation.commit(state)
+        return True
+
+    async def _reservation(
+        self, nqn: str, nsid: int, seq: int, state: ReservationState, preempted: list[bytes]
+    ) -> None:
+        assert self.target is not None
+        subsystem = self.target.subsystems.get(nqn)
+        ns = subsystem.namespaces.get(nsid) if subsystem is not None else None
+        if ns is None or not self._apply_reservation(nqn, ns, seq, state):
+            return
+        if preempted:
+            # Preempt and Abort: the preempted hosts' commands admitted here have ended
+            # before the preempting command completes.
+            await ns.reservation.wait_for(preempted)
+
+    async def _namespace_gone(self, nqn: str, nsid: int) -> None:
+        assert self.target is not None
+        subsystem = self.target.subsystems.get(nqn)
+        if subsystem is None:
+            return
+        ns = subsystem.namespaces.pop(nsid, None)
+        if ns is None:
+            return
+        ns.reservation.detach()
+        self.reservation_seq.pop((nqn, nsid), None)
+        await _drain(self.target._commands_waiting(subsystem), subsystem)
+        await ns.device.close()
+
+    async def _subsystem_gone(self, nqn: str) -> None:
+        assert self.target is not None
+        subsystem = self.target.subsystems.pop(nqn, None)
+        if subsystem is None:
+            return
+        waiting = self.target._commands_waiting(subsystem)
+        for ctrl in list(subsystem.controllers.values()):
+            ctrl.destroy("subsystem removed")
+        await _drain(waiting)
+        for ns in subsystem.namespaces.values():
+            ns.reservation.detach()
+            self.reservation_seq.pop((nqn, ns.nsid), None)
+            await ns.device.close()
+
+    # -- queues ----------------------------------------------------------------------
+
+    def _port(self, info: S.PortInfo) -> Port:
+        port = self.ports.get(info.portid)
+        if port is None or port.transport != info.transport:
+            port = Port(info.address, info.port, portid=info.portid, transport=info.transport)
+            assert self.target is not None
+            if info.portid in self.ports:
+                self.target.ports.remove(self.ports[info.portid])
+            self.ports[info.portid] = port
+            self.target.ports.append(port)
+        return port
+
+    def _controller(self, info: S.ControllerInfo, subsystem: Subsystem, port: Port) -> Controller:
+        ctrl = self.controllers.get(info.token)
+        if ctrl is None or ctrl.destroyed:
+            assert self.target is not None
+            ctrl = Controller(
+                self.target, subsystem, info.cntlid, info.hostnqn, info.hostid, info.kato_ms, port
+            )
+            stale = subsystem.controllers.get(info.cntlid)
+            if stale is not None and stale is not ctrl:
+                stale.destroy("replaced by a newer controller with its ID")
+            subsystem.controllers[info.cntlid] = ctrl
+            self.controllers[info.token] = ctrl
+            self.tokens[id(ctrl)] = info.token
+        self._apply_controller(ctrl, info)
+        return ctrl
+
+    def _update_controller(self, info: S.ControllerInfo) -> None:
+        ctrl = self.controllers.get(info.token)
+        if ctrl is not None:
+            self._apply_controller(ctrl, info)
+            self._schedule_report()
+
+    @staticmethod
+    def _apply_controller(ctrl: Controller, info: S.ControllerInfo) -> None:
+        ctrl.kato_ms = info.kato_ms
+        ctrl.cc = info.cc
+        ctrl.csts = info.csts
+        ctrl.io_queues = info.io_queues
+        ctrl.volatile_write_cache = info.volatile_write_cache
+        ctrl.host_behavior = info.host_behavior
+
+    async def _adopt(self, adoption: S.Adoption, fd: int) -> None:
+        assert self.target is not None
+        sock = socket.socket(fileno=fd)
+        try:
+            subsystem = self.target.subsystems.get(adoption.controller.nqn)
+            if subsystem is None:
+                subsystem = self._subsystem(adoption.controller.nqn, adoption.subsystem)
+            port = self._port(adoption.port)
+            self._controller(adoption.controller, subsystem, port)
+            sock.setblocking(False)
+            loop = asyncio.get_running_loop()
+            _transport, protocol = await loop.connect_accepted_socket(
+                lambda: WorkerProtocol(self, self.target, port, adoption.token),  # type: ignore[arg-type]
+                sock,
+            )
+        except BaseException:
+            sock.close()
+            self._tell_gone(adoption.token)
+            raise
+        if protocol.queue is None:  # refused (it cannot be: no limits here)
+            self._tell_gone(adoption.token)
+            return
+        self.protocols[adoption.token] = protocol
+        if adoption.peer_address:
+            protocol.queue.peer_address = adoption.peer_address
+        conn = protocol.conn
+        # The ICReq again: the same negotiation, whose ICResp the host already has.
+        conn.feed(adoption.icreq)
+        conn.take_output()
+        if not conn.established:
+            protocol.abort("the handed-over ICReq did not replay")
+            return
+        # The Connect, as if the socket had delivered it (the protocol's own input path,
+        # which also charges the receive buffer and flushes): validated again against
+        # the replica, bound, and answered from here.
+        connect = adoption.connect
+        buf = protocol.get_buffer(len(connect))
+        if len(buf) < len(connect):
+            protocol.abort("no room to replay the handed-over Connect")
+            return
+        buf[: len(connect)] = connect
+        protocol.buffer_updated(len(connect))
+        self._schedule_report()
+
+    def queue_gone(self, token: int, ctrl: Controller | None) -> None:
+        self.protocols.pop(token, None)
+        if ctrl is not None and not ctrl.queues:
+            # Its last queue here: the replica goes (a new queue brings a fresh one).
+            ctoken = self.tokens.pop(id(ctrl), None)
+            if ctoken is not None:
+                self._report_errors(ctoken, ctrl, {})
+                self.controllers.pop(ctoken, None)
+            if ctrl.subsystem.controllers.get(ctrl.cntlid) is ctrl:
+                del ctrl.subsystem.controllers[ctrl.cntlid]
+        self._tell_gone(token)
+
+    def _tell_gone(self, token: int) -> None:
+        if self.channel is not None:
+            self.channel.send(S.QUEUE_CLOSED, token)
+
+    # -- reports -----------------------------------------------------------------------
+
+    def _report_interval(self) -> float:
+        interval = REPORT_MAX_S
+        for ctrl in self.controllers.values():
+            interval = min(interval, keep_alive_check_ms(ctrl.kato_ms) / 2000)
+        return max(REPORT_MIN_S, interval)
+
+    def _schedule_report(self) -> None:
+        if self._report_handle is not None:
+            self._report_handle.cancel()
+        loop = asyncio.get_running_loop()
+        self._report_handle = loop.call_later(self._report_interval(), self._report)
+
+    def _report_errors(self, token: int, ctrl: Controller, errors: dict[int, list[Any]]) -> None:
+        reported = self._reported_errors.get(token, 0)
+        if ctrl.error_count > reported:
+            fresh = min(ctrl.error_count - reported, len(ctrl.errors))
+            errors[token] = list(reversed(list(ctrl.errors)[:fresh]))
+            self._reported_errors[token] = ctrl.error_count
+        if token not in self.controllers or not ctrl.queues:
+            self._reported_errors.pop(token, None)
+
+    def _report(self) -> None:
+        """Tell the main process which controllers had I/O (their keep alive), their
+        errors and the subsystems' statistics since the last report."""
+        self._report_handle = None
+        traffic = []
+        errors: dict[int, list[Any]] = {}
+        for token, ctrl in self.controllers.items():
+            if ctrl.traffic:
+                ctrl.traffic = False
+                traffic.append(token)
+            self._report_errors(token, ctrl, errors)
+        stats: dict[str, tuple[int, ...]] = {}
+        if self.target is not None:
+            for nqn, subsystem in self.target.subsystems.items():
+                s = subsystem.stats
+                now = (
+                    s.read_cmds,
+                    s.write_cmds,
+                    s.read_bytes,
+                    s.write_bytes,
+                    s.copy_cmds,
+                    s.copy_bytes,
+                )
+                before = self._reported_stats.get(nqn, (0,) * 6)
+                if now != before:
+                    stats[nqn] = tuple(a - b for a, b in zip(now, before, strict=True))
+                    self._reported_stats[nqn] = now
+        if (traffic or errors or stats) and self.channel is not None:
+            self.channel.send(S.ACTIVITY, traffic, errors, stats)
+        if not self.done.is_set():
+            self._schedule_report()
+
+    def controller_token(self, ctrl: Controller) -> int | None:
+        return self.tokens.get(id(ctrl))
+
+
+def _install_forwarding(worker: Worker) -> None:
+    """The reservation commands run in the main process: this worker's dispatch table
+    sends them there (a process of its own, so its table is its own)."""
+
+    async def forward(io: io_module.IoHandler, req: Request) -> io_module.Outcome:
+        token = worker.controller_token(io.ctrl)
+        if token is None or worker.channel is None:
+            return Status.ABORT_SQ_DELETED, None
+        data = req.data
+        wants_data = req.sqe.opcode & 1 and 0 < req.length <= 4096
+        if data is None and wants_data:
+            data = await io.queue.fetch_data(req)
+        answer = await worker.channel.request(
+            S.FORWARD, token, req.sqe.pack(), None if data is None else bytes(data), req.length
+        )
+        status, payload = answer
+        return status, payload
+
+    for opcode in (
+        IoOpcode.RESERVATION_REGISTER,
+        IoOpcode.RESERVATION_REPORT,
+        IoOpcode.RESERVATION_ACQUIRE,
+        IoOpcode.RESERVATION_RELEASE,
+    ):
+        io_module._HANDLERS[opcode] = forward
+
+
+def _die_with_parent(parent: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def main(argv: list[str]) -> int:
+    fd, parent = int(argv[1]), int(argv[2])
+    _die_with_parent(parent)
+    # The main process handles the signals (SIGINT from a terminal reaches us too).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=fd)
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+    asyncio.run(Worker(sock).run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,670 @@
+"""`pynvmf target --cores N`: I/O queues served by N worker processes.
+
+The main process stays the one owner of the target: it accepts every connection,
+runs the admin queues, the controllers (cntlid, features, keep alive, events), the
+subsystems and namespaces, and the reservations. When an I/O queue's Connect has
+been validated against its controller table, the connection goes to a worker
+(SCM_RIGHTS) with what it needs to replay the handshake and answer the Connect
+itself; from then on that queue lives wholly on that worker. docs/cores.md says
+why this routing and not SO_REUSEPORT, and what bounds it.
+
+What a worker needs and the main process keeps current (shared_state.py):
+- namespaces: memory namespaces are shared memory (a memfd every worker maps),
+  file namespaces a descriptor each worker opens; added, replaced and removed
+  (a removal answered once the worker's commands on it finished);
+- controllers: the state I/O reads (hostid, VWC, Host Behavior Support), sent with
+  each queue and again, acknowledged, after a Set Features;
+- reservations: each worker holds a replica, replaced (acknowledged) before a
+  reservation command completes; the reservation commands themselves run here;
+- teardown: a controller destroyed here closes its queues on every worker.
+What workers tell the main process: I/O traffic per controller (keep alive, TBKAS),
+their error log entries and I/O statistics, and queues that closed.
+
+A worker that dies takes its connections with it (the hosts see them drop and
+reconnect); its queues leave their controllers and a new worker takes its place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import subprocess
+import sys
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from pynvmf.block.shared_memory import SharedMemoryDevice
+from pynvmf.spec import pdu as P
+from pynvmf.spec.command import SGL_DATA_BLOCK_OFFSET, Sqe
+from pynvmf.spec.opcodes import IoOpcode
+from pynvmf.spec.status import DNR, Status
+from pynvmf.target import reservations
+from pynvmf.target import shared_state as S
+from pynvmf.target.budget import ConnectionLimits, default_max_memory
+from pynvmf.target.ipc import Channel, socket_pair, wait_all
+from pynvmf.target.limits import MAX_TRANSFER
+from pynvmf.target.server import ChangeError, Port, Target
+from pynvmf.tcp.framing import PduWriter
+from pynvmf.tcp.target import Request
+
+if TYPE_CHECKING:
+    from pynvmf.block.memory import MemoryDevice
+    from pynvmf.target.controller import Controller
+    from pynvmf.target.devices import NamedDevice
+    from pynvmf.target.queue import TargetQueue
+    from pynvmf.target.subsystem import Namespace
+
+log = logging.getLogger(__name__)
+
+# A worker that dies this soon after it started is not restarted at once (a worker
+# that cannot start would otherwise be respawned in a loop).
+RESPAWN_BACKOFF_S = 1.0
+START_TIMEOUT_S = 30.0
+EXIT_TIMEOUT_S = 5.0
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity), the default of --cores."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class RemoteQueue:
+    """An I/O queue of a controller that a worker serves: what the controller's queue
+    table holds for it here, so that teardown, listener removal and statistics see it."""
+
+    def __init__(
+        self,
+        worker: WorkerHandle,
+        token: int,
+        ctrl: Controller,
+        qid: int,
+        port: Port,
+        peer_address: tuple[str, int] | None,
+        admitted_from: str,
+    ) -> None:
+        self.worker = worker
+        self.token = token
+        self.controller = ctrl
+        self.qid = qid
+        self.port = port
+        self.peer_address = peer_address
+        self.admitted_from = admitted_from
+        # No command of a remote queue waits here (Target._commands_waiting).
+        self.commands_waiting: set[asyncio.Task[None]] = set()
+        self.closed = False
+
+    def close(self, reason: str) -> None:
+        if not self.closed:
+            self.worker.channel_send(S.QUEUE_CLOSE, self.token, reason)
+
+
+class WorkerHandle:
+    """One worker process, as the main process sees it."""
+
+    def __init__(self, pool: WorkerPool, index: int) -> None:
+        self.pool = pool
+        self.index = index
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.channel: Channel | None = None
+        self.queues: dict[int, RemoteQueue] = {}
+        self.started = 0.0
+        self.alive = False  # its channel is open
+        self.ready = False  # and it has every namespace: it may take queues
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid if self.proc is not None else 0
+
+    def channel_send(self, kind: str, *args: Any, fds: list[int] | None = None) -> None:
+        if self.channel is None:
+            for fd in fds or []:
+                os.close(fd)
+            return
+        self.channel.send(kind, *args, fds=fds)
+
+    def request(self, kind: str, *args: Any, fds: list[int] | None = None) -> asyncio.Future[Any]:
+        if self.channel is None or not self.alive:
+            for fd in fds or []:
+                os.close(fd)
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            fut.set_exception(ConnectionError("worker gone"))
+            return fut
+        return self.channel.request(kind, *args, fds=fds)
+
+
+class WorkerPool:
+    def __init__(self, target: Target, count: int) -> None:
+        self.target = target
+        self.count = count
+        self.workers: list[WorkerHandle] = []
+        self._next_token = 1
+        self._ctrl_tokens: weakref.WeakKeyDictionary[Controller, int] = weakref.WeakKeyDictionary()
+        self._ctrls: weakref.WeakValueDictionary[int, Controller] = weakref.WeakValueDictionary()
+        # Per namespace (by its object): how many reservation states were sent, so that a
+        # worker applies them in order even when a snapshot crosses an update.
+        self._reservation_seq: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._stopping = False
+        self._respawns: set[asyncio.TimerHandle] = set()
+        self._waiters: list[asyncio.Future[None]] = []
+        self.handed_off = 0
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        for index in range(self.count):
+            self.workers.append(WorkerHandle(self, index))
+        await asyncio.gather(*(self._spawn(w) for w in self.workers))
+
+    async def _spawn(self, worker: WorkerHandle) -> None:
+        main_end, worker_end = socket_pair()
+        fd = worker_end.fileno()
+        os.set_inheritable(fd, True)
+        try:
+            worker.proc = subprocess.Popen(
+                [sys.executable, "-m", "pynvmf.target.worker", str(fd), str(os.getpid())],
+                pass_fds=(fd,),
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            worker_end.close()
+        worker.started = time.monotonic()
+        worker.queues = {}
+        worker.channel = Channel(
+            main_end,
+            lambda kind, args, fds: self._on_message(worker, kind, args, fds),
+            lambda: self._on_closed(worker),
+        )
+        worker.alive = True
+        limits = self.target.connection_budget.limits
+        capacity = self.target.memory_pool.capacity or limits.max_memory or default_max_memory()
+        init = S.WorkerInit(
+            index=worker.index,
+            log_level=logging.getLogger("pynvmf").getEffectiveLevel(),
+            max_memory=max(capacity // self.count, 64 << 20),
+            connection_data=limits.connection_data,
+            connect_deadline_s=limits.connect_deadline_s,
+            pdu_deadline_s=limits.pdu_deadline_s,
+        )
+        ready = worker.request(S.INIT, init)
+        # Everything the worker must know before its first queue: every namespace.
+        waits = [ready]
+        for subsystem in list(self.target.subsystems.values()):
+            for ns in list(subsystem.namespaces.values()):
+                if S.shareable(ns):
+                    waits.append(self._send_namespace(worker, subsystem.nqn, ns))
+        try:
+            await asyncio.wait_for(asyncio.gather(*waits), START_TIMEOUT_S)
+        except (TimeoutError, ConnectionError) as exc:
+            log.error("worker %d did not start: %r", worker.index, exc)
+            if worker.channel is not None:
+                worker.channel.close()
+            raise
+        worker.ready = worker.alive
+        log.info("worker %d started (pid %d)", worker.index, worker.pid)
+        self._notify()
+
+    def _notify(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def wait_ready(self) -> None:
+        """Until every worker is ready (after a start, or a dead one's replacement)."""
+        while not all(w.ready for w in self.workers):
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            await fut
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for handle in self._respawns:
+            handle.cancel()
+        self._respawns.clear()
+        for worker in self.workers:
+            if worker.alive:
+                worker.channel_send(S.EXIT)
+        loop = asyncio.get_running_loop()
+        for worker in self.workers:
+            proc = worker.proc
+            if proc is None:
+                continue
+            try:
+                await loop.run_in_executor(None, proc.wait, EXIT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                log.warning("worker %d did not exit; killing it", worker.index)
+                proc.kill()
+                await loop.run_in_executor(None, proc.wait)
+            if worker.channel is not None:
+                worker.channel.close()
+
+    def _on_closed(self, worker: WorkerHandle) -> None:
+        """The worker's channel closed: it exited or died, and its connections with it."""
+        worker.alive = False
+        worker.ready = False
+        worker.channel = None
+        queues, worker.queues = worker.queues, {}
+        if queues and not self._stopping:
+            log.error(
+                "worker %d (pid %d) is gone with %d I/O queues; their hosts reconnect",
+                worker.index,
+                worker.pid,
+                len(queues),
+            )
+        for rq in queues.values():
+            self._queue_gone(rq)
+        if worker.proc is not None:
+            worker.proc.poll()
+        if self._stopping:
+            return
+        delay = max(0.0, worker.started + RESPAWN_BACKOFF_S - time.monotonic())
+        loop = asyncio.get_running_loop()
+        handle: asyncio.TimerHandle
+
+        def respawn() -> None:
+            self._respawns.discard(handle)
+            if worker.proc is not None and worker.proc.poll() is None:
+                worker.proc.kill()  # its channel closed: it is of no use any more
+                worker.proc.wait()
+            task = loop.create_task(self._spawn(worker))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+        handle = loop.call_later(delay, respawn)
+        self._respawns.add(handle)
+
+    # -- routing ----------------------------------------------------------------------
+
+    def hand_off(self, queue: TargetQueue, req: Request) -> bool:
+        """Give the I/O queue `queue`, whose Connect `req` was validated and bound here,
+        to a worker, which answers the Connect. False: it stays here (no worker can take
+        it, or its subsystem has a namespace only this process can serve)."""
+        ctrl = queue.controller
+        if ctrl is None or req.data is None:
+            return False
+        if queue.auth is not None:
+            # DH-HMAC-CHAP: the queue authenticates after its Connect, with the keys and
+            # the state machine here; it is served here (docs/cores.md).
+            return False
+        if not all(S.shareable(ns) for ns in ctrl.subsystem.namespaces.values()):
+            return False
+        if ctrl.subsystem.ana.in_use:
+            # The workers hold no ANA state: a subsystem with ANA groups or states other
+            # than group 1 optimized (a gateway, a standby path) is served here, where
+            # every I/O command meets the current state and its path-related status.
+            return False
+        worker = self._choose()
+        if worker is None:
+            return False
+        protocol = next((p for p in queue.port.connections if p.queue is queue), None)
+        if protocol is None or protocol.transport is None or protocol.transport.is_closing():
+            return False
+        conn = queue.conn
+        reader = conn.reader
+        if getattr(reader, "_end", 0) != getattr(reader, "_start", 0):
+            # The host sent more before the Connect completed: served here, in order.
+            return False
+        sock = protocol.transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        fd = os.dup(sock.fileno())
+        token = self._token()
+        ctrl_token = self._ctrl_token(ctrl)
+        port = queue.port
+        adoption = S.Adoption(
+            token=token,
+            controller=self._controller_info(ctrl, ctrl_token),
+            subsystem=S.SubsystemInfo.of(ctrl.subsystem),
+            port=S.PortInfo(port.portid, port.address, port.port, port.transport),
+            peer_address=queue.peer_address,
+            icreq=_icreq(conn.hpda, conn.hdgst, conn.ddgst, conn.maxr2t),
+            connect=_connect_capsule(req, conn.hdgst, conn.ddgst, port.transport.cpda),
+        )
+        qid = queue.qid
+        rq = RemoteQueue(worker, token, ctrl, qid, port, queue.peer_address, protocol.peer_address)
+        worker.queues[token] = rq
+        ctrl.queues[qid] = rq
+        # The connection leaves this process: the queue is no longer this controller's
+        # here (its closing must not remove the remote one), and the connection's
+        # admission stays counted until the worker reports the queue gone.
+        queue.controller = None
+        queue.io = None
+        protocol.admitted = False
+        conn.close(f"handed to worker {worker.index}")
+        protocol.transport.abort()
+        worker.channel_send(S.ADOPT, adoption, fds=[fd])
+        self.handed_off += 1
+        log.debug(
+            "queue %d of controller %d of %s handed to worker %d",
+            qid,
+            ctrl.cntlid,
+            ctrl.subsystem.nqn,
+            worker.index,
+        )
+        return True
+
+    def _choose(self) -> WorkerHandle | None:
+        """The live worker with the fewest queues (the first of them on a tie), so that
+        one controller's queues spread over every worker and churn evens out."""
+        live = [w for w in self.workers if w.ready]
+        if not live:
+            return None
+        return min(live, key=lambda w: len(w.queues))
+
+    def _token(self) -> int:
+        token = self._next_token
+        self._next_token += 1
+        return token
+
+    def _ctrl_token(self, ctrl: Controller) -> int:
+        token = self._ctrl_tokens.get(ctrl)
+        if token is None:
+            token = self._token()
+            self._ctrl_tokens[ctrl] = token
+            self._ctrls[token] = ctrl
+        return token
+
+    @staticmethod
+    def _controller_info(ctrl: Controller, token: int) -> S.ControllerInfo:
+        return S.ControllerInfo(
+            token=token,
+            nqn=ctrl.subsystem.nqn,
+            cntlid=ctrl.cntlid,
+            hostnqn=ctrl.hostnqn,
+            hostid=ctrl.hostid,
+            kato_ms=ctrl.kato_ms,
+            cc=ctrl.cc,
+            csts=ctrl.csts,
+            io_queues=ctrl.io_queues,
+            volatile_write_cache=ctrl.volatile_write_cache,
+            host_behavior=bytes(ctrl.host_behavior),
+        )
+
+    def _queue_gone(self, rq: RemoteQueue) -> None:
+        if rq.closed:
+            return
+        rq.closed = True
+        rq.worker.queues.pop(rq.token, None)
+        rq.controller.remove_queue(rq.qid, rq)  # type: ignore[arg-type]
+        self.target.connection_budget.release(rq.admitted_from)
+
+    # -- what the workers report --------------------------------------------------------
+
+    def _on_message(
+        self, worker: WorkerHandle, kind: str, args: tuple[Any, ...], fds: list[int]
+    ) -> Any:
+        for fd in fds:  # workers send no descriptors
+            os.close(fd)
+        if kind == S.QUEUE_CLOSED:
+            rq = worker.queues.get(args[0])
+            if rq is not None:
+                self._queue_gone(rq)
+            return None
+        if kind == S.ACTIVITY:
+            self._activity(*args)
+            return None
+        if kind == S.FORWARD:
+            return self._forwarded(*args)
+        log.error("worker %d sent an unknown message %r", worker.index, kind)
+        return None
+
+    def _activity(
+        self,
+        traffic: list[int],
+        errors: dict[int, list[Any]],
+        stats: dict[str, tuple[int, ...]],
+    ) -> None:
+        ctrls = self._ctrls
+        for token in traffic:
+            ctrl = ctrls.get(token)
+            if ctrl is not None:
+                ctrl.traffic = True
+        for token, entries in errors.items():
+            ctrl = ctrls.get(token)
+            if ctrl is None:
+                continue
+            for entry in entries:
+                ctrl.error_count += 1
+                ctrl.errors.appendleft(dataclasses.replace(entry, error_count=ctrl.error_count))
+        for nqn, deltas in stats.items():
+            subsystem = self.target.subsystems.get(nqn)
+            if subsystem is None:
+                continue
+            s = subsystem.stats
+            (rc, wc, rb, wb, cc, cb) = deltas
+            s.read_cmds += rc
+            s.write_cmds += wc
+            s.read_bytes += rb
+            s.write_bytes += wb
+            s.copy_cmds += cc
+            s.copy_bytes += cb
+
+    async def _forwarded(
+        self, ctrl_token: int, sqe_bytes: bytes, data: bytes | None, length: int
+    ) -> tuple[int, bytes | None]:
+        """A reservation command from a worker's queue: it runs here, against the one
+        state, and its change reaches every worker before it completes."""
+        ctrl = self._ctrls.get(ctrl_token)
+        if ctrl is None or ctrl.destroyed:
+            return Status.ABORT_SQ_DELETED, None
+        sqe = Sqe.unpack(sqe_bytes)
+        req = Request(sqe)
+        req.length = length
+        req.data = bytearray(data) if data is not None else None
+        io = _ForwardedIo(ctrl)
+        opcode = sqe.opcode
+        if opcode == IoOpcode.RESERVATION_REGISTER:
+            status, out = await reservations.register_command(io, req)  # type: ignore[arg-type]
+        elif opcode == IoOpcode.RESERVATION_ACQUIRE:
+            status, out = await reservations.acquire_command(io, req)  # type: ignore[arg-type]
+        elif opcode == IoOpcode.RESERVATION_RELEASE:
+            status, out = await reservations.release_command(io, req)  # type: ignore[arg-type]
+        elif opcode == IoOpcode.RESERVATION_REPORT:
+            status, out = await reservations.report_command(io, req, MAX_TRANSFER)  # type: ignore[arg-type]
+        else:
+            return Status.INVALID_OPCODE | DNR, None
+        return status, None if out is None else bytes(out)
+
+    # -- what the workers are told -----------------------------------------------------
+
+    def _send_namespace(self, worker: WorkerHandle, nqn: str, ns: Namespace) -> asyncio.Future[Any]:
+        subsystem = self.target.subsystems[nqn]
+        seq = self._reservation_seq.get(ns.reservation, 0)
+        spec = S.namespace_spec(ns, seq)
+        fds = [os.dup(ns.device.fileno())] if isinstance(ns.device, SharedMemoryDevice) else []
+        return worker.request(S.NAMESPACE, nqn, S.SubsystemInfo.of(subsystem), spec, fds=fds)
+
+    def _live(self) -> list[WorkerHandle]:
+        return [w for w in self.workers if w.alive]
+
+    def namespace_added(self, nqn: str, ns: Namespace) -> None:
+        ns.reservation.replicate = self.reservation_changed
+        if not S.shareable(ns):
+            return
+        for worker in self._live():
+            # Not waited for: the message leaves before the host's event does, and the
+            # host reads a log page and Identify before its first I/O to the namespace.
+            fut = self._send_namespace(worker, nqn, ns)
+            fut.add_done_callback(_ignore_result)
+
+    async def namespace_removing(self, nqn: str, nsid: int) -> None:
+        await wait_all([w.request(S.NAMESPACE_GONE, nqn, nsid) for w in self._live()])
+
+    async def subsystem_removed(self, nqn: str) -> None:
+        await wait_all([w.request(S.SUBSYSTEM_GONE, nqn) for w in self._live()])
+
+    async def controller_changed(self, ctrl: Controller) -> None:
+        """A Set Features completed on `ctrl`: the workers with its queues take the new
+        state before the host hears of it (a write after VWC is off must be FUA)."""
+        token = self._ctrl_tokens.get(ctrl)
+        if token is None:
+            return
+        info = self._controller_info(ctrl, token)
+        workers = {rq.worker for rq in ctrl.queues.values() if isinstance(rq, RemoteQueue)}
+        await wait_all([w.request(S.CONTROLLER, info) for w in workers if w.alive])
+
+    async def reservation_changed(
+        self, res: reservations.NamespaceReservation, preempted: list[bytes]
+    ) -> None:
+        """A reservation changed here: every worker holds the new state (and has let the
+        preempted hosts' commands finish) before the command that changed it completes."""
+        seq = self._reservation_seq.get(res, 0) + 1
+        self._reservation_seq[res] = seq
+        nqn = _subsystem_of(self.target, res)
+        if nqn is None:
+            return
+        state = res.state.copy()
+        await wait_all(
+            [
+                w.request(S.RESERVATION, nqn, res.nsid, seq, state, list(preempted))
+                for w in self._live()
+            ]
+        )
+
+
+def _ignore_result(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _subsystem_of(target: Target, res: reservations.NamespaceReservation) -> str | None:
+    for subsystem in target.subsystems.values():
+        ns = subsystem.namespaces.get(res.nsid)
+        if ns is not None and ns.reservation is res:
+            return subsystem.nqn
+    return None
+
+
+class _ForwardedIo:
+    """What the reservation commands read of an IoHandler, for one run here."""
+
+    def __init__(self, ctrl: Controller) -> None:
+        self.ctrl = ctrl
+        self.namespaces = ctrl.subsystem.namespaces
+        self.queue = self
+
+    async def fetch_data(self, req: Request) -> bytearray:
+        # The worker fetched the data of every command whose data reservations read.
+        raise ConnectionError("no data was forwarded")
+
+
+def _icreq(hpda: int, hdgst: bool, ddgst: bool, maxr2t: int) -> bytes:
+    dgst = (P.DIGEST_HEADER if hdgst else 0) | (P.DIGEST_DATA if ddgst else 0)
+    return P.pack_ic(P.PduType.ICREQ, P.PFV_1_0, hpda, dgst, maxr2t)
+
+
+def _connect_capsule(req: Request, hdgst: bool, ddgst: bool, cpda: int) -> bytes:
+    """The Connect as a capsule with its data in it (however it arrived), framed as the
+    host frames its PDUs on this connection."""
+    assert req.data is not None
+    sqe = dataclasses.replace(
+        req.sqe, sgl_addr=0, sgl_length=len(req.data), sgl_type=SGL_DATA_BLOCK_OFFSET
+    )
+    writer = PduWriter()
+    writer.configure(hdgst=hdgst, ddgst=ddgst, pda=cpda)
+    out: list[Any] = []
+    writer.data(
+        out,
+        P.CAPSULE_CMD,
+        P.PduType.CAPSULE_CMD,
+        0,
+        P.CAPSULE_CMD_HLEN,
+        bytes(req.data),
+        sqe.pack(),
+    )
+    return b"".join(bytes(b) for b in out)
+
+
+class MultiCoreTarget(Target):
+    """A Target whose I/O queues worker processes serve (`cores` of them); with the
+    same methods, which also keep the workers current."""
+
+    def __init__(self, cores: int, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.workers = WorkerPool(self, cores)
+
+    def memory_device(self, size_bytes: int, block_size: int) -> MemoryDevice:
+        return SharedMemoryDevice(size_bytes, block_size)
+
+    async def start(self) -> None:
+        assert self.workers is not None
+        for subsystem in self.subsystems.values():
+            for ns in subsystem.namespaces.values():
+                ns.reservation.replicate = self.workers.reservation_changed
+        await self.workers.start()
+        try:
+            await super().start()
+        except BaseException:
+            await self.workers.stop()
+            raise
+
+    async def stop(self) -> None:
+        await super().stop()
+        if self.workers is not None:
+            await self.workers.stop()
+
+    def add_namespace(self, nqn: str, device: str | NamedDevice, **kwargs: Any) -> Namespace:
+        ns = super().add_namespace(nqn, device, **kwargs)
+        assert self.workers is not None
+        self.workers.namespace_added(nqn, ns)
+        if not S.shareable(ns):
+            # Its I/O can be served here alone: the controllers with queues on workers
+            # are torn down, and their hosts reconnect with every queue here.
+            for ctrl in list(self.subsystems[nqn].controllers.values()):
+                if any(isinstance(q, RemoteQueue) for q in ctrl.queues.values()):
+                    ctrl.destroy(f"namespace {ns.nsid} cannot be served by the worker processes")
+        return ns
+
+    async def remove_namespace(self, nqn: str, nsid: int) -> Namespace:
+        subsystem = self.subsystems.get(nqn)
+        if subsystem is None or nsid not in subsystem.namespaces:
+            return await super().remove_namespace(nqn, nsid)  # refuses it
+        assert self.workers is not None
+        # The workers first: once they answered, none of their commands uses it.
+        await self.workers.namespace_removing(nqn, nsid)
+        return await super().remove_namespace(nqn, nsid)
+
+    def add_ana_group(self, nqn: str, grpid: int, state: Any = "optimized") -> Any:
+        group = super().add_ana_group(nqn, grpid, state)
+        self._serve_here(nqn, "ANA groups changed")
+        return group
+
+    def set_ana_state(self, nqn: str, anagrpid: int | None, state: Any, *args: Any) -> int:
+        told = super().set_ana_state(nqn, anagrpid, state, *args)
+        if self.subsystems[nqn].ana.in_use:
+            self._serve_here(nqn, "ANA states changed")
+        return told
+
+    def _serve_here(self, nqn: str, why: str) -> None:
+        """ANA now applies to `nqn`, which the workers do not replicate: its controllers
+        with queues on workers are torn down, and their hosts reconnect with every queue
+        in this process (hand_off keeps them here from now on)."""
+        for ctrl in list(self.subsystems[nqn].controllers.values()):
+            if any(isinstance(q, RemoteQueue) for q in ctrl.queues.values()):
+                ctrl.destroy(f"{why}: its I/O queues are served by the main process")
+
+    async def remove_subsystem(self, nqn: str) -> None:
+        await super().remove_subsystem(nqn)
+        assert self.workers is not None
+        await self.workers.subsystem_removed(nqn)
+
+
+def _check_cores(cores: int) -> None:
+    if not isinstance(cores, int) or cores < 1:
+        raise ChangeError("cores", f"{cores!r} is not a positive number of cores")
+
+
+def make_target(cores: int, *, limits: ConnectionLimits | None = None) -> Target:
+    """The target `pynvmf target --cores N` runs: today's single process for 1."""
+    _check_cores(cores)
+    if cores == 1:
+        return Target(limits=limits)
+    return MultiCoreTarget(cores, limits=limits)
+
+
+__all__ = ["MultiCoreTarget", "RemoteQueue", "WorkerPool", "available_cores", "make_target"]

@@ -1,0 +1,164 @@
+"""The Linux kernel's NVMe/TCP host against `pynvmf target --cores 2`: its I/O queues
+on two worker processes, the target's state in the main one.
+
+One guest boot per kernel peer, one target process: fio verifies data written over
+four I/O queues (two default, two write queues) that land on both workers, data
+written through one CPU's queue is verified through the other's, and when a worker
+is killed the kernel host reconnects by itself and reads its data back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.interop.guest import Guest, Peer, free_tcp_port
+from tests.interop.target_process import TargetProcess
+
+MIB = 1 << 20
+MEM = "nqn.2024-11.dev.pynvmf:cores-mem"
+FILE = "nqn.2024-11.dev.pynvmf:cores-file"
+
+DEV_FOR = r"""#!/bin/sh
+nqn=$1
+i=0
+while [ $i -lt 200 ]; do
+  for c in /sys/class/nvme/nvme*; do
+    [ -e "$c/subsysnqn" ] || continue
+    [ "$(cat "$c/subsysnqn")" = "$nqn" ] || continue
+    for n in $(ls "$c"); do
+      case "$n" in
+        nvme*n*) disk=$(echo "$n" | sed -E 's/c[0-9]+n/n/')
+          [ -b "/dev/$disk" ] && { echo "/dev/$disk"; exit 0; } ;;
+      esac
+    done
+  done
+  i=$((i + 1)); sleep 0.05
+done
+echo "no block device for $nqn" >&2
+exit 1
+"""
+
+
+@dataclass
+class Setup:
+    process: TargetProcess
+    port: int
+    backing: Path
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    workdir = tmp_path_factory.mktemp("linux-host-cores")
+    port = free_tcp_port()
+    backing = workdir / "namespace.img"
+    config = {
+        "ports": [{"address": "127.0.0.1", "port": port}],
+        "subsystems": [
+            {"nqn": MEM, "namespaces": [{"nsid": 1, "memory": 64 * MIB}]},
+            {"nqn": FILE, "namespaces": [{"nsid": 1, "file": str(backing), "size": 64 * MIB}]},
+        ],
+    }
+    proc = TargetProcess(config, workdir, ["--cores", "2"])
+    proc.start()
+    yield Setup(proc, port, backing)
+    status = proc.stop()
+    assert status == 0, f"target exited with {status}:\n{proc.stderr()}"
+
+
+@pytest.fixture(scope="module")
+def guest(target: Setup, linux_peer: Peer) -> Iterator[Guest]:
+    g = Guest(extra_files={"/usr/local/bin/dev-for": DEV_FOR}, peer=linux_peer)
+    g.start()
+    yield g
+    g.stop()
+
+
+def _fio(guest: Guest, dev: str, args: str) -> dict[str, object]:
+    result = guest.run(
+        f"fio --filename={dev} --ioengine=libaio --direct=1 --output-format=json {args}",
+        timeout=300,
+    )
+    return json.loads(result.output[result.output.index("{") :])
+
+
+def _handed(target: Setup, since: int) -> set[int]:
+    """The workers that queues were handed to since `since` (the target's log)."""
+    text = target.process.stderr()[since:]
+    return {int(w) for w in re.findall(r"reason=handed to worker (\d+)", text)}
+
+
+def _worker_pid(target: Setup, index: int) -> int:
+    found = re.findall(rf"worker {index} started \(pid (\d+)\)", target.process.stderr())
+    assert found, target.process.stderr()
+    return int(found[-1])
+
+
+@pytest.mark.parametrize("nqn", [MEM, FILE])
+def test_fio_verify_over_four_queues_on_both_workers(guest: Guest, target: Setup, nqn: str) -> None:
+    since = len(target.process.stderr())
+    guest.run(
+        f"nvme connect -t tcp -a {Guest.host_address} -s {target.port} -n {nqn} --nr-write-queues=2"
+    )
+    dev = guest.run(f"sh /usr/local/bin/dev-for {nqn}").output.strip()
+    try:
+        # Two default queues (one per guest CPU) and two write queues: four, two each.
+        count = guest.run(
+            "for c in /sys/class/nvme/nvme*; do "
+            f'[ "$(cat $c/subsysnqn)" = "{nqn}" ] && cat $c/queue_count; done'
+        )
+        queues = int(count.output)
+        assert queues == 5, queues  # the admin queue and four I/O queues
+        assert _handed(target, since) == {0, 1}
+        report = _fio(
+            guest,
+            dev,
+            "--name=mix --rw=randrw --bs=4k --size=8m --offset_increment=8m --numjobs=4 "
+            "--iodepth=16 --verify=crc32c --do_verify=1 --verify_fatal=1",
+        )
+        jobs = report["jobs"]
+        assert isinstance(jobs, list) and len(jobs) == 4
+        assert all(job["error"] == 0 for job in jobs), jobs
+        # Written through CPU 0's queue, verified through CPU 1's: another worker.
+        common = "--name=cross --rw=write --bs=64k --size=16m --offset=40m --verify=crc32c"
+        written = _fio(guest, dev, f"{common} --cpus_allowed=0 --do_verify=0")
+        assert written["jobs"][0]["error"] == 0  # type: ignore[index]
+        checked = _fio(guest, dev, f"{common} --cpus_allowed=1 --verify_only --verify_fatal=1")
+        (job,) = checked["jobs"]  # type: ignore[misc]
+        assert job["error"] == 0 and job["read"]["io_bytes"] == 16 * MIB, job
+    finally:
+        guest.run(f"nvme disconnect -n {nqn}")
+
+
+def test_a_killed_worker_the_kernel_host_reconnects_and_reads_its_data(
+    guest: Guest, target: Setup
+) -> None:
+    guest.run(
+        f"nvme connect -t tcp -a {Guest.host_address} -s {target.port} -n {MEM} "
+        "--reconnect-delay=1 --ctrl-loss-tmo=60"
+    )
+    dev = guest.run(f"sh /usr/local/bin/dev-for {MEM}").output.strip()
+    try:
+        guest.run(
+            f"dd if=/dev/urandom of=/tmp/pattern bs=64k count=16 && "
+            f"dd if=/tmp/pattern of={dev} bs=64k oflag=direct conv=fsync"
+        )
+        os.kill(_worker_pid(target, 0), signal.SIGKILL)
+        # The kernel sees a queue drop, resets the controller, reconnects after a second
+        # (a replacement worker by then, or the other one), and the read waits for it.
+        out = guest.run(
+            f"dd if={dev} of=/tmp/back bs=64k count=16 iflag=direct && "
+            "cmp /tmp/pattern /tmp/back && echo SAME",
+            timeout=120,
+        ).output
+        assert "SAME" in out, out
+        assert "is gone with" in target.process.stderr()
+    finally:
+        guest.run(f"nvme disconnect -n {MEM}")

@@ -1,0 +1,294 @@
+"""`--cores 2`: I/O queues on two worker processes, the target's state in the main one.
+
+The target runs here (the main process, as `pynvmf target --cores 2` runs it) and
+its two workers are real processes; hosts are pynvmf's host library and the raw
+client over TCP. What is checked: queues land on both workers and see one
+namespace's bytes (memory and file), namespaces added and removed reach I/O on
+every worker, keep alive counts I/O on the workers and its expiry closes their
+queues, a reservation taken through one worker is enforced on another, and a
+killed worker's queues drop while the host reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pynvmf.block.file import FileDevice
+from pynvmf.host import Controller, NvmeStatusError, connect
+from pynvmf.host.queue import HostQueue
+from pynvmf.spec import logpages as L
+from pynvmf.spec.command import RW_FUA
+from pynvmf.spec.identify import Oaes
+from pynvmf.spec.opcodes import AdminOpcode, FeatureId, IoOpcode
+from pynvmf.spec.reservations import ReservationType
+from pynvmf.spec.status import Status
+from pynvmf.target.devices import NamedDevice
+from pynvmf.target.server import Port, Target
+from pynvmf.target.workers import MultiCoreTarget, RemoteQueue, make_target
+from tests.protocol.conftest import RawTarget
+
+NQN = "nqn.2024-01.io.pynvmf.test:cores"
+BLOCK = 512
+BLOCKS = 8192
+
+
+def _identity(n: int) -> tuple[str, bytes]:
+    ident = uuid.UUID(f"00000000-0000-4000-8000-0000000000{n:02x}")
+    return f"nqn.2014-08.org.nvmexpress:uuid:{ident}", ident.bytes
+
+
+HOST_A, HOST_B = _identity(0xA), _identity(0xB)
+
+Start = Callable[..., Awaitable[MultiCoreTarget]]
+
+
+def _add_memory(target: Target, nsid: int, blocks: int = BLOCKS) -> None:
+    device = target.memory_device(blocks * BLOCK, BLOCK)
+    entry = NamedDevice.wrap(f"{NQN}/{nsid}", device, owned=True)
+    target.add_namespace(NQN, entry, nsid=nsid)
+
+
+@pytest.fixture
+async def start() -> AsyncIterator[Start]:
+    started: list[MultiCoreTarget] = []
+
+    async def make(namespaces: int = 1, file: Path | None = None) -> MultiCoreTarget:
+        target = MultiCoreTarget(2, ports=[Port("127.0.0.1", 0)])
+        target.add_subsystem(NQN)
+        if file is not None:
+            device = FileDevice(file, BLOCK, size_bytes=BLOCKS * BLOCK, create=True)
+            target.add_namespace(NQN, NamedDevice.wrap("file", device, owned=True), nsid=1)
+        for nsid in range(1 if file is None else 2, namespaces + 1):
+            _add_memory(target, nsid)
+        await target.start()
+        started.append(target)
+        return target
+
+    yield make
+    for target in started:
+        await target.stop()
+
+
+@pytest.fixture
+async def hosts() -> AsyncIterator[Callable[..., Awaitable[Controller]]]:
+    made: list[Controller] = []
+
+    async def make(target: Target, who: tuple[str, bytes] = HOST_A, **kw: Any) -> Controller:
+        ctrl = await connect(
+            "127.0.0.1", target.ports[0].port, NQN, hostnqn=who[0], hostid=who[1], **kw
+        )
+        made.append(ctrl)
+        return ctrl
+
+    yield make
+    for ctrl in made:
+        await ctrl.close()
+
+
+Hosts = Callable[..., Awaitable[Controller]]
+
+
+def _placement(target: MultiCoreTarget) -> list[int]:
+    """How many I/O queues each worker serves."""
+    assert target.workers is not None
+    return [len(w.queues) for w in target.workers.workers]
+
+
+async def _write(
+    queue: HostQueue, lba: int, data: bytes, *, nsid: int = 1, fua: bool = False
+) -> None:
+    nlb = len(data) // BLOCK
+    cdw12 = (nlb - 1) | (RW_FUA if fua else 0)
+    await queue.execute(IoOpcode.WRITE, nsid, lba, 0, cdw12, data=memoryview(data))
+
+
+async def _read(queue: HostQueue, lba: int, nlb: int, *, nsid: int = 1) -> bytearray:
+    buf = bytearray(nlb * BLOCK)
+    await queue.execute(IoOpcode.READ, nsid, lba, 0, nlb - 1, into=memoryview(buf))
+    return buf
+
+
+async def _status_of(aw: Awaitable[object]) -> int:
+    try:
+        await aw
+    except NvmeStatusError as exc:
+        return exc.status
+    return Status.SUCCESS
+
+
+def test_one_core_is_the_single_process_target() -> None:
+    target = make_target(1)
+    assert type(target) is Target and target.workers is None
+    assert isinstance(make_target(2), MultiCoreTarget)
+
+
+@pytest.mark.parametrize("backend", ["memory", "file"])
+async def test_queues_spread_over_both_workers_and_see_the_same_bytes(
+    start: Start, hosts: Hosts, tmp_path: Path, backend: str
+) -> None:
+    target = await start(file=tmp_path / "ns.img" if backend == "file" else None)
+    ctrl = await hosts(target, queues=4)
+    assert _placement(target) == [2, 2]
+    # Every queue is a RemoteQueue in the main process's controller table.
+    owner = next(iter(target.subsystems[NQN].controllers.values()))
+    assert sorted(owner.queues) == [0, 1, 2, 3, 4]
+    assert all(isinstance(owner.queues[qid], RemoteQueue) for qid in (1, 2, 3, 4))
+    workers = {owner.queues[qid].worker.index for qid in (1, 2, 3, 4)}  # type: ignore[union-attr]
+    assert workers == {0, 1}
+    queues = ctrl.io_queues
+    # Each queue writes its own blocks (FUA on the file), every queue reads all of them.
+    patterns = [bytes([0x40 + i]) * (8 * BLOCK) for i in range(len(queues))]
+    for i, queue in enumerate(queues):
+        await _write(queue, i * 8, patterns[i], fua=backend == "file")
+    for queue in queues:
+        for i, pattern in enumerate(patterns):
+            assert await _read(queue, i * 8, 8) == pattern
+    if backend == "file":
+        # What the workers wrote is in the file itself.
+        assert (tmp_path / "ns.img").read_bytes()[: 8 * BLOCK] == patterns[0]
+
+
+async def test_a_namespace_added_and_removed_reaches_io_on_every_worker(
+    start: Start, hosts: Hosts
+) -> None:
+    target = await start()
+    ctrl = await hosts(target, queues=2)
+    assert _placement(target) == [1, 1]
+    await ctrl.set_features(FeatureId.ASYNC_EVENT, Oaes.NS_ATTR)
+    aer = asyncio.ensure_future(ctrl.admin_command(AdminOpcode.ASYNC_EVENT_REQUEST))
+    _add_memory(target, 2, blocks=1024)
+    await asyncio.wait_for(aer, 10)  # what a host waits for before it uses the namespace
+    changed = L.ChangedNsList.unpack(await ctrl.get_log_page(L.LogPageId.CHANGED_NS, 4096))
+    assert changed.nsids == [2]
+    data = b"\x5a" * BLOCK
+    for queue in ctrl.io_queues:
+        await _write(queue, 0, data, nsid=2)
+        assert await _read(queue, 0, 1, nsid=2) == data
+    # One event for the one change, however many workers serve the controller.
+    again = asyncio.ensure_future(ctrl.admin_command(AdminOpcode.ASYNC_EVENT_REQUEST))
+    await target.remove_namespace(NQN, 2)
+    await asyncio.wait_for(again, 10)
+    changed = L.ChangedNsList.unpack(await ctrl.get_log_page(L.LogPageId.CHANGED_NS, 4096))
+    assert changed.nsids == [2]
+    for queue in ctrl.io_queues:
+        assert await _status_of(_read(queue, 0, 1, nsid=2)) == Status.INVALID_NS
+
+
+async def test_io_on_the_workers_is_keep_alive_traffic_and_expiry_closes_their_queues(
+    start: Start, raw_target_port: Callable[[Target], RawTarget]
+) -> None:
+    target = await start()
+    raw = raw_target_port(target)
+    admin = await raw.admin(NQN, kato=500)
+    io = [await raw.io_queue(admin, qid, NQN) for qid in (1, 2)]
+    assert _placement(target) == [1, 1]
+    # 1.5 s of I/O on both workers and no Keep Alive: the controller lives (TBKAS).
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        for queue in io:
+            done = await queue.read(1, 0, 1, BLOCK)
+            assert done.status == 0
+    assert not admin.eof
+    # Silence: the controller goes, and its queues on both workers with it.
+    await admin.expect_eof(timeout=10)
+    for queue in io:
+        await queue.expect_eof(timeout=10)
+    assert not target.subsystems[NQN].controllers
+
+
+async def test_a_reservation_taken_through_one_worker_is_enforced_on_the_other(
+    start: Start, hosts: Hosts
+) -> None:
+    target = await start()
+    a = await hosts(target, HOST_A)
+    b = await hosts(target, HOST_B)
+    assert _placement(target) == [1, 1]  # a's queue on one worker, b's on the other
+    na, nb = a.namespace(1), b.namespace(1)
+    await na.reservation_register(nrkey=0xA1)
+    await nb.reservation_register(nrkey=0xB2)
+    await na.reservation_acquire(ReservationType.WRITE_EXCLUSIVE, crkey=0xA1)
+    assert await _status_of(nb.write(0, bytes(BLOCK))) == Status.RESERVATION_CONFLICT
+    back = bytearray(BLOCK)
+    await nb.read(0, memoryview(back))  # reads stay open
+    await na.write(0, b"\xa1" * BLOCK)  # the holder writes
+    report = await nb.reservation_report()
+    assert {r.hostid for r in report.registrants} == {HOST_A[1], HOST_B[1]}
+    await na.reservation_release(ReservationType.WRITE_EXCLUSIVE, crkey=0xA1)
+    await nb.write(0, bytes(BLOCK))  # released: open again
+
+
+async def test_a_killed_worker_drops_its_queues_and_the_host_reconnects(
+    start: Start, raw_target_port: Callable[[Target], RawTarget]
+) -> None:
+    target = await start()
+    assert target.workers is not None
+    raw = raw_target_port(target)
+    admin = await raw.admin(NQN)
+    io = [await raw.io_queue(admin, qid, NQN) for qid in (1, 2)]
+    done = await io[0].write(1, 0, b"\x77" * BLOCK, BLOCK)
+    assert done.status == 0
+    owner = next(iter(target.subsystems[NQN].controllers.values()))
+    victim = owner.queues[1]
+    assert isinstance(victim, RemoteQueue)
+    survivor = io[1]
+    os.kill(victim.worker.pid, signal.SIGKILL)
+    await io[0].expect_eof(timeout=10)  # the host sees its connection drop
+    # The other worker's queue is untouched.
+    done = await survivor.read(1, 0, 1, BLOCK)
+    assert done.status == 0 and done.data == b"\x77" * BLOCK
+    # The host reconnects (a new association, as Linux resets a controller) and finds
+    # its data; a replacement worker takes queues again.
+    await admin.close()
+    await target.workers.wait_ready()
+    again = await raw.admin(NQN)
+    queues = [await raw.io_queue(again, qid, NQN) for qid in (1, 2)]
+    for queue in queues:
+        done = await queue.read(1, 0, 1, BLOCK)
+        assert done.status == 0 and done.data == b"\x77" * BLOCK
+    assert sorted(_placement(target)) == [1, 1]
+
+
+@pytest.fixture
+def raw_target_port() -> Callable[[Target], RawTarget]:
+    made: list[RawTarget] = []
+
+    def make(target: Target) -> RawTarget:
+        raw = RawTarget(target)
+        raw.stopped = True  # the start fixture stops it
+        made.append(raw)
+        return raw
+
+    return make
+
+
+async def test_an_ana_change_brings_the_queues_home_where_io_meets_the_state(
+    start: Start, hosts: Hosts
+) -> None:
+    # The workers do not replicate ANA states: once a subsystem's states change, its
+    # queues are served by the main process, and an inaccessible path refuses I/O there.
+    target = await start()
+    ctrl = await hosts(target, queues=2)
+    assert _placement(target) == [1, 1]
+    owner = next(iter(target.subsystems[NQN].controllers.values()))
+    target.set_ana_state(NQN, 1, "inaccessible")
+    # The controller whose queues were on workers is torn down; the host reconnects.
+    assert owner.cntlid not in target.subsystems[NQN].controllers
+    await ctrl.close()
+    again = await hosts(target, queues=2)
+    assert _placement(target) == [0, 0]
+    [home] = target.subsystems[NQN].controllers.values()
+    assert not any(isinstance(q, RemoteQueue) for q in home.queues.values())
+    status = await _status_of(_write(again.io_queues[0], 0, bytes(BLOCK)))
+    assert status == Status.ANA_INACCESSIBLE
+    target.set_ana_state(NQN, 1, "optimized")
+    await _write(again.io_queues[1], 0, b"\x5a" * BLOCK)
+    assert await _read(again.io_queues[0], 0, 1) == b"\x5a" * BLOCK
