@@ -186,8 +186,11 @@ class LeaseManager:
                     await self._renew(g)
                 elif self._may_compete(g):
                     await self._try_take(g)
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation
+            # (stop()) that arrives as the event is set, and stop() would wait forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), cfg.renew_interval)
+                async with asyncio.timeout(cfg.renew_interval):
+                    await self._wake.wait()
             self._wake.clear()
 
     def _may_compete(self, g: _Group) -> bool:
@@ -235,17 +238,22 @@ class LeaseManager:
         (TimeoutError); its thread is remembered in `g.pending` until it ends, so that no
         second call on the group piles up behind it."""
         fut = asyncio.ensure_future(asyncio.to_thread(fn))
+        overran = False
         if g is not None:
             g.pending = fut
 
             def clear(_f: asyncio.Future[Any], g: _Group = g) -> None:
                 if g.pending is _f:
                     g.pending = None
-                    self._wake.set()
+                    # Only a call given up on wakes the loop early (its group may go on);
+                    # waking after every call made the owner renew back to back.
+                    if overran:
+                        self._wake.set()
 
             fut.add_done_callback(clear)
         done, _ = await asyncio.wait([fut], timeout=self.config.call_timeout)
         if not done:
+            overran = True
             raise TimeoutError("RADOS call did not complete in time")
         return fut.result()
 

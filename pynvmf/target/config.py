@@ -46,7 +46,16 @@ DEFAULT_BLOCK_SIZE = 512
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _DEFAULT_TRANSPORT = TransportConfig()
 
-_TOP_KEYS = {"ports", "discovery_ports", "subsystems", "devices", "transport", "keyring"}
+# "gateway" is read by the CLI (pynvmf.ha.gateway): leases need a running loop and a cluster.
+_TOP_KEYS = {
+    "ports",
+    "discovery_ports",
+    "subsystems",
+    "devices",
+    "transport",
+    "keyring",
+    "gateway",
+}
 _KEY_KEYS = {"name", "path"}
 # A host entry as an object: its NQN, DH-HMAC-CHAP keys (keyring names), hashes, groups,
 # and its TLS PSK (a keyring name, or the key itself in the interchange format).
