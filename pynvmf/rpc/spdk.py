@@ -141,6 +141,20 @@ def _free_name(target: Target, prefix: str) -> str:
     return f"{prefix}{n}"
 
 
+async def _register_bdev(
+    target: Target, name: str, device: Any, dev_uuid: uuid_mod.UUID | None
+) -> str:
+    """A new device under its bdev name (a random UUID unless given); closed again if
+    the target refuses it."""
+    entry = NamedDevice.wrap(name, device, device_uuid=dev_uuid or uuid_mod.uuid4())
+    try:
+        target.add_block_device(entry)
+    except ChangeError as exc:
+        await device.close()
+        raise change_error(exc, {}) from exc
+    return name
+
+
 @method("bdev_malloc_create")
 async def bdev_malloc_create(cp: ControlPlane, p: Params) -> str:
     name = p.string("name", None)
@@ -165,13 +179,7 @@ async def bdev_malloc_create(cp: ControlPlane, p: Params) -> str:
         raise RpcError(INVALID_PARAMS, f"block_size: {exc}") from exc
     except OSError as exc:
         raise RpcError(INVALID_PARAMS, f"num_blocks: {exc.strerror}") from exc
-    entry = NamedDevice.wrap(name, device, device_uuid=dev_uuid or uuid_mod.uuid4())
-    try:
-        target.add_block_device(entry)
-    except ChangeError as exc:
-        await device.close()
-        raise change_error(exc, {}) from exc
-    return name
+    return await _register_bdev(target, name, device, dev_uuid)
 
 
 @method("bdev_aio_create")
@@ -352,13 +360,7 @@ async def bdev_rbd_create(cp: ControlPlane, p: Params) -> str:
         raise _rbd_error("rbd_name", exc) from exc
     except ValueError as exc:
         raise RpcError(INVALID_PARAMS, f"block_size: {exc}") from exc
-    entry = NamedDevice.wrap(name, device, device_uuid=dev_uuid or uuid_mod.uuid4())
-    try:
-        target.add_block_device(entry)
-    except ChangeError as exc:
-        await device.close()
-        raise change_error(exc, {}) from exc
-    return name
+    return await _register_bdev(target, name, device, dev_uuid)
 
 
 @method("bdev_rbd_delete")
