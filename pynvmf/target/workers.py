@@ -16,6 +16,9 @@ What a worker needs and the main process keeps current (shared_state.py):
   each queue and again, acknowledged, after a Set Features;
 - reservations: each worker holds a replica, replaced (acknowledged) before a
   reservation command completes; the reservation commands themselves run here;
+- ANA: the path status of every (subsystem, listener, group) is in a shared-memory
+  table (ana_table.py) that this process rewrites whenever a subsystem's ANA states
+  change, before any host hears of it, and that workers read with each command;
 - teardown: a controller destroyed here closes its queues on every worker.
 What workers tell the main process: I/O traffic per controller (keep alive, TBKAS),
 their error log entries and I/O statistics, and queues that closed.
@@ -43,6 +46,7 @@ from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import DNR, Status
 from pynvmf.target import reservations
 from pynvmf.target import shared_state as S
+from pynvmf.target.ana_table import AnaTable
 from pynvmf.target.budget import ConnectionLimits, default_max_memory
 from pynvmf.target.ipc import Channel, socket_pair, wait_all
 from pynvmf.target.limits import MAX_TRANSFER
@@ -55,7 +59,7 @@ if TYPE_CHECKING:
     from pynvmf.target.controller import Controller
     from pynvmf.target.devices import NamedDevice
     from pynvmf.target.queue import TargetQueue
-    from pynvmf.target.subsystem import Namespace
+    from pynvmf.target.subsystem import Namespace, Subsystem
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +157,8 @@ class WorkerPool:
         self._respawns: set[asyncio.TimerHandle] = set()
         self._waiters: list[asyncio.Future[None]] = []
         self.handed_off = 0
+        # What path-related status an I/O command gets, as this process decides it.
+        self.ana_table = AnaTable()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -191,7 +197,7 @@ class WorkerPool:
             connect_deadline_s=limits.connect_deadline_s,
             pdu_deadline_s=limits.pdu_deadline_s,
         )
-        ready = worker.request(S.INIT, init)
+        ready = worker.request(S.INIT, init, fds=[os.dup(self.ana_table.fileno())])
         # Everything the worker must know before its first queue: every namespace.
         waits = [ready]
         for subsystem in list(self.target.subsystems.values()):
@@ -243,6 +249,7 @@ class WorkerPool:
                 await loop.run_in_executor(None, proc.wait)
             if worker.channel is not None:
                 worker.channel.close()
+        self.ana_table.close()
 
     def _on_closed(self, worker: WorkerHandle) -> None:
         """The worker's channel closed: it exited or died, and its connections with it."""
@@ -293,11 +300,6 @@ class WorkerPool:
             return False
         if not all(S.shareable(ns) for ns in ctrl.subsystem.namespaces.values()):
             return False
-        if ctrl.subsystem.ana.in_use:
-            # The workers hold no ANA state: a subsystem with ANA groups or states other
-            # than group 1 optimized (a gateway, a standby path) is served here, where
-            # every I/O command meets the current state and its path-related status.
-            return False
         worker = self._choose()
         if worker is None:
             return False
@@ -316,15 +318,21 @@ class WorkerPool:
         sock = protocol.transport.get_extra_info("socket")
         if sock is None:
             return False
+        port = queue.port
+        # Its ANA statuses, from now on current in the table the worker reads (full: a
+        # table of thousands of subsystem listeners, served here).
+        ana_row = self.ana_table.row(ctrl.subsystem, port)
+        if ana_row is None:
+            return False
         fd = os.dup(sock.fileno())
         token = self._token()
         ctrl_token = self._ctrl_token(ctrl)
-        port = queue.port
         adoption = S.Adoption(
             token=token,
             controller=self._controller_info(ctrl, ctrl_token),
-            subsystem=S.SubsystemInfo.of(ctrl.subsystem),
+            subsystem=self._subsystem_info(ctrl.subsystem),
             port=S.PortInfo(port.portid, port.address, port.port, port.transport),
+            ana_row=ana_row,
             peer_address=queue.peer_address,
             icreq=_icreq(conn.hpda, conn.hdgst, conn.ddgst, conn.maxr2t),
             connect=_connect_capsule(req, conn.hdgst, conn.ddgst, port.transport.cpda),
@@ -351,6 +359,10 @@ class WorkerPool:
             worker.index,
         )
         return True
+
+    def _subsystem_info(self, subsystem: Subsystem) -> S.SubsystemInfo:
+        slot = self.ana_table.slot(subsystem)
+        return S.SubsystemInfo.of(subsystem, -1 if slot is None else slot)
 
     def _choose(self) -> WorkerHandle | None:
         """The live worker with the fewest queues (the first of them on a tie), so that
@@ -481,7 +493,8 @@ class WorkerPool:
         seq = self._reservation_seq.get(ns.reservation, 0)
         spec = S.namespace_spec(ns, seq)
         fds = [os.dup(ns.device.fileno())] if isinstance(ns.device, SharedMemoryDevice) else []
-        return worker.request(S.NAMESPACE, nqn, S.SubsystemInfo.of(subsystem), spec, fds=fds)
+        info = self._subsystem_info(subsystem)
+        return worker.request(S.NAMESPACE, nqn, info, spec, fds=fds)
 
     def _live(self) -> list[WorkerHandle]:
         return [w for w in self.workers if w.alive]
@@ -501,6 +514,8 @@ class WorkerPool:
 
     async def subsystem_removed(self, nqn: str) -> None:
         await wait_all([w.request(S.SUBSYSTEM_GONE, nqn) for w in self._live()])
+        # No worker reads its places in the ANA table any more.
+        self.ana_table.release(nqn)
 
     async def controller_changed(self, ctrl: Controller) -> None:
         """A Set Features completed on `ctrl`: the workers with its queues take the new
@@ -630,25 +645,6 @@ class MultiCoreTarget(Target):
         # The workers first: once they answered, none of their commands uses it.
         await self.workers.namespace_removing(nqn, nsid)
         return await super().remove_namespace(nqn, nsid)
-
-    def add_ana_group(self, nqn: str, grpid: int, state: Any = "optimized") -> Any:
-        group = super().add_ana_group(nqn, grpid, state)
-        self._serve_here(nqn, "ANA groups changed")
-        return group
-
-    def set_ana_state(self, nqn: str, anagrpid: int | None, state: Any, *args: Any) -> int:
-        told = super().set_ana_state(nqn, anagrpid, state, *args)
-        if self.subsystems[nqn].ana.in_use:
-            self._serve_here(nqn, "ANA states changed")
-        return told
-
-    def _serve_here(self, nqn: str, why: str) -> None:
-        """ANA now applies to `nqn`, which the workers do not replicate: its controllers
-        with queues on workers are torn down, and their hosts reconnect with every queue
-        in this process (hand_off keeps them here from now on)."""
-        for ctrl in list(self.subsystems[nqn].controllers.values()):
-            if any(isinstance(q, RemoteQueue) for q in ctrl.queues.values()):
-                ctrl.destroy(f"{why}: its I/O queues are served by the main process")
 
     async def remove_subsystem(self, nqn: str) -> None:
         await super().remove_subsystem(nqn)

@@ -268,27 +268,3 @@ def raw_target_port() -> Callable[[Target], RawTarget]:
         return raw
 
     return make
-
-
-async def test_an_ana_change_brings_the_queues_home_where_io_meets_the_state(
-    start: Start, hosts: Hosts
-) -> None:
-    # The workers do not replicate ANA states: once a subsystem's states change, its
-    # queues are served by the main process, and an inaccessible path refuses I/O there.
-    target = await start()
-    ctrl = await hosts(target, queues=2)
-    assert _placement(target) == [1, 1]
-    owner = next(iter(target.subsystems[NQN].controllers.values()))
-    target.set_ana_state(NQN, 1, "inaccessible")
-    # The controller whose queues were on workers is torn down; the host reconnects.
-    assert owner.cntlid not in target.subsystems[NQN].controllers
-    await ctrl.close()
-    again = await hosts(target, queues=2)
-    assert _placement(target) == [0, 0]
-    [home] = target.subsystems[NQN].controllers.values()
-    assert not any(isinstance(q, RemoteQueue) for q in home.queues.values())
-    status = await _status_of(_write(again.io_queues[0], 0, bytes(BLOCK)))
-    assert status == Status.ANA_INACCESSIBLE
-    target.set_ana_state(NQN, 1, "optimized")
-    await _write(again.io_queues[1], 0, b"\x5a" * BLOCK)
-    assert await _read(again.io_queues[0], 0, 1) == b"\x5a" * BLOCK

@@ -1,0 +1,76 @@
+"""The ANA table of `--cores N` (pynvmf/target/ana_table.py): what a worker reads through
+an AnaView is what the main process's AnaGroups decides, after every kind of change."""
+
+from __future__ import annotations
+
+import os
+import random
+
+from pynvmf.spec.logpages import AnaState
+from pynvmf.target import ana_table
+from pynvmf.target.ana_table import AnaTable, AnaView
+from pynvmf.target.server import Port
+from pynvmf.target.subsystem import Subsystem
+
+STATES = list(AnaState)
+
+
+def _check(sub: Subsystem, view: AnaView, ports: list[Port]) -> None:
+    assert view.any_blocked == sub.ana.any_blocked
+    for port in ports:
+        for grpid in range(1, ana_table.ENTRIES):
+            assert view.path_status(port, grpid) == sub.ana.path_status(port, grpid)
+
+
+def test_the_view_reads_what_anagroups_decides_after_every_change() -> None:
+    rng = random.Random(11)
+    table = AnaTable()
+    try:
+        worker_side = AnaView.open(os.dup(table.fileno()))  # a second mapping, as a worker's
+        sub = Subsystem("nqn.2024-01.io.pynvmf.test:table")
+        ports = [Port("127.0.0.1", 4420 + i, portid=i + 1) for i in range(3)]
+        slot = table.slot(sub)
+        assert slot is not None
+        view = AnaView(worker_side, slot)
+        for port in ports:
+            row = table.row(sub, port)
+            assert row is not None
+            view.rows[port.portid] = row
+        _check(sub, view, ports)
+        assert not view.any_blocked
+        for _ in range(200):
+            kind = rng.randrange(3)
+            if kind == 0:
+                sub.ana.add(rng.randrange(1, 129), rng.choice(STATES))
+                continue  # add() indexes by itself
+            group = rng.choice(list(sub.ana.groups.values()))
+            if kind == 1:
+                group.state = rng.choice(STATES)
+                group.on_port.clear()
+            else:
+                group.on_port[rng.choice(ports)] = rng.choice(STATES)
+            sub.ana.changed([group])
+            _check(sub, view, ports)
+        sub.ana.forget_port(ports[0])
+        _check(sub, view, ports)
+        # Released, the places read as served, and its hook is gone.
+        table.release(sub.nqn)
+        assert sub.ana.on_index is None
+        assert not view.any_blocked
+        assert all(view.path_status(p, g) == 0 for p in ports for g in range(1, 129))
+    finally:
+        table.close()
+
+
+def test_a_full_table_places_nothing_more() -> None:
+    table = AnaTable()
+    try:
+        sub = Subsystem("nqn.2024-01.io.pynvmf.test:full")
+        table._free_rows = [7]
+        assert table.row(sub, Port("127.0.0.1", 1, portid=1)) == 7
+        assert table.row(sub, Port("127.0.0.1", 2, portid=2)) is None
+        table._free_slots = []
+        assert table.slot(Subsystem("nqn.2024-01.io.pynvmf.test:other")) is None
+        assert table.slot(sub) is not None  # placed already
+    finally:
+        table.close()
