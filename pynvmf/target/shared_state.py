@@ -41,6 +41,8 @@ class WorkerInit:
     connection_data: int
     connect_deadline_s: float
     pdu_deadline_s: float
+    # Poll mode (server.BusyPoller) for the worker's queues: its window, 0 for off.
+    busy_poll_us: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -148,7 +148,8 @@ class Worker:
                 pdu_deadline_s=init.pdu_deadline_s,
                 max_memory=init.max_memory,
                 connection_data=init.connection_data,
-            )
+            ),
+            busy_poll_us=init.busy_poll_us,
         )
         await self.target.start()  # no ports: only the sweep of unfinished input
         self._schedule_report()

@@ -196,6 +196,7 @@ class WorkerPool:
             connection_data=limits.connection_data,
             connect_deadline_s=limits.connect_deadline_s,
             pdu_deadline_s=limits.pdu_deadline_s,
+            busy_poll_us=self.target.busy_poll_us,
         )
         ready = worker.request(S.INIT, init, fds=[os.dup(self.ana_table.fileno())])
         # Everything the worker must know before its first queue: every namespace.
@@ -661,8 +662,8 @@ def make_target(
     cores: int, *, limits: ConnectionLimits | None = None, busy_poll_us: int = 0
 ) -> Target:
     """The target `pynvmf target --cores N` runs: today's single process for 1.
-    `busy_poll_us`: poll mode (server.BusyPoller) in this process (the workers do not
-    poll yet)."""
+    `busy_poll_us`: poll mode (server.BusyPoller) in every process that serves queues:
+    this one (admin queues, and whatever is served here) and each worker."""
     _check_cores(cores)
     if cores == 1:
         return Target(limits=limits, busy_poll_us=busy_poll_us)

@@ -268,3 +268,39 @@ def raw_target_port() -> Callable[[Target], RawTarget]:
         return raw
 
     return make
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def test_busy_poll_runs_in_the_workers(
+    raw_target_port: Callable[[Target], RawTarget],
+) -> None:
+    # A window of 3 s after each input: the worker with the queue keeps its core busy
+    # through the second measured below; the one without input sleeps.
+    target = MultiCoreTarget(2, ports=[Port("127.0.0.1", 0)], busy_poll_us=3_000_000)
+    target.add_subsystem(NQN)
+    _add_memory(target, 1)
+    await target.start()
+    try:
+        assert target.workers is not None
+        raw = raw_target_port(target)
+        admin = await raw.admin(NQN)
+        io = await raw.io_queue(admin, 1, NQN)
+        [polling] = [w for w in target.workers.workers if w.queues]
+        [idle] = [w for w in target.workers.workers if not w.queues]
+        done = await io.read(1, 0, 1, BLOCK)
+        assert done.status == 0
+        before = {w.pid: _cpu_seconds(w.pid) for w in (polling, idle)}
+        await asyncio.sleep(1.0)  # the measured window, not a synchronisation
+        used = {pid: _cpu_seconds(pid) - t for pid, t in before.items()}
+        assert used[polling.pid] >= 0.1, used
+        assert used[polling.pid] > 5 * used[idle.pid], used
+        await io.close()
+        await admin.close()
+    finally:
+        await target.stop()
