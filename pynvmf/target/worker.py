@@ -77,8 +77,9 @@ class Worker:
         self.tokens: dict[int, int] = {}  # id(replica controller) -> token
         self.ports: dict[int, Port] = {}
         self.reservation_seq: dict[tuple[str, int], int] = {}
-        # The main process's ANA table (ana_table.py), which every subsystem here reads.
-        self.ana_table: memoryview | None = None
+        # The memfd of the main process's ANA table (ana_table.py): each subsystem here
+        # maps its page of it.
+        self.ana_table = -1
         self._reported_errors: dict[int, int] = {}
         self._reported_stats: dict[str, tuple[int, ...]] = {}
         self._report_handle: asyncio.TimerHandle | None = None
@@ -135,7 +136,7 @@ class Worker:
 
     async def _init(self, init: S.WorkerInit, ana_fd: int) -> int:
         self.index = init.index
-        self.ana_table = AnaView.open(ana_fd)
+        self.ana_table = ana_fd
         logging.basicConfig(
             level=init.log_level,
             format=f"%(asctime)s worker {init.index} %(levelname)s %(name)s: %(message)s",
@@ -162,14 +163,12 @@ class Worker:
             subsystem = Subsystem(nqn)
             self.target.subsystems[nqn] = subsystem
         subsystem.max_namespaces = info.max_namespaces
-        if info.ana_slot >= 0 and self.ana_table is not None:
-            view = subsystem.ana
-            if not isinstance(view, AnaView):
-                # The I/O path reads any_blocked and path_status of it, as of AnaGroups:
-                # here they come from the table the main process keeps current.
-                subsystem.ana = AnaView(self.ana_table, info.ana_slot)  # type: ignore[assignment]
-            else:
-                view.slot = info.ana_slot
+        if info.ana_slot >= 0 and self.ana_table >= 0 and not isinstance(subsystem.ana, AnaView):
+            # The I/O path reads any_blocked and path_status of it, as of AnaGroups: here
+            # they come from the page the main process keeps current. (A subsystem keeps
+            # its page while it exists: a new one of the same NQN comes after
+            # SUBSYSTEM_GONE, as a new Subsystem.)
+            subsystem.ana = AnaView.open(self.ana_table, info.ana_slot)  # type: ignore[assignment]
         return subsystem
 
     async def _namespace(
@@ -242,6 +241,8 @@ class Worker:
             ns.reservation.detach()
             self.reservation_seq.pop((nqn, ns.nsid), None)
             await ns.device.close()
+        # Its AnaView stays mapped until nothing refers to it (a queue's last commands may
+        # still read it): one page.
 
     # -- queues ----------------------------------------------------------------------
 

@@ -167,13 +167,18 @@ async def test_no_command_sent_after_set_ana_state_returned_is_accepted(rt: RawT
 async def test_groups_and_namespaces_added_at_run_time_reach_the_workers(rt: RawTarget) -> None:
     target = rt.target
     assert isinstance(target, MultiCoreTarget)
-    _admin_a, _admin_b, io_a, _io_b = await _paths(rt)
+    # Added to the running target (the workers get the namespace, with its group, by
+    # message); the queues handed over after it find it there (one channel, in order).
     target.add_ana_group(NQN, 3, "inaccessible")
     _add_memory(target, 3, 3)
+    _admin_a, _admin_b, io_a, _io_b = await _paths(rt)
     for queue in io_a:
         done = await queue.read(3, 0, 1, BLOCK)
         assert (done.status, done.dnr) == (Status.ANA_INACCESSIBLE, False), done
         assert (await queue.read(1, 0, 1, BLOCK)).status == 0
+    target.set_ana_state(NQN, 3, "optimized")
+    for queue in io_a:
+        assert (await queue.read(3, 0, 1, BLOCK)).status == 0
     # A change on every listener, of every group.
     target.set_ana_state(NQN, None, "change")
     for queue in io_a:

@@ -3,7 +3,6 @@ an AnaView is what the main process's AnaGroups decides, after every kind of cha
 
 from __future__ import annotations
 
-import os
 import random
 
 from pynvmf.spec.logpages import AnaState
@@ -16,7 +15,7 @@ STATES = list(AnaState)
 
 
 def _check(sub: Subsystem, view: AnaView, ports: list[Port]) -> None:
-    assert view.any_blocked == sub.ana.any_blocked
+    assert bool(view.any_blocked) == sub.ana.any_blocked
     for port in ports:
         for grpid in range(1, ana_table.ENTRIES):
             assert view.path_status(port, grpid) == sub.ana.path_status(port, grpid)
@@ -26,12 +25,13 @@ def test_the_view_reads_what_anagroups_decides_after_every_change() -> None:
     rng = random.Random(11)
     table = AnaTable()
     try:
-        worker_side = AnaView.open(os.dup(table.fileno()))  # a second mapping, as a worker's
+        other = Subsystem("nqn.2024-01.io.pynvmf.test:other")
         sub = Subsystem("nqn.2024-01.io.pynvmf.test:table")
         ports = [Port("127.0.0.1", 4420 + i, portid=i + 1) for i in range(3)]
+        assert table.slot(other) is not None
         slot = table.slot(sub)
         assert slot is not None
-        view = AnaView(worker_side, slot)
+        view = AnaView.open(table.fileno(), slot)  # a mapping of its own, as a worker's
         for port in ports:
             row = table.row(sub, port)
             assert row is not None
@@ -53,7 +53,10 @@ def test_the_view_reads_what_anagroups_decides_after_every_change() -> None:
             _check(sub, view, ports)
         sub.ana.forget_port(ports[0])
         _check(sub, view, ports)
-        # Released, the places read as served, and its hook is gone.
+        # The other subsystem's page saw none of it.
+        other_view = AnaView.open(table.fileno(), table.slot(other) or 0)
+        assert not other_view.any_blocked and bytes(other_view) == bytes(ana_table.PAGE)
+        # Released, the page reads as served, and the hook is gone.
         table.release(sub.nqn)
         assert sub.ana.on_index is None
         assert not view.any_blocked
@@ -66,10 +69,10 @@ def test_a_full_table_places_nothing_more() -> None:
     table = AnaTable()
     try:
         sub = Subsystem("nqn.2024-01.io.pynvmf.test:full")
-        table._free_rows = [7]
-        assert table.row(sub, Port("127.0.0.1", 1, portid=1)) == 7
-        assert table.row(sub, Port("127.0.0.1", 2, portid=2)) is None
-        table._free_slots = []
+        rows = [table.row(sub, Port("127.0.0.1", i, portid=i)) for i in range(ana_table.ROWS)]
+        assert rows == list(range(ana_table.ROWS))
+        assert table.row(sub, Port("127.0.0.1", 99, portid=99)) is None
+        table._free = []
         assert table.slot(Subsystem("nqn.2024-01.io.pynvmf.test:other")) is None
         assert table.slot(sub) is not None  # placed already
     finally:
