@@ -48,7 +48,7 @@ from pynvmf.target import reservations
 from pynvmf.target import shared_state as S
 from pynvmf.target.ana_table import AnaTable
 from pynvmf.target.budget import ConnectionLimits, default_max_memory
-from pynvmf.target.ipc import Channel, socket_pair, wait_all
+from pynvmf.target.ipc import Channel, RemoteError, socket_pair, wait_all
 from pynvmf.target.limits import MAX_TRANSFER
 from pynvmf.target.server import ChangeError, Port, Target
 from pynvmf.tcp.framing import PduWriter
@@ -68,6 +68,8 @@ log = logging.getLogger(__name__)
 RESPAWN_BACKOFF_S = 1.0
 START_TIMEOUT_S = 30.0
 EXIT_TIMEOUT_S = 5.0
+# How long the events about a new namespace wait for the workers to have it.
+NAMESPACE_ACK_TIMEOUT_S = 5.0
 
 
 def available_cores() -> int:
@@ -500,15 +502,17 @@ class WorkerPool:
     def _live(self) -> list[WorkerHandle]:
         return [w for w in self.workers if w.alive]
 
-    def namespace_added(self, nqn: str, ns: Namespace) -> None:
+    def namespace_added(self, nqn: str, ns: Namespace) -> list[asyncio.Future[Any]]:
+        """Send the new namespace `ns` to every worker; the futures of their answers."""
         ns.reservation.replicate = self.reservation_changed
         if not S.shareable(ns):
-            return
+            return []
+        futures = []
         for worker in self._live():
-            # Not waited for: the message leaves before the host's event does, and the
-            # host reads a log page and Identify before its first I/O to the namespace.
             fut = self._send_namespace(worker, nqn, ns)
             fut.add_done_callback(_ignore_result)
+            futures.append(fut)
+        return futures
 
     async def namespace_removing(self, nqn: str, nsid: int) -> None:
         await wait_all([w.request(S.NAMESPACE_GONE, nqn, nsid) for w in self._live()])
@@ -605,6 +609,7 @@ class MultiCoreTarget(Target):
     def __init__(self, cores: int, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.workers = WorkerPool(self, cores)
+        self._background: set[asyncio.Task[None]] = set()
 
     def memory_device(self, size_bytes: int, block_size: int) -> MemoryDevice:
         return SharedMemoryDevice(size_bytes, block_size)
@@ -627,15 +632,31 @@ class MultiCoreTarget(Target):
             await self.workers.stop()
 
     def add_namespace(self, nqn: str, device: str | NamedDevice, **kwargs: Any) -> Namespace:
-        ns = super().add_namespace(nqn, device, **kwargs)
+        subsystem = self.subsystems.get(nqn)
+        # The events about it (Namespace Attribute Changed, ANA Change) wait, on the
+        # controllers with queues on workers, until every worker has the namespace: a
+        # host uses a new namespace once it heard of it, and its first command to it may
+        # reach a worker that a loaded machine has not let read the message yet.
+        held = [] if subsystem is None else _on_workers(subsystem)
+        for ctrl in held:
+            ctrl.hold_events()
+        try:
+            ns = super().add_namespace(nqn, device, **kwargs)
+        except BaseException:
+            for ctrl in held:
+                ctrl.release_events()
+            raise
         assert self.workers is not None
-        self.workers.namespace_added(nqn, ns)
+        answers = self.workers.namespace_added(nqn, ns)
+        if held:  # (controllers: the target runs, in a loop)
+            task = asyncio.get_running_loop().create_task(_release_when(held, answers))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
         if not S.shareable(ns):
             # Its I/O can be served here alone: the controllers with queues on workers
             # are torn down, and their hosts reconnect with every queue here.
-            for ctrl in list(self.subsystems[nqn].controllers.values()):
-                if any(isinstance(q, RemoteQueue) for q in ctrl.queues.values()):
-                    ctrl.destroy(f"namespace {ns.nsid} cannot be served by the worker processes")
+            for ctrl in _on_workers(self.subsystems[nqn]):
+                ctrl.destroy(f"namespace {ns.nsid} cannot be served by the worker processes")
         return ns
 
     async def remove_namespace(self, nqn: str, nsid: int) -> Namespace:
@@ -651,6 +672,27 @@ class MultiCoreTarget(Target):
         await super().remove_subsystem(nqn)
         assert self.workers is not None
         await self.workers.subsystem_removed(nqn)
+
+
+def _on_workers(subsystem: Subsystem) -> list[Controller]:
+    """The controllers of `subsystem` with I/O queues on workers."""
+    return [
+        ctrl
+        for ctrl in subsystem.controllers.values()
+        if any(isinstance(q, RemoteQueue) for q in ctrl.queues.values())
+    ]
+
+
+async def _release_when(held: list[Controller], answers: list[asyncio.Future[Any]]) -> None:
+    """Deliver the events of `held` once every worker answered (or after
+    NAMESPACE_ACK_TIMEOUT_S: a worker that hangs delays them no longer)."""
+    try:
+        await asyncio.wait_for(wait_all(answers), NAMESPACE_ACK_TIMEOUT_S)
+    except (TimeoutError, RemoteError) as exc:
+        log.warning("a worker did not take a new namespace in time: %r", exc)
+    finally:
+        for ctrl in held:
+            ctrl.release_events()
 
 
 def _check_cores(cores: int) -> None:

@@ -304,3 +304,36 @@ async def test_busy_poll_runs_in_the_workers(
         await admin.close()
     finally:
         await target.stop()
+
+
+async def test_a_new_namespaces_event_waits_until_every_worker_has_it(
+    start: Start, raw_target_port: Callable[[Target], RawTarget]
+) -> None:
+    target = await start()
+    assert target.workers is not None
+    raw = raw_target_port(target)
+    admin = await raw.admin(NQN)
+    io = [await raw.io_queue(admin, qid, NQN) for qid in (1, 2)]
+    done = await admin.cmd(
+        AdminOpcode.SET_FEATURES, cdw10=FeatureId.ASYNC_EVENT, cdw11=Oaes.NS_ATTR
+    )
+    assert done.status == 0
+    aer = admin.cmd_nowait(AdminOpcode.ASYNC_EVENT_REQUEST)
+    # A worker that cannot run (a loaded machine, here SIGSTOP) has not read the new
+    # namespace yet: the host is not told of it.
+    stopped = target.workers.workers[1]
+    os.kill(stopped.pid, signal.SIGSTOP)
+    try:
+        _add_memory(target, 2, blocks=1024)
+        assert (await admin.cmd(AdminOpcode.KEEP_ALIVE)).status == 0
+        assert not aer.done()  # an event would have completed before the Keep Alive
+    finally:
+        os.kill(stopped.pid, signal.SIGCONT)
+    done = await asyncio.wait_for(aer, 10)
+    assert done.status == 0
+    # Told: every worker serves it.
+    for queue in io:
+        done = await queue.write(2, 0, b"\x33" * BLOCK, BLOCK)
+        assert done.status == 0, done
+        done = await queue.read(2, 0, 1, BLOCK)
+        assert done.status == 0 and done.data == b"\x33" * BLOCK
