@@ -36,6 +36,7 @@ from __future__ import annotations
 import mmap
 import operator
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -70,7 +71,9 @@ class AnaTable:
     """The main process's side: it places subsystems and their listeners in the table
     and writes their statuses whenever their AnaGroups change."""
 
-    def __init__(self) -> None:
+    def __init__(self, listening: Callable[[Port], bool] = lambda _port: True) -> None:
+        # Whether a listener is still open: the rows of closed ones are taken again.
+        self._listening = listening
         fd = os.memfd_create("pynvmf-ana", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, SIZE)
@@ -111,8 +114,13 @@ class AnaTable:
         row = placed.rows.get(port)
         if row is None:
             if len(placed.rows) >= ROWS:
+                # Rows of listeners that closed (their queues went with them).
+                for gone in [p for p in placed.rows if not self._listening(p)]:
+                    del placed.rows[gone]
+            free = sorted(set(range(ROWS)) - set(placed.rows.values()))
+            if not free:
                 return None
-            row = placed.rows[port] = len(placed.rows)
+            row = placed.rows[port] = free[0]
             self._write(placed)
         return row
 

@@ -160,7 +160,7 @@ class WorkerPool:
         self._waiters: list[asyncio.Future[None]] = []
         self.handed_off = 0
         # What path-related status an I/O command gets, as this process decides it.
-        self.ana_table = AnaTable()
+        self.ana_table = AnaTable(lambda port: any(p is port for p in target.ports))
 
     # -- lifecycle ---------------------------------------------------------------------
 

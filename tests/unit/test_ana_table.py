@@ -77,3 +77,24 @@ def test_a_full_table_places_nothing_more() -> None:
         assert table.slot(sub) is not None  # placed already
     finally:
         table.close()
+
+
+def test_the_rows_of_closed_listeners_are_taken_again() -> None:
+    open_ports: set[int] = set(range(ana_table.ROWS))
+    table = AnaTable(lambda port: port.portid in open_ports)
+    try:
+        sub = Subsystem("nqn.2024-01.io.pynvmf.test:churn")
+        ports = [Port("127.0.0.1", i, portid=i) for i in range(ana_table.ROWS)]
+        for port in ports:
+            assert table.row(sub, port) is not None
+        sub.ana.add(2, AnaState.INACCESSIBLE)
+        open_ports.discard(5)  # listener 5 closed, 99 opened
+        open_ports.add(99)
+        new = Port("127.0.0.1", 99, portid=99)
+        assert table.row(sub, new) == 5
+        view = AnaView.open(table.fileno(), table.slot(sub) or 0)
+        view.rows[new.portid] = 5
+        assert view.path_status(new, 2) == sub.ana.path_status(new, 2) != 0
+        assert table.row(sub, ports[5]) is None  # closed, and every row taken
+    finally:
+        table.close()
