@@ -54,6 +54,7 @@ from tests.interop.test_linux_host import DEV_FOR, Subsys
 MIB = 1 << 20
 PREFIX = "nqn.2024-11.dev.pynvmf:interop-rbd"
 RBD = PREFIX  # one namespace, the image MAIN_IMAGE
+RBD4K = f"{PREFIX}-4k"  # 4 KiB blocks, on an image that is not a whole number of them
 COPYX, COPYN, COPY3 = f"{PREFIX}-copyx", f"{PREFIX}-copyn", f"{PREFIX}-copy3"
 RESV = f"{PREFIX}-resv"
 COMPARE = f"{PREFIX}-compare"
@@ -61,6 +62,8 @@ CLI = f"{PREFIX}-cli"
 SIZE = 320 * MIB  # mkfs.xfs refuses file systems under 300 MiB
 SMALL = 16 * MIB
 MAIN_IMAGE = "interop-linux-host"
+IMAGE_4K = "interop-rbd-4k-1"
+SIZE_4K = 64 * MIB  # the namespace: the image's 64 MiB + 3 KiB rounded down to 4 KiB blocks
 CLI_IMAGE = "interop-linux-host-cli"
 RESV_NAMESPACES = (
     resv.NS_WRITE_EXCLUSIVE,
@@ -80,12 +83,14 @@ class Setup:
     ptpl_file: Path
 
     def ss(self, nqn: str, size: int = SMALL) -> Subsys:
+        if nqn == RBD4K:
+            return Subsys(nqn, self.port, SIZE_4K, 4096)
         return Subsys(nqn, self.port, size)
 
 
 def _images() -> dict[str, int]:
     """Every image the target serves: name -> size."""
-    images = {MAIN_IMAGE: SIZE, f"{COMPARE}-1": SMALL}
+    images = {MAIN_IMAGE: SIZE, IMAGE_4K: SIZE_4K + 3072, f"{COMPARE}-1": SMALL}
     for nqn in (COPYX, COPYN, COPY3):
         images |= {f"{nqn}-1": SMALL, f"{nqn}-2": SMALL}
     images |= {f"{RESV}-{nsid}": SMALL for nsid in RESV_NAMESPACES}
@@ -124,6 +129,10 @@ def target(tmp_path_factory: pytest.TempPathFactory, ceph_cluster: CephCluster) 
         "discovery_ports": [],
         "subsystems": [
             {"nqn": RBD, "namespaces": [{"nsid": 1, "rbd": rbd(MAIN_IMAGE)}]},
+            {
+                "nqn": RBD4K,
+                "namespaces": [{"nsid": 1, "rbd": rbd(IMAGE_4K), "block_size": 4096}],
+            },
             {"nqn": COPYX, "namespaces": pair(COPYX)},
             {"nqn": COPYN, "copy_formats": [2, 3], "namespaces": pair(COPYN)},
             {"nqn": COPY3, "copy_formats": [3], "namespaces": pair(COPY3)},
@@ -230,9 +239,14 @@ def test_pynvmf_target_rbd_command_line_serves_the_image(
 # -- test_linux_host.py's checks ---------------------------------------------------------------
 
 
-def test_connect_identify_and_list(guest: Guest, target: Setup) -> None:
-    host.check_connect_identify_and_list(guest, target.ss(RBD, SIZE))
-    dev = host.connect(guest, target.port, RBD)
+# As the file module runs these on 512-byte and 4 KiB blocks.
+BLOCK_SIZES = pytest.mark.parametrize("nqn", [RBD, RBD4K], ids=["512", "4k"])
+
+
+@BLOCK_SIZES
+def test_connect_identify_and_list(guest: Guest, target: Setup, nqn: str) -> None:
+    host.check_connect_identify_and_list(guest, target.ss(nqn, SIZE))
+    dev = host.connect(guest, target.port, nqn)
     try:
         out = guest.run(f"nvme id-ns {dev} -o json").output
         ns = json.loads(out[out.index("{") :])
@@ -242,20 +256,23 @@ def test_connect_identify_and_list(guest: Guest, target: Setup) -> None:
         ctrl = json.loads(out[out.index("{") :])
         assert ctrl["vwc"] & 1  # librbd's cache: the host sends flushes
     finally:
-        host.disconnect(guest, RBD)
+        host.disconnect(guest, nqn)
 
 
+@BLOCK_SIZES
 def test_dd_at_several_offsets_reads_back_identical_and_is_in_the_image(
-    guest: Guest, target: Setup
+    guest: Guest, target: Setup, nqn: str
 ) -> None:
-    written = host.check_dd_at_several_offsets(guest, target.ss(RBD, SIZE))
+    written = host.check_dd_at_several_offsets(guest, target.ss(nqn, SIZE))
     # The disconnect shut the controller down, which flushed librbd's cache.
+    image = IMAGE_4K if nqn == RBD4K else MAIN_IMAGE
     for offset, digest in written.items():
-        assert _image_sum(target.cluster, MAIN_IMAGE, offset, 65536) == digest, offset
+        assert _image_sum(target.cluster, image, offset, 65536) == digest, offset
 
 
-def test_fio_random_write_verify(guest: Guest, target: Setup) -> None:
-    host.check_fio_random_write_verify(guest, target.ss(RBD, SIZE))
+@BLOCK_SIZES
+def test_fio_random_write_verify(guest: Guest, target: Setup, nqn: str) -> None:
+    host.check_fio_random_write_verify(guest, target.ss(nqn, SIZE))
 
 
 def test_fio_write_verify_with_flushes(guest: Guest, target: Setup) -> None:
@@ -313,8 +330,11 @@ def test_header_and_data_digests_with_fio_verify(guest: Guest, target: Setup) ->
     host.check_header_and_data_digests(guest, target.process, target.ss(RBD, SIZE))
 
 
-def test_nvme_copy_single_many_ranges_at_the_end_and_past_it(guest: Guest, target: Setup) -> None:
-    host.check_nvme_copy_single_many_ranges_at_the_end_and_past_it(guest, target.ss(RBD, SIZE))
+@BLOCK_SIZES
+def test_nvme_copy_single_many_ranges_at_the_end_and_past_it(
+    guest: Guest, target: Setup, nqn: str
+) -> None:
+    host.check_nvme_copy_single_many_ranges_at_the_end_and_past_it(guest, target.ss(nqn, SIZE))
 
 
 def test_blkdiscard_deallocates_exactly_its_ranges(guest: Guest, target: Setup) -> None:
