@@ -22,9 +22,9 @@ The checks are the other modules' own check_* functions, called with RBD subsyst
 
 On RBD a Copy is carried out by the gateway (librbd copies no ranges: docs/rbd.md), and a
 deallocated range is `aio_write_zeroes`. Besides, RBD-specific: DLFEAT and VWC as librbd's
-cache sets them, fio with fsyncs reaching librbd, what dd, blkdiscard and the shutdown's
-flush leave in the image, and `pynvmf target --rbd` (the command line, not a
-configuration file) serving an image.
+cache sets them, fio with fsyncs reaching librbd, Write Zeroes of an exact range, what dd,
+blkdiscard, Write Zeroes and the shutdown's flush leave in the image, and `pynvmf target
+--rbd` (the command line, not a configuration file) serving an image.
 
 Not repeated here, because no backend takes part in them: the discovery log's listing,
 a host that is not allowed, IPv6.
@@ -47,7 +47,7 @@ from tests.ceph.cluster import CephCluster
 from tests.interop import test_linux_host as host
 from tests.interop import test_linux_host_compare as compare
 from tests.interop import test_linux_host_reservations as resv
-from tests.interop.guest import Guest, Peer, free_tcp_port
+from tests.interop.guest import LINUX_6_12, Guest, Peer, free_tcp_port
 from tests.interop.target_process import TargetProcess
 from tests.interop.test_linux_host import DEV_FOR, Subsys
 
@@ -343,6 +343,54 @@ def test_blkdiscard_deallocates_exactly_its_ranges(guest: Guest, target: Setup) 
     zero = hashlib.sha256(bytes(MIB)).hexdigest()
     assert _image_sum(target.cluster, MAIN_IMAGE, 17 * MIB, MIB) == zero
     assert _image_sum(target.cluster, MAIN_IMAGE, 19 * MIB, MIB) == zero
+
+
+def test_write_zeroes_zeroes_exactly_its_range_in_the_image(guest: Guest, target: Setup) -> None:
+    """Write Zeroes (ONCS bit 3) is librbd's write_zeroes: 1.5 MiB from the middle of an
+    object into the next one. On 6.12 the block layer sends it (util-linux's `blkdiscard
+    -z`, BLKZEROOUT); 6.1's busybox blkdiscard has no -z, so there nvme-cli sends it."""
+    dev = host.connect(guest, target.port, RBD)
+    try:
+        guest.run(
+            "dd if=/dev/urandom of=/tmp/z8 bs=1M count=8 2>/dev/null && "
+            f"dd if=/tmp/z8 of={dev} bs=1M seek=32 oflag=direct 2>/dev/null"
+        )
+        start, length = 35 * MIB + 512 * 1024, 3 * MIB // 2
+        if guest.peer is LINUX_6_12:
+            # The kernel takes Write Zeroes for the device: BLKZEROOUT sends it, not pages.
+            sysfs = f"/sys/block/{dev.removeprefix('/dev/')}/queue/write_zeroes_max_bytes"
+            assert int(guest.run(f"cat {sysfs}").output) >= length
+            guest.run(f"blkdiscard -z -o {start} -l {length} {dev}")
+        else:
+            out = guest.run(
+                f"nvme write-zeroes {dev} --start-block={start // 512} "
+                f"--block-count={length // 512 - 1}"
+            ).output
+            assert "Success" in out, out
+        zero = hashlib.sha256(bytes(length)).hexdigest()
+        # Read in 512 KiB blocks: every offset and length here is a multiple of them.
+        k = 512 * 1024
+        got = guest.run(
+            f"dd if={dev} bs={k} skip={start // k} count={length // k} iflag=direct "
+            "2>/dev/null | sha256sum"
+        ).output.split()[0]
+        assert got == zero
+        # What is around it is still there: the device's and the pattern's bytes agree.
+        for off, n in ((32 * MIB, start - 32 * MIB), (start + length, 40 * MIB - start - length)):
+            want = guest.run(
+                f"dd if=/tmp/z8 bs={k} skip={(off - 32 * MIB) // k} count={n // k} "
+                "2>/dev/null | sha256sum"
+            ).output.split()[0]
+            have = guest.run(
+                f"dd if={dev} bs={k} skip={off // k} count={n // k} iflag=direct "
+                "2>/dev/null | sha256sum"
+            ).output.split()[0]
+            assert have == want, off
+        guest.run(f"nvme flush {dev}")
+        assert _image_sum(target.cluster, MAIN_IMAGE, start, length) == zero
+        _no_io_errors(guest)
+    finally:
+        host.disconnect(guest, RBD)
 
 
 def test_mkfs_xfs_with_discard_mount_fstrim_and_remount(guest: Guest, target: Setup) -> None:
