@@ -650,8 +650,9 @@ def test_mkfs_xfs_with_discard_mount_fstrim_and_remount(guest: Guest, target: Se
 def check_mkfs_xfs_with_discard_mount_fstrim_and_remount(guest: Guest, ss: Subsys) -> None:
     """`ss.size` is at least 300 MiB (mkfs.xfs refuses less)."""
     # Only what the kernel logs from here on counts: an earlier check's disconnect may have
-    # left "failed nvme_keep_alive_end_io error=4" (6.12), the host failing a keep-alive it
-    # queued as the controller was being deleted, which never reached the target.
+    # left "failed nvme_keep_alive_end_io error=4" (6.12, seen once in a full run): the host
+    # failing a keep-alive it queued as it deleted the controller (4 is BLK_STS_TRANSPORT,
+    # and the "long keepalive RTT" of 2^32 ms printed with it says it was never sent).
     logged = int(guest.run("dmesg | wc -l").output)
     dev = connect(guest, ss.port, ss.nqn)
     mounted = False
