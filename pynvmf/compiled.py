@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.machinery
+from pathlib import Path
 
 # The modules setup.py compiles (a test checks that the two lists agree).
 HOT_MODULES = (
@@ -25,3 +26,15 @@ def compiled_modules() -> list[str]:
         for name in HOT_MODULES
         if (importlib.import_module(name).__file__ or "").endswith(suffixes)
     ]
+
+
+def stale_modules() -> list[str]:
+    """The compiled HOT_MODULES whose source changed after they were built: they run the
+    old code until `make compiled` runs again."""
+    stale = []
+    for name in compiled_modules():
+        built = Path(importlib.import_module(name).__file__ or "")
+        source = built.with_name(built.name.split(".", 1)[0] + ".py")
+        if source.is_file() and source.stat().st_mtime > built.stat().st_mtime:
+            stale.append(name)
+    return stale

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from pynvmf.compiled import HOT_MODULES, compiled_modules
+from pynvmf.compiled import HOT_MODULES, compiled_modules, stale_modules
 from tests.ceph.cluster import CephCluster, have_ceph
 
 _images = itertools.count()
@@ -26,6 +26,11 @@ def pytest_configure(config: pytest.Config) -> None:
         if missing:
             raise pytest.UsageError(
                 f"PYNVMF_COMPILED=1 but {', '.join(missing)} not compiled: `make compiled`"
+            )
+        stale = stale_modules()
+        if stale:
+            raise pytest.UsageError(
+                f"{', '.join(stale)} changed since they were compiled: `make compiled`"
             )
     elif compiled:
         raise pytest.UsageError(
