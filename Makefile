@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test setup system-deps lint bench fuzz clean
+.PHONY: run test setup system-deps lint bench fuzz clean compiled clean-compiled
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || bash scripts/install-system-deps.sh --python
@@ -27,8 +27,32 @@ system-deps:
 lint: setup
 	$(BIN)/ruff check pynvmf tests benchmarks
 
+# The whole suite on the pure-Python path, then the unit and protocol tests again with
+# the hot modules compiled (docs/performance.md, "Compiled hot modules").
 test: system-deps setup lint
+	$(MAKE) clean-compiled
 	$(BIN)/python -m pytest
+	$(MAKE) compiled
+	PYNVMF_COMPILED=1 $(BIN)/python -m pytest tests/unit tests/protocol
+	$(MAKE) clean-compiled
+
+$(BIN)/.compiled-installed: $(BIN)/.installed pyproject.toml
+	$(BIN)/pip install -q -e '.[test,compiled]'
+	touch $@
+
+# Opt-in: the modules setup.py lists, compiled by mypyc from the same source into
+# extensions next to it, which Python then imports instead of the .py files; tests run
+# on that path only with PYNVMF_COMPILED=1 (tests/conftest.py). `make clean-compiled`
+# returns the tree to pure Python.
+# (The touch: a build whose generated C did not change relinks nothing, and the guard
+# compares the extensions' times with their sources'.)
+compiled: $(BIN)/.compiled-installed
+	PYNVMF_MYPYC=1 $(BIN)/python setup.py -q build_ext --inplace
+	find pynvmf -name '*.so' -exec touch {} +
+
+clean-compiled:
+	find pynvmf -name '*.so' -delete
+	rm -rf build/mypyc build/lib.* build/temp.*
 
 $(BIN)/.bench-installed: $(BIN)/.installed pyproject.toml
 	$(BIN)/pip install -q -e '.[test,bench]'
@@ -50,5 +74,5 @@ fuzz: $(BIN)/.fuzz-installed
 	PYTHONPATH=. $(BIN)/python tests/fuzz/run_atheris.py target -atheris_runs=$(FUZZ_RUNS) tests/fuzz/corpus/target
 	PYTHONPATH=. $(BIN)/python tests/fuzz/run_atheris.py host -atheris_runs=$(FUZZ_RUNS) tests/fuzz/corpus/host
 
-clean:
+clean: clean-compiled
 	rm -rf $(VENV) .pytest_cache .ruff_cache

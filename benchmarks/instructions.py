@@ -16,7 +16,9 @@ hand them over.
         usable on a shared machine): the count for 2N commands minus that for N,
         over N, so the setup cancels out.
 
-Run it in two checkouts to compare them; docs/performance.md records the results.
+Run it in two checkouts to compare them; docs/performance.md records the results. It
+measures whichever path the checkout imports: the pure-Python source, or the compiled hot
+modules after `make compiled` (the first line of output says which).
 """
 
 from __future__ import annotations
@@ -217,6 +219,12 @@ def main() -> None:
     if args.count is not None:
         asyncio.run(run(names[0], args.batch, args.count))
         return
+    from pynvmf.compiled import compiled_modules
+
+    compiled = compiled_modules()
+    print(
+        f"hot modules: {'compiled (mypyc): ' + ', '.join(compiled) if compiled else 'pure Python'}"
+    )
     for name in names:
         if args.callgrind:
             print(

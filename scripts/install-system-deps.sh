@@ -21,8 +21,9 @@ PACKAGES=(
     zstd              # the Linux 6.12 kernel (trixie) is zstd-compressed
     coreutils         # GNU dd (oflag=direct) is copied into the guest
     ca-certificates   # apt-get download over https mirrors
-    gcc               # builds tests/interop/prtool.c (static) for the guest
-    libc6-dev
+    gcc               # builds tests/interop/prtool.c (static) for the guest, and the
+    libc6-dev         #   compiled build's extensions (make compiled: mypyc)
+    python3-dev       # Python's C headers, for the compiled build
     debootstrap       # the Linux 6.12 peer's root filesystem (Debian 13, trixie)
     debian-archive-keyring  # checks trixie's archive signatures (debootstrap, apt-get)
     openssl           # its named FFDHE groups check pynvmf's RFC 7919 primes (tests/unit/test_auth.py);

@@ -4,13 +4,44 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 from collections.abc import Callable, Iterator
 
 import pytest
 
+from pynvmf.compiled import HOT_MODULES, compiled_modules, stale_modules
 from tests.ceph.cluster import CephCluster, have_ceph
 
 _images = itertools.count()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A run tests the path it says it tests: the pure-Python one unless PYNVMF_COMPILED=1
+    (`make test` runs tests/unit and tests/protocol again that way after `make compiled`),
+    and then every hot module compiled. A tree left built would otherwise make every
+    later run test the compiled code while it claims to test the source."""
+    compiled = compiled_modules()
+    if os.environ.get("PYNVMF_COMPILED") == "1":
+        missing = sorted(set(HOT_MODULES) - set(compiled))
+        if missing:
+            raise pytest.UsageError(
+                f"PYNVMF_COMPILED=1 but {', '.join(missing)} not compiled: `make compiled`"
+            )
+        stale = stale_modules()
+        if stale:
+            raise pytest.UsageError(
+                f"{', '.join(stale)} changed since they were compiled: `make compiled`"
+            )
+    elif compiled:
+        raise pytest.UsageError(
+            f"{', '.join(compiled)} compiled in this tree (a `make compiled` build): "
+            "`make clean-compiled` to test the pure-Python path, or PYNVMF_COMPILED=1 to "
+            "test the compiled one"
+        )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"pynvmf hot modules: {'compiled (mypyc)' if compiled_modules() else 'pure Python'}"
 
 
 @pytest.fixture(scope="session")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
-SQE_SIZE = 64
-CQE_SIZE = 16
+SQE_SIZE: Final = 64
+CQE_SIZE: Final = 16
 
 # opcode, flags, cid, nsid, (cdw2, cdw3, mptr skipped), sgl addr, sgl length, sgl type,
 # cdw10..cdw15
@@ -16,16 +16,16 @@ _SQE = struct.Struct("<BBHI16xQI3xB6I")
 _CQE = struct.Struct("<IIHHHH")
 
 # SGL descriptor type byte: (descriptor type << 4) | sub type
-SGL_DATA_BLOCK_OFFSET = 0x01  # in-capsule data: address is an offset into the capsule
-SGL_TRANSPORT_DATA_BLOCK = 0x5A  # data moved by the transport (R2T/H2CData, C2HData)
+SGL_DATA_BLOCK_OFFSET: Final = 0x01  # in-capsule data: address is an offset into the capsule
+SGL_TRANSPORT_DATA_BLOCK: Final = 0x5A  # data moved by the transport (R2T/H2CData, C2HData)
 
 # Command flags byte: PSDT in bits 7:6; 01b or 10b select SGLs (fabrics require them).
-FLAG_PSDT_MASK = 0xC0
-FUSE_MASK = 0x03
+FLAG_PSDT_MASK: Final = 0xC0
+FUSE_MASK: Final = 0x03
 # FUSE (flags bits 1:0): the first and the second command of a fused operation; 11b is
 # reserved. Compare and Write is the one fused operation (Compare first, Write second).
-FUSE_FIRST = 0x01
-FUSE_SECOND = 0x02
+FUSE_FIRST: Final = 0x01
+FUSE_SECOND: Final = 0x02
 
 
 class Sqe(NamedTuple):
@@ -237,8 +237,8 @@ CC_SHN_MASK = 0x3 << CC_SHN_SHIFT
 CC_IOSQES_SHIFT = 16
 CC_IOCQES_SHIFT = 20
 
-CSTS_RDY = 1 << 0
-CSTS_CFS = 1 << 1
+CSTS_RDY: Final = 1 << 0
+CSTS_CFS: Final = 1 << 1
 CSTS_SHST_COMPLETE = 0x2 << 2
 CSTS_SHST_MASK = 0x3 << 2
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 from enum import IntEnum
+from typing import Final
 
 
 class PduType(IntEnum):
@@ -18,16 +19,16 @@ class PduType(IntEnum):
     R2T = 0x09
 
 
-FLAG_HDGST = 0x01
-FLAG_DDGST = 0x02
-FLAG_DATA_LAST = 0x04
-FLAG_DATA_SUCCESS = 0x08
+FLAG_HDGST: Final = 0x01
+FLAG_DDGST: Final = 0x02
+FLAG_DATA_LAST: Final = 0x04
+FLAG_DATA_SUCCESS: Final = 0x08
 
-DIGEST_HEADER = 0x01  # ICReq/ICResp DGST field
-DIGEST_DATA = 0x02
-DIGEST_LEN = 4
+DIGEST_HEADER: Final = 0x01  # ICReq/ICResp DGST field
+DIGEST_DATA: Final = 0x02
+DIGEST_LEN: Final = 4
 
-PFV_1_0 = 0
+PFV_1_0: Final = 0
 
 
 class FatalError(IntEnum):
@@ -42,20 +43,22 @@ class FatalError(IntEnum):
 
 
 COMMON_HEADER = struct.Struct("<BBBBI")  # type, flags, hlen, pdo, plen
-CH_LEN = COMMON_HEADER.size
+# A literal (compiled modules inline it: docs/performance.md), checked against the layout.
+CH_LEN: Final = 8
+assert COMMON_HEADER.size == CH_LEN
 
-ICREQ_LEN = 128
-ICRESP_LEN = 128
-TERM_REQ_HLEN = 24
-CAPSULE_CMD_HLEN = 72
-CAPSULE_RESP_HLEN = 24
-DATA_HLEN = 24  # H2CData and C2HData
-R2T_HLEN = 24
+ICREQ_LEN: Final = 128
+ICRESP_LEN: Final = 128
+TERM_REQ_HLEN: Final = 24
+CAPSULE_CMD_HLEN: Final = 72
+CAPSULE_RESP_HLEN: Final = 24
+DATA_HLEN: Final = 24  # H2CData and C2HData
+R2T_HLEN: Final = 24
 # A TermReq carries the offending PDU header, up to this many bytes of it.
-TERM_REQ_MAX_DATA = 152
+TERM_REQ_MAX_DATA: Final = 152
 
 # The header length each PDU type must carry.
-EXPECTED_HLEN = {
+EXPECTED_HLEN: dict[int, int] = {
     PduType.ICREQ: ICREQ_LEN,
     PduType.ICRESP: ICRESP_LEN,
     PduType.H2C_TERM_REQ: TERM_REQ_HLEN,
@@ -68,19 +71,19 @@ EXPECTED_HLEN = {
 }
 
 # Byte offsets of header fields, for the FEI of an Invalid PDU Header Field TermReq.
-OFFSET_TYPE = 0
-OFFSET_FLAGS = 1
-OFFSET_HLEN = 2
-OFFSET_PDO = 3
-OFFSET_PLEN = 4
-OFFSET_PFV = 8
-OFFSET_HPDA = 10
-OFFSET_DGST = 11
-OFFSET_MAXR2T = 12
-OFFSET_DATA_CCCID = 8
-OFFSET_DATA_TTAG = 10
-OFFSET_DATA_DATAO = 12
-OFFSET_DATA_DATAL = 16
+OFFSET_TYPE: Final = 0
+OFFSET_FLAGS: Final = 1
+OFFSET_HLEN: Final = 2
+OFFSET_PDO: Final = 3
+OFFSET_PLEN: Final = 4
+OFFSET_PFV: Final = 8
+OFFSET_HPDA: Final = 10
+OFFSET_DGST: Final = 11
+OFFSET_MAXR2T: Final = 12
+OFFSET_DATA_CCCID: Final = 8
+OFFSET_DATA_TTAG: Final = 10
+OFFSET_DATA_DATAO: Final = 12
+OFFSET_DATA_DATAL: Final = 16
 
 # ICReq: pfv, hpda, dgst, maxr2t ; ICResp: pfv, cpda, dgst, maxh2cdata
 IC_BODY = struct.Struct("<HBBI")

@@ -6,9 +6,10 @@ The CQE carries it shifted left by one, below the phase tag.
 """
 
 from enum import IntEnum
+from typing import Final
 
-DNR = 0x4000
-MORE = 0x2000
+DNR: Final = 0x4000
+MORE: Final = 0x2000
 
 
 class Status(IntEnum):

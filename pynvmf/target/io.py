@@ -13,7 +13,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from pynvmf.aio import start_eager
 from pynvmf.block import copy as block_copy
@@ -53,8 +53,9 @@ log = logging.getLogger(__name__)
 # What Identify reports for each block size, made once (a Copy checks it every time).
 _copy_limits = functools.cache(copy_limits)
 # Plain ints for the hot path's tests (an enum member is a class attribute lookup).
-_READ = int(IoOpcode.READ)
-_WRITE = int(IoOpcode.WRITE)
+_READ: Final = int(IoOpcode.READ)
+_WRITE: Final = int(IoOpcode.WRITE)
+_MAX_TRANSFER: Final = MAX_TRANSFER
 
 
 Outcome = tuple[int, bytes | bytearray | memoryview | None]
@@ -121,7 +122,7 @@ class IoHandler:
                 try:
                     if opcode == _READ:
                         read_view = getattr(device, "read_view", None)
-                        if read_view is not None and req.length <= MAX_TRANSFER:
+                        if read_view is not None and req.length <= _MAX_TRANSFER:
                             data = read_view(
                                 sqe.cdw10 | sqe.cdw11 << 32, (sqe.cdw12 & 0xFFFF) + 1, req.length
                             )
@@ -310,8 +311,8 @@ class IoHandler:
         nsid = req.sqe.nsid
         if nsid == NSID_ALL:
             # A copy: the target may remove a namespace while this waits for a flush.
-            for ns in list(self.namespaces.values()):
-                await ns.device.flush()
+            for each in list(self.namespaces.values()):
+                await each.device.flush()
             return Status.SUCCESS, None
         ns = self.namespaces.get(nsid)
         if ns is None:
@@ -490,15 +491,16 @@ class IoHandler:
         """(status, source namespace) of one range of a Copy to `ns`; None if refused."""
         # Formats 0 and 1 have no source NSID: the source is the command's namespace.
         if desfmt in (0, 1):
-            src: Namespace | None = ns
+            src = ns
         elif not 0 < r.snsid <= reported_nn(self.ctrl.subsystem):
             # 0, FFFFFFFFh and NSIDs beyond NN name no namespace: Invalid Namespace or
             # Format; a valid NSID with no namespace behind it is Invalid Field.
             return Status.INVALID_NS | DNR, None
         else:
-            src = self.namespaces.get(r.snsid)
-            if src is None:
+            named = self.namespaces.get(r.snsid)
+            if named is None:
                 return Status.INVALID_FIELD | DNR, None
+            src = named
         if src is not ns and self.registered:
             # Another namespace is read: its reservation may refuse reads to this host.
             held = self.registered.get(src.nsid)

@@ -7,7 +7,7 @@ import functools
 import logging
 import time
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from pynvmf.aio import start_eager
 from pynvmf.spec.command import CSTS_RDY, FUSE_MASK
@@ -18,7 +18,8 @@ from pynvmf.target import auth as auth_commands
 from pynvmf.target.budget import DataBudget
 from pynvmf.target.fused import FusedPairing
 from pynvmf.target.io import IoHandler
-from pynvmf.tcp.target import ADMIN_INLINE_LIMIT, Request, TargetConnection, TransferAborted
+from pynvmf.tcp.errors import TransferAborted
+from pynvmf.tcp.target import ADMIN_INLINE_LIMIT, Request, TargetConnection
 
 if TYPE_CHECKING:
     from pynvmf.auth.controller import ControllerAuth
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_FABRICS: Final = int(AdminOpcode.FABRICS)  # a plain int for the hot path's test
 # Until it has authenticated, a queue that must answers these Fabrics commands alone
 # (Authentication Required for anything else, as nvmet and SPDK).
 _BEFORE_AUTH = (FabricsType.AUTH_SEND, FabricsType.AUTH_RECV, FabricsType.PROPERTY_GET)
@@ -41,10 +43,11 @@ def _deliver(fut: asyncio.Future[bytearray], req: Request) -> None:
     """A command's R2T transfer ended: with its data, or (req.data None) without."""
     if fut.done():
         return
-    if req.data is None:
-        fut.set_exception(TransferAborted("data transfer failed"))
+    data = req.data
+    if isinstance(data, bytearray):  # TargetConnection.fetch_data's buffer, filled
+        fut.set_result(data)
     else:
-        fut.set_result(req.data)
+        fut.set_exception(TransferAborted("data transfer failed"))
 
 
 def _own_data(req: Request) -> None:
@@ -100,7 +103,7 @@ class TargetQueue:
                 _own_data(req)  # a fused command may wait for its partner
                 if fused.arrive(req):
                     return
-            if opcode != AdminOpcode.FABRICS:
+            if opcode != _FABRICS:
                 io.submit(req)  # the hot path
             else:
                 _own_data(req)
@@ -209,7 +212,7 @@ class TargetQueue:
     async def _admin(self, req: Request) -> None:
         ctrl = self.controller
         assert ctrl is not None
-        data = None
+        data: bytes | bytearray | memoryview | None = None
         try:
             if req.sqe.opcode == AdminOpcode.FABRICS:
                 if req.sqe.fctype in _AUTH_COMMANDS:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Callable
+from typing import Final
 
 from pynvmf.spec import pdu as P
 from pynvmf.tcp import digest as D
@@ -33,15 +34,18 @@ FatalHandler = Callable[[int, int, bytes], None]  # (fes, fei, offending header)
 # spec makes this a per-command error, not a connection error.
 DataDigestHandler = Callable[[int, int, int, int, int, memoryview], None]
 
-_U32 = struct.Struct("<I")  # a digest as it travels: CRC32C, little endian
-_DIGEST_FLAGS = P.FLAG_HDGST | P.FLAG_DDGST
-_CAPSULE_CMD = int(P.PduType.CAPSULE_CMD)
+# Module constants are Final: where this module is compiled (mypyc, docs/performance.md)
+# a Final int is inlined and any other Final is a C static rather than a dict lookup.
+_U32: Final = struct.Struct("<I")  # a digest as it travels: CRC32C, little endian
+_DIGEST_FLAGS: Final = P.FLAG_HDGST | P.FLAG_DDGST
+_CAPSULE_CMD: Final = int(P.PduType.CAPSULE_CMD)
+_EXPECTED_HLEN: Final = P.EXPECTED_HLEN
 # Receive buffer size once a connection is established (each read may fill it).
-_MIN_BUFFER = 256 * 1024
-_NO_DIGEST_TYPES = frozenset(
+_MIN_BUFFER: Final = 256 * 1024
+_NO_DIGEST_TYPES: Final[frozenset[int]] = frozenset(
     (P.PduType.ICREQ, P.PduType.ICRESP, P.PduType.H2C_TERM_REQ, P.PduType.C2H_TERM_REQ)
 )
-_DATA_TYPES = frozenset(
+_DATA_TYPES: Final[frozenset[int]] = frozenset(
     (
         P.PduType.CAPSULE_CMD,
         P.PduType.H2C_DATA,
@@ -171,11 +175,17 @@ class PduReader:
             avail = self._end - start
             if avail < P.CH_LEN:
                 break
+            # Typed, so that compiled code does the arithmetic on machine integers.
+            pdu_type: int
+            flags: int
+            hlen: int
+            pdo: int
+            plen: int
             pdu_type, flags, hlen, pdo, plen = unpack(buf, start)
             fes = -1
             if pdu_type not in self.accepted_types:
                 fes, fei = P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_TYPE
-            elif hlen != P.EXPECTED_HLEN[pdu_type]:
+            elif hlen != _EXPECTED_HLEN[pdu_type]:
                 fes, fei = P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_HLEN
             else:
                 hdgst = self.hdgst and pdu_type not in _NO_DIGEST_TYPES

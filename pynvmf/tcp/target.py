@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from pynvmf.spec import pdu as P
 from pynvmf.spec.command import (
@@ -27,6 +27,7 @@ from pynvmf.spec.command import (
 )
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType
 from pynvmf.spec.status import DNR, Status
+from pynvmf.tcp.config import TransportConfig
 from pynvmf.tcp.framing import PduConnection, PduReader
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,16 @@ ADMIN_INLINE_LIMIT = 8192
 # Connect data is 1 KiB and hosts send it in the capsule on every queue.
 CONNECT_DATA_LEN = 1024
 # Transfer tags are 16 bits; 0xFFFF is reserved.
-_TTAG_LIMIT = 0xFFFF
+_TTAG_LIMIT: Final = 0xFFFF
+# The hot path's names as Final module constants: plain ints rather than enum members,
+# and, where this module is compiled (mypyc, docs/performance.md), C statics rather than
+# dictionary lookups.
+_CAPSULE_RESP_TYPE: Final = int(P.PduType.CAPSULE_RESP)
+_C2H_DATA_TYPE: Final = int(P.PduType.C2H_DATA)
+_PACK_DATA_HEADER: Final = P.DATA_HEADER.pack
+_UNPACK_SQE: Final = unpack_sqe
+_NEW_SQE: Final = new_sqe
+_SQE: Final = Sqe
 
 Buffer = bytes | bytearray | memoryview
 
@@ -58,20 +68,6 @@ class _Unbudgeted:
 
 
 _NO_BUDGET = _Unbudgeted()
-
-
-class TransferAborted(ConnectionError):
-    """A command's data transfer ended without the data (digest error, connection loss)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TransportConfig:
-    inline_data_size: int = 16384
-    max_h2c_data: int = 128 * 1024
-    # Digest policy: whether the target agrees to a host's request for each digest.
-    allow_header_digest: bool = True
-    allow_data_digest: bool = True
-    cpda: int = 0
 
 
 class Request:
@@ -228,7 +224,7 @@ class TargetConnection(PduConnection):
         )
 
     def _on_capsule(self, pdo: int, data_end: int, pdu: memoryview) -> None:
-        sqe: Sqe = new_sqe(Sqe, unpack_sqe(pdu, P.CH_LEN))
+        sqe: Sqe = _NEW_SQE(_SQE, _UNPACK_SQE(pdu, P.CH_LEN))
         req = Request(sqe)
         self.stats.commands += 1
         if not self.sqhd_disabled:
@@ -429,7 +425,7 @@ class TargetConnection(PduConnection):
         if resp is not None:
             out.append(
                 resp(
-                    P.PduType.CAPSULE_RESP,
+                    _CAPSULE_RESP_TYPE,
                     0,
                     P.CAPSULE_RESP_HLEN,
                     0,
@@ -488,8 +484,8 @@ class TargetConnection(PduConnection):
             # No digests, data right after the header: the header is one pack.
             out = self.outbox
             out.append(
-                P.DATA_HEADER.pack(
-                    P.PduType.C2H_DATA,
+                _PACK_DATA_HEADER(
+                    _C2H_DATA_TYPE,
                     flags,
                     P.DATA_HLEN,
                     P.DATA_HLEN,

@@ -1,0 +1,40 @@
+"""Which of the modules the compiled build (`make compiled`, setup.py) compiles are in use
+as compiled extensions: Python prefers an extension module next to a .py file of the same
+name, so a tree that has been built runs the compiled code until `make clean-compiled`."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+from pathlib import Path
+
+# The modules setup.py compiles (a test checks that the two lists agree).
+HOT_MODULES = (
+    "pynvmf.tcp.framing",
+    "pynvmf.tcp.target",
+    "pynvmf.tcp.host",
+    "pynvmf.target.queue",
+    "pynvmf.target.io",
+)
+
+
+def compiled_modules() -> list[str]:
+    """The HOT_MODULES loaded from an extension module rather than from their source."""
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    return [
+        name
+        for name in HOT_MODULES
+        if (importlib.import_module(name).__file__ or "").endswith(suffixes)
+    ]
+
+
+def stale_modules() -> list[str]:
+    """The compiled HOT_MODULES whose source changed after they were built: they run the
+    old code until `make compiled` runs again."""
+    stale = []
+    for name in compiled_modules():
+        built = Path(importlib.import_module(name).__file__ or "")
+        source = built.with_name(built.name.split(".", 1)[0] + ".py")
+        if source.is_file() and source.stat().st_mtime > built.stat().st_mtime:
+            stale.append(name)
+    return stale

@@ -1,0 +1,37 @@
+"""Build hook for the opt-in compiled build (`make compiled`): with PYNVMF_MYPYC=1, mypyc
+compiles the target's per-command modules from the same Python source into C extensions
+that Python imports instead of the .py files (docs/performance.md, "Compiled hot
+modules"). Without it (the default, and `pip install -e .`) nothing is compiled and the
+package is pure Python; pyproject.toml holds everything else."""
+
+from __future__ import annotations
+
+import os
+
+from setuptools import setup
+
+# The modules a command passes through (profile: benchmarks/instructions.py), compiled as
+# one group. host.py is compiled with them because its HostConnection derives from the
+# compiled PduConnection (an interpreted class cannot derive from a compiled one).
+COMPILED = [
+    "pynvmf/tcp/framing.py",
+    "pynvmf/tcp/target.py",
+    "pynvmf/tcp/host.py",
+    "pynvmf/target/queue.py",
+    "pynvmf/target/io.py",
+]
+# mypy's checks stop at the compiled modules (the rest of the package is not type-clean
+# under mypy, and need not be: it stays interpreted); crc32c-rs has no type stubs.
+MYPY_OPTIONS = ["--follow-imports=silent", "--ignore-missing-imports"]
+
+ext_modules = []
+if os.environ.get("PYNVMF_MYPYC") == "1":
+    from mypyc.build import mypycify
+
+    ext_modules = mypycify(
+        MYPY_OPTIONS + COMPILED,
+        opt_level="3",
+        group_name="pynvmf._compiled",
+        target_dir="build/mypyc",
+    )
+setup(ext_modules=ext_modules)
