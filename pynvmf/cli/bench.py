@@ -808,8 +808,12 @@ async def _bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 class _Interrupt:
     """Ctrl-C during the measurement: the first sets `stop`, which ends the jobs as the
-    end of --runtime does (the report then covers the time measured), and hands SIGINT
-    back to the handler it had before, so that a second Ctrl-C aborts as it always did."""
+    end of --runtime does (the report then covers the time measured); a second one does
+    what the handler before ours does (asyncio.Runner's cancels the main task: the run
+    aborts without a report). The second is handled in the loop too, not by handing
+    SIGINT back to a Python-level handler: that one runs only when the main thread next
+    runs bytecode, and a loop waiting on a target that stopped answering, with the
+    transport compiled (make compiled), may not do so for a long time."""
 
     def __init__(self, stop: asyncio.Event, err: TextIO, progress_line: bool) -> None:
         self._stop = stop
@@ -843,9 +847,15 @@ class _Interrupt:
             signal.signal(signal.SIGINT, self._previous)
 
     def _on_sigint(self) -> None:
+        if self.interrupted:
+            previous = self._previous
+            self.uninstall()
+            if callable(previous):
+                previous(signal.SIGINT, None)
+                return
+            raise KeyboardInterrupt
         self.interrupted = True
         self._stop.set()
-        self.uninstall()
         # Said now rather than after the report: the jobs may take a while to drain
         # their I/Os, and the user should know that a second Ctrl-C is what aborts.
         clear = "\r\x1b[K" if self._progress_line else ""

@@ -83,8 +83,10 @@ class AnaGroups:
     chgcnt: int = 0
     # For the I/O path: whether some group is unusable through some port (while none
     # is, a command pays one attribute test); port -> {group: path status} for the ports
-    # with states of their own, and the statuses on every other port.
-    any_blocked: bool = False
+    # with states of their own, and the statuses on every other port. An int (0/1),
+    # not a bool: a worker's AnaView reads it as a byte of shared memory, and the
+    # compiled I/O path checks the annotated type of what it reads.
+    any_blocked: int = 0
     blocked: dict[Port, dict[int, int]] = field(default_factory=dict)
     default_blocked: dict[int, int] = field(default_factory=dict)
     # Called after every change of what path_status answers (the I/O queues of worker
@@ -132,7 +134,7 @@ class AnaGroups:
             blocked[port] = statuses
         self.blocked = blocked
         self.default_blocked = defaults
-        self.any_blocked = bool(defaults) or any(blocked.values())
+        self.any_blocked = int(bool(defaults) or any(blocked.values()))
         if self.on_index is not None:
             self.on_index(self)
 
