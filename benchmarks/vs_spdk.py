@@ -12,6 +12,8 @@ the same way, so its speed is on the same page.
 
 --baseline DIR adds a pynvmf target run from another source tree (e.g. an export of
 main), alternated with the others: a before/after table measured side by side.
+--tree LABEL=DIR[:USEC] adds any other tree as column LABEL, e.g. an export in which
+`make compiled` built the hot modules (the target imports whatever its tree holds).
 
 SPDK is not built here: --spdk names a build (the directory holding bin/nvmf_tgt and
 bin/spdk_nvme_perf; default $SPDK_DIR/build). Without one the benchmark says so
@@ -300,6 +302,12 @@ def measure(args: argparse.Namespace, spdk: Path) -> list[Measurement]:
     trees: list[tuple[str, Path | None, int]] = [("pynvmf", None, 0)]
     if args.busy_poll:
         trees.append((f"pynvmf poll {args.busy_poll} us", None, args.busy_poll))
+    for spec in args.tree or ():
+        label, _, where = spec.partition("=")
+        where, _, poll = where.partition(":")
+        if not label or not where:
+            raise SystemExit(f"--tree {spec!r}: expected LABEL=DIR or LABEL=DIR:USEC")
+        trees.append((label, Path(where), int(poll or 0)))
     if args.baseline:
         trees.append(("pynvmf before", Path(args.baseline), 0))
     rows = [r for r in ROWS if not args.rows or any(k in r.name for k in args.rows)]
@@ -401,6 +409,13 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="alternations of the targets")
     parser.add_argument("--quick", action="store_true", help="1 s runs, 1 repeat, nothing written")
     parser.add_argument("--baseline", help="a pynvmf source tree to measure alongside")
+    parser.add_argument(
+        "--tree",
+        action="append",
+        metavar="LABEL=DIR[:USEC]",
+        help="another pynvmf source tree to measure alongside, as column LABEL (with "
+        "--busy-poll USEC if given); e.g. an export built with `make compiled`",
+    )
     parser.add_argument("--rows", nargs="*", help="only the rows whose name contains one of these")
     parser.add_argument("--no-host", action="store_true", help="skip pynvmf's host library rows")
     parser.add_argument("--no-write", action="store_true", help="write nothing to docs/")
