@@ -290,8 +290,8 @@ class SharedConfig:
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._wake.set)
 
-    def _watch_failed(self, err: int) -> None:  # on a librados thread
-        log.warning("shared configuration %s: watch lost (%d)", self.object_name, err)
+    def _watch_failed(self, *args: Any) -> None:  # on a librados thread: (watch id, error)
+        log.warning("shared configuration %s: watch lost (%s)", self.object_name, args[-1])
         loop = self._loop
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._lost_watch)
@@ -510,6 +510,14 @@ class SharedConfig:
         while True:
             if remote is None:
                 remote = await self._read()
+            if not self._exists and self._known:
+                # Removed under the running gateways (by hand): not "every subsystem
+                # removed", which would take them from every host; this gateway's go back.
+                log.warning(
+                    "shared configuration %s: the object is gone; seeding it again",
+                    self.object_name,
+                )
+                self._known, self._synced = {}, {}
             local = shared_keys(self.target, self.gateway_id)
             applied = await self._apply_remote(remote, local)
             if applied:

@@ -379,3 +379,23 @@ async def test_a_namespace_from_the_group_gets_this_gateways_ana_state(
         for gw in (gb, ga):
             await gw.stop()
             await gw.target.stop()
+
+
+async def test_an_object_removed_under_the_gateways_is_seeded_again(
+    ceph_cluster: CephCluster, gateways: Any, group_object: str
+) -> None:
+    """Removing the object by hand is not "the group has no subsystems": the next change
+    seeds it again from the gateway that made it, and the other keeps serving, and
+    watches the new object (its watch ended with the old one)."""
+    a = await gateways("gw-a", _file([{"nqn": NQN1, "namespaces": []}]))
+    b = await gateways("gw-b", _file([]))
+    with ceph_cluster.admin().open_ioctx(ceph_cluster.pool) as io:
+        io.remove_object(group_object)
+    await a.call("nvmf_subsystem_add_host", nqn=NQN1, host=HOST)
+    keys = _object(ceph_cluster, group_object)
+    assert f"subsystem {NQN1}" in keys and f"host {NQN1} {HOST}" in keys
+    await b.shared.wait_for(lambda: HOST in b.target.subsystems[NQN1].allowed_hosts, 60)
+    assert b.shared._watch is not None
+    await a.call("nvmf_subsystem_remove_host", nqn=NQN1, host=HOST)
+    await b.shared.wait_for(lambda: not b.target.subsystems[NQN1].allowed_hosts, 20)
+    assert NQN1 in a.target.subsystems
