@@ -213,15 +213,15 @@ async def test_changes_on_both_gateways_at_once_are_both_kept(
         remote = await read()
         if not lost.is_set():
             lost.set()
+            a.target.add_host(NQN1, HOST)
             await a.shared.flush()
         return remote
 
     b.shared._read = stale_read  # type: ignore[method-assign]
-    a.target.add_host(NQN1, HOST)  # not yet written: A's flush (inside B's read) does it
-    b.target.add_host(NQN1, HOST_B)
+    b.target.add_host(NQN1, HOST_B)  # A adds its host once B has read the object
     await b.shared.flush()
     b.shared._read = read  # type: ignore[method-assign]
-    assert lost.is_set() and b.shared.races == 1
+    assert lost.is_set() and b.shared.races >= 1  # (A may also have written its listener)
     both = {HOST, HOST_B}
     await a.shared.wait_for(lambda: a.target.subsystems[NQN1].allowed_hosts == both)
     assert b.target.subsystems[NQN1].allowed_hosts == both
