@@ -35,6 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from pynvmf.bench.target_process import install_uvloop  # noqa: E402
 from pynvmf.block.copy import SourceRange, copy  # noqa: E402
 from pynvmf.host import connect  # noqa: E402
 
@@ -146,6 +147,7 @@ async def _run(
 
 def _host(args: list[str]) -> None:
     os.sched_setaffinity(0, {1})
+    install_uvloop()  # as the pynvmf CLI's host and target run
     port, pid, workload, seconds, depth, count = args
     print(
         json.dumps(

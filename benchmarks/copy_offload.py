@@ -45,6 +45,7 @@ sys.path.insert(0, str(REPO))
 
 from pynvmf.bench import plot  # noqa: E402
 from pynvmf.bench.report import load_line, markdown_table, write_results  # noqa: E402
+from pynvmf.bench.target_process import install_uvloop  # noqa: E402
 from pynvmf.block.copy import SourceRange, copy  # noqa: E402
 from pynvmf.block.device import Buffer, Capabilities  # noqa: E402
 from pynvmf.host import connect  # noqa: E402
@@ -346,6 +347,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         address, port, seconds, depth = args.worker
+        install_uvloop()  # the host side runs on the loop the pynvmf CLI uses
         print(json.dumps(asyncio.run(_worker(address, int(port), float(seconds), int(depth)))))
         return
     if args.quick:

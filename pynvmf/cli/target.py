@@ -176,7 +176,7 @@ def add_target_command(sub: Any) -> None:
         metavar="USEC",
         help="keep polling the sockets for USEC microseconds after each input instead of "
         "sleeping (lower latency at low queue depth, a busy core meanwhile; default 0: off; "
-        "the main process's queues only: with --cores 1 all of them)",
+        "in the main process and in every worker)",
     )
     p.add_argument("-v", "--verbose", action="count", default=0)
 

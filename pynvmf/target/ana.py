@@ -14,7 +14,7 @@ controllers get the ANA Change event) is decided by Target.set_ana_state.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -87,6 +87,9 @@ class AnaGroups:
     any_blocked: bool = False
     blocked: dict[Port, dict[int, int]] = field(default_factory=dict)
     default_blocked: dict[int, int] = field(default_factory=dict)
+    # Called after every change of what path_status answers (the I/O queues of worker
+    # processes read a copy: ana_table.py), before any event about it is raised.
+    on_index: Callable[[AnaGroups], None] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.groups.setdefault(DEFAULT_GROUP, AnaGroup(DEFAULT_GROUP))
@@ -107,14 +110,6 @@ class AnaGroups:
         for group in groups:
             group.chgcnt = self.chgcnt
         self._index()
-
-    @property
-    def in_use(self) -> bool:
-        """Whether the states say more than "group 1, optimized everywhere" (what a
-        process that holds no ANA state, a worker, would assume)."""
-        return len(self.groups) > 1 or any(
-            g.state != AnaState.OPTIMIZED or g.on_port for g in self.groups.values()
-        )
 
     def forget_port(self, port: Port) -> None:
         """A listener went away: its own states go with it."""
@@ -138,6 +133,8 @@ class AnaGroups:
         self.blocked = blocked
         self.default_blocked = defaults
         self.any_blocked = bool(defaults) or any(blocked.values())
+        if self.on_index is not None:
+            self.on_index(self)
 
     def path_status(self, port: Port, grpid: int) -> int:
         """The status an I/O command to a namespace of group `grpid` gets through `port`

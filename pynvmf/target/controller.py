@@ -74,6 +74,9 @@ class Controller:
         # Asynchronous Event Requests waiting for an event, and events waiting for one.
         self.aer: deque[tuple[TargetQueue, Request]] = deque()
         self.pending_events: deque[int] = deque()
+        # While above 0, events wait in pending_events (a change on its way to the worker
+        # processes that serve this controller's I/O queues: workers.py).
+        self.events_held = 0
         # Log pages whose event was reported and not yet read: further events of the same
         # log page stay quiet until the host reads it (without Retain Asynchronous Event).
         self.masked_log_pages: set[int] = set()
@@ -219,8 +222,15 @@ class Controller:
         if self.aen_config & Oaes.DISCOVERY_CHANGE:
             self.notify(AsyncEventType.NOTICE, NOTICE_DISC_LOG_CHANGED, LogPageId.DISCOVERY)
 
+    def hold_events(self) -> None:
+        self.events_held += 1
+
+    def release_events(self) -> None:
+        self.events_held -= 1
+        self._deliver_events()
+
     def _deliver_events(self) -> None:
-        while self.pending_events and self.aer:
+        while self.pending_events and self.aer and not self.events_held:
             queue, req = self.aer.popleft()
             if req.retired:
                 continue

@@ -240,6 +240,7 @@ class Target:
         self.memory_pool = MemoryPool(limits.max_memory or default_max_memory())
         if busy_poll_us < 0:
             raise ChangeError("busy_poll_us", f"{busy_poll_us} is not a number of microseconds")
+        self.busy_poll_us = busy_poll_us
         self.poller = BusyPoller(busy_poll_us / 1e6) if busy_poll_us else None
         self._sweeper: asyncio.TimerHandle | None = None
         # The worker processes that serve I/O queues (pynvmf target --cores N, workers.py);

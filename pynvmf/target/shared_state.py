@@ -12,12 +12,13 @@ from dataclasses import dataclass
 
 from pynvmf.block.file import FileDevice
 from pynvmf.block.shared_memory import SharedMemoryDevice
+from pynvmf.target.ana import DEFAULT_GROUP
 from pynvmf.target.reservations import ReservationState
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.tcp.target import TransportConfig
 
 # Message kinds, main process -> worker.
-INIT = "init"  # (WorkerInit): the first message
+INIT = "init"  # (WorkerInit) + the ANA table's memfd: the first message
 NAMESPACE = "namespace"  # (nqn, SubsystemInfo, NamespaceSpec) + memfd: add or replace; request
 NAMESPACE_GONE = "namespace_gone"  # (nqn, nsid): request, answered once drained and closed
 SUBSYSTEM_GONE = "subsystem_gone"  # (nqn): request
@@ -40,6 +41,8 @@ class WorkerInit:
     connection_data: int
     connect_deadline_s: float
     pdu_deadline_s: float
+    # Poll mode (server.BusyPoller) for the worker's queues: its window, 0 for off.
+    busy_poll_us: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +50,12 @@ class SubsystemInfo:
     """What I/O commands read of a subsystem."""
 
     max_namespaces: int
+    # Its place in the ANA table (ana_table.py) the worker reads its ANA statuses from.
+    ana_slot: int
 
     @classmethod
-    def of(cls, subsystem: Subsystem) -> SubsystemInfo:
-        return cls(subsystem.max_namespaces)
+    def of(cls, subsystem: Subsystem, ana_slot: int) -> SubsystemInfo:
+        return cls(subsystem.max_namespaces, ana_slot)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +72,7 @@ class NamespaceSpec:
     # The reservation state at the time of sending (a dataclass of plain values).
     reservation: ReservationState | None = None
     reservation_seq: int = 0
+    anagrpid: int = DEFAULT_GROUP
 
 
 def shareable(ns: Namespace) -> bool:
@@ -91,6 +97,7 @@ def namespace_spec(ns: Namespace, reservation_seq: int) -> NamespaceSpec:
             caps.size,
             reservation=reservation,
             reservation_seq=reservation_seq,
+            anagrpid=ns.anagrpid,
         )
     assert isinstance(device, FileDevice)
     return NamespaceSpec(
@@ -102,6 +109,7 @@ def namespace_spec(ns: Namespace, reservation_seq: int) -> NamespaceSpec:
         read_only=device.read_only,
         reservation=reservation,
         reservation_seq=reservation_seq,
+        anagrpid=ns.anagrpid,
     )
 
 
@@ -141,6 +149,8 @@ class Adoption:
     controller: ControllerInfo
     subsystem: SubsystemInfo
     port: PortInfo
+    # The row of the ANA table with the statuses of the subsystem on this port.
+    ana_row: int
     peer_address: tuple[str, int] | None
     icreq: bytes
     connect: bytes

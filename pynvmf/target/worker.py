@@ -29,6 +29,7 @@ from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import Status
 from pynvmf.target import io as io_module
 from pynvmf.target import shared_state as S
+from pynvmf.target.ana_table import AnaView
 from pynvmf.target.budget import ConnectionLimits, keep_alive_check_ms
 from pynvmf.target.controller import Controller
 from pynvmf.target.ipc import Channel
@@ -76,6 +77,9 @@ class Worker:
         self.tokens: dict[int, int] = {}  # id(replica controller) -> token
         self.ports: dict[int, Port] = {}
         self.reservation_seq: dict[tuple[str, int], int] = {}
+        # The memfd of the main process's ANA table (ana_table.py): each subsystem here
+        # maps its page of it.
+        self.ana_table = -1
         self._reported_errors: dict[int, int] = {}
         self._reported_stats: dict[str, tuple[int, ...]] = {}
         self._report_handle: asyncio.TimerHandle | None = None
@@ -104,6 +108,8 @@ class Worker:
     def _on_message(self, kind: str, args: tuple[Any, ...], fds: list[int]) -> Any:
         if kind == S.ADOPT:
             return self._adopt(args[0], fds[0])
+        if kind == S.INIT:
+            return self._init(args[0], fds[0])
         for fd in fds[1:] if kind == S.NAMESPACE else fds:
             os.close(fd)
         if kind == S.NAMESPACE:
@@ -122,16 +128,15 @@ class Worker:
             return self._namespace_gone(*args)
         if kind == S.SUBSYSTEM_GONE:
             return self._subsystem_gone(*args)
-        if kind == S.INIT:
-            return self._init(args[0])
         if kind == S.EXIT:
             self.done.set()
             return None
         log.error("worker: unknown message %r", kind)
         return None
 
-    async def _init(self, init: S.WorkerInit) -> int:
+    async def _init(self, init: S.WorkerInit, ana_fd: int) -> int:
         self.index = init.index
+        self.ana_table = ana_fd
         logging.basicConfig(
             level=init.log_level,
             format=f"%(asctime)s worker {init.index} %(levelname)s %(name)s: %(message)s",
@@ -144,7 +149,8 @@ class Worker:
                 pdu_deadline_s=init.pdu_deadline_s,
                 max_memory=init.max_memory,
                 connection_data=init.connection_data,
-            )
+            ),
+            busy_poll_us=init.busy_poll_us,
         )
         await self.target.start()  # no ports: only the sweep of unfinished input
         self._schedule_report()
@@ -157,6 +163,12 @@ class Worker:
             subsystem = Subsystem(nqn)
             self.target.subsystems[nqn] = subsystem
         subsystem.max_namespaces = info.max_namespaces
+        if info.ana_slot >= 0 and self.ana_table >= 0 and not isinstance(subsystem.ana, AnaView):
+            # The I/O path reads any_blocked and path_status of it, as of AnaGroups: here
+            # they come from the page the main process keeps current. (A subsystem keeps
+            # its page while it exists: a new one of the same NQN comes after
+            # SUBSYSTEM_GONE, as a new Subsystem.)
+            subsystem.ana = AnaView.open(self.ana_table, info.ana_slot)  # type: ignore[assignment]
         return subsystem
 
     async def _namespace(
@@ -170,7 +182,7 @@ class Worker:
             device = FileDevice(spec.path, spec.block_size, read_only=spec.read_only)
         old = subsystem.namespaces.get(spec.nsid)
         # The identities are the main process's business (Identify runs there).
-        ns = Namespace.create(nqn, spec.nsid, device, spec.kind)
+        ns = Namespace.create(nqn, spec.nsid, device, spec.kind, anagrpid=spec.anagrpid)
         if old is not None:
             old.reservation.detach()
         subsystem.namespaces[spec.nsid] = ns
@@ -229,6 +241,8 @@ class Worker:
             ns.reservation.detach()
             self.reservation_seq.pop((nqn, ns.nsid), None)
             await ns.device.close()
+        # Its AnaView stays mapped until nothing refers to it (a queue's last commands may
+        # still read it): one page.
 
     # -- queues ----------------------------------------------------------------------
 
@@ -278,10 +292,10 @@ class Worker:
         assert self.target is not None
         sock = socket.socket(fileno=fd)
         try:
-            subsystem = self.target.subsystems.get(adoption.controller.nqn)
-            if subsystem is None:
-                subsystem = self._subsystem(adoption.controller.nqn, adoption.subsystem)
+            subsystem = self._subsystem(adoption.controller.nqn, adoption.subsystem)
             port = self._port(adoption.port)
+            if isinstance(subsystem.ana, AnaView):
+                subsystem.ana.rows[port.portid] = adoption.ana_row
             self._controller(adoption.controller, subsystem, port)
             sock.setblocking(False)
             loop = asyncio.get_running_loop()

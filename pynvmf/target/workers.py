@@ -16,6 +16,9 @@ What a worker needs and the main process keeps current (shared_state.py):
   each queue and again, acknowledged, after a Set Features;
 - reservations: each worker holds a replica, replaced (acknowledged) before a
   reservation command completes; the reservation commands themselves run here;
+- ANA: the path status of every (subsystem, listener, group) is in a shared-memory
+  table (ana_table.py) that this process rewrites whenever a subsystem's ANA states
+  change, before any host hears of it, and that workers read with each command;
 - teardown: a controller destroyed here closes its queues on every worker.
 What workers tell the main process: I/O traffic per controller (keep alive, TBKAS),
 their error log entries and I/O statistics, and queues that closed.
@@ -43,8 +46,9 @@ from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import DNR, Status
 from pynvmf.target import reservations
 from pynvmf.target import shared_state as S
+from pynvmf.target.ana_table import AnaTable
 from pynvmf.target.budget import ConnectionLimits, default_max_memory
-from pynvmf.target.ipc import Channel, socket_pair, wait_all
+from pynvmf.target.ipc import Channel, RemoteError, socket_pair, wait_all
 from pynvmf.target.limits import MAX_TRANSFER
 from pynvmf.target.server import ChangeError, Port, Target
 from pynvmf.tcp.framing import PduWriter
@@ -55,7 +59,7 @@ if TYPE_CHECKING:
     from pynvmf.target.controller import Controller
     from pynvmf.target.devices import NamedDevice
     from pynvmf.target.queue import TargetQueue
-    from pynvmf.target.subsystem import Namespace
+    from pynvmf.target.subsystem import Namespace, Subsystem
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +68,8 @@ log = logging.getLogger(__name__)
 RESPAWN_BACKOFF_S = 1.0
 START_TIMEOUT_S = 30.0
 EXIT_TIMEOUT_S = 5.0
+# How long the events about a new namespace wait for the workers to have it.
+NAMESPACE_ACK_TIMEOUT_S = 5.0
 
 
 def available_cores() -> int:
@@ -153,6 +159,8 @@ class WorkerPool:
         self._respawns: set[asyncio.TimerHandle] = set()
         self._waiters: list[asyncio.Future[None]] = []
         self.handed_off = 0
+        # What path-related status an I/O command gets, as this process decides it.
+        self.ana_table = AnaTable(lambda port: any(p is port for p in target.ports))
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -190,8 +198,9 @@ class WorkerPool:
             connection_data=limits.connection_data,
             connect_deadline_s=limits.connect_deadline_s,
             pdu_deadline_s=limits.pdu_deadline_s,
+            busy_poll_us=self.target.busy_poll_us,
         )
-        ready = worker.request(S.INIT, init)
+        ready = worker.request(S.INIT, init, fds=[os.dup(self.ana_table.fileno())])
         # Everything the worker must know before its first queue: every namespace.
         waits = [ready]
         for subsystem in list(self.target.subsystems.values()):
@@ -243,6 +252,7 @@ class WorkerPool:
                 await loop.run_in_executor(None, proc.wait)
             if worker.channel is not None:
                 worker.channel.close()
+        self.ana_table.close()
 
     def _on_closed(self, worker: WorkerHandle) -> None:
         """The worker's channel closed: it exited or died, and its connections with it."""
@@ -293,11 +303,6 @@ class WorkerPool:
             return False
         if not all(S.shareable(ns) for ns in ctrl.subsystem.namespaces.values()):
             return False
-        if ctrl.subsystem.ana.in_use:
-            # The workers hold no ANA state: a subsystem with ANA groups or states other
-            # than group 1 optimized (a gateway, a standby path) is served here, where
-            # every I/O command meets the current state and its path-related status.
-            return False
         worker = self._choose()
         if worker is None:
             return False
@@ -316,15 +321,21 @@ class WorkerPool:
         sock = protocol.transport.get_extra_info("socket")
         if sock is None:
             return False
+        port = queue.port
+        # Its ANA statuses, from now on current in the table the worker reads (full: a
+        # table of thousands of subsystem listeners, served here).
+        ana_row = self.ana_table.row(ctrl.subsystem, port)
+        if ana_row is None:
+            return False
         fd = os.dup(sock.fileno())
         token = self._token()
         ctrl_token = self._ctrl_token(ctrl)
-        port = queue.port
         adoption = S.Adoption(
             token=token,
             controller=self._controller_info(ctrl, ctrl_token),
-            subsystem=S.SubsystemInfo.of(ctrl.subsystem),
+            subsystem=self._subsystem_info(ctrl.subsystem),
             port=S.PortInfo(port.portid, port.address, port.port, port.transport),
+            ana_row=ana_row,
             peer_address=queue.peer_address,
             icreq=_icreq(conn.hpda, conn.hdgst, conn.ddgst, conn.maxr2t),
             connect=_connect_capsule(req, conn.hdgst, conn.ddgst, port.transport.cpda),
@@ -351,6 +362,10 @@ class WorkerPool:
             worker.index,
         )
         return True
+
+    def _subsystem_info(self, subsystem: Subsystem) -> S.SubsystemInfo:
+        slot = self.ana_table.slot(subsystem)
+        return S.SubsystemInfo.of(subsystem, -1 if slot is None else slot)
 
     def _choose(self) -> WorkerHandle | None:
         """The live worker with the fewest queues (the first of them on a tie), so that
@@ -481,26 +496,31 @@ class WorkerPool:
         seq = self._reservation_seq.get(ns.reservation, 0)
         spec = S.namespace_spec(ns, seq)
         fds = [os.dup(ns.device.fileno())] if isinstance(ns.device, SharedMemoryDevice) else []
-        return worker.request(S.NAMESPACE, nqn, S.SubsystemInfo.of(subsystem), spec, fds=fds)
+        info = self._subsystem_info(subsystem)
+        return worker.request(S.NAMESPACE, nqn, info, spec, fds=fds)
 
     def _live(self) -> list[WorkerHandle]:
         return [w for w in self.workers if w.alive]
 
-    def namespace_added(self, nqn: str, ns: Namespace) -> None:
+    def namespace_added(self, nqn: str, ns: Namespace) -> list[asyncio.Future[Any]]:
+        """Send the new namespace `ns` to every worker; the futures of their answers."""
         ns.reservation.replicate = self.reservation_changed
         if not S.shareable(ns):
-            return
+            return []
+        futures = []
         for worker in self._live():
-            # Not waited for: the message leaves before the host's event does, and the
-            # host reads a log page and Identify before its first I/O to the namespace.
             fut = self._send_namespace(worker, nqn, ns)
             fut.add_done_callback(_ignore_result)
+            futures.append(fut)
+        return futures
 
     async def namespace_removing(self, nqn: str, nsid: int) -> None:
         await wait_all([w.request(S.NAMESPACE_GONE, nqn, nsid) for w in self._live()])
 
     async def subsystem_removed(self, nqn: str) -> None:
         await wait_all([w.request(S.SUBSYSTEM_GONE, nqn) for w in self._live()])
+        # No worker reads its places in the ANA table any more.
+        self.ana_table.release(nqn)
 
     async def controller_changed(self, ctrl: Controller) -> None:
         """A Set Features completed on `ctrl`: the workers with its queues take the new
@@ -589,6 +609,7 @@ class MultiCoreTarget(Target):
     def __init__(self, cores: int, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.workers = WorkerPool(self, cores)
+        self._background: set[asyncio.Task[None]] = set()
 
     def memory_device(self, size_bytes: int, block_size: int) -> MemoryDevice:
         return SharedMemoryDevice(size_bytes, block_size)
@@ -611,15 +632,31 @@ class MultiCoreTarget(Target):
             await self.workers.stop()
 
     def add_namespace(self, nqn: str, device: str | NamedDevice, **kwargs: Any) -> Namespace:
-        ns = super().add_namespace(nqn, device, **kwargs)
+        subsystem = self.subsystems.get(nqn)
+        # The events about it (Namespace Attribute Changed, ANA Change) wait, on the
+        # controllers with queues on workers, until every worker has the namespace: a
+        # host uses a new namespace once it heard of it, and its first command to it may
+        # reach a worker that a loaded machine has not let read the message yet.
+        held = [] if subsystem is None else _on_workers(subsystem)
+        for ctrl in held:
+            ctrl.hold_events()
+        try:
+            ns = super().add_namespace(nqn, device, **kwargs)
+        except BaseException:
+            for ctrl in held:
+                ctrl.release_events()
+            raise
         assert self.workers is not None
-        self.workers.namespace_added(nqn, ns)
+        answers = self.workers.namespace_added(nqn, ns)
+        if held:  # (controllers: the target runs, in a loop)
+            task = asyncio.get_running_loop().create_task(_release_when(held, answers))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
         if not S.shareable(ns):
             # Its I/O can be served here alone: the controllers with queues on workers
             # are torn down, and their hosts reconnect with every queue here.
-            for ctrl in list(self.subsystems[nqn].controllers.values()):
-                if any(isinstance(q, RemoteQueue) for q in ctrl.queues.values()):
-                    ctrl.destroy(f"namespace {ns.nsid} cannot be served by the worker processes")
+            for ctrl in _on_workers(self.subsystems[nqn]):
+                ctrl.destroy(f"namespace {ns.nsid} cannot be served by the worker processes")
         return ns
 
     async def remove_namespace(self, nqn: str, nsid: int) -> Namespace:
@@ -631,29 +668,31 @@ class MultiCoreTarget(Target):
         await self.workers.namespace_removing(nqn, nsid)
         return await super().remove_namespace(nqn, nsid)
 
-    def add_ana_group(self, nqn: str, grpid: int, state: Any = "optimized") -> Any:
-        group = super().add_ana_group(nqn, grpid, state)
-        self._serve_here(nqn, "ANA groups changed")
-        return group
-
-    def set_ana_state(self, nqn: str, anagrpid: int | None, state: Any, *args: Any) -> int:
-        told = super().set_ana_state(nqn, anagrpid, state, *args)
-        if self.subsystems[nqn].ana.in_use:
-            self._serve_here(nqn, "ANA states changed")
-        return told
-
-    def _serve_here(self, nqn: str, why: str) -> None:
-        """ANA now applies to `nqn`, which the workers do not replicate: its controllers
-        with queues on workers are torn down, and their hosts reconnect with every queue
-        in this process (hand_off keeps them here from now on)."""
-        for ctrl in list(self.subsystems[nqn].controllers.values()):
-            if any(isinstance(q, RemoteQueue) for q in ctrl.queues.values()):
-                ctrl.destroy(f"{why}: its I/O queues are served by the main process")
-
     async def remove_subsystem(self, nqn: str) -> None:
         await super().remove_subsystem(nqn)
         assert self.workers is not None
         await self.workers.subsystem_removed(nqn)
+
+
+def _on_workers(subsystem: Subsystem) -> list[Controller]:
+    """The controllers of `subsystem` with I/O queues on workers."""
+    return [
+        ctrl
+        for ctrl in subsystem.controllers.values()
+        if any(isinstance(q, RemoteQueue) for q in ctrl.queues.values())
+    ]
+
+
+async def _release_when(held: list[Controller], answers: list[asyncio.Future[Any]]) -> None:
+    """Deliver the events of `held` once every worker answered (or after
+    NAMESPACE_ACK_TIMEOUT_S: a worker that hangs delays them no longer)."""
+    try:
+        await asyncio.wait_for(wait_all(answers), NAMESPACE_ACK_TIMEOUT_S)
+    except (TimeoutError, RemoteError) as exc:
+        log.warning("a worker did not take a new namespace in time: %r", exc)
+    finally:
+        for ctrl in held:
+            ctrl.release_events()
 
 
 def _check_cores(cores: int) -> None:
@@ -665,8 +704,8 @@ def make_target(
     cores: int, *, limits: ConnectionLimits | None = None, busy_poll_us: int = 0
 ) -> Target:
     """The target `pynvmf target --cores N` runs: today's single process for 1.
-    `busy_poll_us`: poll mode (server.BusyPoller) in this process (the workers do not
-    poll yet)."""
+    `busy_poll_us`: poll mode (server.BusyPoller) in every process that serves queues:
+    this one (admin queues, and whatever is served here) and each worker."""
     _check_cores(cores)
     if cores == 1:
         return Target(limits=limits, busy_poll_us=busy_poll_us)

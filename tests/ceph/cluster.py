@@ -3,8 +3,9 @@
 Started from Debian's packages (ceph-mon, ceph-osd, ceph-common) by hand, without
 systemd: every file lives under one temporary directory, the monitor listens on two
 loopback ports chosen free (never the default 3300/6789, which a parallel job or a
-real cluster may hold), the OSD picks its own ports, and the daemons are stopped by
-the PIDs they wrote. Bring-up takes ~5-10 s on a 2-core machine.
+real cluster may hold), the OSD picks its own ports, and the daemons run in the
+foreground as children that the kernel kills when the process that started them ends
+(however it ends). Bring-up takes ~5-10 s on a 2-core machine.
 
 The OSD keeps its objects in memory (memstore): nothing survives the cluster, which
 is what a test wants, and the OSD's RSS grows with the data written (keep images to
@@ -106,6 +107,7 @@ class CephCluster:
         self.mon_host = ""
         self._admin: Any = None
         self._pids: dict[str, int] = {}
+        self._procs: list[subprocess.Popen[bytes]] = []
         self.startup_seconds = 0.0
 
     # -- life cycle -----------------------------------------------------------------------
@@ -177,8 +179,7 @@ class CephCluster:
             "--keyring",
             keyring,
         )
-        self._run("ceph-mon", "-c", c, "-i", "a")  # daemonises, writes run/mon.a.pid
-        self._pids["mon.a"] = self._read_pid("mon.a")
+        self._daemon("mon.a", "ceph-mon", "-c", c, "-i", "a")
 
         admin = self.admin()
         osd_uuid = str(uuid.uuid4())
@@ -209,8 +210,9 @@ class CephCluster:
             "--keyring",
             osd_keyring,
         )
-        self._run("ceph-osd", "-c", c, "-i", str(osd_id), "--keyring", osd_keyring)
-        self._pids[f"osd.{osd_id}"] = self._read_pid(f"osd.{osd_id}")
+        self._daemon(
+            f"osd.{osd_id}", "ceph-osd", "-c", c, "-i", str(osd_id), "--keyring", osd_keyring
+        )
         self.osd_name = f"osd.{osd_id}"
         self.wait_osd_up()
         self.mon_command(
@@ -240,6 +242,11 @@ class CephCluster:
             self._admin = None
         for name in list(self._pids):
             self._pids.pop(name)
+        for proc in self._procs:
+            proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+        self._procs.clear()
         for pid_file in (self.dir / "run").glob("*.pid") if self.dir.exists() else ():
             with contextlib.suppress(ValueError, OSError):
                 _kill(int(pid_file.read_text().strip()))
@@ -311,20 +318,26 @@ class CephCluster:
             raise CephError(f"{' '.join(argv)}: exit {proc.returncode}: {proc.stderr.strip()}")
         return proc.stdout
 
-    def _read_pid(self, name: str) -> int:
-        # The daemon writes its pid file before its parent exits (it daemonises after).
-        path = self.dir / "run" / f"{name}.pid"
-        deadline = time.monotonic() + 10
-        while not path.exists() or not path.read_text().strip():
-            if time.monotonic() > deadline:
-                raise CephError(f"{name} wrote no pid file")
-            time.sleep(0.05)
-        return int(path.read_text().strip())
+    def _daemon(self, name: str, *argv: str) -> None:
+        """Start a daemon in the foreground as our child, killed by the kernel when the
+        process that started it ends, however it ends: a test run killed by a timeout or
+        SIGKILL (where atexit does not run) left daemonised clusters behind, one per run.
+        setpriv (util-linux) sets the parent-death signal without a preexec_fn, which is
+        unsafe once librados' threads run in this process."""
+        with open(self.dir / "log" / f"{name}.stderr", "wb") as err:
+            proc = subprocess.Popen(
+                ["setpriv", "--pdeathsig", "KILL", *argv, "-f"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        self._procs.append(proc)
+        self._pids[name] = proc.pid
 
 
 def _kill(pid: int, timeout: float = 10.0) -> None:
-    """SIGKILL `pid` and wait (up to `timeout`) until it is gone. The daemons are not our
-    children (they daemonise), so there is no wait(): poll for the PID's end."""
+    """SIGKILL `pid` and wait (up to `timeout`) until it is gone: a daemon named by a
+    pid file, which need not be our child, so there is no wait(): poll for its end."""
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -15,8 +16,10 @@ from pynvmf.ha.gateway import Gateway, GatewayConfig
 from pynvmf.ha.lease import OBJECT_PREFIX
 from pynvmf.host import NvmeStatusError, connect
 from pynvmf.spec.logpages import AnaState as S
+from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import Status
-from pynvmf.target.config import ConfigError, build_target
+from pynvmf.target.config import ConfigError, apply_config, build_target
+from pynvmf.target.workers import MultiCoreTarget
 from tests.ceph.cluster import CephCluster
 
 NQN = "nqn.2024-11.dev.pynvmf:gateway"
@@ -99,4 +102,46 @@ async def test_rbd_namespaces_must_share_the_gateways_client(
         with pytest.raises(ConfigError, match="fencing would miss it"):
             Gateway(target, _gateway(ceph_cluster, {})).setup()
     finally:
+        await target.stop()
+
+
+async def test_a_gateway_under_two_cores_serves_its_group_from_the_workers(
+    ceph_cluster: CephCluster,
+) -> None:
+    # `pynvmf target --cores 2` with a gateway: the lease's states reach the I/O queues
+    # on the workers (a memory namespace here: RBD images are served by the main
+    # process, docs/cores.md), and giving the lease up refuses their I/O at once.
+    group = GROUP + 1  # a lease of its own
+    with ceph_cluster.admin().open_ioctx(ceph_cluster.pool) as io, contextlib.suppress(Exception):
+        io.remove_object(OBJECT_PREFIX + str(group))
+    target = MultiCoreTarget(2)
+    config = {
+        "ports": [{"address": "127.0.0.1", "port": 0}],
+        "discovery_ports": [],
+        "subsystems": [{"nqn": NQN, "namespaces": [{"memory": 4 * MiB, "anagrpid": group}]}],
+    }
+    await apply_config(target, config)
+    said: asyncio.Queue[S] = asyncio.Queue()
+    cfg = dataclasses.replace(_gateway(ceph_cluster, {}), groups=[group], preferred=[group])
+    gw = Gateway(target, cfg, announce=lambda g, s: said.put_nowait(s))
+    try:
+        gw.setup()
+        assert await said.get() is S.INACCESSIBLE
+        await target.start()
+        await gw.start()
+        assert await asyncio.wait_for(said.get(), 60) is S.OPTIMIZED
+        port = next(p.port for p in target.ports if not p.discovery_only)
+        async with await connect("127.0.0.1", port, NQN, queues=2) as ctrl:
+            assert target.workers is not None
+            assert [len(w.queues) for w in target.workers.workers] == [1, 1]
+            for queue in ctrl.io_queues:
+                await queue.execute(IoOpcode.WRITE, 1, 0, 0, 0, data=memoryview(b"g" * 512))
+            await gw.stop()  # the lease given up: inaccessible before stop returns
+            assert await said.get() is S.INACCESSIBLE
+            for queue in ctrl.io_queues:  # one on each worker
+                with pytest.raises(NvmeStatusError) as info:
+                    await queue.execute(IoOpcode.WRITE, 1, 0, 0, 0, data=memoryview(b"i" * 512))
+                assert info.value.status == Status.ANA_INACCESSIBLE and not info.value.dnr
+    finally:
+        await gw.stop()
         await target.stop()

@@ -1,4 +1,4 @@
-"""Compare and Verify from the Linux kernel's NVMe/TCP host (Debian's 6.1 under QEMU)
+"""Compare and Verify from the Linux kernel's NVMe/TCP host (both peers under QEMU)
 with nvme-cli's own commands, and what Linux user space can do with fused commands.
 
 `nvme compare` goes through NVME_IOCTL_SUBMIT_IO and `nvme verify` through the I/O
@@ -7,7 +7,8 @@ ioctl.c: `io.flags` / `cmd.flags` must be 0, -EINVAL otherwise), so no user spac
 on Linux can send a fused pair: that is checked here too, on the wire's side (nothing
 arrives, nothing is written).
 
-One guest boot and one target process serve the whole module.
+One guest boot per peer and one target process serve the whole module; the checks are
+check_* functions taking the block device, which test_linux_host_rbd.py runs on Ceph RBD.
 """
 
 from __future__ import annotations
@@ -97,7 +98,17 @@ def _sha(guest: Guest, dev: str, lba: int, count: int) -> str:
     return out.split()[0]
 
 
+# Each test calls a check_* function with the block device, so that test_linux_host_rbd.py
+# runs the same checks on a namespace on Ceph RBD.
+
+
 def test_identify_reports_compare_verify_and_fused_compare_and_write(
+    guest: Guest, dev: str
+) -> None:
+    check_identify_reports_compare_verify_and_fused_compare_and_write(guest, dev)
+
+
+def check_identify_reports_compare_verify_and_fused_compare_and_write(
     guest: Guest, dev: str
 ) -> None:
     ctrl = json.loads(guest.run(f"nvme id-ctrl {dev} -o json").output)
@@ -107,6 +118,11 @@ def test_identify_reports_compare_verify_and_fused_compare_and_write(
 
 
 def test_nvme_compare_match_and_mismatch(guest: Guest, dev: str) -> None:
+    check_nvme_compare_match_and_mismatch(guest, dev)
+
+
+def check_nvme_compare_match_and_mismatch(guest: Guest, dev: str) -> None:
+    """`dev` has 512-byte blocks and at least 1 MiB."""
     lba, count = 2048, 16
     guest.run(
         f"dd if=/dev/urandom of=/tmp/cmp bs={BS} count={count} 2>/dev/null && "
@@ -130,8 +146,13 @@ def test_nvme_compare_match_and_mismatch(guest: Guest, dev: str) -> None:
 
 
 def test_nvme_verify(guest: Guest, dev: str) -> None:
-    nblocks = 16 * MIB // BS
-    # The whole namespace in one command: 16 MiB, within VSL (32 MiB).
+    check_nvme_verify(guest, dev, 16 * MIB)
+
+
+def check_nvme_verify(guest: Guest, dev: str, size: int) -> None:
+    """`dev` has 512-byte blocks and `size` bytes, at most 32 MiB (VSL)."""
+    nblocks = size // BS
+    # The whole namespace in one command, within VSL (32 MiB).
     ok = guest.run(f"nvme verify {dev} --start-block=0 --block-count={nblocks - 1}", check=False)
     assert ok.rc == 0 and "NVME Verify Success" in ok.output, ok.output
     fua = guest.run(f"nvme verify {dev} --start-block=100 --block-count=7 --force-unit-access")
@@ -144,6 +165,10 @@ def test_nvme_verify(guest: Guest, dev: str) -> None:
 
 
 def test_linux_user_space_cannot_send_fused_commands(guest: Guest, dev: str) -> None:
+    check_linux_user_space_cannot_send_fused_commands(guest, dev)
+
+
+def check_linux_user_space_cannot_send_fused_commands(guest: Guest, dev: str) -> None:
     """A Write with FUSE 10b (second command) and a Compare with 01b through
     `nvme io-passthru --flags`: the kernel refuses them before anything is sent."""
     lba = 3000

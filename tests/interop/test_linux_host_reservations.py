@@ -5,7 +5,8 @@ The Linux host (booted once under QEMU for the module) uses nvme-cli's resv-regi
 resv-acquire, resv-release, resv-report and resv-notif-log through its block devices, and
 plain dd for the I/O a reservation allows or refuses; pynvmf's host library connects from
 the test process with another Host Identifier. Each test uses its own namespace, so what
-one leaves behind cannot decide another.
+one leaves behind cannot decide another. The checks are check_* functions taking the
+namespace, which test_linux_host_rbd.py runs on namespaces on Ceph RBD.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pynvmf.spec.reservations import (
 from pynvmf.spec.status import Status
 from tests.interop.guest import Guest, Peer, free_tcp_port
 from tests.interop.target_process import TargetProcess
+from tests.interop.test_linux_host import DEV_FOR
 
 NQN = "nqn.2024-11.dev.pynvmf:interop-resv"
 PYNVMF_HOST = "nqn.2014-08.org.nvmexpress:uuid:5e5e5e5e-0000-4000-8000-00000000b0b0"
@@ -45,26 +47,6 @@ PRTOOL_SOURCE = Path(__file__).with_name("prtool.c")
 LINUX_KEY, PYNVMF_KEY = 0xA1, 0xB2
 WE = ReservationType.WRITE_EXCLUSIVE
 RESERVATION_AEN = 0x800006
-
-# Prints the block device of namespace $1 of subsystem NQN, waiting (bounded) for the
-# kernel's namespace scan to create it.
-DEV_FOR = r"""#!/bin/sh
-# Block devices are numbered in the order the kernel's scan creates them, not by NSID:
-# find the one whose sysfs nsid is $1.
-nsid=$1
-i=0
-while [ $i -lt 400 ]; do
-  for b in /sys/block/nvme*n*; do
-    [ "$(cat "$b/nsid" 2>/dev/null)" = "$nsid" ] || continue
-    [ "$(cat "$b/device/subsysnqn" 2>/dev/null)" = "@NQN@" ] || continue
-    dev=/dev/${b##*/}
-    [ -b "$dev" ] && { echo "$dev"; exit 0; }
-  done
-  i=$((i + 1)); sleep 0.05
-done
-echo "no block device for namespace $nsid" >&2
-exit 1
-""".replace("@NQN@", NQN)
 
 
 @dataclass
@@ -152,7 +134,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     assert status == 0, f"target exited with {status}:\n{proc.stderr()}"
 
 
-def _build_prtool(workdir: Path) -> Path:
+def build_prtool(workdir: Path) -> Path:
     """The block layer's reservation ioctls as a static program for the guest."""
     cc = shutil.which("cc")
     if cc is None:
@@ -172,39 +154,47 @@ def _build_prtool(workdir: Path) -> Path:
 def linux(
     target: Setup, tmp_path_factory: pytest.TempPathFactory, linux_peer: Peer
 ) -> Iterator[Linux]:
-    prtool = _build_prtool(tmp_path_factory.mktemp("prtool"))
+    prtool = build_prtool(tmp_path_factory.mktemp("prtool"))
     guest = Guest(
         extra_files={"/usr/local/bin/dev-for": DEV_FOR, "/usr/local/bin/prtool": prtool},
         peer=linux_peer,
     )
     guest.start()
     try:
-        guest.run(f"nvme connect -t tcp -a {Guest.host_address} -s {target.io_port} -n {NQN}")
-        devices = {
-            nsid: guest.run(f"sh /usr/local/bin/dev-for {nsid}").output.strip()
-            for nsid in (*MEMORY_NAMESPACES, NS_FILE)
-        }
-        hostid = uuid.UUID(guest.run("cat /etc/nvme/hostid").output.strip()).bytes
-        guest.run("dd if=/dev/urandom of=/tmp/pattern bs=4096 count=1 2>/dev/null")
-        # The kernel turns an AEN it does not act on into a uevent (NVME_AEN=...): record
-        # them, so a test can see the reservation event reach the kernel's parked AER.
-        guest.run(
-            "touch /tmp/uevents; "
-            "busybox uevent sh -c 'env >> /tmp/uevents' </dev/null >/dev/null 2>&1 &"
-        )
-        yield Linux(guest, hostid, devices, linux_peer)
+        yield attach_linux(guest, target.io_port, NQN, (*MEMORY_NAMESPACES, NS_FILE))
         guest.run(f"nvme disconnect -n {NQN}")
     finally:
         guest.stop()
 
 
+def attach_linux(guest: Guest, port: int, nqn: str, nsids: tuple[int, ...]) -> Linux:
+    """The guest (with DEV_FOR as /usr/local/bin/dev-for and prtool as
+    /usr/local/bin/prtool) connected to `nqn` on `port`, as one registrant."""
+    guest.run(f"nvme connect -t tcp -a {Guest.host_address} -s {port} -n {nqn}")
+    devices = {
+        nsid: guest.run(f"sh /usr/local/bin/dev-for {nqn} {nsid}").output.strip() for nsid in nsids
+    }
+    hostid = uuid.UUID(guest.run("cat /etc/nvme/hostid").output.strip()).bytes
+    guest.run("dd if=/dev/urandom of=/tmp/pattern bs=4096 count=1 2>/dev/null")
+    # The kernel turns an AEN it does not act on into a uevent (NVME_AEN=...): record
+    # them, so a check can see the reservation event reach the kernel's parked AER.
+    guest.run(
+        "touch /tmp/uevents; "
+        "busybox uevent sh -c 'env >> /tmp/uevents' </dev/null >/dev/null 2>&1 &"
+    )
+    return Linux(guest, hostid, devices, guest.peer)
+
+
 @pytest.fixture
 async def pynvmf(target: Setup) -> AsyncIterator[Controller]:
-    ctrl = await connect(
-        "127.0.0.1", target.io_port, NQN, hostnqn=PYNVMF_HOST, hostid=PYNVMF_HOSTID
-    )
+    ctrl = await connect_pynvmf(target.io_port, NQN)
     yield ctrl
     await ctrl.close()
+
+
+async def connect_pynvmf(port: int, nqn: str) -> Controller:
+    """pynvmf's host library as the other registrant (another Host Identifier)."""
+    return await connect("127.0.0.1", port, nqn, hostnqn=PYNVMF_HOST, hostid=PYNVMF_HOSTID)
 
 
 async def _status_of(coro: object) -> int:
@@ -233,13 +223,22 @@ async def _pattern(linux: Linux) -> bytes:
     return await asyncio.to_thread(linux.guest.read_file, "/tmp/pattern")
 
 
+# Each test calls a check_* function with the namespace it uses, so that
+# test_linux_host_rbd.py runs the same checks on namespaces on Ceph RBD.
+
+
 async def test_write_exclusive_refuses_the_other_host_both_ways(
     linux: Linux, pynvmf: Controller
 ) -> None:
-    nsid = NS_WRITE_EXCLUSIVE
+    await check_write_exclusive_refuses_the_other_host_both_ways(linux, pynvmf, NS_WRITE_EXCLUSIVE)
+
+
+async def check_write_exclusive_refuses_the_other_host_both_ways(
+    linux: Linux, pynvmf: Controller, nsid: int
+) -> None:
     ns = pynvmf.namespace(nsid)
     pattern = await _pattern(linux)
-    # CPTPL 11b, as the kernel's own pr_ops send it: a memory namespace accepts it.
+    # CPTPL 11b, as the kernel's own pr_ops send it: a namespace without PTPL accepts it.
     rc, out = await linux.nvme(f"resv-register DEV --nrkey={LINUX_KEY} --rrega=0 --cptpl=3", nsid)
     assert rc == 0, out
     await ns.reservation_register(nrkey=PYNVMF_KEY)
@@ -271,7 +270,13 @@ async def test_write_exclusive_refuses_the_other_host_both_ways(
 
 
 async def test_report_preempt_and_the_notification_log(linux: Linux, pynvmf: Controller) -> None:
-    nsid = NS_REPORT
+    await check_report_preempt_and_the_notification_log(linux, pynvmf, NS_REPORT)
+
+
+async def check_report_preempt_and_the_notification_log(
+    linux: Linux, pynvmf: Controller, nsid: int
+) -> None:
+    """The first check in its guest to raise reservation AENs (it counts them)."""
     ns = pynvmf.namespace(nsid)
     rc, out = await linux.nvme(f"resv-register DEV --nrkey={LINUX_KEY} --rrega=0", nsid)
     assert rc == 0, out
@@ -327,7 +332,10 @@ async def test_report_preempt_and_the_notification_log(linux: Linux, pynvmf: Con
 
 
 async def test_bad_input_from_nvme_cli(linux: Linux, pynvmf: Controller) -> None:
-    nsid = NS_BAD_INPUT
+    await check_bad_input_from_nvme_cli(linux, pynvmf, NS_BAD_INPUT)
+
+
+async def check_bad_input_from_nvme_cli(linux: Linux, pynvmf: Controller, nsid: int) -> None:
     ns = pynvmf.namespace(nsid)
     rc, out = await linux.nvme(f"resv-register DEV --nrkey={LINUX_KEY} --rrega=0", nsid)
     assert rc == 0, out
@@ -362,7 +370,15 @@ async def test_bad_input_from_nvme_cli(linux: Linux, pynvmf: Controller) -> None
 async def test_a_file_namespace_persists_when_the_kernel_asks(
     linux: Linux, pynvmf: Controller, target: Setup
 ) -> None:
-    nsid = NS_FILE
+    await check_persists_when_the_kernel_asks(
+        linux, pynvmf, NS_FILE, Path(str(target.image) + ".ptpl.json")
+    )
+
+
+async def check_persists_when_the_kernel_asks(
+    linux: Linux, pynvmf: Controller, nsid: int, ptpl_file: Path
+) -> None:
+    """Namespace `nsid` keeps its reservations in `ptpl_file`."""
     ns = pynvmf.namespace(nsid)
     assert (await pynvmf.identify_namespace(nsid)).rescap & 1  # PTPLS
     assert await _ptpl_feature(linux, nsid) == 0
@@ -370,19 +386,23 @@ async def test_a_file_namespace_persists_when_the_kernel_asks(
     assert rc == 0, out
     assert await _ptpl_feature(linux, nsid) == 1
     assert (await ns.reservation_report()).ptpls
-    saved = json.loads(Path(str(target.image) + ".ptpl.json").read_text())
+    saved = json.loads(ptpl_file.read_text())
     assert saved["registrants"] == [{"hostid": linux.hostid.hex(), "key": LINUX_KEY}]
     rc, out = await linux.nvme(f"resv-register DEV --crkey={LINUX_KEY} --rrega=1 --cptpl=2", nsid)
     assert rc == 0, out
-    assert not json.loads(Path(str(target.image) + ".ptpl.json").read_text())["ptpl"]
+    assert not json.loads(ptpl_file.read_text())["ptpl"]
 
 
 async def test_the_kernels_own_pr_ops(linux: Linux, pynvmf: Controller) -> None:
+    await check_the_kernels_own_pr_ops(linux, pynvmf, NS_PR_OPS)
+
+
+async def check_the_kernels_own_pr_ops(linux: Linux, pynvmf: Controller, nsid: int) -> None:
     """IOC_PR_*: the kernel builds the commands (CPTPL 11b on every register, 16 bytes of
-    Release data on 6.1, IEKEY when a Release or Clear key is 0)."""
-    nsid = NS_PR_OPS
+    Release data on 6.1, IEKEY when a Release or Clear key is 0). Namespace `nsid` cannot
+    persist its reservations."""
     ns = pynvmf.namespace(nsid)
-    assert await linux.pr(f"register 0 {LINUX_KEY}", nsid) == "0"  # CPTPL 11b, memory
+    assert await linux.pr(f"register 0 {LINUX_KEY}", nsid) == "0"  # CPTPL 11b, no PTPL
     await ns.reservation_register(nrkey=PYNVMF_KEY)
     assert await linux.pr(f"reserve {LINUX_KEY} 1", nsid) == "0"
     assert await _status_of(ns.write(0, bytes(4096))) == Status.RESERVATION_CONFLICT

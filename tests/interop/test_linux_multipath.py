@@ -134,7 +134,10 @@ def gateways(tmp_path_factory: pytest.TempPathFactory, linux_peer: Peer) -> Iter
             gw_dir = workdir / name
             gw_dir.mkdir()
             config = _config(name, io_port, disc_port, ports[peer][0], backing, state)
-            proc = TargetProcess(config, gw_dir, ["--rpc-listen", f"127.0.0.1:{rpc_port}"])
+            # Two worker processes each: the host's I/O queues, and so every ANA flip and
+            # the failover, are served by the workers (docs/cores.md).
+            args = ["--cores", "2", "--rpc-listen", f"127.0.0.1:{rpc_port}"]
+            proc = TargetProcess(config, gw_dir, args)
             proc.start()
             made.append(Gateway(name, proc, io_port, disc_port, rpc_port))
         yield made
@@ -217,6 +220,9 @@ def test_connect_all_finds_both_gateways_and_their_ana_states(
     by_gw = path_for(gateways, guest)
     for name, (low, high) in RANGES.items():
         assert low <= by_gw[name].cntlid <= high
+    # Each gateway handed the host's I/O queues to its workers.
+    for gw in gateways:
+        assert handed(gw), gw.process.stderr()[-3000:]
     # One multipath disk for the namespace both gateways serve (same NQN and identifiers).
     assert re.fullmatch(r"nvme\d+n1", head), found
     assert guest.run(f"ls /dev/{head}").ok
@@ -302,9 +308,15 @@ def writes_done(guest: Guest, head: str) -> int:
     return sum(int(line.split()[4]) for line in out.splitlines() if line.strip())
 
 
+def handed(gw: Gateway) -> set[int]:
+    """The workers of `gw` that I/O queues were handed to (its log)."""
+    return {int(w) for w in re.findall(r"reason=handed to worker (\d+)", gw.process.stderr())}
+
+
 def test_fio_verify_passes_while_ana_states_flip(guest: Guest, gateways: list[Gateway]) -> None:
     a, b = gateways
     _, head = paths(guest)
+    controllers = {name: (p.ctrl, p.cntlid) for name, p in path_for(gateways, guest).items()}
     start_fio(guest, head, runtime=24)
     wait_for("fio to start writing", lambda: writes_done(guest, head) > 200)
     owner, other = a, b
@@ -326,6 +338,9 @@ def test_fio_verify_passes_while_ana_states_flip(guest: Guest, gateways: list[Ga
         "the paths to follow the last flip",
         lambda: ana_states(guest) == {owner.io_port: "optimized", other.io_port: "inaccessible"},
     )
+    # The same controllers throughout: no flip tore a path down, its queues stayed on the
+    # workers, which answered with the states the RPC set.
+    assert {n: (p.ctrl, p.cntlid) for n, p in path_for(gateways, guest).items()} == controllers
     # Writes went through both gateways: each one's subsystem counted some.
     for gw in gateways:
         ctrl = path_for(gateways, guest)[gw.name].ctrl

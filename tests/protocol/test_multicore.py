@@ -270,25 +270,70 @@ def raw_target_port() -> Callable[[Target], RawTarget]:
     return make
 
 
-async def test_an_ana_change_brings_the_queues_home_where_io_meets_the_state(
-    start: Start, hosts: Hosts
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def test_busy_poll_runs_in_the_workers(
+    raw_target_port: Callable[[Target], RawTarget],
 ) -> None:
-    # The workers do not replicate ANA states: once a subsystem's states change, its
-    # queues are served by the main process, and an inaccessible path refuses I/O there.
+    # A window of 3 s after each input: the worker with the queue keeps its core busy
+    # through the second measured below; the one without input sleeps.
+    target = MultiCoreTarget(2, ports=[Port("127.0.0.1", 0)], busy_poll_us=3_000_000)
+    target.add_subsystem(NQN)
+    _add_memory(target, 1)
+    await target.start()
+    try:
+        assert target.workers is not None
+        raw = raw_target_port(target)
+        admin = await raw.admin(NQN)
+        io = await raw.io_queue(admin, 1, NQN)
+        [polling] = [w for w in target.workers.workers if w.queues]
+        [idle] = [w for w in target.workers.workers if not w.queues]
+        done = await io.read(1, 0, 1, BLOCK)
+        assert done.status == 0
+        before = {w.pid: _cpu_seconds(w.pid) for w in (polling, idle)}
+        await asyncio.sleep(1.0)  # the measured window, not a synchronisation
+        used = {pid: _cpu_seconds(pid) - t for pid, t in before.items()}
+        assert used[polling.pid] >= 0.1, used
+        assert used[polling.pid] > 5 * used[idle.pid], used
+        await io.close()
+        await admin.close()
+    finally:
+        await target.stop()
+
+
+async def test_a_new_namespaces_event_waits_until_every_worker_has_it(
+    start: Start, raw_target_port: Callable[[Target], RawTarget]
+) -> None:
     target = await start()
-    ctrl = await hosts(target, queues=2)
-    assert _placement(target) == [1, 1]
-    owner = next(iter(target.subsystems[NQN].controllers.values()))
-    target.set_ana_state(NQN, 1, "inaccessible")
-    # The controller whose queues were on workers is torn down; the host reconnects.
-    assert owner.cntlid not in target.subsystems[NQN].controllers
-    await ctrl.close()
-    again = await hosts(target, queues=2)
-    assert _placement(target) == [0, 0]
-    [home] = target.subsystems[NQN].controllers.values()
-    assert not any(isinstance(q, RemoteQueue) for q in home.queues.values())
-    status = await _status_of(_write(again.io_queues[0], 0, bytes(BLOCK)))
-    assert status == Status.ANA_INACCESSIBLE
-    target.set_ana_state(NQN, 1, "optimized")
-    await _write(again.io_queues[1], 0, b"\x5a" * BLOCK)
-    assert await _read(again.io_queues[0], 0, 1) == b"\x5a" * BLOCK
+    assert target.workers is not None
+    raw = raw_target_port(target)
+    admin = await raw.admin(NQN)
+    io = [await raw.io_queue(admin, qid, NQN) for qid in (1, 2)]
+    done = await admin.cmd(
+        AdminOpcode.SET_FEATURES, cdw10=FeatureId.ASYNC_EVENT, cdw11=Oaes.NS_ATTR
+    )
+    assert done.status == 0
+    aer = admin.cmd_nowait(AdminOpcode.ASYNC_EVENT_REQUEST)
+    # A worker that cannot run (a loaded machine, here SIGSTOP) has not read the new
+    # namespace yet: the host is not told of it.
+    stopped = target.workers.workers[1]
+    os.kill(stopped.pid, signal.SIGSTOP)
+    try:
+        _add_memory(target, 2, blocks=1024)
+        assert (await admin.cmd(AdminOpcode.KEEP_ALIVE)).status == 0
+        assert not aer.done()  # an event would have completed before the Keep Alive
+    finally:
+        os.kill(stopped.pid, signal.SIGCONT)
+    done = await asyncio.wait_for(aer, 10)
+    assert done.status == 0
+    # Told: every worker serves it.
+    for queue in io:
+        done = await queue.write(2, 0, b"\x33" * BLOCK, BLOCK)
+        assert done.status == 0, done
+        done = await queue.read(2, 0, 1, BLOCK)
+        assert done.status == 0 and done.data == b"\x33" * BLOCK
