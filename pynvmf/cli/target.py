@@ -308,9 +308,14 @@ async def _run_target(args: argparse.Namespace) -> int:
         if gateway_config is not None:
             # Before the ports listen: no host sees a group optimized that is not owned.
             gateway = Gateway(target, gateway_config, announce=_announce)
+            shared = await gateway.share()  # the group's subsystems, before setup needs them
+            if shared is not None:
+                cp.settle = shared.flush  # an RPC change returns once it is shared
             gateway.setup()
             await gateway.start()
         await target.start()
+        if gateway is not None and gateway.shared is not None:
+            gateway.shared.local_changed()  # its listeners have their port numbers now
         if args.rpc_socket or args.rpc_listen:
             rpc = RpcServer(cp)
             if args.rpc_socket:

@@ -30,6 +30,7 @@ from typing import Any
 
 from pynvmf.block.rbd import ClusterSpec, DeviceState, RbdDevice
 from pynvmf.ha.lease import LeaseConfig, LeaseManager
+from pynvmf.ha.shared import SharedConfig, SharedConfigOptions
 from pynvmf.spec.logpages import AnaState
 from pynvmf.target.ana import ANAGRPMAX
 from pynvmf.target.config import ConfigError, _Reader
@@ -50,6 +51,7 @@ GATEWAY_KEYS = {
     "preferred",
     "lease",
     "failback",
+    "shared_config",
 }
 
 
@@ -62,6 +64,8 @@ class GatewayConfig:
     preferred: list[int] = field(default_factory=list)
     index: int | None = None  # None: the subsystems' own controller ID ranges
     lease: LeaseConfig = field(default_factory=LeaseConfig)
+    # The gateway group's shared configuration (pynvmf.ha.shared); None: this file's.
+    shared: SharedConfigOptions | None = None
 
     @classmethod
     def parse(cls, spec: Any, where: str = "gateway") -> GatewayConfig:
@@ -88,6 +92,9 @@ class GatewayConfig:
             lease_config = LeaseConfig(lease_seconds=lease, failback=r.get("failback", bool, True))
         except ValueError as exc:
             raise ConfigError(f"{r.path('lease')}: {exc}") from None
+        shared = None
+        if "shared_config" in spec:
+            shared = SharedConfigOptions.parse(spec["shared_config"], r.path("shared_config"))
         return cls(
             gateway_id=gateway_id,
             groups=groups,
@@ -100,6 +107,7 @@ class GatewayConfig:
             preferred=preferred,
             index=index,
             lease=lease_config,
+            shared=shared,
         )
 
     @property
@@ -143,41 +151,117 @@ class Gateway:
         self._devices: dict[int, list[RbdDevice]] = {}  # group -> its RBD images
         self._manager: LeaseManager | None = None
         self._withdrawal: asyncio.Task[None] | None = None
+        self.shared: SharedConfig | None = None
 
     # -- set up -------------------------------------------------------------------------------
 
+    async def share(self) -> SharedConfig | None:
+        """With a "shared_config", seed the group object or take its subsystems (before
+        setup(), which needs them; before the target listens, so that no host sees a
+        subsystem of the file that the group does not have)."""
+        cfg = self.config
+        if cfg.shared is None:
+            return None
+        self.shared = SharedConfig(
+            target=self.target,
+            spec=cfg.cluster,
+            pool=cfg.pool,
+            gateway_id=cfg.gateway_id,
+            object_name=cfg.shared.object_name,
+            poll_interval=cfg.shared.poll_interval,
+        )
+        try:
+            await self.shared.start()
+        except OSError as exc:
+            self.shared = None
+            raise ConfigError(f"gateway.shared_config: {cfg.shared.object_name}: {exc}") from exc
+        return self.shared
+
     def setup(self) -> None:
         cfg = self.config
-        span = cfg.cntlid_range
-        for nqn, subsystem in self.target.subsystems.items():
-            if subsystem.is_discovery:
-                continue
-            if span is not None:
+        for nqn in self.target.subsystems:
+            self._learn(nqn, strict=True)
+        missing = [g for g in cfg.groups if g not in self._members]
+        if missing:
+            raise ConfigError(f"gateway.groups: no subsystem has ANA groups {missing}")
+        for grpid in cfg.groups:
+            self._apply(grpid)
+        # From now on, whoever changes a subsystem (the RPC, the group's shared
+        # configuration), this gateway learns its ANA groups' new members here.
+        self.target.add_change_listener(self._subsystem_changed)
+
+    def _learn(self, nqn: str, *, strict: bool) -> list[int]:
+        """Take subsystem `nqn`'s ANA groups and RBD images into `_members` and
+        `_devices` (after forgetting what it had); the groups it touched."""
+        cfg = self.config
+        touched = set()
+        for grpid, members in self._members.items():
+            if nqn in members:
+                members.remove(nqn)
+                touched.add(grpid)
+        subsystem = self.target.subsystems.get(nqn)
+        if subsystem is not None and not subsystem.is_discovery:
+            span = cfg.cntlid_range
+            if span is not None and not subsystem.controllers:
                 subsystem.cntlid_min, subsystem.cntlid_max = span
             for grpid in cfg.groups:
                 if subsystem.ana.group(grpid) is not None:
                     self._members.setdefault(grpid, []).append(nqn)
-            for ns in subsystem.namespaces.values():
+                    touched.add(grpid)
+        in_use: dict[int, list[RbdDevice]] = {}
+        for other_nqn, other in self.target.subsystems.items():
+            if other.is_discovery:
+                continue
+            for ns in other.namespaces.values():
                 if ns.anagrpid not in cfg.groups or not isinstance(ns.device, RbdDevice):
                     continue
                 device = ns.device
                 if device.cluster_spec != cfg.cluster:
                     # Fencing this gateway blocklists its lease's RADOS client; a device
                     # on another client would go on writing after a takeover.
-                    raise ConfigError(
-                        f"{nqn} namespace {ns.nsid}: RBD image {device.pool}/"
+                    message = (
+                        f"{other_nqn} namespace {ns.nsid}: RBD image {device.pool}/"
                         f"{device.image_name} is not reached with the gateway's ceph_conf, "
                         "client and options (one client, or fencing would miss it)"
                     )
-                members = self._devices.setdefault(ns.anagrpid, [])
+                    if strict:
+                        raise ConfigError(message)
+                    if other_nqn == nqn:
+                        log.error("gateway %s: %s", cfg.gateway_id, message)
+                    continue
+                members = in_use.setdefault(ns.anagrpid, [])
                 if device not in members:
                     members.append(device)
+        for grpid in set(in_use) | set(self._devices):
+            old, new = self._devices.get(grpid, []), in_use.get(grpid, [])
+            if old != new:
+                touched.add(grpid)
+            for device in old:
+                if device not in new:
+                    device.remove_state_listener(self._device_changed)
+            for device in new:
+                if device not in old:
                     device.add_state_listener(self._device_changed)
-        missing = [g for g in cfg.groups if g not in self._members]
-        if missing:
-            raise ConfigError(f"gateway.groups: no subsystem has ANA groups {missing}")
-        for grpid in cfg.groups:
-            self._apply(grpid)
+        self._devices = in_use
+        self._members = {g: m for g, m in self._members.items() if m}
+        return sorted(touched)
+
+    def _subsystem_changed(self, nqn: str) -> None:
+        """A subsystem changed while running: a namespace added in one of this gateway's
+        groups gets the group's state here at once (add_namespace made a new group
+        optimized), a new RBD image is watched, and the group's state follows."""
+        for grpid in self._learn(nqn, strict=False):
+            state = self.state_of(grpid)
+            if self._states.get(grpid) is not state:
+                self._apply(grpid)
+                continue
+            subsystem = self.target.subsystems.get(nqn)
+            group = subsystem.ana.group(grpid) if subsystem is not None else None
+            if group is not None and (group.state is not state or group.on_port):
+                try:
+                    self.target.set_ana_state(nqn, grpid, state)
+                except Exception:
+                    log.exception("ANA group %d of %s: could not become %s", grpid, nqn, state)
 
     async def start(self) -> None:
         cfg = self.config
@@ -200,6 +284,10 @@ class Gateway:
         )
 
     async def stop(self) -> None:
+        self.target.remove_change_listener(self._subsystem_changed)
+        shared, self.shared = self.shared, None
+        if shared is not None:
+            await shared.stop()
         if self._withdrawal is not None:
             await self._withdrawal
         manager, self._manager = self._manager, None

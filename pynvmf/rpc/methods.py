@@ -171,13 +171,21 @@ class ControlPlane:
     # bdev_rbd_register_cluster's clusters by name: (how to reach it, the connection
     # held open for it until bdev_rbd_unregister_cluster).
     rbd_clusters: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    # Awaited after every method, still in turn: a gateway's shared configuration
+    # (pynvmf.ha.shared) writes what the method changed, so that the method returns once
+    # its change is shared with the other gateways. None: nothing to wait for.
+    settle: Callable[[], Awaitable[None]] | None = None
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         handler = self.table.methods.get(method)
         if handler is None:
             raise RpcError(METHOD_NOT_FOUND, f"method not found: {method}")
         async with self.lock:
-            return await handler(self, Params(params))
+            try:
+                return await handler(self, Params(params))
+            finally:
+                if self.settle is not None:
+                    await self.settle()
 
 
 def change_error(exc: ChangeError, names: Mapping[str, str]) -> RpcError:

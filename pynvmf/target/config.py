@@ -550,42 +550,64 @@ def _subsystem(
             lambda a=address, n=port_number, i=portid: target.add_peer_listener(nqn, a, n, i),
         )
     for j, ns_spec in enumerate(r.items("namespaces")):
-        ns_where = f"{where}.namespaces[{j}]"
-        ns = _Reader(ns_spec, ns_where, _NAMESPACE_KEYS)
-        nsid = ns.get("nsid", int, j + 1)
-        ns_uuid = ns.convert("uuid", uuid.UUID)
-        nguid = ns.convert("nguid", _hex_bytes(16))
-        eui64 = ns.convert("eui64", _hex_bytes(8))
-        name = ns.get("device", str)
-        ptpl_given = "ptpl_file" in ns_spec
-        ptpl = ns.get("ptpl_file", (str, type(None)))
-        device: str | NamedDevice
-        entry = None
-        if name is None:
-            device = entry = open_device(
-                ns_spec, ns_where, f"{nqn}/{nsid}", owned=True, memory=target.memory_device
-            )
-        elif set(ns_spec) & _DEVICE_KEYS:
-            key = sorted(set(ns_spec) & _DEVICE_KEYS)[0]
-            raise ConfigError(f"{ns_where}.{key}: a namespace on a named device describes none")
-        else:
-            device = name
-        ptpl_file = Path(ptpl) if ptpl is not None else None
-        if not ptpl_given and entry is not None:
-            ptpl_file = default_ptpl_file(entry)
-        ns_kwargs = dict(
-            nsid=nsid,
-            ns_uuid=ns_uuid,
-            nguid=nguid,
-            eui64=eui64,
-            ptpl_file=ptpl_file,
-            anagrpid=ns.get("anagrpid", int),
+        add_namespace_spec(target, nqn, ns_spec, f"{where}.namespaces[{j}]", j + 1)
+
+
+def add_namespace_spec(
+    target: Target, nqn: str, ns_spec: Any, ns_where: str, default_nsid: int | None = None
+) -> None:
+    """Add the namespace one entry of a subsystem's "namespaces" describes (its device
+    opened for it, unless it names one) to subsystem `nqn`."""
+    ns = _Reader(ns_spec, ns_where, _NAMESPACE_KEYS)
+    nsid = ns.get("nsid", int, default_nsid)
+    if nsid is None:
+        raise ConfigError(f"{ns_where}.nsid: missing")
+    ns_uuid = ns.convert("uuid", uuid.UUID)
+    nguid = ns.convert("nguid", _hex_bytes(16))
+    eui64 = ns.convert("eui64", _hex_bytes(8))
+    name = ns.get("device", str)
+    ptpl_given = "ptpl_file" in ns_spec
+    ptpl = ns.get("ptpl_file", (str, type(None)))
+    device: str | NamedDevice
+    entry = None
+    if name is None:
+        device = entry = open_device(
+            ns_spec, ns_where, f"{nqn}/{nsid}", owned=True, memory=target.memory_device
         )
-        _change(
-            ns_where,
-            lambda device=device, kw=ns_kwargs: target.add_namespace(nqn, device, **kw),
-            entry,
-        )
+    elif set(ns_spec) & _DEVICE_KEYS:
+        key = sorted(set(ns_spec) & _DEVICE_KEYS)[0]
+        raise ConfigError(f"{ns_where}.{key}: a namespace on a named device describes none")
+    else:
+        device = name
+    ptpl_file = Path(ptpl) if ptpl is not None else None
+    if not ptpl_given and entry is not None:
+        ptpl_file = default_ptpl_file(entry)
+    ns_kwargs = dict(
+        nsid=nsid,
+        ns_uuid=ns_uuid,
+        nguid=nguid,
+        eui64=eui64,
+        ptpl_file=ptpl_file,
+        anagrpid=ns.get("anagrpid", int),
+    )
+    _change(
+        ns_where,
+        lambda device=device, kw=ns_kwargs: target.add_namespace(nqn, device, **kw),
+        entry,
+    )
+
+
+def host_of_spec(
+    target: Target, spec: Any, where: str
+) -> tuple[str, HostAuthConfig | None, str | None]:
+    """One entry of a subsystem's "hosts": its NQN, DH-HMAC-CHAP configuration (its
+    keys resolved in the target's keyring) and TLS PSK."""
+    if isinstance(spec, str):
+        return spec, None, None
+    auths: dict[str, HostAuthConfig] = {}
+    psks: dict[str, str] = {}
+    hostnqn = _host_auth(target, spec, where, auths, psks)
+    return hostnqn, auths.get(hostnqn), psks.get(hostnqn)
 
 
 def default_ptpl_file(entry: NamedDevice) -> Path | None:

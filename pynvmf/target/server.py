@@ -204,6 +204,9 @@ class BusyPoller:
             self.spinning = False
 
 
+ChangeListener = Callable[[str], None]
+
+
 class Target:
     def __init__(
         self,
@@ -243,6 +246,8 @@ class Target:
         # The worker processes that serve I/O queues (pynvmf target --cores N, workers.py);
         # None: every queue is served here.
         self.workers: WorkerPool | None = None
+        # Told the NQN of every subsystem whose configuration changed (see _changed).
+        self._change_listeners: list[ChangeListener] = []
         self._running = False
         self._stopped = False
         for subsystem in subsystems:
@@ -367,6 +372,26 @@ class Target:
             raise ChangeError(field, f"no block device named {name!r}")
         return entry
 
+    # -- changes ------------------------------------------------------------------------
+
+    def add_change_listener(self, listener: ChangeListener) -> None:
+        """Call `listener(nqn)` after every change of subsystem `nqn`'s configuration
+        (added, removed, its namespaces, hosts, listeners), whoever made it: the one
+        place a gateway learns what changed (to share it, or to give a new namespace its
+        ANA state). Called on the event loop's thread once the change is complete."""
+        self._change_listeners.append(listener)
+
+    def remove_change_listener(self, listener: ChangeListener) -> None:
+        if listener in self._change_listeners:
+            self._change_listeners.remove(listener)
+
+    def _changed(self, nqn: str) -> None:
+        for listener in list(self._change_listeners):
+            try:
+                listener(nqn)
+            except Exception:  # a listener's fault must not undo or fail the change
+                log.exception("change listener %r failed for %s", listener, nqn)
+
     # -- subsystems ---------------------------------------------------------------------
 
     def add_subsystem(
@@ -406,6 +431,7 @@ class Target:
         self.subsystems[nqn] = subsystem
         log.info("subsystem %s added", nqn)
         self._discovery_changed()
+        self._changed(nqn)
         return subsystem
 
     def _check_subsystem(self, subsystem: Subsystem) -> None:
@@ -486,6 +512,7 @@ class Target:
         await _drain(waiting)
         for ns in subsystem.namespaces.values():
             await self._release(ns)
+        self._changed(nqn)
 
     # -- namespaces ---------------------------------------------------------------------
 
@@ -578,6 +605,7 @@ class Target:
         for ctrl in list(subsystem.controllers.values()):
             ctrl.namespace_changed(nsid)
             ctrl.ana_changed()
+        self._changed(nqn)
         return ns
 
     def _free_nsid(self, subsystem: Subsystem) -> int:
@@ -614,6 +642,7 @@ class Target:
             ctrl.ana_changed()
         await _drain(waiting, subsystem)
         await self._release(ns)
+        self._changed(nqn)
         return ns
 
     def _commands_waiting(self, subsystem: Subsystem) -> set[asyncio.Task[None]]:
@@ -739,6 +768,7 @@ class Target:
             subsystem.host_psks[hostnqn] = key[1]
             subsystem.host_psk_names[hostnqn] = key[0]
         self._discovery_changed()
+        self._changed(nqn)
 
     def set_host_keys(self, nqn: str, hostnqn: str, auth: HostAuthConfig | None) -> None:
         """Change (or, with None, remove) the DH-HMAC-CHAP keys of a host on `nqn`.
@@ -755,6 +785,7 @@ class Target:
         else:
             subsystem.host_auth[hostnqn] = auth
         log.info("DH-HMAC-CHAP keys of %s on %s %s", hostnqn, nqn, "changed" if auth else "removed")
+        self._changed(nqn)
 
     def set_host_psk(self, nqn: str, hostnqn: str, psk: str | ConfiguredPsk | None) -> None:
         """Give a host of `nqn` a TLS PSK (a keyring name or a key), or take it away
@@ -765,10 +796,11 @@ class Target:
         if psk is None:
             subsystem.host_psks.pop(hostnqn, None)
             subsystem.host_psk_names.pop(hostnqn, None)
-            return
-        name, key = self._resolve_psk(psk)
-        subsystem.host_psks[hostnqn] = key
-        subsystem.host_psk_names[hostnqn] = name
+        else:
+            name, key = self._resolve_psk(psk)
+            subsystem.host_psks[hostnqn] = key
+            subsystem.host_psk_names[hostnqn] = name
+        self._changed(nqn)
 
     def _resolve_psk(self, psk: str | ConfiguredPsk) -> tuple[str, ConfiguredPsk]:
         if isinstance(psk, ConfiguredPsk):
@@ -829,6 +861,7 @@ class Target:
             if ctrl.hostnqn == hostnqn:
                 ctrl.destroy("host removed from the subsystem")
         self._discovery_changed()
+        self._changed(nqn)
 
     def set_allow_any_host(self, nqn: str, allow: bool) -> None:
         """Let any host connect, or only the subsystem's hosts: the controllers of hosts
@@ -843,6 +876,7 @@ class Target:
             if not subsystem.host_allowed(ctrl.hostnqn):
                 ctrl.destroy("host no longer allowed on the subsystem")
         self._discovery_changed()
+        self._changed(nqn)
 
     # -- ports and listeners ------------------------------------------------------------
 
@@ -950,7 +984,10 @@ class Target:
                 new = Port(address, port_number, subsystems=[nqn])
             new.transport = self.transport
             new.secure_channel = secure_channel or "none"
-            return await self.add_port(new)
+            await self.add_port(new)
+            if nqn != DISCOVERY_NQN:
+                self._changed(nqn)
+            return new
         if secure_channel is not None and secure_channel != port.secure_channel:
             raise ChangeError(
                 "secure_channel",
@@ -969,6 +1006,7 @@ class Target:
         else:
             port.subsystems.append(nqn)
         self._discovery_changed()
+        self._changed(nqn)
         return port
 
     async def remove_listener(self, nqn: str, address: str, port_number: int) -> None:
@@ -997,6 +1035,7 @@ class Target:
         if not port.subsystems:
             await self._emptied(port)
         self._discovery_changed()
+        self._changed(nqn)
 
     async def _emptied(self, port: Port) -> None:
         """An I/O port whose last subsystem left: discovery-only if asked for, else gone."""

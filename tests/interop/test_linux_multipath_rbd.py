@@ -19,7 +19,10 @@ discovery and runs fio with verification while
    and fio's verification passes.
 
 The killed gateway is restarted between the two and rejoins as a standby, without
-taking the group back (failback off). One guest boot and one pair of gateways per peer.
+taking the group back (failback off). Only A's configuration file has the subsystem: B
+serves it from the gateway group's shared object (pynvmf.ha.shared), and each lists the
+other's listener in its discovery log from there. One guest boot and one pair of
+gateways per peer.
 """
 
 from __future__ import annotations
@@ -67,19 +70,19 @@ def _config(
     index: int,
     io_port: int,
     disc_port: int,
-    peer_port: int,
     cluster: CephCluster,
     image: str,
+    group_object: str,
 ) -> dict[str, Any]:
-    return {
-        # The guest reaches the machine's 127.0.0.1 as 10.0.2.2 (QEMU user networking).
-        "ports": [{"address": "127.0.0.1", "port": io_port, "advertise": "10.0.2.2"}],
-        "discovery_ports": [{"address": "127.0.0.1", "port": disc_port, "advertise": "10.0.2.2"}],
-        "subsystems": [
+    # Only A's file has the subsystem: B gets it from the group's shared object, and each
+    # gets the other's listener (for its discovery log) from there too.
+    subsystems = (
+        []
+        if name == "B"
+        else [
             {
                 "nqn": NQN,
                 "serial": SERIAL,
-                "peer_listeners": [{"address": "10.0.2.2", "port": peer_port}],
                 "namespaces": [
                     {
                         "nsid": 1,
@@ -91,7 +94,13 @@ def _config(
                     }
                 ],
             }
-        ],
+        ]
+    )
+    return {
+        # The guest reaches the machine's 127.0.0.1 as 10.0.2.2 (QEMU user networking).
+        "ports": [{"address": "127.0.0.1", "port": io_port, "advertise": "10.0.2.2"}],
+        "discovery_ports": [{"address": "127.0.0.1", "port": disc_port, "advertise": "10.0.2.2"}],
+        "subsystems": subsystems,
         "gateway": {
             "id": f"gw-{name}",
             "index": index,
@@ -101,11 +110,12 @@ def _config(
             "preferred": [GROUP] if name == "A" else [],
             "lease": LEASE,
             "failback": False,
+            "shared_config": {"object": group_object},
         },
     }
 
 
-def _image(cluster: CephCluster, name: str) -> None:
+def _image(cluster: CephCluster, name: str, group_object: str) -> None:
     """A shared image without exclusive-lock: with it, librbd would hand the image's lock
     from client to client on writes and, with the holder dead, wait for its watch to time
     out (30 s) before breaking it; ownership is the leases' business here."""
@@ -114,8 +124,9 @@ def _image(cluster: CephCluster, name: str) -> None:
     with cluster.admin().open_ioctx(cluster.pool) as io:
         rbd.RBD().create(io, name, SIZE, old_format=False, features=rbd.RBD_FEATURE_LAYERING)
         # Leases left by an earlier module's gateways (one killed) start nothing stale here.
-        with contextlib.suppress(Exception):
-            io.remove_object(OBJECT_PREFIX + str(GROUP))
+        for stale in (OBJECT_PREFIX + str(GROUP), group_object):
+            with contextlib.suppress(Exception):
+                io.remove_object(stale)
 
 
 @pytest.fixture(scope="module")
@@ -124,15 +135,16 @@ def gateways(
 ) -> Iterator[list[Gateway]]:
     workdir = tmp_path_factory.mktemp(f"multipath-rbd-{linux_peer.name}")
     image = f"ha-{linux_peer.name.replace('.', '-')}"
-    _image(ceph_cluster, image)
+    group_object = f"pynvmf.gateway-group.{image}"
+    _image(ceph_cluster, image, group_object)
     ports = {n: (free_tcp_port(), free_tcp_port(), free_tcp_port()) for n in ("A", "B")}
     made: list[Gateway] = []
     try:
-        for index, (name, peer) in enumerate((("A", "B"), ("B", "A"))):
+        for index, name in enumerate(("A", "B")):
             io_port, disc_port, rpc_port = ports[name]
             gw_dir = workdir / name
             gw_dir.mkdir()
-            config = _config(name, index, io_port, disc_port, ports[peer][0], ceph_cluster, image)
+            config = _config(name, index, io_port, disc_port, ceph_cluster, image, group_object)
             proc = TargetProcess(config, gw_dir, ["--rpc-listen", f"127.0.0.1:{rpc_port}"])
             proc.start()
             made.append(Gateway(name, proc, io_port, disc_port, rpc_port))

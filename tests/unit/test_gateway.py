@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
+from pynvmf.block.memory import MemoryDevice
 from pynvmf.ha.gateway import Gateway, GatewayConfig
 from pynvmf.spec.logpages import AnaState as S
 from pynvmf.target.config import ConfigError, apply_config
+from pynvmf.target.devices import NamedDevice
 from pynvmf.target.server import Target
 
 NQN = "nqn.2024-11.dev.pynvmf:gw"
@@ -32,6 +34,17 @@ def _gateway(**extra: Any) -> dict[str, Any]:
         (_gateway(lease=0), "gateway.lease: lease_seconds must be at least 1"),
         (_gateway(pool=""), "gateway.pool: an empty pool name"),
         (_gateway(leases=3), "leases"),
+        (_gateway(shared_config={}), "gateway.shared_config: name a gateway group"),
+        (
+            _gateway(shared_config={"group": "g", "object": "o"}),
+            "gateway.shared_config: name a gateway group",
+        ),
+        (_gateway(shared_config={"group": ""}), "gateway.shared_config: an empty name"),
+        (_gateway(shared_config={"group": "g", "poll": 1}), "gateway.shared_config.poll"),
+        (
+            _gateway(shared_config={"group": "g", "poll_interval": 0}),
+            "gateway.shared_config.poll_interval: 0 is not",
+        ),
     ],
 )
 def test_bad_gateway_sections_name_the_key(spec: dict[str, Any], message: str) -> None:
@@ -47,6 +60,35 @@ def test_the_section_with_its_defaults() -> None:
     assert cfg.cluster.conf == "/c.conf" and cfg.lease.lease_seconds == 3
     assert cfg.lease.failback
     assert GatewayConfig.parse(_gateway()).cntlid_range is None
+    assert cfg.shared is None  # each gateway serves its own file's subsystems
+    shared = GatewayConfig.parse(_gateway(shared_config={"group": "prod"})).shared
+    assert shared is not None and shared.object_name == "pynvmf.gateway-group.prod"
+    assert shared.poll_interval == 10.0
+    named = GatewayConfig.parse(_gateway(shared_config={"object": "x", "poll_interval": 2}))
+    assert named.shared is not None and named.shared.object_name == "x"
+
+
+async def test_a_namespace_added_while_running_gets_its_groups_state() -> None:
+    """The gateway learns subsystems and namespaces added after setup() (through the RPC
+    or the group's shared configuration) from the Target's change listener."""
+    target = await _target()
+    gw = Gateway(target, GatewayConfig.parse(_gateway(index=1)))
+    gw.setup()
+    gw._lease_changed(1, True)
+    target.add_subsystem("nqn.2024-11.dev.pynvmf:later")
+    later = target.subsystems["nqn.2024-11.dev.pynvmf:later"]
+    assert (later.cntlid_min, later.cntlid_max) == (2041, 4080)
+    entry = NamedDevice.wrap("m", MemoryDevice(1 << 20, 512), owned=True)
+    target.add_namespace(later.nqn, entry, anagrpid=2)  # made optimized by add_namespace
+    assert later.ana.groups[2].state is S.INACCESSIBLE  # group 2 is not owned here
+    assert later.nqn in gw._members[2]
+    entry = NamedDevice.wrap("n", MemoryDevice(1 << 20, 512), owned=True)
+    target.add_namespace(later.nqn, entry, nsid=2, anagrpid=1)
+    assert later.ana.groups[1].state is S.OPTIMIZED
+    await target.remove_subsystem(later.nqn)
+    assert all(later.nqn not in m for m in gw._members.values())
+    await gw.stop()
+    await target.stop()
 
 
 async def _target() -> Target:
