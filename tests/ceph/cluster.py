@@ -265,6 +265,21 @@ class CephCluster:
     def pid(self, name: str) -> int:
         return self._pids[name]
 
+    def freeze(self, name: str, timeout: float = 10.0) -> None:
+        """SIGSTOP daemon `name` and return once every one of its threads has stopped.
+        kill() returns when the signal is sent; each thread stops only when it next runs,
+        and on a loaded machine one may still answer a request sent meanwhile."""
+        pid = self._pids[name]
+        os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while not _all_threads_stopped(pid):
+            if time.monotonic() > deadline:
+                raise CephError(f"{name} did not stop within {timeout} s of SIGSTOP")
+            time.sleep(0.002)  # polling the threads' states: the stop has no other signal
+
+    def thaw(self, name: str) -> None:
+        os.kill(self._pids[name], signal.SIGCONT)
+
     def admin(self) -> Any:
         """The connected client.admin (shared; the caller must not shut it down)."""
         if self._admin is None:
@@ -333,6 +348,17 @@ class CephCluster:
             )
         self._procs.append(proc)
         self._pids[name] = proc.pid
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # a thread that just ended
+        if state not in ("T", "t"):
+            return False
+    return True
 
 
 def _kill(pid: int, timeout: float = 10.0) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-import signal
 from collections.abc import Callable
 
 import pytest
@@ -210,17 +209,16 @@ async def test_osd_stopped_times_out_then_recovers(
     dev = await _open(ceph_cluster, rbd_image(4 * MiB), io_timeout=1.5)
     seen: list[DeviceState] = []
     dev.add_state_listener(lambda d, s: seen.append(s))
-    osd = ceph_cluster.pid(ceph_cluster.osd_name)
     try:
         await dev.write(0, b"z" * 4096)
-        os.kill(osd, signal.SIGSTOP)
+        ceph_cluster.freeze(ceph_cluster.osd_name)
         try:
             with pytest.raises(StorageUnavailable) as info:
                 await dev.write(8, b"y" * 4096)
             assert info.value.errno == errno.ETIMEDOUT
             assert dev.state is DeviceState.UNREACHABLE
         finally:
-            os.kill(osd, signal.SIGCONT)
+            ceph_cluster.thaw(ceph_cluster.osd_name)
         buf = bytearray(4096)
         for _ in range(20):  # the OSD needs a moment to answer the resent requests
             try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -308,11 +307,10 @@ async def test_osd_stopped_mid_io_gives_path_errors_then_recovers(
     target = await build_target(_config(ceph_cluster, image, io_timeout=1.5))
     await target.start()
     started.append(target)
-    osd = ceph_cluster.pid(ceph_cluster.osd_name)
     async with await connect("127.0.0.1", _port(target), NQN, timeout=30) as ctrl:
         ns = ctrl.namespace(1)
         await ns.write(0, b"q" * 4096)
-        os.kill(osd, signal.SIGSTOP)
+        ceph_cluster.freeze(ceph_cluster.osd_name)
         try:
             pending = [asyncio.ensure_future(ns.write(8 * i, b"r" * 4096)) for i in range(8)]
             results = await asyncio.gather(*pending, return_exceptions=True)
@@ -323,7 +321,7 @@ async def test_osd_stopped_mid_io_gives_path_errors_then_recovers(
             # The controller itself answers meanwhile (the target is alive).
             await ctrl.namespace(2).write(0, b"x" * 512)
         finally:
-            os.kill(osd, signal.SIGCONT)
+            ceph_cluster.thaw(ceph_cluster.osd_name)
         buf = bytearray(4096)
         for _ in range(20):
             try:
