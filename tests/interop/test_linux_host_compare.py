@@ -132,10 +132,13 @@ def check_nvme_compare_match_and_mismatch(guest: Guest, dev: str) -> None:
     args = f"--start-block={lba} --block-count={count - 1} --data-size={count * BS}"
     same = guest.run(f"nvme compare {dev} {args} --data=/tmp/cmp", check=False)
     assert same.rc == 0 and "compare: Success" in same.output, same.output
-    # One bit off in the last block: Compare Failure, and the namespace is unchanged.
+    # One byte off in the last block: Compare Failure, and the namespace is unchanged.
+    # The byte written is 01h, or 02h where the random data already had 01h there (1 run
+    # in 256 otherwise compared equal data).
+    last = f"dd of=/tmp/cmp2 bs=1 seek={count * BS - 1} conv=notrunc 2>/dev/null"
     guest.run(
-        "cp /tmp/cmp /tmp/cmp2 && printf '\\001' | "
-        f"dd of=/tmp/cmp2 bs=1 seek={count * BS - 1} conv=notrunc 2>/dev/null"
+        f"cp /tmp/cmp /tmp/cmp2 && printf '\\001' | {last} && "
+        f"{{ ! cmp -s /tmp/cmp /tmp/cmp2 || printf '\\002' | {last}; }}"
     )
     assert guest.run("cmp -s /tmp/cmp /tmp/cmp2", check=False).rc == 1
     diff = guest.run(f"nvme compare {dev} {args} --data=/tmp/cmp2", check=False)
