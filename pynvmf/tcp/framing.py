@@ -37,6 +37,13 @@ DataDigestHandler = Callable[[int, int, int, int, int, memoryview], None]
 # Module constants are Final: where this module is compiled (mypyc, docs/performance.md)
 # a Final int is inlined and any other Final is a C static rather than a dict lookup.
 _U32: Final = struct.Struct("<I")  # a digest as it travels: CRC32C, little endian
+_PACK_U32: Final = _U32.pack
+# The CRC function itself (a C function where an accelerated package is installed),
+# called directly: D.digest is an interpreted call per digest.
+_CRC32C: Final = D.crc32c
+_FLAG_HDGST: Final = P.FLAG_HDGST
+_FLAG_DDGST: Final = P.FLAG_DDGST
+_DIGEST_LEN: Final = P.DIGEST_LEN
 _DIGEST_FLAGS: Final = P.FLAG_HDGST | P.FLAG_DDGST
 _CAPSULE_CMD: Final = int(P.PduType.CAPSULE_CMD)
 _EXPECTED_HLEN: Final = P.EXPECTED_HLEN
@@ -225,7 +232,7 @@ class PduReader:
                 if not flags & P.FLAG_HDGST:
                     self._fatal(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_FLAGS, start, avail)
                     return
-                if _U32.unpack_from(pdu, hlen)[0] != D.crc32c(pdu[:hlen]):
+                if _U32.unpack_from(pdu, hlen)[0] != _CRC32C(pdu[:hlen]):
                     self._fatal(P.FatalError.HEADER_DIGEST_ERROR, 0, start, avail)
                     return
             if plen > header_end:
@@ -243,7 +250,7 @@ class PduReader:
                     if not flags & P.FLAG_DDGST:
                         self._fatal(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_FLAGS, start, avail)
                         return
-                    if _U32.unpack_from(pdu, data_end)[0] != D.crc32c(pdu[pdo:data_end]):
+                    if _U32.unpack_from(pdu, data_end)[0] != _CRC32C(pdu[pdo:data_end]):
                         if self._on_ddgst_error is None:
                             self._fatal(P.FatalError.HEADER_DIGEST_ERROR, 0, start, avail)
                         else:
@@ -303,8 +310,9 @@ class PduWriter:
         """A PDU without data (CapsuleResp, R2T, a capsule without in-capsule data).
         `layout` packs the whole header: common header, then `fields`."""
         if self.hdgst:
-            header = layout.pack(pdu_type, P.FLAG_HDGST, hlen, 0, hlen + P.DIGEST_LEN, *fields)
-            out.append(header + D.digest(header))
+            header = layout.pack(pdu_type, _FLAG_HDGST, hlen, 0, hlen + _DIGEST_LEN, *fields)
+            out.append(header)
+            out.append(_PACK_U32(_CRC32C(header)))
         else:
             out.append(layout.pack(pdu_type, 0, hlen, 0, hlen, *fields))
 
@@ -321,23 +329,24 @@ class PduWriter:
         """A PDU carrying `payload` (C2HData, H2CData, a capsule with in-capsule data)."""
         hdgst, ddgst = self.hdgst, self.ddgst
         length = len(payload) if not isinstance(payload, memoryview) else payload.nbytes
-        pdo = P.data_offset(hlen, hdgst, self.pda)
-        plen = pdo + length + (P.DIGEST_LEN if ddgst else 0)
+        # P.data_offset, inline (an interpreted call per PDU otherwise).
+        start = hlen + _DIGEST_LEN if hdgst else hlen
+        align = (self.pda + 1) * 4
+        pdo = -(-start // align) * align
+        plen = pdo + length + (_DIGEST_LEN if ddgst else 0)
         if hdgst:
-            flags |= P.FLAG_HDGST
+            flags |= _FLAG_HDGST
         if ddgst:
-            flags |= P.FLAG_DDGST
+            flags |= _FLAG_DDGST
         header = layout.pack(pdu_type, flags, hlen, pdo, plen, *fields)
-        if hdgst or pdo != hlen:
-            prefix = header + D.digest(header) if hdgst else header
-            if pdo > len(prefix):
-                prefix += bytes(pdo - len(prefix))
-            out.append(prefix)
-        else:
-            out.append(header)
+        out.append(header)
+        if hdgst:
+            out.append(_PACK_U32(_CRC32C(header)))
+        if pdo > start:
+            out.append(bytes(pdo - start))
         out.append(payload)
         if ddgst:
-            out.append(D.digest(payload))
+            out.append(_PACK_U32(_CRC32C(payload)))
 
 
 class PduConnection:

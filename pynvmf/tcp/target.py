@@ -43,7 +43,15 @@ _TTAG_LIMIT: Final = 0xFFFF
 # dictionary lookups.
 _CAPSULE_RESP_TYPE: Final = int(P.PduType.CAPSULE_RESP)
 _C2H_DATA_TYPE: Final = int(P.PduType.C2H_DATA)
+_H2C_DATA_TYPE: Final = int(P.PduType.H2C_DATA)
+_CAPSULE_CMD_TYPE: Final = int(P.PduType.CAPSULE_CMD)
+_R2T_TYPE: Final = int(P.PduType.R2T)
+_DATA_HEADER: Final = P.DATA_HEADER
+_CAPSULE_RESP: Final = P.CAPSULE_RESP
 _PACK_DATA_HEADER: Final = P.DATA_HEADER.pack
+_UNPACK_DATA_BODY: Final = P.DATA_BODY.unpack_from
+_FABRICS: Final = int(AdminOpcode.FABRICS)
+_CONNECT: Final = int(FabricsType.CONNECT)
 _UNPACK_SQE: Final = unpack_sqe
 _NEW_SQE: Final = new_sqe
 _SQE: Final = Sqe
@@ -176,9 +184,9 @@ class TargetConnection(PduConnection):
     def _on_pdu(
         self, pdu_type: int, flags: int, hlen: int, pdo: int, data_end: int, pdu: memoryview
     ) -> None:
-        if pdu_type == P.PduType.CAPSULE_CMD:
+        if pdu_type == _CAPSULE_CMD_TYPE:
             self._on_capsule(pdo, data_end, pdu)
-        elif pdu_type == P.PduType.H2C_DATA:
+        elif pdu_type == _H2C_DATA_TYPE:
             self._on_h2c_data(flags, pdo, data_end, pdu)
         elif pdu_type == P.PduType.ICREQ:
             self._on_icreq(pdu)
@@ -285,7 +293,7 @@ class TargetConnection(PduConnection):
             self.on_refused(req)
 
     def _capsule_limit(self, sqe: Sqe) -> int:
-        if sqe.opcode == AdminOpcode.FABRICS and sqe.fctype == FabricsType.CONNECT:
+        if sqe.opcode == _FABRICS and sqe.fctype == _CONNECT:
             return max(self.inline_limit, CONNECT_DATA_LEN)
         return self.inline_limit
 
@@ -305,8 +313,8 @@ class TargetConnection(PduConnection):
         self._r2t[ttag] = req
         self.writer.control(
             self.outbox,
-            P.DATA_HEADER,
-            P.PduType.R2T,
+            _DATA_HEADER,
+            _R2T_TYPE,
             P.R2T_HLEN,
             req.sqe.cid,
             ttag,
@@ -325,7 +333,7 @@ class TargetConnection(PduConnection):
         raise RuntimeError("no free transfer tag")
 
     def _on_h2c_data(self, flags: int, pdo: int, data_end: int, pdu: memoryview) -> None:
-        cccid, ttag, datao, datal = P.DATA_BODY.unpack_from(pdu, P.CH_LEN)
+        cccid, ttag, datao, datal = _UNPACK_DATA_BODY(pdu, P.CH_LEN)
         req = self._r2t.get(ttag)
         if req is None:
             self._terminate(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_DATA_TTAG, pdu)
@@ -441,8 +449,8 @@ class TargetConnection(PduConnection):
         else:
             self.writer.control(
                 out,
-                P.CAPSULE_RESP,
-                P.PduType.CAPSULE_RESP,
+                _CAPSULE_RESP,
+                _CAPSULE_RESP_TYPE,
                 P.CAPSULE_RESP_HLEN,
                 result & 0xFFFFFFFF,
                 result >> 32,
@@ -500,8 +508,8 @@ class TargetConnection(PduConnection):
             return
         self.writer.data(
             self.outbox,
-            P.DATA_HEADER,
-            P.PduType.C2H_DATA,
+            _DATA_HEADER,
+            _C2H_DATA_TYPE,
             flags,
             P.DATA_HLEN,
             data,
@@ -574,5 +582,5 @@ def _ignore_request(req: Request) -> None:
 
 
 def _host_to_controller(sqe: Sqe) -> bool:
-    code = sqe.fctype if sqe.opcode == AdminOpcode.FABRICS else sqe.opcode
+    code = sqe.fctype if sqe.opcode == _FABRICS else sqe.opcode
     return bool(code & 0x1)
