@@ -19,6 +19,7 @@ COMPILED = [
     "pynvmf/tcp/host.py",
     "pynvmf/target/queue.py",
     "pynvmf/target/io.py",
+    "pynvmf/block/inplace.py",
 ]
 # mypy's checks stop at the compiled modules (the rest of the package is not type-clean
 # under mypy, and need not be: it stays interpreted); crc32c-rs has no type stubs.

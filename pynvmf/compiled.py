@@ -15,6 +15,7 @@ HOT_MODULES = (
     "pynvmf.tcp.host",
     "pynvmf.target.queue",
     "pynvmf.target.io",
+    "pynvmf.block.inplace",
 )
 
 

@@ -20,6 +20,7 @@ import mmap
 import os
 
 from pynvmf.block.device import Buffer, Capabilities, Medium, check_range
+from pynvmf.block.inplace import InPlace
 
 _PAGE = mmap.PAGESIZE
 
@@ -49,7 +50,7 @@ def _block_shift(block_size: int) -> int:
 class MemoryDevice:
     """`size_bytes` of zeroed memory in blocks of `block_size` (a power of two >= 512)."""
 
-    __slots__ = ("_caps", "_map", "_mask", "_medium", "_shift", "_size", "_view")
+    __slots__ = ("_caps", "_map", "_mask", "_medium", "_shift", "_size", "_view", "inplace")
 
     def __init__(self, size_bytes: int, block_size: int = 512) -> None:
         shift = _block_shift(block_size)
@@ -78,9 +79,22 @@ class MemoryDevice:
                 f"({exc.strerror}; the machine has {_physical_memory()} bytes)",
             ) from None
         self._view = memoryview(self._map)
+        self._mapped()
         # A private mapping is no other device's storage: a key of its own. A token
         # rather than the device itself, which would make device and key a cycle.
         self._medium = Medium((object(),))
+
+    def _mapped(self) -> None:
+        """The mapping is (re)made: the target's in-place path works on it, None once the
+        device is closed (the general path then reports it)."""
+        cls = type(self)
+        self.inplace: InPlace | None = InPlace(
+            self._map,
+            self._view,
+            self._shift,
+            reads=cls.read_view is not None,  # type: ignore[comparison-overlap]
+            writes=cls.write_now is not None,  # type: ignore[comparison-overlap]
+        )
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -137,22 +151,18 @@ class MemoryDevice:
         completion, so a host can only start a write that must not show in the read
         after the data has been handed to the kernel (which copies it); a write that
         runs while the read is in flight may show in it, as on any device."""
-        off = lba << self._shift
-        end = off + (nblocks << self._shift)
-        if end - off != length or lba < 0 or end > self._size:
-            return None
-        return self._view[off:end].toreadonly()
+        inplace = self.inplace
+        if inplace is None:
+            raise ValueError("device is closed")
+        return inplace.read_view(lba, nblocks, length)
 
     def write_now(self, lba: int, nblocks: int, data: Buffer) -> bool:
         """Write `data` (`nblocks` blocks) at `lba` at once; False, touching nothing, if
         the range is not inside the device or `data` is not that long."""
-        off = lba << self._shift
-        end = off + (nblocks << self._shift)
-        n = data.nbytes if type(data) is memoryview else len(data)
-        if end - off != n or lba < 0 or end > self._size:
-            return False
-        self._map[off:end] = data
-        return True
+        inplace = self.inplace
+        if inplace is None:
+            raise ValueError("device is closed")
+        return inplace.write_now(lba, nblocks, data)
 
     async def write(self, lba: int, data: Buffer, *, fua: bool = False) -> None:
         n = data.nbytes if type(data) is memoryview else len(data)
@@ -201,6 +211,7 @@ class MemoryDevice:
     def close_sync(self) -> None:
         """Unmap the memory (its contents are gone); idempotent."""
         if not self._map.closed:
+            self.inplace = None
             self._view.release()
             try:
                 self._map.close()

@@ -46,6 +46,7 @@ class SharedMemoryDevice(MemoryDevice):
         self._fd = fd
         self._map = mmap.mmap(fd, size_bytes, flags=mmap.MAP_SHARED)
         self._view = memoryview(self._map)
+        self._mapped()
         # The same storage in every process: a key that names the memfd's inode, so the
         # copy planner of one process treats two devices on it as one medium.
         st = os.fstat(fd)

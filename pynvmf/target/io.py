@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Final
 from pynvmf.aio import start_eager
 from pynvmf.block import copy as block_copy
 from pynvmf.block.device import BlockRangeError, StorageUnavailable
+from pynvmf.block.inplace import InPlace
 from pynvmf.spec.command import (
     COPY_CDFE_FORMATS,
     COPY_DESCRIPTOR,
@@ -107,7 +108,7 @@ class IoHandler:
         """Run a command that arrived, at once where it can: the hot path.
 
         A Read from, or a Write with in-capsule data to, a namespace whose device does
-        I/O in place (memory: read_view / write_now) completes here with no coroutine
+        I/O in place (memory: its `inplace`, block/inplace.py) completes here with no coroutine
         and no buffer of its own (the read's data is a view of the device's memory, the
         write's is copied from the receive buffer straight into it). Anything else, or
         anything unusual about these (a range or length that is wrong, reservations, an
@@ -118,28 +119,27 @@ class IoHandler:
         if opcode in (_READ, _WRITE) and not self.registered and not self.ana.any_blocked:
             ns = self.namespaces.get(sqe.nsid)
             if ns is not None:
-                device = ns.device
+                inplace: InPlace | None = getattr(ns.device, "inplace", None)
                 try:
-                    if opcode == _READ:
-                        read_view = getattr(device, "read_view", None)
-                        if read_view is not None and req.length <= _MAX_TRANSFER:
-                            data = read_view(
+                    if inplace is None:
+                        pass
+                    elif opcode == _READ:
+                        if req.length <= _MAX_TRANSFER:
+                            view = inplace.read_view(
                                 sqe.cdw10 | sqe.cdw11 << 32, (sqe.cdw12 & 0xFFFF) + 1, req.length
                             )
-                            if data is not None:
+                            if view is not None:
                                 stats = self.stats
                                 stats.read_cmds += 1
                                 stats.read_bytes += req.length
-                                self.queue.conn.complete(req, 0, 0, data)
+                                self.queue.conn.complete(req, 0, 0, view)
                                 return
                     else:
                         data = req.data
-                        write_now = getattr(device, "write_now", None)
                         if (
                             type(data) is memoryview
-                            and write_now is not None
                             and not ns.gate.closed
-                            and write_now(
+                            and inplace.write_now(
                                 sqe.cdw10 | sqe.cdw11 << 32, (sqe.cdw12 & 0xFFFF) + 1, data
                             )
                         ):
@@ -238,8 +238,10 @@ class IoHandler:
         if status or ns is None:
             return status, None
         device = ns.device
-        read_view = getattr(device, "read_view", None)
-        data = read_view(slba, nlb, length) if read_view is not None else None
+        inplace: InPlace | None = getattr(device, "inplace", None)
+        data: bytearray | memoryview | None = (
+            inplace.read_view(slba, nlb, length) if inplace is not None else None
+        )
         if data is None:
             if length > READ_CHUNK:
                 return await self._read_in_pieces(req, ns, slba, length)
