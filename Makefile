@@ -27,13 +27,15 @@ system-deps:
 lint: setup
 	$(BIN)/ruff check pynvmf tests benchmarks
 
-# The whole suite on the pure-Python path, then the unit and protocol tests again with
-# the hot modules compiled (docs/performance.md, "Compiled hot modules").
+# The whole suite on the pure-Python path, then the unit and protocol tests and the
+# Linux hosts' main interoperability module again with the hot modules compiled
+# (docs/performance.md, "Compiled hot modules").
+COMPILED_TESTS := tests/unit tests/protocol tests/interop/test_linux_host.py
 test: system-deps setup lint
 	$(MAKE) clean-compiled
 	$(BIN)/python -m pytest
 	$(MAKE) compiled
-	PYNVMF_COMPILED=1 $(BIN)/python -m pytest tests/unit tests/protocol
+	PYNVMF_COMPILED=1 $(BIN)/python -m pytest $(COMPILED_TESTS)
 	$(MAKE) clean-compiled
 
 $(BIN)/.compiled-installed: $(BIN)/.installed pyproject.toml
