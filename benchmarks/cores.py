@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import re
+import resource
 import socket
 import statistics
 import subprocess
@@ -95,11 +96,22 @@ class Target:
         self.proc.wait(30)
 
 
-def spdk_perf(spdk: Path, port: int, workload: str, seconds: float) -> float:
+def _children_cpu() -> float:
+    """CPU seconds of this process's children that have been waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def spdk_perf(spdk: Path, port: int, workload: str, seconds: float, *, idle: bool = False) -> float:
+    """4 I/O queues at QD32: on CPU 0 as the field runs it (its reactor polls, so it
+    holds CPU 0 whatever the target does), or with `idle` one reactor on each CPU with 2
+    queues each under SCHED_IDLE, where it runs only when no target process wants the
+    CPU: its polling then takes nothing from the target's workers, only its work does."""
     rw, bs = {"4k randread": ("randread", 4096), "4k randwrite": ("randwrite", 4096)}[workload]
     trid = f"trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{NQN}"
     out = subprocess.run(
         [
+            *(("chrt", "--idle", "0") if idle else ()),
             str(spdk / "spdk_nvme_perf"),
             "-r",
             trid,
@@ -112,9 +124,9 @@ def spdk_perf(spdk: Path, port: int, workload: str, seconds: float) -> float:
             "-t",
             str(int(seconds)),
             "-c",
-            "0x1",
+            "0x3" if idle else "0x1",
             "-P",
-            "4",
+            "2" if idle else "4",
         ],
         capture_output=True,
         text=True,
@@ -165,6 +177,8 @@ def pynvmf_bench(port: int, workload: str, seconds: float) -> float:
 
 
 CONNECTS = 20
+SPDK = "spdk_nvme_perf"
+SPDK_IDLE = "spdk_nvme_perf, SCHED_IDLE on both CPUs"
 
 
 def connect_ms(port: int, n: int = CONNECTS, queues: int = 4) -> float:
@@ -233,6 +247,11 @@ def memcpy_gbps(size: int = 256 << 20) -> float:
     return best
 
 
+def _spread(runs: list[tuple[float, float, float]]) -> str:
+    iops = [i for i, _, _ in runs]
+    return f"{min(iops) / 1000:.1f}-{max(iops) / 1000:.1f}K"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spdk", type=Path, default=Path("/work/spdk/build/bin"))
@@ -242,11 +261,11 @@ def main() -> None:
     args = parser.parse_args()
     clients = ["pynvmf bench"]
     if (args.spdk / "spdk_nvme_perf").exists():
-        clients.insert(0, "spdk_nvme_perf")
+        clients[:0] = [SPDK, SPDK_IDLE]
     else:
         print(f"no spdk_nvme_perf in {args.spdk}: pynvmf's own host only", file=sys.stderr)
     workloads = args.workloads.split(",")
-    results: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
+    results: dict[tuple[str, str, int], list[tuple[float, float, float]]] = {}
     connects: dict[int, list[float]] = {1: [], 2: []}
     connect_cpu: dict[int, list[float]] = {1: [], 2: []}
     load_start = os.getloadavg()
@@ -259,17 +278,32 @@ def main() -> None:
                 for client in clients:
                     for workload in workloads:
                         main0, workers0 = target.cpu()
-                        if client == "spdk_nvme_perf":
-                            iops = spdk_perf(args.spdk, target.port, workload, args.seconds)
-                        else:
+                        client0 = _children_cpu()
+                        if client == "pynvmf bench":
                             iops = pynvmf_bench(target.port, workload, args.seconds)
+                        else:
+                            iops = spdk_perf(
+                                args.spdk,
+                                target.port,
+                                workload,
+                                args.seconds,
+                                idle=client == SPDK_IDLE,
+                            )
+                        client_s = _children_cpu() - client0
                         main1, workers1 = target.cpu()
                         used = main1 - main0 + workers1 - workers0
-                        cpu_us = used / max(1.0, iops * args.seconds) * 1e6
+                        commands = max(1.0, iops * args.seconds)
+                        cpu_us = used / commands * 1e6
+                        # The client's whole run (connect and teardown included) over the
+                        # commands of its measured seconds: an upper bound, close to it.
+                        client_us = client_s / commands * 1e6
                         main_share = (main1 - main0) / used if used else 0.0
-                        results.setdefault((client, workload, cores), []).append((iops, cpu_us))
+                        results.setdefault((client, workload, cores), []).append(
+                            (iops, cpu_us, client_us)
+                        )
                         line = {"client": client, "workload": workload, "cores": cores}
                         line |= {"iops": round(iops), "cpu_us": round(cpu_us, 2)}
+                        line |= {"client_cpu_us": round(client_us, 2)}
                         line |= {"main_cpu_share": round(main_share, 3)}
                         print(json.dumps(line), flush=True)
                 main0, _ = target.cpu()
@@ -289,22 +323,33 @@ def main() -> None:
     )
     print()
     print(
-        "| client | workload | --cores 1 IOPS | --cores 2 IOPS | ratio | target CPU µs/cmd 1 → 2 |"
+        "| client | workload | --cores 1 IOPS | --cores 2 IOPS | ratio "
+        "| target CPU µs/cmd 1 → 2 | client CPU µs/cmd 1 → 2 | bound |"
     )
-    print("|---|---|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for client in clients:
         for workload in workloads:
             one = results[(client, workload, 1)]
             two = results[(client, workload, 2)]
-            m1 = statistics.median(i for i, _ in one)
-            m2 = statistics.median(i for i, _ in two)
-            c1 = statistics.median(c for _, c in one)
-            c2 = statistics.median(c for _, c in two)
-            spread1 = f"{min(i for i, _ in one) / 1000:.1f}-{max(i for i, _ in one) / 1000:.1f}K"
-            spread2 = f"{min(i for i, _ in two) / 1000:.1f}-{max(i for i, _ in two) / 1000:.1f}K"
+            m1 = statistics.median(i for i, _, _ in one)
+            m2 = statistics.median(i for i, _, _ in two)
+            c1 = statistics.median(c for _, c, _ in one)
+            c2 = statistics.median(c for _, c, _ in two)
+            h1 = statistics.median(h for _, _, h in one)
+            h2 = statistics.median(h for _, _, h in two)
+            # What two CPUs can give when every command costs the target c2 and the
+            # client h2 of CPU time, over what one worker gave.
+            bound = (2 / (c2 + h2) * 1e6) / m1
+            spread1 = (
+                f"{min(i for i, _, _ in one) / 1000:.1f}-{max(i for i, _, _ in one) / 1000:.1f}K"
+            )
+            spread2 = (
+                f"{min(i for i, _, _ in two) / 1000:.1f}-{max(i for i, _, _ in two) / 1000:.1f}K"
+            )
             print(
                 f"| {client} | {workload} QD32 x 4 queues | {m1:,.0f} ({spread1}) | "
-                f"{m2:,.0f} ({spread2}) | {m2 / m1:.2f} | {c1:.1f} → {c2:.1f} |"
+                f"{m2:,.0f} ({spread2}) | {m2 / m1:.2f} | {c1:.1f} → {c2:.1f} | "
+                f"{h1:.1f} → {h2:.1f} | {bound:.2f} |"
             )
     print()
     c1, c2 = statistics.median(connects[1]), statistics.median(connects[2])
