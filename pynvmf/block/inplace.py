@@ -1,7 +1,9 @@
-"""InPlace: a whole Read or Write of a memory device done at once, on its mapping.
+"""InPlace: a whole Read, Write or one-range Copy of a memory device done at once, on
+its mapping.
 
-The target's hot path (target/io.py `IoHandler.submit`) calls these for every Read
-and in-capsule Write to a memory namespace. They live in a class of their own, apart
+The target's hot path (target/io.py `IoHandler.submit`) calls these for every Read and
+in-capsule Write to a memory namespace, and the copy planner's `copy_one_range_now`
+(block/copy.py) for a single-range Copy inside one. They live in a class of their own, apart
 from MemoryDevice, so that the compiled build (docs/performance.md) can compile them
 (MemoryDevice is subclassed by interpreted classes, which a compiled class does not
 allow): a call to an interpreted method costs more than the copy of a 4 KiB block.
@@ -17,12 +19,20 @@ Buffer = bytes | bytearray | memoryview
 class InPlace:
     """Reads and writes of `mapping` (the device's whole mmap; `view` a memoryview of
     it) in blocks of 1 << `shift` bytes; `reads` / `writes` False where the device wants
-    its own read or write called for every I/O (a subclass that overrides it)."""
+    its own read, write or copy_within called for every I/O (a subclass that overrides
+    it)."""
 
-    __slots__ = ("mapping", "reads", "shift", "size", "view", "writes")
+    __slots__ = ("copies", "mapping", "reads", "shift", "size", "view", "writes")
 
     def __init__(
-        self, mapping: mmap.mmap, view: memoryview, shift: int, *, reads: bool, writes: bool
+        self,
+        mapping: mmap.mmap,
+        view: memoryview,
+        shift: int,
+        *,
+        reads: bool,
+        writes: bool,
+        copies: bool,
     ) -> None:
         self.mapping = mapping
         self.view = view
@@ -30,6 +40,7 @@ class InPlace:
         self.size = view.nbytes
         self.reads = reads
         self.writes = writes
+        self.copies = copies
 
     def read_view(self, lba: int, nblocks: int, length: int) -> memoryview | None:
         """The `nblocks` blocks at `lba` as a read-only view of the mapping, or None if
@@ -52,4 +63,21 @@ class InPlace:
             return False
         # mmap slice assignment takes any contiguous buffer and does one memcpy.
         self.mapping[off:end] = data
+        return True
+
+    def copy_within(self, src_lba: int, dst_lba: int, nblocks: int) -> bool:
+        """Copy `nblocks` blocks from `src_lba` to `dst_lba` as memmove does (overlapping
+        ranges as if through a buffer); False, touching nothing, if a range is not inside
+        the device."""
+        shift = self.shift
+        length = nblocks << shift
+        if (
+            not self.copies
+            or src_lba < 0
+            or dst_lba < 0
+            or nblocks <= 0
+            or (max(src_lba, dst_lba) << shift) + length > self.size
+        ):
+            return False
+        self.mapping.move(dst_lba << shift, src_lba << shift, length)
         return True

@@ -94,6 +94,7 @@ class MemoryDevice:
             self._shift,
             reads=cls.read_view is not None,  # type: ignore[comparison-overlap]
             writes=cls.write_now is not None,  # type: ignore[comparison-overlap]
+            copies=cls.copy_within is MemoryDevice.copy_within,
         )
 
     def __init_subclass__(cls, **kwargs: object) -> None:

@@ -219,9 +219,17 @@ async def start(
     assert done.status == 0, done
     ct = CopyTarget(rt, subsystem, admin, io, models)
     # What the planner did for each Copy: the Copy handler either has one range done
-    # without a plan (copy_one_range) or plans and runs the copy.
+    # without a plan (copy_one_range_now at once, or copy_one_range) or plans and runs
+    # the copy.
     real_one = block_copy.copy_one_range
+    real_now = block_copy.copy_one_range_now
     real_run = block_copy.CopyPlan.run
+
+    def now(dev: Any, src_lba: int, dst_lba: int, nblocks: int) -> bool:
+        done = real_now(dev, src_lba, dst_lba, nblocks)
+        if done:
+            ct.reports.append(CopyReport(native_blocks=nblocks))
+        return done
 
     async def one(*args: Any, **kwargs: Any) -> CopyReport | None:
         report = await real_one(*args, **kwargs)
@@ -235,6 +243,7 @@ async def start(
         return report
 
     monkeypatch.setattr(block_copy, "copy_one_range", one)
+    monkeypatch.setattr(block_copy, "copy_one_range_now", now)
     monkeypatch.setattr(block_copy.CopyPlan, "run", run)
     return ct
 
