@@ -286,7 +286,16 @@ class LeaseManager:
             await self._after_failure(exc)
             return
         if not g.owned:
-            return  # it succeeded after the deadline had ended the ownership
+            # It succeeded after the deadline had ended the ownership: the OSD now holds
+            # the lock for a gateway that serves nothing (MAY_RENEW takes a lock that ran
+            # out). Let it go at once, or a standby could take over only in the moments
+            # between the lease running out and a late renewal. The owner record stays:
+            # the next owner still fences this gateway.
+            io = self._ioctx()
+            obj = OBJECT_PREFIX + str(g.gid)
+            with contextlib.suppress(Exception):
+                await self._call(None, lambda: io.unlock(obj, LOCK_NAME, self._cookie))
+            return
         self._own_until(g, sent + self.config.lease_seconds - self.config.margin)
         if self.config.failback and g.gid not in self._preferred:
             await self._maybe_hand_back(g)
