@@ -598,7 +598,12 @@ def copy_one_range_now(dev: BlockDevice, src_lba: int, dst_lba: int, nblocks: in
     runs per Copy command). False, having done nothing, where that does not apply
     (another device, a range outside it): then copy_one_range or a plan decides."""
     inplace = getattr(dev, "inplace", None)
-    return inplace is not None and inplace.copy_within(src_lba, dst_lba, nblocks)
+    return (
+        inplace is not None
+        and inplace.copies
+        and nblocks > 0
+        and inplace.copy_within(src_lba, dst_lba, nblocks)
+    )
 
 
 # What a device type offers copy_one_range, found once per type (as `_offers` does).

@@ -17,10 +17,11 @@ Buffer = bytes | bytearray | memoryview
 
 
 class InPlace:
-    """Reads and writes of `mapping` (the device's whole mmap; `view` a memoryview of
-    it) in blocks of 1 << `shift` bytes; `reads` / `writes` False where the device wants
-    its own read, write or copy_within called for every I/O (a subclass that overrides
-    it)."""
+    """Reads, writes and copies of `mapping` (the device's whole mmap; `view` a
+    memoryview of it) in blocks of 1 << `shift` bytes. `reads` / `writes` / `copies`
+    False where the device wants its own read, write or copy_within called for every I/O
+    (a subclass that overrides it): the target's hot path and the copy planner then
+    leave it alone (copy_within itself is also MemoryDevice's, so it ignores `copies`)."""
 
     __slots__ = ("copies", "mapping", "reads", "shift", "size", "view", "writes")
 
@@ -72,10 +73,9 @@ class InPlace:
         shift = self.shift
         length = nblocks << shift
         if (
-            not self.copies
-            or src_lba < 0
+            src_lba < 0
             or dst_lba < 0
-            or nblocks <= 0
+            or nblocks < 0
             or (max(src_lba, dst_lba) << shift) + length > self.size
         ):
             return False

@@ -179,20 +179,14 @@ class MemoryDevice:
     async def copy_within(
         self, src_lba: int, dst_lba: int, nblocks: int, *, fua: bool = False
     ) -> None:
-        shift = self._shift
-        length = nblocks << shift
-        size = self._size
-        if (
-            src_lba < 0
-            or dst_lba < 0
-            or nblocks < 0
-            or (max(src_lba, dst_lba) << shift) + length > size
-        ):
-            # The range checks inline (a Copy's hot path); check_range says which one failed.
+        inplace = self.inplace
+        if inplace is None:
+            raise ValueError("device is closed")
+        if not inplace.copy_within(src_lba, dst_lba, nblocks):
+            # A range outside the device (checked inline, for a Copy's hot path):
+            # check_range says which one.
             check_range(self._caps, src_lba, nblocks)
             check_range(self._caps, dst_lba, nblocks)
-        # mmap.move is memmove: overlapping ranges copy as if through a buffer.
-        self._map.move(dst_lba << shift, src_lba << shift, length)
 
     async def flush(self) -> None:
         if self._map.closed:
