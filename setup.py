@@ -20,6 +20,7 @@ COMPILED = [
     "pynvmf/target/queue.py",
     "pynvmf/target/io.py",
     "pynvmf/block/inplace.py",
+    "pynvmf/block/copy_now.py",
 ]
 # mypy's checks stop at the compiled modules (the rest of the package is not type-clean
 # under mypy, and need not be: it stays interpreted); crc32c-rs has no type stubs.

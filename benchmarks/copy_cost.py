@@ -198,6 +198,7 @@ def main() -> None:
     parser.add_argument("--callgrind", choices=("target", "host"))
     parser.add_argument("--quick", action="store_true", help="1 s, 1 repeat")
     parser.add_argument("--count", type=int, default=20000, help="commands, with --callgrind")
+    parser.add_argument("--keep", help="with --callgrind: keep the profiles in this directory")
     parser.add_argument(
         "--workload", action="append", choices=WORKLOADS, help="only these (repeatable)"
     )
@@ -214,7 +215,9 @@ def main() -> None:
             f.truncate(1 << 30)
         backend = ["--file", args.file]
     if args.callgrind:
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as scratch:
+            tmp = args.keep or scratch
+            os.makedirs(tmp, exist_ok=True)
             base: dict[str, int] = {}
             for workload in args.workload or WORKLOADS:
                 for count in (0, args.count):

@@ -16,6 +16,7 @@ HOT_MODULES = (
     "pynvmf.target.queue",
     "pynvmf.target.io",
     "pynvmf.block.inplace",
+    "pynvmf.block.copy_now",
 )
 
 

@@ -60,6 +60,8 @@ from collections.abc import Awaitable, Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
+# The rule for a copy done at once, in a module the compiled build compiles.
+from pynvmf.block.copy_now import copy_one_range_now as copy_one_range_now
 from pynvmf.block.device import (
     BlockDevice,
     CopyLimits,
@@ -589,21 +591,6 @@ async def copy_one_range(
         return None
     await dev.copy_offload(((dev, src_lba, nblocks),), dst_lba, fua=fua)  # type: ignore[attr-defined]
     return CopyReport(0, 0, 0, nblocks, 1)  # offloaded_blocks, commands
-
-
-def copy_one_range_now(dev: BlockDevice, src_lba: int, dst_lba: int, nblocks: int) -> bool:
-    """copy_one_range for a device that does its native copy at once (a memory device:
-    `inplace`, block/inplace.py), without a coroutine: the same rule, a native copy with
-    memmove semantics, so True means CopyReport(native_blocks=nblocks) (not built: this
-    runs per Copy command). False, having done nothing, where that does not apply
-    (another device, a range outside it): then copy_one_range or a plan decides."""
-    inplace = getattr(dev, "inplace", None)
-    return (
-        inplace is not None
-        and inplace.copies
-        and nblocks > 0
-        and inplace.copy_within(src_lba, dst_lba, nblocks)
-    )
 
 
 # What a device type offers copy_one_range, found once per type (as `_offers` does).

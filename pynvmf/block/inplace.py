@@ -72,12 +72,8 @@ class InPlace:
         the device."""
         shift = self.shift
         length = nblocks << shift
-        if (
-            src_lba < 0
-            or dst_lba < 0
-            or nblocks < 0
-            or (max(src_lba, dst_lba) << shift) + length > self.size
-        ):
+        last = src_lba if src_lba > dst_lba else dst_lba  # not max(): a call, compiled
+        if src_lba < 0 or dst_lba < 0 or nblocks < 0 or (last << shift) + length > self.size:
             return False
         self.mapping.move(dst_lba << shift, src_lba << shift, length)
         return True

@@ -269,6 +269,8 @@ COPY_DESCRIPTOR_SIZE = {0: 32, 1: 40, 2: 32, 3: 40}
 # bytes, SLBA, NLB (0's based), CETYPE, reserved, CEV, then SOPT in formats 2/3.
 _COPY_RANGE_HEAD = struct.Struct("<I4xQHBxHH")
 COPY_SOPT_FAST_COPY_ONLY = 1 << 15
+# Just a descriptor's SLBA and NLB, the same in every format.
+COPY_RANGE_SLBA_NLB = struct.Struct("<8xQH")
 
 
 @dataclass(frozen=True, slots=True)

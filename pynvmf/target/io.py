@@ -23,6 +23,7 @@ from pynvmf.spec.command import (
     COPY_CDFE_FORMATS,
     COPY_DESCRIPTOR,
     COPY_DESCRIPTOR_SIZE,
+    COPY_RANGE_SLBA_NLB,
     DSM_ATTR_DEALLOCATE,
     DSM_RANGE,
     RW_FUA,
@@ -53,6 +54,9 @@ log = logging.getLogger(__name__)
 
 # What Identify reports for each block size, made once (a Copy checks it every time).
 _copy_limits = functools.cache(copy_limits)
+# For _copy_now: the descriptor sizes of formats 0h and 1h.
+_ONE_DESCRIPTOR_SIZE: Final[tuple[int, int]] = (COPY_DESCRIPTOR_SIZE[0], COPY_DESCRIPTOR_SIZE[1])
+_SLBA_NLB: Final = COPY_RANGE_SLBA_NLB
 # Plain ints for the hot path's tests (an enum member is a class attribute lookup).
 _READ: Final = int(IoOpcode.READ)
 _WRITE: Final = int(IoOpcode.WRITE)
@@ -104,6 +108,9 @@ class IoHandler:
         self.registered = ctrl.subsystem.registered
         # ANA: while every group is usable through every port, one attribute test.
         self.ana = ctrl.subsystem.ana
+        # The most blocks one Copy range may hold, by block size shift: what Identify
+        # reports (copy_limits), found once (a call costs more than the check itself).
+        self._one_range_blocks: dict[int, int] = {}
 
     def submit(self, req: Request) -> None:
         """Run a command that arrived, at once where it can: the hot path.
@@ -176,23 +183,24 @@ class IoHandler:
             cdw12 & 0xFF  # more than one range
             or desfmt > 1
             or type(data) is not memoryview
-            or req.length != COPY_DESCRIPTOR_SIZE[desfmt]
+            or req.length != _ONE_DESCRIPTOR_SIZE[desfmt]
             or ns.gate.closed
         ):
             return False
-        fields = COPY_DESCRIPTOR[desfmt].unpack_from(data)
-        slba: int = fields[1]
-        nlb: int = fields[2] + 1
-        block_size = 1 << shift  # the device's (Namespace.block_size asks it each time)
-        limits = _copy_limits(block_size)
-        if nlb > limits.max_range_blocks or nlb > limits.max_blocks:
+        slba, nlb = _SLBA_NLB.unpack_from(data)
+        nlb += 1
+        most = self._one_range_blocks.get(shift)
+        if most is None:
+            limits = _copy_limits(1 << shift)  # the device's block size
+            most = self._one_range_blocks[shift] = min(limits.max_range_blocks, limits.max_blocks)
+        if nlb > most:
             return False
         # FUA needs nothing more: a memory namespace has no volatile cache to flush.
         if not block_copy.copy_one_range_now(ns.device, slba, sqe.cdw10 | sqe.cdw11 << 32, nlb):
             return False
         stats = self.stats
         stats.copy_cmds += 1
-        stats.copy_bytes += nlb * block_size
+        stats.copy_bytes += nlb << shift
         self.queue.conn.complete(req, 0)
         return True
 
