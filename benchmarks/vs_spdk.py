@@ -5,8 +5,8 @@ runs on --host-cpu; the target under test runs alone on --target-cpu (SPDK's
 `nvmf_tgt` busy-polls its core, so only one target runs at a time). Both targets
 serve one 256 MiB memory namespace (SPDK: a malloc bdev; pynvmf: a MemoryDevice
 filled with random data, so reads copy real pages) with 16 KiB of in-capsule data,
-on 127.0.0.1. Row by row the targets take turns (SPDK's, then this tree's, then
-any --baseline tree's); every cell is the median of --repeat runs and the table
+on 127.0.0.1. Row by row the targets take turns (SPDK's, then the pynvmf trees in an
+order rotated at each repeat); every cell is the median of --repeat runs and the table
 prints pynvmf / SPDK ratios. pynvmf's own host library then drives both targets
 the same way, so its speed is on the same page.
 

@@ -1,10 +1,10 @@
 """The copy planner's rule for a Copy it can do at once, compiled.
 
-This is part of the planner (block/copy.py, which re-exports it and holds the rest of its
-rules). It is a module of its own so the compiled build (docs/performance.md) can compile it
-without compiling the planner: the target calls it for every one-range Copy to a memory
-namespace, and from compiled code a call into an interpreted function costs more than the
-memmove of the 8 KiB it copies.
+This is part of the planner (block/copy.py binds it as `copy_one_range_now`, and holds
+the rest of its rules). It is a module of its own so the compiled build
+(docs/performance.md) can compile it without compiling the planner: the target calls it
+for every one-range Copy to a memory namespace, and from compiled code a call into an
+interpreted function costs more than the memmove of the 8 KiB it copies.
 """
 
 from __future__ import annotations
