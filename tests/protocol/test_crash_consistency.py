@@ -81,9 +81,9 @@ async def _writer(
             acked.update(done)
 
 
-async def _trial(trial: int, image: Path, workdir: Path, rng: random.Random) -> set[int]:
-    port = free_tcp_port()
-    proc = _start(image, workdir, port)
+async def _trial(trial: int, proc: TargetProcess, port: int, rng: random.Random) -> set[int]:
+    """Write to the running `proc` and kill it at a random moment; the blocks acknowledged
+    before it died."""
     acked: set[int] = set()
     blocks = rng.sample(range(BLOCKS), BLOCKS)  # more than can be written before the crash
     try:
@@ -111,20 +111,26 @@ async def test_kill_9_loses_no_acknowledged_write(tmp_path: Path) -> None:
     image.write_bytes(bytes(BLOCK * BLOCKS))
     rng = random.Random(1)
     acknowledged = 0
-    for trial in range(1, TRIALS + 1):
-        acked = await _trial(trial, image, tmp_path, rng)
-        acknowledged += len(acked)
-        port = free_tcp_port()
-        proc = _start(image, tmp_path, port)
-        try:
+    port = free_tcp_port()
+    proc = _start(image, tmp_path, port)
+    try:
+        for trial in range(1, TRIALS + 1):
+            acked = await _trial(trial, proc, port, rng)
+            acknowledged += len(acked)
+            # The restarted target is checked, then is the next trial's victim: one start
+            # per trial.
+            port = free_tcp_port()
+            proc = _start(image, tmp_path, port)
             async with await connect("127.0.0.1", port, NQN) as ctrl:
                 ns = ctrl.namespace(1)
                 buf = bytearray(BLOCK)
                 for block in sorted(acked):
                     await ns.read(block, memoryview(buf))
                     assert buf == _pattern(trial, block), (trial, block)
-        finally:
-            assert proc.stop() == 0
+        assert proc.stop() == 0
+    finally:
+        if proc.alive:
+            proc.stop(sig=signal.SIGKILL)
     # The crashes came while writes were flowing: acknowledged, but not all of them.
     assert TRIALS * 8 < acknowledged < TRIALS * BLOCKS, acknowledged
     print(f"{TRIALS} kill -9 trials, {acknowledged} acknowledged writes, none lost")
