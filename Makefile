@@ -33,9 +33,9 @@ lint: setup
 COMPILED_TESTS := tests/unit tests/protocol tests/interop/test_linux_host.py
 test: system-deps setup lint
 	$(MAKE) clean-compiled
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25
 	$(MAKE) compiled
-	PYNVMF_COMPILED=1 $(BIN)/python -m pytest $(COMPILED_TESTS)
+	PYNVMF_COMPILED=1 $(BIN)/python -m pytest --durations=25 $(COMPILED_TESTS)
 	$(MAKE) clean-compiled
 
 $(BIN)/.compiled-installed: $(BIN)/.installed pyproject.toml

@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -100,11 +101,20 @@ async def _run(
         ns = ctrl.namespace(1)
         half = ns.capabilities.num_blocks // 2
         bufs = [memoryview(bytearray(BLOCK)) for _ in range(depth)]
+        # Every workload works on the same blocks: the Reads and the Copies' sources span the
+        # first `depth` x 128 blocks, the Copies' destinations as many from `half`. They hold
+        # data, so that the target copies real pages: an untouched memory namespace maps
+        # every page to the kernel's one zero page, which a Read would send from the cache.
+        span = depth * 128
+        chunk = random.Random(0).randbytes(32 * BLOCK)
+        for base in (0, half):
+            for lba in range(base, base + span, 32):
+                await ns.write(lba, chunk)
 
         def op(slot: int) -> Callable[[int], Awaitable[None]]:
             buf = bufs[slot]
             if workload == "read 4 KiB":
-                return lambda i: ns.read((slot * 64 + i % 64) % half, buf)
+                return lambda i: ns.read(slot * 128 + i % 128, buf)
             if workload == "copy 8 KiB x 1":
                 return lambda i: ns.copy_offload(
                     [(ns, slot * 128 + (i % 32) * 2, 2)], half + slot * 128 + (i % 32) * 2
