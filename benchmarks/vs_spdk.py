@@ -57,6 +57,10 @@ HERE = Path(__file__).resolve().parent
 DOCS = HERE.parent / "docs"
 SPDK_NQN = "nqn.2016-06.io.spdk:cnode1"
 NS_SIZE = 256 * MiB
+HUGEPAGES_HINT = (
+    "\nnvmf_tgt needs hugepages, e.g. echo 1024 > /proc/sys/vm/nr_hugepages and "
+    "mount -t hugetlbfs nodev /dev/hugepages"
+)
 BLOCK = 512
 IN_CAPSULE = 16 * KiB
 
@@ -160,7 +164,11 @@ def spdk_target(spdk: Path, cpu: int, shm_id: int) -> Iterator[tuple[int, str]]:
         deadline = time.monotonic() + 30
         while not os.path.exists(rpc_path):
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"nvmf_tgt did not start: see {workdir / 'nvmf_tgt.log'}")
+                # The log goes with the work directory below: say what it said.
+                log.flush()
+                said = (workdir / "nvmf_tgt.log").read_text(errors="replace")[-2000:]
+                hint = HUGEPAGES_HINT if "hugetlbfs" in said else ""
+                raise RuntimeError(f"nvmf_tgt did not start:\n{said}{hint}")
             time.sleep(0.05)
         rpc = SpdkRpc(rpc_path)
         port = free_port()
