@@ -371,6 +371,18 @@ def fmt(v: float, row: Row) -> str:
     return f"{v / 1000:,.1f}K"
 
 
+def paired_ratios(results: list[Measurement], row: Row, target: str) -> list[float]:
+    """`target` / SPDK in each repeat of `row`."""
+    by_rep: dict[tuple[str, int], float] = {
+        (m.target, m.repeat): value(m, row) for m in results if m.row == row.name
+    }
+    return [
+        v / by_rep["SPDK", rep]
+        for (t, rep), v in by_rep.items()
+        if t == target and by_rep.get(("SPDK", rep))
+    ]
+
+
 def table(results: list[Measurement]) -> tuple[list[str], list[list[str]], dict[str, dict]]:
     targets = list(dict.fromkeys(m.target for m in results))
     medians: dict[str, dict[str, float]] = {}
@@ -389,10 +401,13 @@ def table(results: list[Measurement]) -> tuple[list[str], list[list[str]], dict[
         medians[row.name] = med
         line = [row.name, *(fmt(med[t], row) for t in targets)]
         for t in others:
-            if row.metric == "lat":
-                line.append(f"{med[t] / med['SPDK']:.2f}x slower")
-            else:
-                line.append(f"{med[t] / med['SPDK']:.2f}")
+            ratio = f"{med[t] / med['SPDK']:.2f}" + ("x slower" if row.metric == "lat" else "")
+            pairs = paired_ratios(results, row, t)
+            if len(pairs) > 1:
+                # Each repeat's ratio, its two runs moments apart: how far the noise
+                # reaches shows here, where the medians of each side hide it.
+                ratio += f" ({min(pairs):.2f}-{max(pairs):.2f})"
+            line.append(ratio)
         rows.append(line)
     return headers, rows, medians
 
@@ -481,12 +496,14 @@ def main() -> int:
     started = datetime.now(UTC).isoformat(timespec="seconds")
     results = measure(args, spdk)
     headers, rows, medians = table(results)
-    print("\n".join(env))
-    print(
+    setup = (
         f"targets on CPU {args.target_cpu}, spdk_nvme_perf on CPU {args.host_cpu}; "
         f"{NS_SIZE // MiB} MiB memory namespace, {IN_CAPSULE // KiB} KiB in-capsule; "
-        f"{args.runtime:g} s runs, medians of {args.repeat} alternations"
+        f"{args.runtime:g} s runs, medians of {args.repeat} alternations; a ratio is of the "
+        "medians, in brackets the lowest and highest of the repeats' own ratios"
     )
+    env.append(setup)
+    print("\n".join(env))
     print()
     print(R.text_table(headers, rows))
     if args.no_write:
