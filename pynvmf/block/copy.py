@@ -592,11 +592,17 @@ async def copy_one_range(
     return CopyReport(0, 0, 0, nblocks, 1)  # offloaded_blocks, commands
 
 
-# The rule for a copy done at once lives in a module the compiled build compiles. It is
-# bound here as a variable, not re-exported by import: compiled callers then look it up
-# here on each call, as they do the rest of the planner, so one can wrap it (the Copy
-# tests watch what the planner did through it).
+# The rule for a copy done at once lives in a module the compiled build compiles
+# (block/copy_now.py); the target calls it there, natively.
 copy_one_range_now = _copy_now.copy_one_range_now
+
+
+def watch_copies_now(watcher: Callable[[int], object]) -> Callable[[], None]:
+    """Have `watcher` told the block count of every copy `copy_one_range_now` does (each
+    one a CopyReport(native_blocks=n)); returns what stops it. The other paths report
+    through what they return (copy_one_range, CopyPlan.run)."""
+    _copy_now.WATCHERS.append(watcher)
+    return lambda: _copy_now.WATCHERS.remove(watcher)
 
 
 # What a device type offers copy_one_range, found once per type (as `_offers` does).

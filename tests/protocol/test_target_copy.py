@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import random
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -222,14 +222,7 @@ async def start(
     # without a plan (copy_one_range_now at once, or copy_one_range) or plans and runs
     # the copy.
     real_one = block_copy.copy_one_range
-    real_now = block_copy.copy_one_range_now
     real_run = block_copy.CopyPlan.run
-
-    def now(dev: Any, src_lba: int, dst_lba: int, nblocks: int) -> bool:
-        done = real_now(dev, src_lba, dst_lba, nblocks)
-        if done:
-            ct.reports.append(CopyReport(native_blocks=nblocks))
-        return done
 
     async def one(*args: Any, **kwargs: Any) -> CopyReport | None:
         report = await real_one(*args, **kwargs)
@@ -243,9 +236,22 @@ async def start(
         return report
 
     monkeypatch.setattr(block_copy, "copy_one_range", one)
-    monkeypatch.setattr(block_copy, "copy_one_range_now", now)
     monkeypatch.setattr(block_copy.CopyPlan, "run", run)
+    _UNWATCH.append(
+        block_copy.watch_copies_now(lambda n: ct.reports.append(CopyReport(native_blocks=n)))
+    )
     return ct
+
+
+# What stops each test's watch of the copies done at once (copy_one_range_now).
+_UNWATCH: list[Callable[[], None]] = []
+
+
+@pytest.fixture(autouse=True)
+def _unwatch() -> Iterator[None]:
+    yield
+    while _UNWATCH:
+        _UNWATCH.pop()()
 
 
 @pytest.fixture
