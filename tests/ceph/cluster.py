@@ -92,6 +92,13 @@ admin socket = {d}/run/$name.asok
 admin socket = {d}/run/$name.asok
 osd op num shards = 1
 osd op num threads per shard = 2
+[client]
+# A request the cluster never answers fails after this long instead of blocking its
+# thread for ever: a test's own rados call on the main thread cannot be interrupted by
+# pytest-timeout, and one stuck request once held a CI run until its limit. Well above
+# anything a test means to wait (a frozen OSD is thawed within seconds).
+rados osd op timeout = 120
+rados mon op timeout = 120
 """
 
 
@@ -348,6 +355,23 @@ class CephCluster:
             )
         self._procs.append(proc)
         self._pids[name] = proc.pid
+
+
+    def diagnosis(self, lines: int = 40) -> str:
+        """Which daemons still run and the end of each one's log: for a failed test's
+        report. Reads files only, so it answers even when the cluster does not."""
+        out: list[str] = []
+        names = {pid: name for name, pid in self._pids.items()}
+        for proc in self._procs:
+            state = "running" if proc.poll() is None else f"exited {proc.returncode}"
+            out.append(f"{names.get(proc.pid, proc.args)} (pid {proc.pid}): {state}")
+        log_dir = self.dir / "log"
+        for log in sorted(log_dir.glob("*")) if log_dir.exists() else ():
+            with contextlib.suppress(OSError):
+                tail = log.read_text(errors="replace").splitlines()[-lines:]
+                if tail:
+                    out += [f"--- {log.name} (last {len(tail)} lines)", *tail]
+        return "\n".join(out)
 
 
 def _all_threads_stopped(pid: int) -> bool:
