@@ -244,9 +244,10 @@ class SharedConfig:
             self._wake.set()
             with contextlib.suppress(Exception):
                 await task
-        for notify in list(self._notifies):
-            with contextlib.suppress(Exception):
-                await notify
+        if self._notifies:
+            # Bounded: a notify to a cluster that stopped answering may never return, and
+            # stopping must not wait for it (its thread ends when librados gives up).
+            await asyncio.wait(list(self._notifies), timeout=self.call_timeout)
         await self._unwatch()
         conn, self._conn = self._conn, None
         if conn is not None:
