@@ -356,7 +356,6 @@ class CephCluster:
         self._procs.append(proc)
         self._pids[name] = proc.pid
 
-
     def diagnosis(self, lines: int = 40) -> str:
         """Which daemons still run and the end of each one's log: for a failed test's
         report. Reads files only, so it answers even when the cluster does not."""
