@@ -17,6 +17,8 @@ HOT_MODULES = (
     "pynvmf.target.io",
     "pynvmf.block.inplace",
     "pynvmf.block.copy_now",
+    "pynvmf.host.queue",
+    "pynvmf.host.namespace",
 )
 
 

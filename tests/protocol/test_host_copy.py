@@ -12,7 +12,7 @@ import dataclasses
 import os
 import random
 import struct
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -29,7 +29,7 @@ from pynvmf.block.device import (
 )
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.host import Controller, NvmeStatusError, RemoteNamespace, connect
-from pynvmf.host.queue import HostQueue
+from pynvmf.host.queue import watch_commands
 from pynvmf.spec import command as C
 from pynvmf.spec import identify as I
 from pynvmf.spec.opcodes import AdminOpcode, IoOpcode
@@ -152,29 +152,18 @@ class Sent:
 
 
 @pytest.fixture
-def sent(monkeypatch: pytest.MonkeyPatch) -> list[Sent]:
+def sent() -> Iterator[list[Sent]]:
     """Every NVM command the host library sends (still sent)."""
     log: list[Sent] = []
-    real_execute = HostQueue.execute
-    real_submit = HostQueue.submit
 
-    def record(queue: HostQueue, args: tuple[int, ...]) -> None:
+    def record(qid: int, opcode: int, nsid: int, cdw10: int, cdw11: int, cdw12: int) -> None:
         # The NVM commands only: not the admin queue, nor an I/O queue's Connect.
-        if queue.qid and args[0] != AdminOpcode.FABRICS:
-            cdws = (*args, 0, 0, 0, 0, 0)[:5]
-            log.append(Sent(queue.qid, *cdws))
+        if qid and opcode != AdminOpcode.FABRICS:
+            log.append(Sent(qid, opcode, nsid, cdw10, cdw11, cdw12))
 
-    async def execute(queue: HostQueue, *args: int, **kwargs: Any) -> int:
-        record(queue, args)
-        return await real_execute(queue, *args, **kwargs)
-
-    async def submit(queue: HostQueue, *args: int, **kwargs: Any) -> Any:
-        record(queue, args)
-        return await real_submit(queue, *args, **kwargs)
-
-    monkeypatch.setattr(HostQueue, "execute", execute)
-    monkeypatch.setattr(HostQueue, "submit", submit)
-    return log
+    stop = watch_commands(record)
+    yield log
+    stop()
 
 
 @pytest.fixture
