@@ -17,7 +17,7 @@ no longer offered for offload and the planner emulates them.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from pynvmf.block.device import (
@@ -41,7 +41,7 @@ from pynvmf.spec.command import (
     RW_FUA,
     CopyRange,
     copy_cdw12,
-    pack_copy_range,
+    one_range_copy,
     pack_copy_ranges,
 )
 from pynvmf.spec.opcodes import IoOpcode
@@ -288,6 +288,8 @@ class CopyingNamespace(RemoteNamespace):
         self._ocfs = info.ocfs if info.ocfs & _ALL_FORMATS else 1
         self._usable = -1  # the formats `_formats` was picked from
         self._formats: tuple[int | None, int | None] = (None, None)
+        # A one-range Copy's CDW12 and descriptor packer in the own format, set with it.
+        self._one_range: tuple[int, Callable[[int, int, int, int, int], bytes]] | None = None
         own, cross = self._copy_formats()
         # The descriptors travel as the command's data: they must fit one transfer.
         formats = [f for f in (own, cross) if f is not None]
@@ -351,6 +353,8 @@ class CopyingNamespace(RemoteNamespace):
                 _first_format(_OWN_FORMATS, usable),
                 _first_format(_CROSS_FORMATS, usable),
             )
+            own = self._formats[0]
+            self._one_range = None if own is None else one_range_copy(own, self.nsid)
         return self._formats
 
     async def copy_one(
@@ -371,13 +375,16 @@ class CopyingNamespace(RemoteNamespace):
             check_range(self._caps, src_lba, nblocks)
         if dst_lba < 0 or dst_lba + nblocks > end:
             check_range(self._caps, dst_lba, nblocks)
+        one = self._one_range
+        assert one is not None  # set whenever `own` is
+        cdw12, pack = one
         await self.controller.next_queue().execute(
             IoOpcode.COPY,
             self.nsid,
             dst_lba & 0xFFFFFFFF,
             dst_lba >> 32,
-            copy_cdw12(1, own, fua=fua),
-            data=pack_copy_range(own, src_lba, nblocks, self.nsid),
+            cdw12 | RW_FUA if fua else cdw12,
+            data=pack(src_lba, nblocks - 1, 0, 0, 0),
         )
         return True
 
@@ -410,13 +417,16 @@ class CopyingNamespace(RemoteNamespace):
                     check_range(self._caps, lba, nblocks)
                 if dst_lba < 0 or dst_lba + nblocks > end:
                     check_range(self._caps, dst_lba, nblocks)
+                one = self._one_range
+                assert one is not None  # set whenever `own` is
+                cdw12, pack = one
                 await self.controller.next_queue().execute(
                     IoOpcode.COPY,
                     self.nsid,
                     dst_lba & 0xFFFFFFFF,
                     dst_lba >> 32,
-                    copy_cdw12(1, own, fua=fua),
-                    data=pack_copy_range(own, lba, nblocks, self.nsid),
+                    cdw12 | RW_FUA if fua else cdw12,
+                    data=pack(lba, nblocks - 1, 0, 0, 0),
                 )
                 return
         # A direct caller may not have let the planner prepare: the formats must be

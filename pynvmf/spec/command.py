@@ -3,7 +3,9 @@ command layouts (Connect, Property Get/Set). Pure data: parse and build bytes.""
 
 from __future__ import annotations
 
+import functools
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
@@ -308,9 +310,15 @@ COPY_DESCRIPTOR = {
 }
 
 
-def pack_copy_range(desfmt: int, slba: int, nlb: int, snsid: int = 0) -> bytes:
-    """One source range descriptor (`nlb` 1's based; `snsid` only in formats 2/3)."""
-    return COPY_DESCRIPTOR[desfmt].pack(snsid if desfmt & 2 else 0, slba, nlb - 1, 0, 0, 0)
+def one_range_copy(
+    desfmt: int, snsid: int
+) -> tuple[int, Callable[[int, int, int, int, int], bytes]]:
+    """What every one-range Copy in format `desfmt` of namespace `snsid`'s blocks shares:
+    its CDW12 (no FUA), and the packer of its descriptor, called with (slba, nlb - 1, 0,
+    0, 0) (`snsid` is only sent in formats 2/3). The packer is C alone, with no Python
+    frame per call, for a host that sends many."""
+    pack = functools.partial(COPY_DESCRIPTOR[desfmt].pack, snsid if desfmt & 2 else 0)
+    return copy_cdw12(1, desfmt), pack
 
 
 def pack_copy_ranges(ranges: list[CopyRange], desfmt: int) -> bytes:

@@ -35,14 +35,16 @@ def test_copy_descriptors_parse_exactly_nr_ranges_from_enough_data(
 @given(st.sampled_from(sorted(C.COPY_DESCRIPTOR_SIZE)), st.binary(min_size=40, max_size=40))
 def test_one_descriptor_reads_as_the_range_parser_reads_it(desfmt: int, raw: bytes) -> None:
     # The target reads a single-range Copy with COPY_DESCRIPTOR directly, the host packs
-    # one with pack_copy_range: both must agree with the general parser and packer.
+    # one with one_range_copy's packer: both must agree with the general parser and packer.
     raw = raw[: C.COPY_DESCRIPTOR_SIZE[desfmt]]
     (r,) = C.parse_copy_ranges(raw, desfmt, 1)
     snsid, slba, nlb = C.COPY_DESCRIPTOR[desfmt].unpack_from(raw)[:3]
     assert (slba, nlb + 1) == (r.slba, r.nlb)
     if desfmt in (2, 3):
         assert snsid == r.snsid
-    packed = C.pack_copy_range(desfmt, r.slba, r.nlb, r.snsid)
+    cdw12, pack = C.one_range_copy(desfmt, r.snsid)
+    assert cdw12 == C.copy_cdw12(1, desfmt)
+    packed = pack(r.slba, r.nlb - 1, 0, 0, 0)
     assert packed == C.pack_copy_ranges([C.CopyRange(r.slba, r.nlb, r.snsid)], desfmt)
     assert len(packed) == C.COPY_DESCRIPTOR_SIZE[desfmt]
 
