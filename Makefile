@@ -27,13 +27,15 @@ system-deps:
 lint: setup
 	$(BIN)/ruff check pynvmf tests benchmarks
 
-# The whole suite on the pure-Python path, then the unit and protocol tests and the
-# Linux hosts' main interoperability module again with the hot modules compiled
-# (docs/performance.md, "Compiled hot modules"). The compiled pass meets one peer, the
+# The whole suite on the pure-Python path, then the unit and protocol tests, the Linux
+# hosts' main interoperability module and, for the compiled host library, the Linux
+# kernel target's modules again with the hot modules compiled (docs/performance.md,
+# "Compiled hot modules"). The compiled pass meets one peer, the
 # newer: what can differ between the builds is the code's (mypyc's semantics), not the
 # peer's, and both peers already ran every module in the pure pass. That keeps `make
 # test` near 30 minutes on the slower of the 2-CPU machines (34 min with both peers).
-COMPILED_TESTS := tests/unit tests/protocol tests/interop/test_linux_host.py
+COMPILED_TESTS := tests/unit tests/protocol tests/interop/test_linux_host.py \
+	tests/interop/test_linux_target.py tests/interop/test_linux_target_copy.py
 COMPILED_PEERS := linux-6.12
 test: system-deps setup lint
 	$(MAKE) clean-compiled

@@ -28,9 +28,10 @@ log = logging.getLogger(__name__)
 # between two single-core processes).
 EAGER_FLUSH_BUFFERS = 8
 
-# Told (qid, opcode, nsid, cdw10, cdw11, cdw12) of each command submit() or execute()
-# sends: what a test or a trace wants to see of the wire without wrapping the methods,
-# which the compiled build calls directly. Empty, it costs one length test per command.
+# Told (qid, opcode, nsid, cdw10, cdw11, cdw12) of each command a queue sends (submit,
+# execute, submit_fused): what a test or a trace wants to see of the wire without
+# wrapping the methods, which the compiled build calls directly. Empty, it costs one
+# length test per command.
 COMMAND_WATCHERS: Final[list[Callable[[int, int, int, int, int, int], object]]] = []
 
 
@@ -258,6 +259,15 @@ class HostQueue(asyncio.BufferedProtocol):
             )
             cmd.waiter = self._loop.create_future()
             commands.append(cmd)
+            for watcher in COMMAND_WATCHERS:
+                watcher(
+                    self.qid,
+                    command.opcode,
+                    command.nsid,
+                    command.cdw10,
+                    command.cdw11,
+                    command.cdw12,
+                )
         if len(conn.outbox) >= EAGER_FLUSH_BUFFERS:
             self._flush()
         return commands[0], commands[1]

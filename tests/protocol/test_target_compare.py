@@ -24,6 +24,7 @@ from pynvmf.host import (
     RemoteNamespace,
     connect,
 )
+from pynvmf.host.queue import watch_commands
 from pynvmf.spec import command as C
 from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import Status, status_name
@@ -279,6 +280,23 @@ async def serve() -> AsyncIterator[Serve]:
     yield start
     for target in reversed(targets):
         await target.stop()
+
+
+async def test_the_command_watchers_see_both_halves_of_a_fused_compare_and_write(
+    serve: Serve,
+) -> None:
+    _target, port = await serve(MemoryDevice(MiB, B))
+    seen: list[tuple[int, int, int]] = []
+    async with await connect("127.0.0.1", port, NQN) as ctrl:
+        ns = ctrl.namespace(1)
+        await ns.write(3, OLD)
+        stop = watch_commands(lambda qid, opcode, nsid, lba, *_: seen.append((opcode, nsid, lba)))
+        try:
+            assert await ns.compare_and_write(3, OLD, NEW)
+        finally:
+            stop()
+        await ns.read(3, memoryview(bytearray(B)))  # not seen: stopped
+    assert seen == [(IoOpcode.COMPARE, 1, 3), (IoOpcode.WRITE, 1, 3)]
 
 
 async def test_host_compare_verify_and_compare_and_write(
