@@ -177,7 +177,7 @@ class Worker:
         subsystem = self._subsystem(nqn, info)
         if spec.kind == "memory":
             assert fd is not None
-            device: Any = SharedMemoryDevice(spec.size, spec.block_size, fd=fd)
+            device: Any = SharedMemoryDevice(spec.size, spec.block_size, fd=fd, locks=spec.locks)
         else:
             device = FileDevice(spec.path, spec.block_size, read_only=spec.read_only)
         old = subsystem.namespaces.get(spec.nsid)

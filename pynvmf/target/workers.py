@@ -39,6 +39,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from pynvmf.block import range_locks
 from pynvmf.block.shared_memory import SharedMemoryDevice
 from pynvmf.spec import pdu as P
 from pynvmf.spec.command import SGL_DATA_BLOCK_OFFSET, Sqe
@@ -610,6 +611,8 @@ class MultiCoreTarget(Target):
         super().__init__(*args, **kwargs)
         self.workers = WorkerPool(self, cores)
         self._background: set[asyncio.Task[None]] = set()
+        # What a killed target left in /dev/shm goes before this one adds its own.
+        range_locks.remove_stale()
 
     def memory_device(self, size_bytes: int, block_size: int) -> MemoryDevice:
         return SharedMemoryDevice(size_bytes, block_size)
