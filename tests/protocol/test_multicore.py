@@ -205,6 +205,23 @@ async def test_io_on_the_workers_is_keep_alive_traffic_and_expiry_closes_their_q
     assert not target.subsystems[NQN].controllers
 
 
+async def test_io_queues_with_another_host_id_than_the_admin_queue_run_on_the_workers(
+    start: Start, raw_target_port: Callable[[Target], RawTarget]
+) -> None:
+    # The I/O queue Connect, validated here and replayed on a worker, is accepted there
+    # too: the controller is found by subsystem NQN, host NQN and CNTLID.
+    target = await start()
+    raw = raw_target_port(target)
+    admin = await raw.admin(NQN, hostid=HOST_A[1])
+    io = [await raw.io_queue(admin, qid, NQN, hostid=HOST_B[1]) for qid in (1, 2)]
+    assert _placement(target) == [1, 1]
+    for i, queue in enumerate(io):
+        data = bytes([0x60 + i]) * BLOCK
+        assert (await queue.write(1, i, data, BLOCK)).status == 0
+        done = await queue.read(1, i, 1, BLOCK)
+        assert done.status == 0 and done.data == data
+
+
 async def test_a_reservation_taken_through_one_worker_is_enforced_on_the_other(
     start: Start, hosts: Hosts
 ) -> None:
