@@ -5,8 +5,10 @@ its two workers are real processes; hosts are pynvmf's host library and the raw
 client over TCP. What is checked: queues land on both workers and see one
 namespace's bytes (memory and file), namespaces added and removed reach I/O on
 every worker, keep alive counts I/O on the workers and its expiry closes their
-queues, a reservation taken through one worker is enforced on another, and a
-killed worker's queues drop while the host reconnects.
+queues, I/O queues connected with another Host Identifier than the admin queue run
+on the workers, the SMART log of a subsystem created again counts its own I/O only,
+a reservation taken through one worker is enforced on another, and a killed
+worker's queues drop while the host reconnects.
 """
 
 from __future__ import annotations
