@@ -677,7 +677,7 @@ class _Run:
             except Exception as exc:
                 self.errors += 1
                 if self.error is None:
-                    self.error = f"{'read' if is_read else 'write'} at LBA {lba}: {exc!r}"
+                    self.error = f"{'read' if is_read else 'write'} at LBA {lba}: {describe(exc)}"
                 self.stop = True
                 return
             ns = clock() - t0
@@ -697,6 +697,24 @@ class _Run:
                 await asyncio.sleep(0)
 
 
+def describe(exc: BaseException) -> str:
+    """An exception in words, as a report shows it: its message, not its repr."""
+    return str(exc) or type(exc).__name__
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """A measured window while it runs: the live latency histograms of its reads and
+    writes (their counts grow as I/Os complete) from `start` (perf_counter seconds) on,
+    and the process's resource usage then. What a periodic report or an interval log
+    reads as the run goes."""
+
+    start: float
+    reads: LatencyHistogram
+    writes: LatencyHistogram
+    usage: resource.struct_rusage
+
+
 async def run_workload(
     device: BlockDevice,
     workload: Workload,
@@ -704,6 +722,7 @@ async def run_workload(
     target_cpu_clock: Callable[[], float] | None = None,
     system_cpu_clock: Callable[[], float] | None = None,
     stop: asyncio.Event | None = None,
+    on_measure: Callable[[Measurement], object] | None = None,
 ) -> BenchResult:
     """Run `workload` against `device` and measure it.
 
@@ -714,6 +733,7 @@ async def run_workload(
 
     Setting `stop` ends the run early (e.g. on Ctrl-C) the way its end does: the
     result covers the time measured until then, and the I/Os in flight complete.
+    `on_measure` is told the Measurement when the measured window opens.
     """
     run = _Run(device, workload)
     # Sampled from the histograms' counts: the I/O path keeps no counter for it.
@@ -745,6 +765,8 @@ async def run_workload(
         t0, cpu0, target0, system0 = clocks()
         usage0 = rusage()
         sampler.start(t0)
+        if on_measure is not None:
+            on_measure(Measurement(t0, run.read_hist, run.write_hist, usage0))
         await sleep_sampling(sampler, t0, workload.runtime, stop, lambda: run.stop)
         reads, writes = run.read_hist.copy(), run.write_hist.copy()
         t1, cpu1, target1, system1 = clocks()

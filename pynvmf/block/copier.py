@@ -46,7 +46,9 @@ class JobState(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class CopyStatus:
-    """How a job ended. `error` is the exception that failed it (state FAILED)."""
+    """How a job ended. `error` is the exception that failed it (state FAILED).
+    `prefix_blocks`: the blocks from the start of the range copied without a gap (what
+    a destination holds for sure when a job ended early: chunks finish out of order)."""
 
     state: JobState
     done_blocks: int
@@ -55,6 +57,7 @@ class CopyStatus:
     seconds: float
     report: CopyReport
     error: BaseException | None = None
+    prefix_blocks: int = 0
 
     @property
     def done_bytes(self) -> int:
@@ -115,6 +118,10 @@ class CopyJob:
         self._progress_interval = progress_interval
         self._clock = clock
         self._done_blocks = 0
+        # Chunks finished past the first gap, by offset in the range, and the blocks
+        # before that gap.
+        self._finished_after_gap: dict[int, int] = {}
+        self._prefix_blocks = 0
         self._in_flight = 0
         self._cancel_requested = False
         self._error: BaseException | None = None
@@ -289,9 +296,16 @@ class CopyJob:
                     self._error = exc
                 continue
             self._done_blocks += chunk.nblocks
+            self._finished_chunk(chunk.src_lba - self.src_lba, chunk.nblocks)
             add_report(self.report, task.result())
         self._in_flight = len(pending)
         self._progress()
+
+    def _finished_chunk(self, offset: int, nblocks: int) -> None:
+        after = self._finished_after_gap
+        after[offset] = nblocks
+        while self._prefix_blocks in after:
+            self._prefix_blocks += after.pop(self._prefix_blocks)
 
     def _progress(self) -> None:
         if self._on_progress is None or self._done_blocks >= self.total_blocks:
@@ -314,6 +328,7 @@ class CopyJob:
             seconds=self.elapsed,
             report=dataclasses.replace(self.report),
             error=self._error if state is JobState.FAILED else None,
+            prefix_blocks=self._prefix_blocks,
         )
         return self._status
 

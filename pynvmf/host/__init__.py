@@ -2,10 +2,11 @@
 as BlockDevices, discover subsystems."""
 
 from pynvmf.host.controller import Controller, connect
-from pynvmf.host.discovery import discover
+from pynvmf.host.discovery import discover, read_discovery_log
 from pynvmf.host.errors import (
     NvmeAuthenticationError,
     NvmeConnectionError,
+    NvmeConnectRejected,
     NvmeError,
     NvmeStatusError,
     NvmeTimeoutError,
@@ -20,6 +21,7 @@ __all__ = [
     "DiscoveryLogEntry",
     "HostIdentity",
     "NvmeAuthenticationError",
+    "NvmeConnectRejected",
     "NvmeConnectionError",
     "NvmeError",
     "NvmeStatusError",
@@ -28,4 +30,5 @@ __all__ = [
     "RemoteNamespace",
     "connect",
     "discover",
+    "read_discovery_log",
 ]

@@ -151,9 +151,14 @@ class Controller:
             async with asyncio.timeout(self.timeout) as deadline:
                 await self._bring_up(queues, queue_depth, deadline)
         except TimeoutError:
-            raise NvmeTimeoutError(
-                f"{self.address} port {self.port}: controller bring-up took too long"
-            ) from None
+            # No admin queue yet: the port took the connection and never answered the
+            # ICReq, as a port of another protocol that waits for its client does.
+            what = (
+                "no answer to the ICReq (not an NVMe/TCP port?)"
+                if self.admin is None
+                else "controller bring-up took too long"
+            )
+            raise NvmeTimeoutError(f"{self.address} port {self.port}: {what}") from None
 
     async def _bring_up(self, queues: int, queue_depth: int, deadline: asyncio.Timeout) -> None:
         admin = await self._open_queue(0, ADMIN_QUEUE_DEPTH)

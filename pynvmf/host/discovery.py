@@ -20,7 +20,20 @@ async def discover(
     timeout: float = 10.0,
 ) -> list[L.DiscoveryLogEntry]:
     """Connect to the discovery subsystem at address:port (IPv4 or IPv6), read the
-    whole Discovery log page and disconnect."""
+    whole Discovery log page and disconnect; its entries."""
+    page = await read_discovery_log(address, port, hostnqn=hostnqn, hostid=hostid, timeout=timeout)
+    return page.entries
+
+
+async def read_discovery_log(
+    address: str,
+    port: int,
+    *,
+    hostnqn: str | None = None,
+    hostid: bytes | None = None,
+    timeout: float = 10.0,
+) -> L.DiscoveryLogPage:
+    """As discover(), the whole page: its entries and its generation counter."""
     ctrl = await connect(
         address,
         port,
@@ -42,5 +55,5 @@ async def discover(
             )
             # The page is read in pieces; an unchanged GENCTR says they belong together.
             if page.genctr == header.genctr:
-                return page.entries
+                return page
     raise NvmeError(f"discovery log at {address} port {port} kept changing while read")

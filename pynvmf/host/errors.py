@@ -16,10 +16,13 @@ class NvmeStatusError(NvmeError):
 
     `status` is the status value as spec.status defines it, (SCT << 8) | SC, so it
     compares equal to a `Status` member; `dnr` and `more` are the bits above it.
+    `result` is the completion's DW0 | DW1 << 32 (some statuses explain themselves
+    there: a Connect's IATTR/IPO).
     """
 
-    def __init__(self, status: int, command: Sqe, *, admin: bool = False) -> None:
+    def __init__(self, status: int, command: Sqe, *, admin: bool = False, result: int = 0) -> None:
         self.raw_status = status
+        self.result = result
         self.status = status & 0x7FF
         self.sct, self.sc = S.split(status)
         self.dnr = bool(status & S.DNR)
@@ -31,6 +34,34 @@ class NvmeStatusError(NvmeError):
         super().__init__(
             f"{_command_name(command, admin)} failed: {self.name} "
             f"(SCT {self.sct:#x} SC {self.sc:#04x}{', DNR' if self.dnr else ''})"
+        )
+
+
+class NvmeConnectRejected(NvmeStatusError):
+    """The controller refused a Connect. `parameter` is the Connect field its IATTR/IPO
+    name (pynvmf.spec.command.connect_parameter: "subnqn", "hostnqn", "qid"...), None
+    when the status names none; `reason` says in words what was refused (the words the
+    message starts with); `qid`, `subnqn` and `hostnqn` are what the Connect asked for."""
+
+    def __init__(
+        self,
+        error: NvmeStatusError,
+        *,
+        parameter: str | None,
+        reason: str,
+        qid: int,
+        subnqn: str,
+        hostnqn: str,
+    ) -> None:
+        super().__init__(error.raw_status, error.command, admin=error.admin, result=error.result)
+        self.parameter = parameter
+        self.reason = reason
+        self.qid = qid
+        self.subnqn = subnqn
+        self.hostnqn = hostnqn
+        dnr = ", DNR" if self.dnr else ""
+        self.args = (
+            f"Connect refused: {reason} ({self.name}, SCT {self.sct:#x} SC {self.sc:#04x}{dnr})",
         )
 
 

@@ -8,11 +8,17 @@ import uuid
 from dataclasses import dataclass
 
 from pynvmf.auth.host import AuthenticationFailed, HostAuth
-from pynvmf.host.errors import NvmeAuthenticationError, NvmeError
+from pynvmf.host.errors import (
+    NvmeAuthenticationError,
+    NvmeConnectRejected,
+    NvmeError,
+    NvmeStatusError,
+)
 from pynvmf.host.queue import HostQueue
 from pynvmf.spec import command as C
 from pynvmf.spec.auth import auth_cdw10
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType
+from pynvmf.spec.status import Status
 
 _UUID_NQN_PREFIX = "nqn.2014-08.org.nvmexpress:uuid:"
 # One identity per process, so every controller this process creates presents the
@@ -68,8 +74,74 @@ async def connect_queue(
         kato=kato_ms if queue.qid == 0 else 0,
     )
     data = C.ConnectData(identity.hostid, cntlid, subnqn, identity.hostnqn).pack()
-    result = await queue.execute(AdminOpcode.FABRICS, FabricsType.CONNECT, *cmd.cdws(), data=data)
+    try:
+        result = await queue.execute(
+            AdminOpcode.FABRICS, FabricsType.CONNECT, *cmd.cdws(), data=data
+        )
+    except NvmeStatusError as exc:
+        parameter, reason = connect_refusal(exc, cmd, identity, subnqn, cntlid)
+        raise NvmeConnectRejected(
+            exc,
+            parameter=parameter,
+            reason=reason,
+            qid=queue.qid,
+            subnqn=subnqn,
+            hostnqn=identity.hostnqn,
+        ) from None
     return result & 0xFFFFFFFF
+
+
+# What each Connect Invalid Parameters field means refused; formatted with the Connect's
+# own values. The field comes from the completion's IATTR/IPO (spec.command).
+_INVALID_PARAMETER_WORDS = {
+    "subnqn": "subsystem {subnqn!r} is not served on this port",
+    "hostnqn": "host NQN {hostnqn!r} refused",
+    "hostid": "host ID {hostid} refused",
+    "cntlid": "controller ID {cntlid:#x} refused (no such controller: gone?)",
+    "qid": "queue ID {qid} refused (more queues than the controller has?)",
+    "sqsize": "queue size {queue_size} refused",
+    "cattr": "connect attributes {cattr:#x} refused",
+    "kato": "keep alive timeout {kato} ms refused",
+    "recfmt": "record format {recfmt} refused",
+}
+# The other Connect statuses, each in words.
+_CONNECT_STATUS_WORDS = {
+    Status.CONNECT_INVALID_HOST: "host {hostnqn!r} is not allowed to connect to subsystem "
+    "{subnqn!r}",
+    Status.CONNECT_CTRL_BUSY: "the controller is busy, or no controller is available",
+    Status.CONNECT_INCOMPATIBLE_FORMAT: "record format {recfmt} is not supported",
+    Status.CONNECT_RESTART_DISCOVERY: "the subsystem moved: discover it again",
+    Status.AUTH_REQUIRED: "the controller requires authentication first",
+}
+
+
+def connect_refusal(
+    error: NvmeStatusError, cmd: C.ConnectCommand, identity: HostIdentity, subnqn: str, cntlid: int
+) -> tuple[str | None, str]:
+    """(the Connect field the controller named, what it refused in words) for a Connect
+    that completed with `error`'s status: one table for every Connect status."""
+    values = {
+        "subnqn": subnqn,
+        "hostnqn": identity.hostnqn,
+        "hostid": uuid.UUID(bytes=identity.hostid),
+        "cntlid": cntlid,
+        "qid": cmd.qid,
+        "queue_size": cmd.sqsize + 1,
+        "cattr": cmd.cattr,
+        "kato": cmd.kato,
+        "recfmt": cmd.recfmt,
+    }
+    if error.status == Status.CONNECT_INVALID_PARAM:
+        in_data, offset, parameter = C.connect_parameter(error.result)
+        if parameter is None:
+            where = "data" if in_data else "command"
+            return None, f"an invalid parameter at byte {offset} of the Connect {where}"
+        return parameter, _INVALID_PARAMETER_WORDS[parameter].format(**values)
+    words = _CONNECT_STATUS_WORDS.get(error.status)
+    if words is None:
+        return None, error.name.lower().replace("_", " ")
+    parameter = "hostnqn" if error.status == Status.CONNECT_INVALID_HOST else None
+    return parameter, words.format(**values)
 
 
 # What an Authentication Receive allocates (Linux's host and SPDK's ask for as much).

@@ -320,7 +320,9 @@ class HostQueue(asyncio.BufferedProtocol):
     def _error(self, cmd: HostCommand) -> Exception:
         if cmd.status == ABORTED:
             return NvmeConnectionError(f"queue {self.qid}: {self.conn.close_reason}")
-        return NvmeStatusError(cmd.status, Sqe.unpack(cmd.sqe), admin=self.qid == 0)
+        return NvmeStatusError(
+            cmd.status, Sqe.unpack(cmd.sqe), admin=self.qid == 0, result=cmd.result
+        )
 
     async def _wait_slot(self, slots: int = 1) -> None:
         """Wait, in turn, until `slots` command ids are free."""

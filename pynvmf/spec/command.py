@@ -177,17 +177,41 @@ class ConnectCommand:
 
 
 # Byte offsets reported in a Connect error's IATTR/IPO result.
+CONNECT_SQE_OFFSET_RECFMT = 40
 CONNECT_SQE_OFFSET_QID = 42
 CONNECT_SQE_OFFSET_SQSIZE = 44
 CONNECT_SQE_OFFSET_CATTR = 46
+CONNECT_SQE_OFFSET_KATO = 48
+CONNECT_DATA_OFFSET_HOSTID = 0
 CONNECT_DATA_OFFSET_CNTLID = 16
 CONNECT_DATA_OFFSET_SUBNQN = 256
 CONNECT_DATA_OFFSET_HOSTNQN = 512
+
+# The Connect field at each (IATTR: in the data?, IPO) a controller may point at.
+_CONNECT_PARAMETERS = {
+    (False, CONNECT_SQE_OFFSET_RECFMT): "recfmt",
+    (False, CONNECT_SQE_OFFSET_QID): "qid",
+    (False, CONNECT_SQE_OFFSET_SQSIZE): "sqsize",
+    (False, CONNECT_SQE_OFFSET_CATTR): "cattr",
+    (False, CONNECT_SQE_OFFSET_KATO): "kato",
+    (True, CONNECT_DATA_OFFSET_HOSTID): "hostid",
+    (True, CONNECT_DATA_OFFSET_CNTLID): "cntlid",
+    (True, CONNECT_DATA_OFFSET_SUBNQN): "subnqn",
+    (True, CONNECT_DATA_OFFSET_HOSTNQN): "hostnqn",
+}
 
 
 def connect_invalid_param_result(offset: int, *, in_data: bool) -> int:
     """Result DW0 of a Connect Invalid Parameters status: IATTR bit 16, IPO bits 15:0."""
     return (1 << 16 if in_data else 0) | offset
+
+
+def connect_parameter(result: int) -> tuple[bool, int, str | None]:
+    """A Connect error's IATTR/IPO result: (in the data?, byte offset, the field there or
+    None for an offset that starts no field)."""
+    in_data = bool(result >> 16 & 1)
+    offset = result & 0xFFFF
+    return in_data, offset, _CONNECT_PARAMETERS.get((in_data, offset))
 
 
 def _nqn(raw: bytes) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import IntEnum, IntFlag
 from typing import Self
 
@@ -611,6 +611,20 @@ class DiscoveryLogEntry:
     @property
     def tcp_sectype(self) -> int:
         return self.tsas[0] if self.tsas else TcpSecType.NONE
+
+    def __repr__(self) -> str:
+        # The 256 TSAS bytes are zeroes past the first few: shown as an expression that
+        # builds them, not as 256 escapes.
+        shown = ", ".join(
+            f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.name != "tsas"
+        )
+        head = bytes(self.tsas).rstrip(b"\x00")
+        tsas = (
+            f"bytes.fromhex({head.hex()!r}).ljust({len(self.tsas)}, b'\\x00')"
+            if head
+            else f"bytes({len(self.tsas)})"
+        )
+        return f"DiscoveryLogEntry({shown}, tsas={tsas})"
 
     def pack_into(self, buf: bytearray, offset: int) -> None:
         if len(self.tsas) > 256:

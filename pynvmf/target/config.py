@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pynvmf import units
 from pynvmf.auth.controller import ALL_DHGROUPS, ALL_HASHES, HostAuthConfig
 from pynvmf.block.file import FileDevice
 from pynvmf.block.memory import MemoryDevice
@@ -43,7 +44,6 @@ DEFAULT_NQN = "nqn.2024-11.dev.pynvmf:default"
 DEFAULT_MEMORY = 1 << 30
 DEFAULT_BLOCK_SIZE = 512
 
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _DEFAULT_TRANSPORT = TransportConfig()
 
 # "gateway" is read by the CLI (pynvmf.ha.gateway): leases need a running loop and a cluster.
@@ -118,13 +118,13 @@ class ConfigError(ValueError):
 
 
 def parse_size(text: str | int) -> int:
-    """'1G', '512M', '64KiB', '4096' -> bytes (binary units)."""
+    """'1G', '512M', '64KiB', '1MB', '4096' -> bytes (binary units, pynvmf.units)."""
     if isinstance(text, int) and not isinstance(text, bool):
         return text
-    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
-    if not m:
-        raise ConfigError(f"not a size: {text!r}")
-    return int(m.group(1)) * _UNITS[m.group(2).upper()]
+    try:
+        return units.parse_size(str(text))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -671,7 +671,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
 def config_from_options(
     *,
     listen: list[str],
-    memory: list[str],
+    memory: Sequence[str | int],
     files: list[str],
     nqn: str,
     rbd_images: Sequence[str] = (),

@@ -211,9 +211,13 @@ class PduReader:
                     fei = P.OFFSET_PLEN
             if fes >= 0:
                 # The TermReq carries the offending header (HLEN bytes, at most what a
-                # TermReq holds): wait for all of it, so that what the host is told does
-                # not depend on where its stream was cut.
-                if avail < min(max(hlen, P.CH_LEN), P.TERM_REQ_MAX_DATA):
+                # TermReq holds): wait for all of it, so that what the peer is told does
+                # not depend on where its stream was cut. Not for a type NVMe/TCP does
+                # not define: its HLEN means nothing, and a peer speaking another
+                # protocol (an SSH banner, an HTTP request) may send no more.
+                if pdu_type in _EXPECTED_HLEN and avail < min(
+                    max(hlen, P.CH_LEN), P.TERM_REQ_MAX_DATA
+                ):
                     break
                 self._fatal(fes, fei, start, avail)
                 return

@@ -443,19 +443,34 @@ class HostConnection(PduConnection):
             and offending[0] in _CONTROLLER_TYPES
         ):
             fes = P.FatalError.PDU_SEQUENCE_ERROR
-        self._terminate(fes, fei, offending)
+        reason = ""
+        if not self.established and offending and offending[0] not in P.EXPECTED_HLEN:
+            # Not even a PDU type: whatever answers speaks another protocol.
+            reason = (
+                f"not an NVMe/TCP port: it answered the ICReq with {_preview(offending)}, "
+                "not an ICResp"
+            )
+        self._terminate(fes, fei, offending, reason)
 
-    def _terminate(self, fes: int, fei: int, offending: Buffer) -> None:
+    def _terminate(self, fes: int, fei: int, offending: Buffer, reason: str = "") -> None:
         """Send an H2CTermReq and close: the controller violated the transport protocol."""
         if self.closing:
             return
-        log.warning("terminating connection: FES %#x FEI %#x", fes, fei)
+        # A port of another protocol is the caller's mistake, said in its error.
+        log.log(
+            logging.INFO if reason else logging.WARNING,
+            "terminating connection: FES %#x FEI %#x",
+            fes,
+            fei,
+        )
         self.stats.term_reqs_sent += 1
         self.reader.dead = True
         # Commands may have queued output (H2CData) that must not follow the TermReq.
         self.outbox.clear()
         self.outbox.append(P.pack_term_req(P.PduType.H2C_TERM_REQ, fes, fei, bytes(offending)))
-        self.close(f"protocol error from controller: sent H2CTermReq FES {fes:#x} FEI {fei:#x}")
+        self.close(
+            reason or f"protocol error from controller: sent H2CTermReq FES {fes:#x} FEI {fei:#x}"
+        )
 
     def close(self, reason: str) -> None:
         """End the connection: every outstanding command completes with status ABORTED."""
@@ -475,6 +490,15 @@ class HostConnection(PduConnection):
 
     def pending_commands(self) -> list[HostCommand]:
         return [cmd for cmd in self._slots if cmd is not None]
+
+
+def _preview(data: bytes) -> str:
+    """The first bytes a peer sent, as text if they are text (an SSH or HTTP banner)."""
+    head = bytes(data[:24])
+    text = head.decode("ascii", "replace").rstrip("\r\n")
+    if text.isprintable() and "\ufffd" not in text:
+        return repr(text)
+    return head.hex(" ")
 
 
 def _transfer_failure(cmd: HostCommand) -> int:
