@@ -150,7 +150,7 @@ def pynvmf_bench(port: int, workload: str, seconds: float) -> float:
             "127.0.0.1",
             "-s",
             str(port),
-            "-n",
+            "--nqn",
             NQN,
             "--rw",
             rw,

@@ -88,7 +88,7 @@ def bench(port: int, nsid: int, args: list[str], runtime: float) -> dict[str, An
         "127.0.0.1",
         "-s",
         str(port),
-        "-n",
+        "--nqn",
         NQN,
         "--namespace-id",
         str(nsid),

@@ -80,7 +80,7 @@ async def soak(duration: float, jobs: int, iodepth: int, workdir: Path) -> dict[
         "127.0.0.1",
         "-s",
         str(port),
-        "-n",
+        "--nqn",
         NQN,
         "--rw",
         "randrw",

@@ -9,10 +9,14 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from pynvmf.cli.identity import CONFIG_DIR_ENV, HOSTID_ENV, HOSTNQN_ENV
 from pynvmf.compiled import HOT_MODULES, compiled_modules, stale_modules
 from tests.ceph.cluster import CephCluster, have_ceph
 
 _images = itertools.count()
+
+# The host identity the pynvmf commands present in tests (pynvmf.cli.identity).
+TEST_HOSTNQN = "nqn.2014-08.org.nvmexpress:uuid:5e57c11a-0000-4000-8000-00000000c11a"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -42,6 +46,24 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str:
     return f"pynvmf hot modules: {'compiled (mypyc)' if compiled_modules() else 'pure Python'}"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _host_identity_of_the_tests(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The commands' host identity in tests is neither this machine's /etc/nvme nor the
+    user's stored one: PYNVMF_NVME_CONFIG_DIR names an empty directory, and the state
+    directory holds TEST_HOSTNQN, as if a first command had stored it. Subprocesses
+    inherit both. A test of the identity itself sets its own."""
+    root = tmp_path_factory.mktemp("host-identity")
+    (root / "nvme").mkdir()
+    (root / "state" / "pynvmf").mkdir(parents=True)
+    (root / "state" / "pynvmf" / "hostnqn").write_text(TEST_HOSTNQN + "\n")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CONFIG_DIR_ENV, str(root / "nvme"))
+        mp.setenv("XDG_STATE_HOME", str(root / "state"))
+        mp.delenv(HOSTNQN_ENV, raising=False)
+        mp.delenv(HOSTID_ENV, raising=False)
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,10 @@
 """The `pynvmf` command: one subcommand family per module of this package.
 
 target (target.py), the nvme-cli style host commands (host.py), copy (copy.py),
-bench (bench.py) and rpc (rpc.py); what they share lives in common.py.
+bench (bench.py) and rpc (rpc.py); what they share lives in common.py (the options),
+parser.py (the parser's rules), identity.py (the host identity) and failures.py (a
+failed connection in words). docs/cli.md is generated from build_parser()
+(scripts/cli-docs.py).
 """
 
 from __future__ import annotations
@@ -13,20 +16,31 @@ import sys
 from pynvmf.cli.bench import add_bench_command, run_bench_command
 from pynvmf.cli.copy import add_copy_command, run_copy_command
 from pynvmf.cli.host import add_host_commands, run_host_command
+from pynvmf.cli.parser import Parser
 from pynvmf.cli.rpc import add_rpc_command, run_rpc_command
 from pynvmf.cli.target import add_target_command, run_target_command
 from pynvmf.malloc import tune_for_io_buffers
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pynvmf", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def build_parser() -> Parser:
+    """The parser of the whole command line."""
+    parser = Parser(prog="pynvmf", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_target_command(sub)
     add_host_commands(sub)
     add_copy_command(sub)
     add_bench_command(sub)
     add_rpc_command(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the command `args` holds (build_parser's result); the exit status."""
     tune_for_io_buffers()
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),

@@ -1,6 +1,6 @@
 """`pynvmf bench`: a fio-like load generator against a namespace of any NVMe/TCP target.
 
-    pynvmf bench -a 10.0.0.1 -s 4420 -n NQN --rw randread --bs 4k --iodepth 32 \\
+    pynvmf bench -a 10.0.0.1 -s 4420 --nqn NQN --rw randread --bs 4k --iodepth 32 \\
         --numjobs 2 --runtime 10 [--size 1G] [--rwmixread 70] [--verify] \\
         [--inline-data-size BYTES] [-o json] [--group-reporting] \\
         [--bwavgtime MS] [--iopsavgtime MS]
@@ -57,7 +57,6 @@ import hashlib
 import json
 import math
 import random
-import re
 import signal
 import sys
 import time
@@ -72,6 +71,7 @@ from pynvmf.bench.loadgen import (
     CpuUsage,
     LatencyHistogram,
     LatencyStats,
+    Measurement,
     OpResult,
     RateSampler,
     RateSamples,
@@ -79,6 +79,7 @@ from pynvmf.bench.loadgen import (
     Workload,
     bucket_bounds,
     cpu_usage,
+    describe,
     run_workload,
     rusage,
     sleep_sampling,
@@ -86,19 +87,23 @@ from pynvmf.bench.loadgen import (
 )
 from pynvmf.block.copy import SourceRange, copy
 from pynvmf.block.device import BlockDevice, Buffer, Capabilities, CopyOffload
+from pynvmf.cli.bench_logs import DEFAULT_LOG_AVG_MSEC, IntervalLogs, LogNames
 from pynvmf.cli.common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     CommandError,
     active_namespace,
-    connect_failure,
+    connect_arguments,
     connection_options,
+    host_identity,
     int_at_least,
     loop_factory,
     namespace_option,
     output_option,
-    tls_arguments,
+    size,
 )
+from pynvmf.cli.failures import Attempt, connect_failure
+from pynvmf.cli.identity import CommandIdentity
 from pynvmf.host import Controller, NvmeError, RemoteNamespace, connect
 from pynvmf.host.namespace import remote_namespace
 from pynvmf.host.queue import HostQueue
@@ -116,20 +121,6 @@ _PREFILL_DEPTH = 8
 _AVG_TIME_MS = 500  # fio's bwavgtime and iopsavgtime
 
 # -- argument parsing --------------------------------------------------------------------------
-
-_SIZE = re.compile(r"(\d+)\s*([kmgt]?)(i?b)?", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """fio's sizes: a bare number is bytes, k/m/g/t (optionally KiB, KB...) powers of 1024."""
-    m = _SIZE.fullmatch(text.strip())
-    if not m:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r} (e.g. 4096, 4k, 1M, 2GiB)")
-    value = int(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"size {text!r} must be positive")
-    return value
 
 
 def _seconds(text: str) -> float:
@@ -149,60 +140,106 @@ def _percent(text: str) -> int:
     return value
 
 
-def add_bench_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_bench_command(subparsers: Any) -> None:
     """Register `bench` on the `pynvmf` parser."""
     p = subparsers.add_parser(
         "bench",
         help="fio-like load generator against a remote namespace",
         description="Keep --iodepth I/Os in flight on each of --numjobs I/O queues for "
-        "--runtime seconds and report IOPS, bandwidth and latency like fio.",
+        "--runtime seconds and report IOPS, bandwidth and latency like fio. The workload "
+        "options are fio's, with fio's meaning and defaults unless said otherwise.",
     )
     connection_options(p, default_port=NVME_TCP_PORT)
     namespace_option(p)
     output_option(p)
     p.add_argument("--rw", choices=BENCH_RW_MODES, default="randread", help="I/O pattern")
-    p.add_argument("--bs", type=parse_size, default=4096, metavar="SIZE", help="block size")
-    p.add_argument("--iodepth", type=int_at_least(1), default=1, metavar="N")
+    p.add_argument("--bs", type=size(), default=4096, metavar="SIZE", help="block size")
+    p.add_argument(
+        "--iodepth", type=int_at_least(1), default=1, metavar="N", help="I/Os in flight per job"
+    )
     p.add_argument(
         "--numjobs", type=int_at_least(1), default=1, metavar="N", help="jobs (one I/O queue each)"
     )
-    p.add_argument("--runtime", type=_seconds, default=10.0, metavar="SECONDS")
+    p.add_argument(
+        "--runtime", type=_seconds, default=10.0, metavar="SECONDS", help="measured time"
+    )
     p.add_argument(
         "--ramp-time", type=_seconds, default=0.0, metavar="SECONDS", help="unmeasured warm-up"
     )
     p.add_argument(
-        "--size", type=parse_size, metavar="SIZE", help="region size (default: whole namespace)"
+        "--size",
+        type=size(),
+        metavar="SIZE",
+        help="region size (default: to the end of the namespace)",
     )
+    p.add_argument("--offset", type=size(0), default=0, metavar="SIZE", help="region start")
     p.add_argument(
-        "--offset", type=parse_size, default=0, metavar="SIZE", help="region start (default 0)"
+        "--rwmixread", type=_percent, default=50, metavar="PCT", help="reads in percent (randrw)"
     )
-    p.add_argument("--rwmixread", type=_percent, default=50, metavar="PCT")
     p.add_argument("--verify", action="store_true", help="write patterns and check every read")
     p.add_argument(
         "--inline-data-size",
         type=int_at_least(0),
         metavar="BYTES",
-        help="most write data the host sends in-capsule (capped by the target's IOCCSZ)",
+        help="most write data the host sends in-capsule (default: what the target's IOCCSZ allows)",
     )
-    p.add_argument("--copy-ranges", type=int_at_least(1), default=1, metavar="N")
-    p.add_argument("--copy-mode", choices=COPY_MODES, default="auto")
-    p.add_argument("--seed", type=int_at_least(0), default=0, help="offsets and patterns seed")
     p.add_argument(
-        "--group-reporting", action="store_true", help="one aggregated JSON job, as fio's"
+        "--copy-ranges",
+        type=int_at_least(1),
+        default=1,
+        metavar="N",
+        help="source ranges of --bs each per copy (--rw copy)",
+    )
+    p.add_argument(
+        "--copy-mode",
+        choices=COPY_MODES,
+        default="auto",
+        help="offload: NVMe Copy; emulate: read and write through this host; auto: as the "
+        "copy planner decides (--rw copy)",
+    )
+    p.add_argument(
+        "--seed", type=int_at_least(0), default=0, help="seed of the offsets and patterns"
+    )
+    p.add_argument(
+        "--group-reporting", action="store_true", help="report all jobs as one, as fio's"
     )
     p.add_argument(
         "--bwavgtime",
         type=int_at_least(1),
         default=_AVG_TIME_MS,
         metavar="MS",
-        help=f"bandwidth sampling interval (default {_AVG_TIME_MS})",
+        help="bandwidth sampling interval",
     )
     p.add_argument(
         "--iopsavgtime",
         type=int_at_least(1),
         default=_AVG_TIME_MS,
         metavar="MS",
-        help=f"IOPS sampling interval (default {_AVG_TIME_MS})",
+        help="IOPS sampling interval",
+    )
+    p.add_argument(
+        "--status-interval",
+        type=_seconds,
+        metavar="SECONDS",
+        help="print the report so far every SECONDS, as fio's (the figures since the "
+        "measurement started; no per-interval bw/iops lines until the end)",
+    )
+    for kind, what in (("bw", "bandwidth"), ("iops", "IOPS"), ("lat", "latency")):
+        p.add_argument(
+            f"--write_{kind}_log",
+            f"--write-{kind}-log",
+            metavar="NAME",
+            help=f"log the {what} of each --log_avg_msec window to NAME_{kind}.N.log"
+            + (" and NAME_clat.N.log" if kind == "lat" else "")
+            + ", fio's format (pynvmf.cli.bench_logs)",
+        )
+    p.add_argument(
+        "--log_avg_msec",
+        "--log-avg-msec",
+        type=int_at_least(1),
+        default=DEFAULT_LOG_AVG_MSEC,
+        metavar="MS",
+        help="the window of the --write_*_log lines (fio's default, 0: every I/O, is not offered)",
     )
 
 
@@ -210,13 +247,23 @@ def run_bench_command(args: argparse.Namespace) -> int:
     """Run `pynvmf bench`; the exit status (1 for any failure, verify included; 130 when
     interrupted, with or without a report)."""
     try:
+        identity = host_identity(args)
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            return runner.run(_bench(args, sys.stdout, sys.stderr))
+            return runner.run(_bench(args, identity, sys.stdout, sys.stderr))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except (CommandError, NvmeError, OSError, ValueError) as exc:
-        print(f"pynvmf bench: {exc}", file=sys.stderr)
+    except OSError as exc:
+        print(f"pynvmf bench: {_os_error_text(exc)}", file=sys.stderr)
         return EXIT_FAILURE
+    except (CommandError, NvmeError, ValueError) as exc:
+        print(f"pynvmf bench: {describe(exc)}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def _os_error_text(exc: OSError) -> str:
+    if exc.strerror and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror}"  # not "[Errno 2] ..." with a repr
+    return describe(exc)
 
 
 # -- verification ----------------------------------------------------------------------------
@@ -565,7 +612,12 @@ async def _prefill(device: JobDevice, first: int, end: int, block: int) -> None:
 
 
 async def _rw_job(
-    name: str, device: BlockDevice, plan: _Plan, job: int, stop: asyncio.Event
+    name: str,
+    device: BlockDevice,
+    plan: _Plan,
+    job: int,
+    stop: asyncio.Event,
+    live: list[Measurement | None],
 ) -> JobResult:
     caps = device.capabilities
     first, end = _region(plan, caps)
@@ -583,7 +635,9 @@ async def _rw_job(
         bw_avg_time=plan.bw_avg_time,
         iops_avg_time=plan.iops_avg_time,
     )
-    result = await run_workload(device, workload, stop=stop)
+    result = await run_workload(
+        device, workload, stop=stop, on_measure=functools.partial(live.__setitem__, job)
+    )
     return JobResult(
         name=name,
         elapsed=result.elapsed,
@@ -605,6 +659,7 @@ async def _copy_job(
     job: int,
     counter: Counter | None,
     stop: asyncio.Event,
+    live: list[Measurement | None],
 ) -> JobResult:
     """Copies of --copy-ranges random --bs ranges of the region's first half to a
     random destination in its second half (no overlap, so the planner never stages).
@@ -642,7 +697,7 @@ async def _copy_job(
             try:
                 report = await copy(sources, device, dst)
             except Exception as exc:
-                failure.append(f"copy to LBA {dst}: {exc!r}")
+                failure.append(f"copy to LBA {dst}: {describe(exc)}")
                 return
             hist.record(time.perf_counter_ns() - t0)
             stats.copies += 1
@@ -675,6 +730,7 @@ async def _copy_job(
         t0 = time.perf_counter()
         usage0 = rusage()
         sampler.start(t0)
+        live[job] = Measurement(t0, LatencyHistogram(), hist, usage0)
         await sleep_sampling(sampler, t0, plan.runtime, stop, lambda: bool(failure))
         measured = hist.copy()
         t1 = time.perf_counter()
@@ -714,7 +770,9 @@ def set_inline_limit(ctrl: Controller, limit: int) -> int:
     return effective
 
 
-async def _bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+async def _bench(
+    args: argparse.Namespace, identity: CommandIdentity, out: TextIO, err: TextIO
+) -> int:
     plan = _plan(args)
     depth = plan.iodepth * (plan.copy_ranges + 1 if plan.rw == "copy" else 1)
     try:
@@ -722,18 +780,12 @@ async def _bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             args.traddr,
             args.trsvcid,
             args.nqn,
-            hostnqn=args.hostnqn,
-            hostid=args.hostid,
             queues=args.numjobs,
             queue_depth=depth,
-            header_digest=args.hdr_digest,
-            data_digest=args.data_digest,
-            dhchap_secret=args.dhchap_secret,
-            dhchap_ctrl_secret=args.dhchap_ctrl_secret,
-            **tls_arguments(args),
+            **connect_arguments(args, identity),
         )
     except NvmeError as exc:
-        raise connect_failure(args, exc) from exc
+        raise connect_failure(Attempt(args.traddr, args.trsvcid, identity), exc) from exc
     async with ctrl:
         ns = active_namespace(ctrl, args)
         if args.inline_data_size is not None:
@@ -753,6 +805,7 @@ async def _bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             await _prefill(JobDevice(ns, None, verifier), first, end, verifier.block_size)
         jobs: list[Callable[[], Awaitable[JobResult]]] = []
         counters: list[Counter] = []
+        live: list[Measurement | None] = [None] * args.numjobs
         stop = asyncio.Event()
         for j in range(args.numjobs):
             queue = queues[j % len(queues)]
@@ -763,33 +816,42 @@ async def _bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             name = f"job{j}"
             if plan.rw == "copy":
                 jobs.append(
-                    functools.partial(_copy_job, name, job_ns, queue, plan, j, counter, stop)
+                    functools.partial(_copy_job, name, job_ns, queue, plan, j, counter, stop, live)
                 )
                 continue
             # The wrapper costs a coroutine per I/O: only when something needs it.
             wrapped = counter is not None or verifier is not None
             device: BlockDevice = JobDevice(job_ns, counter, verifier) if wrapped else job_ns
-            jobs.append(functools.partial(_rw_job, name, device, plan, j, stop))
+            jobs.append(functools.partial(_rw_job, name, device, plan, j, stop, live))
 
-        progress = (
-            asyncio.create_task(_progress(counters, err)) if show_progress and counters else None
-        )
+        helpers: list[asyncio.Task[None]] = []
+        logs = _interval_logs(args, plan)
+        if logs is not None:
+            helpers.append(asyncio.create_task(logs.run(live)))
+        if args.status_interval:
+            helpers.append(
+                asyncio.create_task(_status_reports(args, plan, live, out, args.status_interval))
+            )
+        if show_progress and counters:
+            helpers.append(asyncio.create_task(_progress(counters, err, plan)))
         interrupt = _Interrupt(stop, err, show_progress)
         try:
             interrupt.install()
             results: list[JobResult] = await asyncio.gather(*(job() for job in jobs))
         finally:
             interrupt.uninstall()
-            if progress is not None:
-                progress.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await progress
+            for task in helpers:
+                task.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            if logs is not None:
+                logs.close()
+            if show_progress and counters:
                 err.write("\r\x1b[K")
                 err.flush()
 
     if verifier is not None and verifier.failure is not None:
         for r in results:
-            if r.error and "VerifyError" in r.error:
+            if r.error and verifier.failure in r.error:
                 r.verify_failed = True
                 r.error = verifier.failure
     options = _job_options(args)
@@ -804,6 +866,58 @@ async def _bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         print(f"pynvmf bench: {failed[0].name}: {failed[0].error}", file=err)
         return EXIT_FAILURE
     return EXIT_INTERRUPTED if interrupt.interrupted else 0
+
+
+def _interval_logs(args: argparse.Namespace, plan: _Plan) -> IntervalLogs | None:
+    names = LogNames(args.write_bw_log, args.write_iops_log, args.write_lat_log)
+    if not names.any():
+        return None
+    per_io = (0, plan.copy_ranges * plan.bs) if plan.rw == "copy" else (plan.bs, plan.bs)
+    return IntervalLogs(names, args.numjobs, per_io, args.log_avg_msec)
+
+
+def snapshot(name: str, m: Measurement, plan: _Plan, now: float) -> JobResult:
+    """A job's figures from the start of its measurement until `now`, as the final report
+    has them (but for the per-interval statistics, which the job keeps to itself)."""
+    elapsed = max(now - m.start, 1e-9)
+    reads, writes = m.reads.copy(), m.writes.copy()
+    copy_stats = None
+    if plan.rw == "copy":
+        copy_bytes = plan.copy_ranges * plan.bs
+        copy_stats = CopyStats(copies=writes.count, copied_bytes=writes.count * copy_bytes)
+    return JobResult(
+        name=name,
+        elapsed=elapsed,
+        read_bytes_per_io=0 if plan.rw == "copy" else plan.bs,
+        write_bytes_per_io=plan.copy_ranges * plan.bs if plan.rw == "copy" else plan.bs,
+        read_hist=reads,
+        write_hist=writes,
+        cpu=cpu_usage(m.usage, rusage(), elapsed),
+        copy=copy_stats,
+    )
+
+
+async def _status_reports(
+    args: argparse.Namespace,
+    plan: _Plan,
+    live: Sequence[Measurement | None],
+    out: TextIO,
+    interval: float,
+) -> None:
+    """fio's --status-interval: the report so far, every `interval` seconds."""
+    options = _job_options(args)
+    while True:
+        await asyncio.sleep(interval)
+        now = time.perf_counter()
+        results = [snapshot(f"job{j}", m, plan, now) for j, m in enumerate(live) if m]
+        if not results:
+            continue  # still ramping up
+        if args.output_format == "json":
+            text = json.dumps(fio_json(results, options, group=args.group_reporting), indent=2)
+            out.write(text + "\n")
+        else:
+            out.write(human_report(results, plan))
+        out.flush()
 
 
 class _Interrupt:
@@ -866,25 +980,31 @@ class _Interrupt:
         self._err.flush()
 
 
-async def _progress(counters: Sequence[Counter], err: TextIO) -> None:
+async def _progress(counters: Sequence[Counter], err: TextIO, plan: _Plan) -> None:
     start = last_t = time.perf_counter()
     last_ios = last_bytes = 0
+    total = plan.ramp_time + plan.runtime
     while True:
         await asyncio.sleep(_PROGRESS_INTERVAL)
         now = time.perf_counter()
         ios = sum(c.ios for c in counters)
         nbytes = sum(c.bytes for c in counters)
         span = now - last_t
-        err.write(
-            "\r"
-            + format_progress(now - start, (ios - last_ios) / span, (nbytes - last_bytes) / span)
-        )
+        iops, rate = (ios - last_ios) / span, (nbytes - last_bytes) / span
+        err.write("\r" + format_progress(now - start, total, iops, rate))
         err.flush()
         last_t, last_ios, last_bytes = now, ios, nbytes
 
 
-def format_progress(elapsed: float, iops: float, bytes_per_second: float) -> str:
-    return f"[{elapsed:6.1f}s] {iops:10.0f} IOPS  {bytes_per_second / 1e6:9.1f} MB/s"
+def format_progress(elapsed: float, total: float, iops: float, bytes_per_second: float) -> str:
+    """One progress line: how far into --ramp-time + --runtime, the time left, and the
+    rates of the last refresh."""
+    fraction = min(1.0, elapsed / total) if total > 0 else 1.0
+    left = max(0.0, total - elapsed)
+    return (
+        f"[{fraction:6.1%}] {elapsed:6.1f}s ETA {left:5.1f}s {iops:10.0f} IOPS  "
+        f"{bytes_per_second / 1e6:9.1f} MB/s"
+    )
 
 
 # -- fio-shaped output -------------------------------------------------------------------------

@@ -1,26 +1,44 @@
-"""What the `pynvmf` commands share: exit statuses, the one-line error, option parsers
-and the connection options of the host-side commands, the event loop they run in."""
+"""What the `pynvmf` commands share: exit statuses, the one-line error, and the one
+argument layer of every command (sizes, addresses, NQNs, namespace IDs, the host
+identity and the connect options), so that each option means the same everywhere.
+
+The short options follow nvme-cli's letters for the same meaning, and no letter means
+two things across pynvmf's commands (docs/cli.md, "Option letters"):
+
+  -t -a -s   transport, address, TCP port (nvme connect's)
+  -n         namespace ID (nvme id-ns, read, write); the subsystem NQN is --nqn
+  -q -I      host NQN and host ID (nvme connect's)
+  -g -G      header and data digest;  -S -C  DH-HMAC-CHAP host and controller secrets
+  -o         output format;  -H  human-readable (id-ctrl, id-ns);  -v  verbose
+  -c -z -d   block count (0's based), data size, data file (nvme read/write)
+  -f         Force Unit Access (nvme write's --force-unit-access)
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import socket
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pynvmf.host import Controller, NvmeConnectionError, NvmeError, RemoteNamespace
+from pynvmf import units
+from pynvmf.cli.identity import CommandIdentity, IdentityError, resolve
+from pynvmf.host import Controller, RemoteNamespace
+from pynvmf.spec.nqn import nqn_problem
 from pynvmf.tcp.psk import ConfiguredPsk, PskError
 
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130  # what a shell reports for a command ended by SIGINT
+NSID_MAX = 0xFFFFFFFE
 
 
 class CommandError(Exception):
     """A failure worth exactly one line on stderr: the message says it all."""
+
+
+# -- option types: each raises ArgumentTypeError, which argparse reports as a usage error
 
 
 def port_number(text: str) -> int:
@@ -47,6 +65,42 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def size(minimum: int = 1) -> Callable[[str], int]:
+    """A size in bytes, in the one grammar of pynvmf.units (a bare number is bytes)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = units.parse_size(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text} is less than {units.format_size(minimum)}")
+        return value
+
+    return parse
+
+
+def namespace_id(text: str) -> int:
+    """-n/--namespace-id, as nvme-cli's: refuses an NQN there with the option it belongs to."""
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a namespace ID: -n is --namespace-id, as in nvme id-ns, read "
+            "and write; the subsystem NQN is --nqn (nvme connect's -n)"
+        ) from None
+    if not 1 <= value <= NSID_MAX:
+        raise argparse.ArgumentTypeError(f"namespace ID {value} is not in 1..{NSID_MAX}")
+    return value
+
+
+def nqn(text: str) -> str:
+    problem = nqn_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid NQN: {problem}")
+    return text
+
+
 def hostid_arg(text: str) -> bytes:
     try:
         return uuid.UUID(text).bytes
@@ -54,9 +108,11 @@ def hostid_arg(text: str) -> bytes:
         raise argparse.ArgumentTypeError(f"host ID {text!r} is not a UUID") from None
 
 
-def connection_options(
-    p: argparse.ArgumentParser, *, default_port: int, subsystem: bool = True
-) -> None:
+# -- option groups ---------------------------------------------------------------------------
+
+
+def target_options(p: argparse.ArgumentParser, *, default_port: int) -> None:
+    """Where the controller is: nvme connect's -t, -a and -s."""
     p.add_argument(
         "-t", "--transport", choices=("tcp",), default="tcp", help="transport (only tcp)"
     )
@@ -69,30 +125,85 @@ def connection_options(
         metavar="PORT",
         help=f"target TCP port (default {default_port})",
     )
-    if subsystem:
-        p.add_argument("-n", "--nqn", required=True, help="subsystem NQN")
-    p.add_argument("-q", "--hostnqn", help="host NQN (default: a UUID NQN for this process)")
-    p.add_argument("-I", "--hostid", type=hostid_arg, metavar="UUID", help="host identifier")
-    if subsystem:
-        # pynvmf.host.discover() takes no digest options, so discover offers none.
-        p.add_argument("-g", "--hdr-digest", action="store_true", help="enable header digest")
-        p.add_argument("-G", "--data-digest", action="store_true", help="enable data digest")
-        p.add_argument(
-            "-S",
-            "--dhchap-secret",
-            metavar="DHHC-1:...",
-            help="DH-HMAC-CHAP host secret (as nvme gen-dhchap-key writes it), used when "
-            "the controller asks to authenticate",
-        )
-        p.add_argument(
-            "-C",
-            "--dhchap-ctrl-secret",
-            metavar="DHHC-1:...",
-            help="DH-HMAC-CHAP controller secret: authenticate the controller too",
-        )
-        tls_options(p)
+
+
+def subsystem_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--nqn",
+        required=True,
+        type=nqn,
+        help="subsystem NQN (nvme connect's -n; -n is the namespace ID here)",
+    )
+
+
+def namespace_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-n",
+        "--namespace-id",
+        type=namespace_id,
+        default=1,
+        metavar="NSID",
+        help="namespace ID (default 1)",
+    )
+
+
+def host_identity_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-q",
+        "--hostnqn",
+        type=nqn,
+        help="host NQN (default: /etc/nvme/hostnqn as nvme-cli reads it, else one pynvmf "
+        "stores on first use; see docs/cli.md)",
+    )
+    p.add_argument(
+        "-I",
+        "--hostid",
+        type=hostid_arg,
+        metavar="UUID",
+        help="host identifier (default: /etc/nvme/hostid, else the UUID of a UUID host NQN)",
+    )
+
+
+def connect_options(p: argparse.ArgumentParser) -> None:
+    """The options of the connection itself, beyond where and who: digests,
+    DH-HMAC-CHAP and TLS. Every command that connects takes all of them, and
+    connect_arguments turns them into connect()'s arguments: one option added here is
+    one option of every such command."""
+    p.add_argument("-g", "--hdr-digest", action="store_true", help="enable header digest")
+    p.add_argument("-G", "--data-digest", action="store_true", help="enable data digest")
+    p.add_argument(
+        "-S",
+        "--dhchap-secret",
+        metavar="DHHC-1:...",
+        help="DH-HMAC-CHAP host secret (as nvme gen-dhchap-key writes it), used when "
+        "the controller asks to authenticate",
+    )
+    p.add_argument(
+        "-C",
+        "--dhchap-ctrl-secret",
+        metavar="DHHC-1:...",
+        help="DH-HMAC-CHAP controller secret: authenticate the controller too",
+    )
+    tls_options(p)
+
+
+def verbose_option(p: argparse.ArgumentParser) -> None:
     # pynvmf.cli.main configures logging from args.verbose for every subcommand.
     p.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeatable)")
+
+
+def connection_options(
+    p: argparse.ArgumentParser, *, default_port: int, subsystem: bool = True
+) -> None:
+    """Everything a host command needs to reach a controller."""
+    target_options(p, default_port=default_port)
+    if subsystem:
+        subsystem_option(p)
+    host_identity_options(p)
+    if subsystem:
+        # pynvmf.host.discover() takes no digest, secret or TLS options: discover neither.
+        connect_options(p)
+    verbose_option(p)
 
 
 def tls_options(p: argparse.ArgumentParser) -> None:
@@ -148,6 +259,28 @@ def tls_arguments(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def connect_arguments(args: argparse.Namespace, identity: CommandIdentity) -> dict[str, Any]:
+    """connect()'s keyword arguments from the options of host_identity_options and
+    connect_options, for the host identity `identity` (host_identity(args))."""
+    return {
+        "hostnqn": identity.hostnqn,
+        "hostid": identity.hostid,
+        "header_digest": args.hdr_digest,
+        "data_digest": args.data_digest,
+        "dhchap_secret": args.dhchap_secret,
+        "dhchap_ctrl_secret": args.dhchap_ctrl_secret,
+        **tls_arguments(args),
+    }
+
+
+def host_identity(args: argparse.Namespace) -> CommandIdentity:
+    """The identity the command presents: -q and -I, else the machine's (cli.identity)."""
+    try:
+        return resolve(args.hostnqn, args.hostid)
+    except IdentityError as exc:
+        raise CommandError(str(exc)) from None
+
+
 def output_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-o",
@@ -155,16 +288,6 @@ def output_option(p: argparse.ArgumentParser) -> None:
         choices=("normal", "json"),
         default="normal",
         help="output format (default normal)",
-    )
-
-
-def namespace_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--namespace-id",
-        type=int_at_least(1),
-        default=1,
-        metavar="NSID",
-        help="namespace ID (default 1)",
     )
 
 
@@ -180,19 +303,6 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 def where(args: argparse.Namespace) -> str:
     return f"{args.traddr} port {args.trsvcid}"
-
-
-def connect_failure(args: argparse.Namespace, exc: NvmeError) -> CommandError:
-    if not isinstance(exc, NvmeConnectionError):
-        return CommandError(f"{where(args)}: {exc}")
-    cause = exc.__cause__
-    if isinstance(cause, socket.gaierror):
-        return CommandError(f"cannot resolve {args.traddr}: {cause.strerror}")
-    if isinstance(cause, OSError) and cause.errno:
-        # asyncio words a refused connection "Connect call failed (addr, port)";
-        # the errno's own text ("Connection refused") is what a user recognises.
-        return CommandError(f"cannot connect to {where(args)}: {os.strerror(cause.errno)}")
-    return CommandError(f"cannot connect: {exc}")
 
 
 def active_namespace(ctrl: Controller, args: argparse.Namespace) -> RemoteNamespace:

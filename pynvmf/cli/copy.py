@@ -9,8 +9,14 @@ An endpoint is one of
 HOST is a name or an IPv4 address, or an IPv6 address in brackets
 (`nvme://[fe80::1%eth0]:4420/...`); PORT defaults to 4420. The NQN is everything
 between the address and the last `/`. LBA is decimal or 0x-prefixed hex (default 0).
-COUNT is a number of blocks, or a size with a unit: `+64M` (K, M, G, T: powers of
-1024, optionally written KiB, MiB...; B: bytes). `file:///abs/path` works too.
+COUNT is a number of blocks, or a size with a unit in pynvmf.units' grammar: `+64M`,
+`+1MB`, `+2GiB` (powers of 1024; B: bytes). `file:///abs/path` works too.
+
+A copy that is interrupted (Ctrl-C) or fails leaves a destination file that it
+created or extended ending where the copied data ends without a gap, as an
+interrupted cp or dd leaves it: the file was made full size up front (so that chunks
+can land in any order), and left so, it would look like a finished copy whose end is
+zeroes. A block device, or a file that was already large enough, keeps its size.
 
 The copy runs through the copy engine (pynvmf.block.copier): chunks, several in
 flight, each offloaded, copied natively or emulated as the copy planner decides. So
@@ -30,13 +36,13 @@ import json
 import os
 import re
 import signal
-import socket
 import stat
 import sys
-import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from pynvmf import units
 from pynvmf.block.copier import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_DEPTH,
@@ -47,8 +53,22 @@ from pynvmf.block.copier import (
 )
 from pynvmf.block.device import BlockDevice
 from pynvmf.block.file import FileDevice
-from pynvmf.cli.common import EXIT_FAILURE, EXIT_INTERRUPTED, CommandError, loop_factory
-from pynvmf.host import Controller, NvmeConnectionError, NvmeError, connect
+from pynvmf.cli.common import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    CommandError,
+    connect_arguments,
+    connect_options,
+    host_identity,
+    host_identity_options,
+    int_at_least,
+    loop_factory,
+    output_option,
+    verbose_option,
+)
+from pynvmf.cli.failures import Attempt, connect_failure
+from pynvmf.cli.identity import CommandIdentity
+from pynvmf.host import Controller, NvmeError, connect
 from pynvmf.target.server import NVME_TCP_PORT
 
 DEFAULT_FILE_BLOCK_SIZE = 512
@@ -101,33 +121,45 @@ class LocalEndpoint:
 
 Endpoint = RemoteEndpoint | LocalEndpoint
 
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
-_AMOUNT = re.compile(r"(\d+)(?:([kmgtp])(?:ib)?|(b))?", re.IGNORECASE)
 _LBA = r"0[xX][0-9a-fA-F]+|\d+"
 _REMOTE_TAIL = re.compile(rf"(?P<nsid>\d+)(?:@(?P<lba>{_LBA}))?(?:\+(?P<count>.+))?")
 # The path is lazy so that a trailing @LBA / +COUNT is taken as such; a name that
 # merely contains '@' or '+' stays whole unless its end parses as one.
 _LOCAL = re.compile(
-    rf"(?P<path>.+?)(?:@(?P<lba>{_LBA}))?(?:\+(?P<count>\d+(?:[kmgtp](?:ib)?|b)?))?",
+    rf"(?P<path>.+?)(?:@(?P<lba>{_LBA}))?(?:\+(?P<count>\d+(?:[kmgtp](?:i?b)?|b)?))?",
     re.IGNORECASE,
 )
 _REMOTE_FORM = "nvme://HOST[:PORT]/NQN/NSID[@LBA][+COUNT]"
 
 
 def parse_amount(text: str, what: str = "size") -> Amount:
-    """`8` (blocks), `4096B` (bytes), `64K`, `1M`, `2GiB` (bytes, powers of 1024)."""
-    m = _AMOUNT.fullmatch(text.strip())
-    if m is None:
+    """`8` (blocks), or a size in pynvmf.units' grammar: `4096B`, `64K`, `1MB`, `2GiB`."""
+    try:
+        quantity = units.parse_quantity(text)
+    except ValueError:
         raise EndpointError(
             f"{what} {text!r} is neither a number of blocks nor a size like 64K, 1M, 4096B"
-        )
-    number, unit, byte = m.groups()
-    value = int(number)
-    if value <= 0:
+        ) from None
+    if quantity.number <= 0:
         raise EndpointError(f"{what} {text!r} must be at least one block")
-    if unit is None and byte is None:
-        return Amount(value, False, text)
-    return Amount(value * _UNITS[(unit or "").lower()], True, text)
+    return Amount(quantity.value, quantity.has_unit, text)
+
+
+def _amount_option(what: str) -> Callable[[str], Amount]:
+    def parse(text: str) -> Amount:
+        try:
+            return parse_amount(text, what)
+        except EndpointError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def _block_size(text: str) -> int:
+    value = int_at_least(512)(text)
+    if value & (value - 1):
+        raise argparse.ArgumentTypeError(f"{value} is not a power of two")
+    return value
 
 
 def parse_endpoint(text: str) -> Endpoint:
@@ -228,7 +260,13 @@ def _parse_authority(text: str, authority: str) -> tuple[str, int]:
 # -- argument parsing ----------------------------------------------------------------------
 
 
-def add_copy_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+_HABITS = {
+    "-q": "-q is --hostnqn, as in nvme connect; no progress bar and no summary is --quiet",
+    "-c": "how much to copy is --count (-c is nvme read's 0's based --block-count)",
+}
+
+
+def add_copy_command(subparsers: Any) -> None:
     """Register `copy` on the `pynvmf` parser."""
     p = subparsers.add_parser(
         "copy",
@@ -236,54 +274,53 @@ def add_copy_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         description="Copy COUNT blocks from SRC to DST. An endpoint is "
         "nvme://HOST[:PORT]/NQN/NSID[@LBA][+COUNT] (IPv6 in brackets, port 4420 by default), "
         "file:PATH[@LBA][+COUNT], or a PATH (a regular file or block device, whole). COUNT is "
-        "blocks, or a size such as 64M (K, M, G, T are powers of 1024; B is bytes). Without "
-        "--count or +COUNT the copy runs to the end of the source. A missing or shorter "
-        "destination file is created or extended. Copies between namespaces of one remote "
-        "controller that supports Copy are offloaded: the data never crosses the network.",
+        "blocks, or a size such as 64M or 1MB (K, M, G, T are powers of 1024; B is bytes). "
+        "Without --count or +COUNT the copy runs to the end of the source. A missing or "
+        "shorter destination file is created or extended; if the copy is interrupted or "
+        "fails, it is cut back to end with the last block copied without a gap. Copies "
+        "between namespaces of one remote controller that supports Copy are offloaded: the "
+        "data never crosses the network.",
+        habits=_HABITS,
     )
     p.add_argument("source", metavar="SRC", help="what to copy from")
     p.add_argument("destination", metavar="DST", help="where to copy to")
     p.add_argument(
-        "-c", "--count", metavar="BLOCKS|SIZE", help="how much to copy (default: to the end)"
+        "--count",
+        type=_amount_option("--count"),
+        metavar="BLOCKS|SIZE",
+        help="how much to copy (default: to the end)",
     )
     p.add_argument(
         "--chunk",
+        type=_amount_option("--chunk"),
         metavar="BLOCKS|SIZE",
         help=f"unit of work and progress (default {DEFAULT_CHUNK_BYTES >> 20}M)",
     )
     p.add_argument(
-        "--depth", default=str(DEFAULT_DEPTH), metavar="N", help="chunks in flight (default 4)"
+        "--depth",
+        type=int_at_least(1),
+        default=DEFAULT_DEPTH,
+        metavar="N",
+        help=f"chunks in flight (default {DEFAULT_DEPTH})",
     )
     p.add_argument(
         "--block-size",
+        type=_block_size,
         metavar="BYTES",
         help="block size of local files (default: the remote end's, else 512)",
     )
     p.add_argument(
-        "-f", "--fua", action="store_true", help="make the copy durable before finishing"
+        "-f",
+        "--force-unit-access",
+        "--fua",
+        action="store_true",
+        help="make the copy durable before finishing",
     )
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary line")
-    p.add_argument(
-        "-o",
-        "--output-format",
-        choices=("normal", "json"),
-        default="normal",
-        help="summary format (default normal)",
-    )
-    # No -q for the host NQN here (as in the other host commands): -q is --quiet.
-    p.add_argument("--hostnqn", help="host NQN (default: a UUID NQN for this process)")
-    p.add_argument("--hostid", metavar="UUID", help="host identifier")
-    p.add_argument("-g", "--hdr-digest", action="store_true", help="enable header digest")
-    p.add_argument("-G", "--data-digest", action="store_true", help="enable data digest")
-    p.add_argument("-S", "--dhchap-secret", metavar="DHHC-1:...", help="DH-HMAC-CHAP host secret")
-    p.add_argument(
-        "-C",
-        "--dhchap-ctrl-secret",
-        metavar="DHHC-1:...",
-        help="DH-HMAC-CHAP controller secret (bidirectional authentication)",
-    )
-    # cli.py configures logging from args.verbose for every subcommand.
-    p.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeatable)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no summary line")
+    output_option(p)
+    host_identity_options(p)
+    connect_options(p)
+    verbose_option(p)
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,7 +331,6 @@ class _Options:
     chunk: Amount | None
     depth: int
     block_size: int | None
-    hostid: bytes | None
 
 
 def _options(args: argparse.Namespace) -> _Options:
@@ -303,29 +339,7 @@ def _options(args: argparse.Namespace) -> _Options:
         destination = parse_endpoint(args.destination)
     except EndpointError as exc:
         raise CommandError(f"bad endpoint: {exc}") from None
-    count = parse_amount(args.count, "--count") if args.count is not None else None
-    chunk = parse_amount(args.chunk, "--chunk") if args.chunk is not None else None
-    try:
-        depth = int(args.depth, 10)
-    except ValueError:
-        raise CommandError(f"--depth {args.depth!r} is not a number") from None
-    if depth < 1:
-        raise CommandError(f"--depth {depth} is less than 1")
-    block_size = None
-    if args.block_size is not None:
-        try:
-            block_size = int(args.block_size, 0)
-        except ValueError:
-            raise CommandError(f"--block-size {args.block_size!r} is not a number") from None
-        if block_size < 512 or block_size & (block_size - 1):
-            raise CommandError(f"--block-size {block_size} is not a power of two >= 512")
-    hostid = None
-    if args.hostid is not None:
-        try:
-            hostid = uuid.UUID(args.hostid).bytes
-        except ValueError:
-            raise CommandError(f"--hostid {args.hostid!r} is not a UUID") from None
-    return _Options(source, destination, count, chunk, depth, block_size, hostid)
+    return _Options(source, destination, args.count, args.chunk, args.depth, args.block_size)
 
 
 # -- running -------------------------------------------------------------------------------
@@ -361,6 +375,8 @@ class _Devices:
         self._opts = opts
         self._stack = stack
         self._controllers: dict[tuple[str, int, str], Controller] = {}
+        # Found when the first remote endpoint needs it: a local copy has no host.
+        self._identity: CommandIdentity | None = None
 
     async def remote(self, ep: RemoteEndpoint) -> BlockDevice:
         key = (ep.host, ep.port, ep.nqn)
@@ -376,31 +392,18 @@ class _Devices:
         return ns
 
     async def _connect(self, ep: RemoteEndpoint) -> Controller:
-        where = f"{ep.host} port {ep.port}"
+        if self._identity is None:
+            self._identity = host_identity(self._args)
         try:
             return await connect(
                 ep.host,
                 ep.port,
                 ep.nqn,
-                hostnqn=self._args.hostnqn,
-                hostid=self._opts.hostid,
                 queues=min(self._opts.depth, _MAX_QUEUES),
-                header_digest=self._args.hdr_digest,
-                data_digest=self._args.data_digest,
-                dhchap_secret=self._args.dhchap_secret,
-                dhchap_ctrl_secret=self._args.dhchap_ctrl_secret,
+                **connect_arguments(self._args, self._identity),
             )
         except NvmeError as exc:
-            if not isinstance(exc, NvmeConnectionError):
-                raise CommandError(f"{where}: {exc}") from exc
-            cause = exc.__cause__
-            if isinstance(cause, socket.gaierror):
-                raise CommandError(f"cannot resolve {ep.host}: {cause.strerror}") from exc
-            if isinstance(cause, OSError) and cause.errno:
-                raise CommandError(
-                    f"cannot connect to {where}: {os.strerror(cause.errno)}"
-                ) from exc
-            raise CommandError(f"cannot connect to {where}: {exc}") from exc
+            raise connect_failure(Attempt(ep.host, ep.port, self._identity), exc) from exc
 
     async def file(
         self, path: str, block_size: int, *, read_only: bool, size_bytes: int | None = None
@@ -460,9 +463,37 @@ def _check_fits(ep: Endpoint, device: BlockDevice, count: int, role: str) -> Non
         )
 
 
-async def _open(opts: _Options, devices: _Devices) -> tuple[BlockDevice, BlockDevice, int]:
-    """(source, destination, blocks to copy); nothing is created or extended until
-    both ranges are known to be valid."""
+@dataclass(frozen=True, slots=True)
+class _Grown:
+    """A destination file this copy created (`before` None) or extended from `before`
+    bytes, to hold the range from byte `start` on."""
+
+    path: str
+    before: int | None
+    start: int
+    block_size: int
+
+    def cut(self, copied_blocks: int) -> int:
+        """Make the file end where the data copied without a gap ends (never shorter
+        than it was before); its new size."""
+        end = self.start + copied_blocks * self.block_size if copied_blocks else 0
+        size = max(end, self.before or 0)
+        os.truncate(self.path, size)
+        return size
+
+
+def _size_before(path: str) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return None
+
+
+async def _open(
+    opts: _Options, devices: _Devices
+) -> tuple[BlockDevice, BlockDevice, int, _Grown | None]:
+    """(source, destination, blocks to copy, the destination file if this copy makes it
+    larger); nothing is created or extended until both ranges are known to be valid."""
     src_ep, dst_ep = opts.source, opts.destination
     src = await devices.remote(src_ep) if isinstance(src_ep, RemoteEndpoint) else None
     dst = await devices.remote(dst_ep) if isinstance(dst_ep, RemoteEndpoint) else None
@@ -497,22 +528,26 @@ async def _open(opts: _Options, devices: _Devices) -> tuple[BlockDevice, BlockDe
     if count is None:
         count = available
     _check_fits(src_ep, src, count, "source")
+    grown = None
     if same_file:
         dst = src
     elif isinstance(dst_ep, LocalEndpoint):
         # A regular file (or a new one) grows to hold the range, as dd's output does.
         grow = not _is_block_device(dst_ep.path)
         size = (dst_ep.lba + count) * block_size if grow else None
+        before = _size_before(dst_ep.path) if grow else None
         dst = await devices.file(dst_ep.path, block_size, read_only=False, size_bytes=size)
+        if size is not None and (before is None or before < size):
+            grown = _Grown(dst_ep.path, before, dst_ep.lba * block_size, block_size)
     assert dst is not None
     _check_fits(dst_ep, dst, count, "destination")
-    return src, dst, count
+    return src, dst, count, grown
 
 
 async def _copy(args: argparse.Namespace) -> int:
     opts = _options(args)
     async with contextlib.AsyncExitStack() as stack:
-        src, dst, count = await _open(opts, _Devices(args, opts, stack))
+        src, dst, count, grown = await _open(opts, _Devices(args, opts, stack))
         bs = src.capabilities.block_size
         chunk = opts.chunk.blocks(bs, "--chunk") if opts.chunk is not None else None
         show_bar = not args.quiet and sys.stderr.isatty()
@@ -525,14 +560,17 @@ async def _copy(args: argparse.Namespace) -> int:
             count,
             chunk_blocks=chunk,
             depth=opts.depth,
-            fua=args.fua,
+            fua=args.force_unit_access,
             on_progress=bar.update if bar is not None else None,
         )
         status = await _wait_interruptible(job)
         if bar is not None:
             bar.clear()
+    cut = None
+    if grown is not None and status.state is not JobState.COMPLETED:
+        cut = (grown.path, grown.cut(status.prefix_blocks))
     # Reported once everything is closed: with --fua, closing is part of the copy.
-    return _report(args, opts, status)
+    return _report(args, opts, status, cut)
 
 
 async def _wait_interruptible(job: CopyJob) -> CopyStatus:
@@ -601,7 +639,9 @@ class ProgressBar:
             self._stream.flush()
 
 
-def summary(opts: _Options, status: CopyStatus) -> dict[str, Any]:
+def summary(
+    opts: _Options, status: CopyStatus, cut: tuple[str, int] | None = None
+) -> dict[str, Any]:
     report = dataclasses.asdict(status.report)
     return {
         "status": str(status.state),
@@ -617,10 +657,12 @@ def summary(opts: _Options, status: CopyStatus) -> dict[str, Any]:
         "bytes_per_second": round(status.bytes_per_second, 1),
         **report,
         "error": _error_text(status.error) if status.error is not None else None,
+        # A destination file cut back to the data copied without a gap (module docstring).
+        "destination_size": cut[1] if cut is not None else None,
     }
 
 
-def summary_line(status: CopyStatus) -> str:
+def summary_line(status: CopyStatus, cut: tuple[str, int] | None = None) -> str:
     verb = "copied" if status.state is JobState.COMPLETED else f"{status.state}: copied"
     done = status.done_bytes
     amount = f"{done} bytes ({human_bytes(done)})"
@@ -631,20 +673,26 @@ def summary_line(status: CopyStatus) -> str:
         for f in _REPORT_FIELDS
         if hasattr(status.report, f)
     )
-    return (
+    line = (
         f"{verb} {amount} in {status.seconds:.2f} s, "
         f"{status.bytes_per_second / 1e6:.1f} MB/s; blocks: {ways}"
     )
+    if cut is not None:
+        line += f"; {cut[0]} cut to {cut[1]} bytes, the end of the data copied without a gap"
+    return line
 
 
-def _report(args: argparse.Namespace, opts: _Options, status: CopyStatus) -> int:
+def _report(
+    args: argparse.Namespace, opts: _Options, status: CopyStatus, cut: tuple[str, int] | None
+) -> int:
     if args.output_format == "json":
-        print(json.dumps(summary(opts, status), indent=2))
+        print(json.dumps(summary(opts, status, cut), indent=2))
     elif not args.quiet and status.state is not JobState.FAILED:
-        print(summary_line(status))
+        print(summary_line(status, cut))
     if status.state is JobState.FAILED:
         assert status.error is not None
-        print(f"pynvmf copy: {_error_text(status.error)}", file=sys.stderr)
+        where = "" if cut is None else f" ({cut[0]} cut to {cut[1]} bytes)"
+        print(f"pynvmf copy: {_error_text(status.error)}{where}", file=sys.stderr)
         return EXIT_FAILURE
     if status.state is JobState.CANCELLED:
         return EXIT_INTERRUPTED

@@ -20,26 +20,30 @@ from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, BinaryIO
 
 from pynvmf.block.device import Capabilities
+from pynvmf.cli import identify_fields as F
 from pynvmf.cli.common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     CommandError,
     active_namespace,
-    connect_failure,
+    connect_arguments,
     connection_options,
+    host_identity,
     int_at_least,
     loop_factory,
     namespace_option,
     output_option,
-    tls_arguments,
+    size,
     where,
 )
+from pynvmf.cli.failures import Attempt, connect_failure
+from pynvmf.cli.identity import CommandIdentity
 from pynvmf.host import (
     Controller,
     DiscoveryLogEntry,
     NvmeError,
     connect,
-    discover,
+    read_discovery_log,
 )
 from pynvmf.spec import identify as I
 from pynvmf.spec import logpages as L
@@ -47,13 +51,25 @@ from pynvmf.target.server import DISCOVERY_PORT, NVME_TCP_PORT
 
 # -- argument parsing ------------------------------------------------------------------------
 
+# nvme connect's -n names the subsystem; here -n is the namespace ID (nvme id-ns, read,
+# write), so a command without a namespace does not know it at all.
+_NQN_HABIT = {
+    "-n": "the subsystem NQN is --nqn (nvme connect's -n): -n means the namespace ID in "
+    "pynvmf, as in nvme id-ns, read and write"
+}
+_DISCOVER_HABITS = {
+    "-n": "discover reads the discovery subsystem's log: it takes no NQN",
+    "--nqn": "discover reads the discovery subsystem's log: it takes no NQN",
+}
 
-def add_host_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+
+def add_host_commands(subparsers: Any) -> None:
     """Register discover, list, id-ctrl, id-ns, read and write on the `pynvmf` parser."""
     p = subparsers.add_parser(
         "discover",
         help="print the discovery log of a discovery controller",
         description="Read the discovery log page, like `nvme discover -t tcp`.",
+        habits=_DISCOVER_HABITS,
     )
     connection_options(p, default_port=DISCOVERY_PORT, subsystem=False)
     output_option(p)
@@ -63,6 +79,7 @@ def add_host_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         help="list the namespaces of a remote subsystem",
         description="The subsystem's active namespaces with size, format and usage, "
         "and its controller's serial number, model and firmware revision.",
+        habits=_NQN_HABIT,
     )
     connection_options(p, default_port=NVME_TCP_PORT)
     output_option(p)
@@ -71,9 +88,11 @@ def add_host_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         "id-ctrl",
         help="print a remote controller's Identify Controller data",
         description="Identify Controller, field by field like `nvme id-ctrl`.",
+        habits=_NQN_HABIT,
     )
     connection_options(p, default_port=NVME_TCP_PORT)
     output_option(p)
+    _human_readable_option(p)
 
     p = subparsers.add_parser(
         "id-ns",
@@ -83,16 +102,17 @@ def add_host_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     connection_options(p, default_port=NVME_TCP_PORT)
     namespace_option(p)
     output_option(p)
+    _human_readable_option(p)
 
     p = subparsers.add_parser(
         "read",
         help="read blocks from a remote namespace",
-        description="Read --block-count blocks from --start-block on and write them to "
-        "--data FILE, or to standard output (binary).",
+        description="Read -c/--block-count + 1 blocks (or -z/--data-size bytes) from "
+        "--start-block on and write them to --data FILE, or to standard output (binary).",
     )
     connection_options(p, default_port=NVME_TCP_PORT)
     namespace_option(p)
-    _io_range_options(p, count_required=True)
+    _io_range_options(p, reading=True)
     p.add_argument("-d", "--data", metavar="FILE", help="output file (default: standard output)")
 
     p = subparsers.add_parser(
@@ -103,34 +123,49 @@ def add_host_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     )
     connection_options(p, default_port=NVME_TCP_PORT)
     namespace_option(p)
-    _io_range_options(p, count_required=False)
+    _io_range_options(p, reading=False)
     p.add_argument("-d", "--data", metavar="FILE", help="input file (default: standard input)")
     p.add_argument(
         "--pad",
         action="store_true",
-        help="pad the input with zeroes to a whole number of blocks (or to --block-count)",
+        help="pad the input with zeroes to a whole number of blocks (or to the count given)",
     )
     p.add_argument(
-        "-f", "--fua", "--force-unit-access", action="store_true", help="Force Unit Access"
+        "-f", "--force-unit-access", "--fua", action="store_true", help="Force Unit Access"
     )
 
 
-def _io_range_options(p: argparse.ArgumentParser, *, count_required: bool) -> None:
+def _human_readable_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-H",
+        "--human-readable",
+        action="store_true",
+        help="decode the bit fields in words under each field, as nvme-cli's -H (normal output)",
+    )
+
+
+def _io_range_options(p: argparse.ArgumentParser, *, reading: bool) -> None:
     p.add_argument(
         "--start-block",
         type=int_at_least(0),
         default=0,
         metavar="LBA",
-        help="first logical block (default 0)",
+        help="first logical block (default 0; nvme-cli's -s, which is the TCP port here)",
     )
-    what = "blocks to read" if count_required else "blocks to write (default: the whole input)"
+    default = "" if reading else "; default: the whole input"
     p.add_argument(
         "-c",
         "--block-count",
-        type=int_at_least(1),
-        required=count_required,
-        metavar="COUNT",
-        help=f"number of {what}; 1's based, unlike nvme-cli's 0's based --block-count",
+        type=int_at_least(0),
+        metavar="N",
+        help=f"number of blocks, 0's based as nvme-cli's: 0 is one block{default}",
+    )
+    p.add_argument(
+        "-z",
+        "--data-size",
+        type=size(),
+        metavar="SIZE",
+        help=f"the same in bytes (e.g. 4096, 64K), a whole number of blocks{default}",
     )
 
 
@@ -142,8 +177,9 @@ def run_host_command(args: argparse.Namespace) -> int:
     name = f"pynvmf {args.command}"
     command = _COMMANDS[args.command]
     try:
+        identity = host_identity(args)
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            return runner.run(command(args))
+            return runner.run(command(args, identity))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
@@ -158,23 +194,41 @@ def run_host_command(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
 
 
-async def _open(args: argparse.Namespace, *, queues: int) -> Controller:
+async def _open(args: argparse.Namespace, identity: CommandIdentity, *, queues: int) -> Controller:
     try:
         return await connect(
             args.traddr,
             args.trsvcid,
             args.nqn,
-            hostnqn=args.hostnqn,
-            hostid=args.hostid,
             queues=queues,
-            header_digest=args.hdr_digest,
-            data_digest=args.data_digest,
-            dhchap_secret=args.dhchap_secret,
-            dhchap_ctrl_secret=args.dhchap_ctrl_secret,
-            **tls_arguments(args),
+            **connect_arguments(args, identity),
         )
     except NvmeError as exc:
-        raise connect_failure(args, exc) from exc
+        failure = connect_failure(Attempt(args.traddr, args.trsvcid, identity), exc)
+        if args.command in ("read", "write") and "Connection refused" in str(failure):
+            # nvme read's -s is the first block; a user who meant that reads it here.
+            failure = CommandError(
+                f"{failure} (-s is the TCP port; the first block is --start-block)"
+            )
+        raise failure from exc
+
+
+def _blocks(args: argparse.Namespace, block_size: int) -> int | None:
+    """The blocks -c/--block-count (0's based) and -z/--data-size ask for, if any."""
+    counted = None if args.block_count is None else args.block_count + 1
+    sized = None
+    if args.data_size is not None:
+        if args.data_size % block_size:
+            raise CommandError(
+                f"--data-size {args.data_size} is not a whole number of {block_size}-byte blocks"
+            )
+        sized = args.data_size // block_size
+    if counted is not None and sized is not None and counted != sized:
+        raise CommandError(
+            f"--block-count {args.block_count} is {counted} blocks ({counted * block_size} "
+            f"bytes), --data-size {args.data_size} is {sized}: give one, or agreeing ones"
+        )
+    return counted if counted is not None else sized
 
 
 def _check_range(args: argparse.Namespace, caps: Capabilities, nblocks: int) -> None:
@@ -269,18 +323,20 @@ def _entry_fields(entry: DiscoveryLogEntry) -> dict[str, str | int]:
     return fields
 
 
-async def _discover(args: argparse.Namespace) -> int:
+async def _discover(args: argparse.Namespace, identity: CommandIdentity) -> int:
     try:
-        entries = await discover(
-            args.traddr, args.trsvcid, hostnqn=args.hostnqn, hostid=args.hostid
+        page = await read_discovery_log(
+            args.traddr, args.trsvcid, hostnqn=identity.hostnqn, hostid=identity.hostid
         )
     except NvmeError as exc:
-        raise connect_failure(args, exc) from exc
-    records = [_entry_fields(entry) for entry in entries]
+        raise connect_failure(Attempt(args.traddr, args.trsvcid, identity), exc) from exc
+    records = [_entry_fields(entry) for entry in page.entries]
     if args.output_format == "json":
-        _print_json({"records": records})
+        _print_json({"genctr": page.genctr, "records": records})
         return 0
-    print(f"\nDiscovery Log Number of Records {len(records)}")
+    # nvme-cli's header line, generation counter included: it changes with every change
+    # to the log, so two listings with the same counter show the same log.
+    print(f"\nDiscovery Log Number of Records {len(records)}, Generation counter {page.genctr}")
     for i, record in enumerate(records):
         print(f"=====Discovery Log Entry {i}======")
         for key, value in record.items():
@@ -317,9 +373,9 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     ]
 
 
-async def _list(args: argparse.Namespace) -> int:
+async def _list(args: argparse.Namespace, identity: CommandIdentity) -> int:
     # No I/O queues: Identify on the admin queue is all a listing needs.
-    async with await _open(args, queues=0) as ctrl:
+    async with await _open(args, identity, queues=0) as ctrl:
         await ctrl.refresh_namespaces()
         info = ctrl.info
         assert info is not None  # set by connect()
@@ -412,7 +468,7 @@ def _psd_lines(index: int, psd: I.PowerStateDescriptor) -> list[str]:
     ]
 
 
-def _id_ctrl_lines(info: I.IdentifyController) -> list[str]:
+def _id_ctrl_lines(info: I.IdentifyController, human: bool = False) -> list[str]:
     lines = ["NVME Identify Controller:"]
     for field in dataclasses.fields(info):
         name = field.name
@@ -428,6 +484,8 @@ def _id_ctrl_lines(info: I.IdentifyController) -> list[str]:
         else:
             text = str(value)
         lines.append(f"{name:<10}: {text}")
+        if human and isinstance(value, int):
+            lines.extend(F.explain(F.CONTROLLER, name, value))
         if name == "elpe":
             # NPSS is derived from the descriptor list, so it is not a dataclass field.
             lines.append(f"{'npss':<10}: {info.npss}")
@@ -436,7 +494,7 @@ def _id_ctrl_lines(info: I.IdentifyController) -> list[str]:
     return lines
 
 
-def _id_ns_lines(nsid: int, ident: I.IdentifyNamespace) -> list[str]:
+def _id_ns_lines(nsid: int, ident: I.IdentifyNamespace, human: bool = False) -> list[str]:
     lines = [f"NVME Identify Namespace {nsid}:"]
     for field in dataclasses.fields(ident):
         name = field.name
@@ -450,10 +508,15 @@ def _id_ns_lines(nsid: int, ident: I.IdentifyNamespace) -> list[str]:
         else:
             text = str(value)
         lines.append(f"{name:<8}: {text}")
+        if human and isinstance(value, int):
+            lines.extend(F.explain(F.NAMESPACE, name, value))
         if name == "nsfeat":
             lines.append(f"{'nlbaf':<8}: {ident.nlbaf}")
     current = ident.lbaf_index
     for i, fmt in enumerate(ident.lbaf):
+        if human:
+            lines.append(F.lba_format_line(i, fmt.ms, fmt.lbads, fmt.rp, i == current))
+            continue
         in_use = " (in use)" if i == current else ""
         lines.append(
             f"lbaf {i:2d} : ms:{fmt.ms:<3d} lbads:{fmt.lbads:<2d} rp:{_c_hex(fmt.rp)}{in_use}"
@@ -461,18 +524,18 @@ def _id_ns_lines(nsid: int, ident: I.IdentifyNamespace) -> list[str]:
     return lines
 
 
-async def _id_ctrl(args: argparse.Namespace) -> int:
-    async with await _open(args, queues=0) as ctrl:
+async def _id_ctrl(args: argparse.Namespace, identity: CommandIdentity) -> int:
+    async with await _open(args, identity, queues=0) as ctrl:
         info = await ctrl.identify_controller()
     if args.output_format == "json":
         _print_json({**_jsonable(dataclasses.asdict(info)), "npss": info.npss})
     else:
-        print("\n".join(_id_ctrl_lines(info)))
+        print("\n".join(_id_ctrl_lines(info, args.human_readable)))
     return 0
 
 
-async def _id_ns(args: argparse.Namespace) -> int:
-    async with await _open(args, queues=0) as ctrl:
+async def _id_ns(args: argparse.Namespace, identity: CommandIdentity) -> int:
+    async with await _open(args, identity, queues=0) as ctrl:
         ident = await ctrl.identify_namespace(args.namespace_id)
     if not ident.nsze:
         # Controllers answer Identify for an inactive NSID with zeroes, not an error.
@@ -480,7 +543,7 @@ async def _id_ns(args: argparse.Namespace) -> int:
     if args.output_format == "json":
         _print_json({**_jsonable(dataclasses.asdict(ident)), "nlbaf": ident.nlbaf})
     else:
-        print("\n".join(_id_ns_lines(args.namespace_id, ident)))
+        print("\n".join(_id_ns_lines(args.namespace_id, ident, args.human_readable)))
     return 0
 
 
@@ -558,12 +621,16 @@ def _emit(path: str | None, data: bytes | bytearray) -> None:
         f.write(data)
 
 
-async def _read(args: argparse.Namespace) -> int:
-    async with await _open(args, queues=1) as ctrl:
+async def _read(args: argparse.Namespace, identity: CommandIdentity) -> int:
+    if args.block_count is None and args.data_size is None:
+        raise CommandError("how much to read: -c/--block-count (0's based) or -z/--data-size")
+    async with await _open(args, identity, queues=1) as ctrl:
         ns = active_namespace(ctrl, args)
         caps = ns.capabilities
-        _check_range(args, caps, args.block_count)
-        buf = bytearray(args.block_count * caps.block_size)
+        nblocks = _blocks(args, caps.block_size)
+        assert nblocks is not None
+        _check_range(args, caps, nblocks)
+        buf = bytearray(nblocks * caps.block_size)
         # One call: the library splits it into MDTS-sized commands, all in flight.
         await ns.read(args.start_block, memoryview(buf))
     # Only now is the output touched, so a failed read leaves an existing file intact.
@@ -572,20 +639,20 @@ async def _read(args: argparse.Namespace) -> int:
     return 0
 
 
-def _whole_blocks(args: argparse.Namespace, data: bytes, block_size: int) -> bytes:
-    """`data` as a whole number of blocks (--block-count of them if given), padded
-    with zeroes only when --pad allows it."""
-    if args.block_count is not None:
-        wanted = args.block_count * block_size
+def _whole_blocks(data: bytes, block_size: int, wanted_blocks: int | None, pad: bool) -> bytes:
+    """`data` as a whole number of blocks (`wanted_blocks` of them if given), padded
+    with zeroes only when `pad` allows it."""
+    if wanted_blocks is not None:
+        wanted = wanted_blocks * block_size
     else:
         wanted = -(-len(data) // block_size) * block_size
     if len(data) == wanted:
         return data
-    if not args.pad:
-        if args.block_count is not None:
+    if not pad:
+        if wanted_blocks is not None:
             raise CommandError(
-                f"the input ends after {len(data)} bytes, --block-count {args.block_count} "
-                f"needs {wanted} ({block_size}-byte blocks); --pad fills up with zeroes"
+                f"the input ends after {len(data)} bytes; {wanted_blocks} blocks of "
+                f"{block_size} bytes need {wanted}; --pad fills up with zeroes"
             )
         raise CommandError(
             f"{len(data)} bytes of input is not a whole number of {block_size}-byte blocks; "
@@ -594,27 +661,28 @@ def _whole_blocks(args: argparse.Namespace, data: bytes, block_size: int) -> byt
     return data + bytes(wanted - len(data))
 
 
-async def _write(args: argparse.Namespace) -> int:
+async def _write(args: argparse.Namespace, identity: CommandIdentity) -> int:
     # The input is opened first so a missing file fails before any connection is made.
     with _binary_input(args.data) as source:
-        async with await _open(args, queues=1) as ctrl:
+        async with await _open(args, identity, queues=1) as ctrl:
             ns = active_namespace(ctrl, args)
             caps = ns.capabilities
+            nblocks = _blocks(args, caps.block_size)
             limit = -1
-            if args.block_count is not None:
-                _check_range(args, caps, args.block_count)
-                limit = args.block_count * caps.block_size
+            if nblocks is not None:
+                _check_range(args, caps, nblocks)
+                limit = nblocks * caps.block_size
             data = await _read_input(source, limit)
             if not data:
                 raise CommandError("no data to write: the input is empty")
-            data = _whole_blocks(args, data, caps.block_size)
+            data = _whole_blocks(data, caps.block_size, nblocks, args.pad)
             _check_range(args, caps, len(data) // caps.block_size)
-            await ns.write(args.start_block, data, fua=args.fua)
+            await ns.write(args.start_block, data, fua=args.force_unit_access)
     print("write: Success", file=sys.stderr)
     return 0
 
 
-_COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
+_COMMANDS: dict[str, Callable[[argparse.Namespace, CommandIdentity], Coroutine[Any, Any, int]]] = {
     "discover": _discover,
     "list": _list,
     "id-ctrl": _id_ctrl,

@@ -1,15 +1,20 @@
-"""`pynvmf rpc METHOD [PARAM...]`: call a method of a running target's JSON-RPC.
+"""`pynvmf rpc [--server S] METHOD [ARG...]`: call a method of a running target's JSON-RPC.
 
     pynvmf rpc nvmf_get_subsystems
     pynvmf rpc bdev_malloc_create num_blocks:=2048 block_size:=512
+    pynvmf rpc bdev_malloc_create -b Malloc0 64 512            # rpc.py's arguments
     pynvmf rpc nvmf_subsystem_add_ns nqn=nqn.2024-11.dev.pynvmf:a namespace.bdev_name=Malloc0
     pynvmf rpc nvmf_subsystem_add_listener '{"nqn": "...", "listen_address": {...}}'
     pynvmf rpc save-config /etc/pynvmf/target.json [--format pynvmf|spdk|nvmetcli]
 
 A parameter is KEY=TEXT (a string) or KEY:=JSON (a number, true/false, null, a list
 or an object); dots in KEY nest it in objects. A single argument that is a JSON
-object is the whole parameter object. The result is printed as indented JSON; an
-error response is one line on stderr and exit status 1.
+object is the whole parameter object. The methods people type most also take SPDK
+rpc.py's own arguments (`pynvmf rpc METHOD --help` lists them; see
+pynvmf.cli.rpc_args). `pynvmf rpc`'s options come before METHOD, as rpc.py's do; their
+letters (rpc.py's -s, -t) are pynvmf's host commands' port and transport, so they are
+spelled out: --server, --timeout. The result is printed as indented JSON; an error
+response is one line on stderr and exit status 1.
 """
 
 from __future__ import annotations
@@ -20,39 +25,55 @@ import os
 import sys
 from typing import Any
 
-from pynvmf.cli.common import EXIT_FAILURE, CommandError
+from pynvmf.cli.common import EXIT_FAILURE, CommandError, verbose_option
+from pynvmf.cli.parser import RawDescriptionFormatter
+from pynvmf.cli.rpc_args import METHODS, rpc_py_params
 from pynvmf.rpc.client import DEFAULT_TIMEOUT, RpcClient, RpcClientError
 from pynvmf.rpc.server import DEFAULT_SOCKET
 
 # Shorter names for pynvmf's own methods that take a path or a format.
 _ALIASES = {"save-config": "pynvmf_save_config", "get-config": "pynvmf_get_config"}
 
+_HABITS = {
+    "-s": "the RPC server is --server (rpc.py's -s): -s is the target's TCP port in pynvmf",
+    "-t": "the timeout is --timeout (rpc.py's -t): -t is the transport in pynvmf",
+}
 
-def add_rpc_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+
+def add_rpc_command(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "rpc",
         help="call a method of a running target's JSON-RPC",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawDescriptionFormatter,
+        habits=_HABITS,
     )
     p.add_argument(
-        "-s",
         "--server",
         default=os.environ.get("PYNVMF_RPC", DEFAULT_SOCKET),
         metavar="PATH|HOST:PORT",
         help=f"the target's RPC socket or TCP address (default $PYNVMF_RPC or {DEFAULT_SOCKET})",
     )
     p.add_argument(
-        "-t", "--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds to wait for an answer"
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help="how long to wait for an answer",
     )
-    p.add_argument(
-        "--format",
-        choices=("pynvmf", "spdk", "nvmetcli"),
-        help="for save-config and get-config: the configuration format (default pynvmf)",
-    )
+    verbose_option(p)
     p.add_argument("method", help="the method name (rpc_get_methods lists them)")
-    p.add_argument("params", nargs="*", metavar="PARAM", help="KEY=TEXT, KEY:=JSON or {JSON}")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeatable)")
+    p.add_argument(
+        "params",
+        nargs=argparse.REMAINDER,
+        metavar="ARG",
+        help="KEY=TEXT, KEY:=JSON or {JSON}; or rpc.py's arguments of the method",
+    )
+
+
+def _is_parameter(item: str) -> bool:
+    key, sep, _ = item.partition("=")
+    return bool(sep and key and not key.startswith("-"))
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:
@@ -90,20 +111,22 @@ def parse_params(items: list[str]) -> dict[str, Any]:
 
 def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     method = _ALIASES.get(args.method, args.method)
-    if method == "pynvmf_save_config":
-        # The target writes the file: a relative path means the caller's directory.
-        if len(args.params) == 1 and "=" not in args.params[0]:
-            params: dict[str, Any] = {"path": os.path.abspath(args.params[0])}
-        else:
-            params = parse_params(args.params)
-            if "path" in params:
-                params["path"] = os.path.abspath(params["path"])
+    items: list[str] = args.params
+    single_json = len(items) == 1 and items[0].lstrip().startswith("{")
+    if single_json or all(_is_parameter(item) for item in items):
+        params = parse_params(items)
+    elif method in METHODS:
+        # rpc.py's own arguments: its method parser reports its own usage errors.
+        params = rpc_py_params(method, items)
     else:
-        params = parse_params(args.params)
-    if args.format is not None:
-        if method not in ("pynvmf_save_config", "pynvmf_get_config"):
-            raise CommandError("--format: only for save-config and get-config")
-        params["format"] = args.format
+        odd = next(item for item in items if not _is_parameter(item))
+        raise CommandError(
+            f"{args.method}: {odd!r} is not a parameter: KEY=TEXT, KEY:=JSON or one {{JSON}} "
+            f"object (rpc.py's own arguments are understood for {', '.join(sorted(METHODS))})"
+        )
+    if method == "pynvmf_save_config" and isinstance(params.get("path"), str):
+        # The target writes the file: a relative path means the caller's directory.
+        params["path"] = os.path.abspath(params["path"])
     return method, params
 
 

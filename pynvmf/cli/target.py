@@ -16,6 +16,7 @@ import signal
 import sys
 from typing import Any
 
+from pynvmf.cli.common import size, verbose_option
 from pynvmf.ha.gateway import Gateway, GatewayConfig
 from pynvmf.rpc.jsonrpc import RpcError
 from pynvmf.rpc.nvmetcli import load_nvmetcli
@@ -36,7 +37,6 @@ from pynvmf.target.config import (
     config_from_options,
     load_config,
     parse_listen,
-    parse_size,
 )
 from pynvmf.target.server import DISCOVERY_PORT, Target
 from pynvmf.target.workers import available_cores, make_target
@@ -53,7 +53,17 @@ def _install_uvloop() -> None:
 
 
 def add_target_command(sub: Any) -> None:
-    p = sub.add_parser("target", help="run an NVMe/TCP target")
+    p = sub.add_parser(
+        "target",
+        help="run an NVMe/TCP target",
+        description="Serve NVMe/TCP until SIGINT or SIGTERM. Without a configuration "
+        "source the options build one subsystem (--nqn) of in-memory, file, block device "
+        "or Ceph RBD namespaces (one 1 GiB memory namespace if none is given), listening "
+        "on --listen (127.0.0.1:4420) with a discovery-only port beside it. A source "
+        "(--config, --json, --nvmetcli-config or --empty) replaces those options; the "
+        "RPC (--rpc-socket) changes a running target. The banner lists the ports and "
+        "the nvme-cli commands that reach them.",
+    )
     source = p.add_mutually_exclusive_group()
     source.add_argument("--config", metavar="FILE", help="pynvmf JSON configuration (see README)")
     source.add_argument(
@@ -90,8 +100,10 @@ def add_target_command(sub: Any) -> None:
         "--memory",
         action="append",
         default=[],
+        # 0 passes here: the configuration says why it cannot be (not a block multiple).
+        type=size(0),
         metavar="SIZE",
-        help="add an in-memory namespace of SIZE (e.g. 1G), repeatable",
+        help="add an in-memory namespace of SIZE (e.g. 64M, 1G), repeatable",
     )
     p.add_argument(
         "--file",
@@ -117,20 +129,34 @@ def add_target_command(sub: Any) -> None:
         metavar="ID",
         help="Ceph client id for --rbd, e.g. admin for client.admin (default: librados')",
     )
-    p.add_argument("--block-size", type=int, default=512, choices=(512, 4096))
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=512,
+        choices=(512, 4096),
+        help="logical block size of the namespaces the options add (default 512)",
+    )
     p.add_argument("--nqn", default=DEFAULT_NQN, help=f"subsystem NQN (default {DEFAULT_NQN})")
     p.add_argument(
         "--allow-host",
         action="append",
         default=[],
         metavar="HOSTNQN",
-        help="allow only these host NQNs (repeatable; default: any host)",
+        help="allow only these host NQNs (repeatable; default: any host); a Linux host's is "
+        "in its /etc/nvme/hostnqn",
     )
-    p.add_argument("--inline-data-size", type=int, default=16384, metavar="BYTES")
+    p.add_argument(
+        "--inline-data-size",
+        type=int,
+        default=16384,
+        metavar="BYTES",
+        help="write data a host may send in the command capsule (IOCCSZ; default 16384)",
+    )
     p.add_argument(
         "--discovery-port",
         type=int,
         default=DISCOVERY_PORT,
+        metavar="PORT",
         help=f"discovery-only port on each listen address (default {DISCOVERY_PORT}, 0: none)",
     )
     p.add_argument(
@@ -149,14 +175,14 @@ def add_target_command(sub: Any) -> None:
     )
     p.add_argument(
         "--max-memory",
-        type=_size,
+        type=size(1 << 20),
         default=0,
         metavar="SIZE",
         help="data buffers the target holds for all hosts at once (default: half the memory)",
     )
     p.add_argument(
         "--max-connection-data",
-        type=_size,
+        type=size(1 << 20),
         default=DEFAULT_CONNECTION_DATA,
         metavar="SIZE",
         help="data buffers one connection holds at once (default 32M)",
@@ -178,17 +204,7 @@ def add_target_command(sub: Any) -> None:
         "sleeping (lower latency at low queue depth, a busy core meanwhile; default 0: off; "
         "in the main process and in every worker)",
     )
-    p.add_argument("-v", "--verbose", action="count", default=0)
-
-
-def _size(text: str) -> int:
-    try:
-        value = parse_size(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if value < 1 << 20:
-        raise argparse.ArgumentTypeError(f"{text} is less than 1 MiB")
-    return value
+    verbose_option(p)
 
 
 def _positive(text: str) -> int:

@@ -22,7 +22,9 @@ import pytest
 from pynvmf.block.device import Buffer, Capabilities
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.cli import bench as bench_cli
-from pynvmf.cli.bench import add_bench_command, format_progress, parse_size, run_bench_command
+from pynvmf.cli import build_parser
+from pynvmf.cli.bench import format_progress, run_bench_command
+from pynvmf.cli.common import host_identity
 from pynvmf.host import Controller
 from pynvmf.target.server import Port, Target
 from pynvmf.target.subsystem import Namespace, Subsystem
@@ -113,10 +115,7 @@ def target() -> Iterator[BackgroundTarget]:
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="pynvmf")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_bench_command(sub)
-    return parser.parse_args(["bench", *argv])
+    return build_parser().parse_args(["bench", *argv])
 
 
 def run(*argv: str) -> int:
@@ -125,7 +124,9 @@ def run(*argv: str) -> int:
 
 
 def bench_args(target: BackgroundTarget, *extra: str) -> list[str]:
-    return ["-a", "127.0.0.1", "-s", str(target.port), "-n", NQN, "--runtime", RUNTIME, *extra]
+    # RUNTIME unless the case gives its own (an option given twice is refused).
+    runtime = [] if "--runtime" in extra else ["--runtime", RUNTIME]
+    return ["-a", "127.0.0.1", "-s", str(target.port), "--nqn", NQN, *runtime, *extra]
 
 
 def run_json(
@@ -352,7 +353,7 @@ class _Tty(io.StringIO):
 def test_progress_line_on_a_terminal(target: BackgroundTarget) -> None:
     out, err = io.StringIO(), _Tty()
     args = parse(*bench_args(target, "--rw", "randread"))
-    status = asyncio.run(bench_cli._bench(args, out, err))
+    status = asyncio.run(bench_cli._bench(args, host_identity(args), out, err))
     assert status == 0
     frames = [f for f in err.getvalue().split("\r") if f.startswith("[")]
     # 0.5 s at one refresh per 0.25 s: one or two frames, never a flood.
@@ -368,17 +369,12 @@ def test_no_progress_line_when_not_a_terminal(
     assert "IOPS" not in capsys.readouterr().err
 
 
-def test_format_progress() -> None:
-    assert format_progress(1.25, 12345.4, 50.5e6) == "[   1.2s]      12345 IOPS       50.5 MB/s"
-
-
-def test_parse_size() -> None:
-    assert parse_size("4096") == 4096
-    assert parse_size("4k") == 4096
-    assert parse_size("1M") == MiB
-    assert parse_size("2GiB") == 2 << 30
-    with pytest.raises(argparse.ArgumentTypeError):
-        parse_size("4q")
+def test_format_progress_says_how_far_and_how_long_to_go() -> None:
+    # 2.5 s into --ramp-time + --runtime of 10 s.
+    line = format_progress(2.5, 10, 12345.4, 50.5e6)
+    assert line == "[ 25.0%]    2.5s ETA   7.5s      12345 IOPS       50.5 MB/s"
+    # Past the end (the jobs draining their I/Os): 100%, nothing left.
+    assert format_progress(12, 10, 0, 0).startswith("[100.0%]   12.0s ETA   0.0s")
 
 
 @pytest.mark.parametrize(
@@ -394,7 +390,7 @@ def test_parse_size() -> None:
 )
 def test_bad_arguments_exit_2(extra: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
-        parse("-a", "127.0.0.1", "-n", NQN, *extra)
+        parse("-a", "127.0.0.1", "--nqn", NQN, *extra)
     assert exc.value.code == 2
 
 
@@ -416,7 +412,7 @@ def test_bad_values_exit_1_with_a_message(
     extra: tuple[str, ...],
     message: str,
 ) -> None:
-    assert run(*bench_args(target), *extra) == 1
+    assert run(*bench_args(target, *extra)) == 1
     err = capsys.readouterr().err
     assert message in err
     assert "Traceback" not in err

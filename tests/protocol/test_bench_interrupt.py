@@ -85,7 +85,7 @@ async def start_bench(port: int, *extra: str) -> asyncio.subprocess.Process:
         "127.0.0.1",
         "-s",
         str(port),
-        "-n",
+        "--nqn",
         NQN,
         "--runtime",
         str(REQUESTED_S),

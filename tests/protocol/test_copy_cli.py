@@ -10,7 +10,6 @@ emulated one.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import re
@@ -23,11 +22,11 @@ from typing import Any
 import pytest
 
 from pynvmf.block.memory import MemoryDevice
+from pynvmf.cli import build_parser
 from pynvmf.cli.copy import (
     EndpointError,
     LocalEndpoint,
     RemoteEndpoint,
-    add_copy_command,
     format_progress,
     parse_amount,
     parse_endpoint,
@@ -133,10 +132,7 @@ def target() -> Iterator[BackgroundTarget]:
 
 def run(*argv: str) -> int:
     """`pynvmf copy ARGV...` as pynvmf.cli runs it."""
-    parser = argparse.ArgumentParser(prog="pynvmf")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_copy_command(sub)
-    return run_copy_command(parser.parse_args(["copy", *argv]))
+    return run_copy_command(build_parser().parse_args(["copy", *argv]))
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
@@ -237,7 +233,7 @@ def test_normal_output_is_one_summary_line(
 
 def test_quiet_prints_nothing(target: BackgroundTarget, capsys: pytest.CaptureFixture[str]) -> None:
     target.fill(1, 0, pattern(4096, seed=5))
-    assert run("-q", target.url(1, "@0+8"), target.url(2, "@0")) == 0
+    assert run("--quiet", target.url(1, "@0+8"), target.url(2, "@0")) == 0
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == ""
     assert target.contents(2, 0, 4096) == pattern(4096, seed=5)
@@ -342,7 +338,7 @@ def test_file_to_file_with_block_size(capsys: pytest.CaptureFixture[str], tmp_pa
         ("nvme://[nothost]:4420/nqn.x/1", "is not an IPv6 address"),
         ("nvme://127.0.0.1/nqn.x/one", "'one' is not NSID[@LBA][+COUNT]"),
         ("nvme://127.0.0.1/nqn.x/0", "namespace ID 0"),
-        ("nvme://127.0.0.1/nqn.x/1+64MB", "is neither a number of blocks nor a size"),
+        ("nvme://127.0.0.1/nqn.x/1+64XB", "is neither a number of blocks nor a size"),
         ("nvme://127.0.0.1/nqn.x/1+0", "must be at least one block"),
         ("tcp://127.0.0.1/nqn.x/1", "unknown scheme 'tcp'"),
         ("nvme:127.0.0.1/nqn.x/1", "a remote namespace is nvme://"),
@@ -360,23 +356,34 @@ def test_bad_endpoint_syntax(
     assert "bad endpoint" in line and message in line, line
 
 
+def test_a_count_of_part_of_a_block(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    src = tmp_path / "in.img"
+    src.write_bytes(bytes(8192))
+    assert run(str(src), str(tmp_path / "out.img"), "--count", "1000B") == 1
+    assert "--count 1000B is not a whole number of 512-byte blocks" in one_line_error(capsys)
+    assert not (tmp_path / "out.img").exists()
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        (["--count", "1000B"], "--count 1000B is not a whole number of 512-byte blocks"),
-        (["--count", "lots"], "--count 'lots' is neither a number of blocks nor a size"),
-        (["--depth", "0"], "--depth 0 is less than 1"),
-        (["--block-size", "1000"], "--block-size 1000 is not a power of two >= 512"),
-        (["--hostid", "nope"], "--hostid 'nope' is not a UUID"),
+        (["--count", "lots"], "argument --count: --count 'lots' is neither a number of blocks"),
+        (["--depth", "0"], "argument --depth: 0 is less than 1"),
+        (["--block-size", "1000"], "argument --block-size: 1000 is not a power of two"),
+        (["--block-size", "256"], "argument --block-size: 256 is less than 512"),
+        (["--hostid", "nope"], "argument -I/--hostid: host ID 'nope' is not a UUID"),
     ],
 )
-def test_bad_options(
+def test_bad_options_are_usage_errors(
     options: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     src = tmp_path / "in.img"
     src.write_bytes(bytes(8192))
-    assert run(str(src), str(tmp_path / "out.img"), *options) == 1
-    assert message in one_line_error(capsys)
+    with pytest.raises(SystemExit) as exc:
+        run(str(src), str(tmp_path / "out.img"), *options)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: pynvmf copy ") and message in err, err
     assert not (tmp_path / "out.img").exists()
 
 
@@ -474,9 +481,13 @@ def test_parse_amount(text: str, value: int, in_bytes: bool) -> None:
     assert (amount.value, amount.in_bytes) == (value, in_bytes)
 
 
-def test_parse_amount_rejects_decimal_units() -> None:
+def test_parse_amount_takes_the_units_of_every_size() -> None:
+    # pynvmf.units: 1MB is 1 MiB here as in `target --memory` and `bench --size`.
+    for text in ("10MB", "10MiB", "10M", "10mb"):
+        amount = parse_amount(text)
+        assert (amount.value, amount.in_bytes) == (10 * MiB, True)
     with pytest.raises(EndpointError, match="neither a number of blocks nor a size"):
-        parse_amount("10MB")
+        parse_amount("10XB")
 
 
 def test_progress_line() -> None:

@@ -15,8 +15,10 @@ from tests.interop.guest import free_tcp_port
 
 
 def run_target(*args: str) -> subprocess.CompletedProcess[str]:
+    # No discovery port unless the case is about it (an option given twice is refused).
+    quiet = [] if "--discovery-port" in args else ["--discovery-port", "0"]
     return subprocess.run(
-        [sys.executable, "-m", "pynvmf", "target", "--discovery-port", "0", *args],
+        [sys.executable, "-m", "pynvmf", "target", *quiet, *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -119,13 +119,13 @@ async def rig(raw_target_factory: RawTargetFactory, tmp_path: Path) -> AsyncIter
 
 
 async def pynvmf_rpc(rig: Rig, *args: str) -> tuple[int, Any, str]:
-    """`pynvmf rpc -s SOCKET ARGS...` as a user runs it: (status, parsed stdout, stderr)."""
+    """`pynvmf rpc --server SOCKET ARGS...` as a user runs it: (status, parsed stdout, stderr)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "pynvmf",
         "rpc",
-        "-s",
+        "--server",
         rig.socket,
         *args,
         stdout=asyncio.subprocess.PIPE,

@@ -25,7 +25,7 @@ HOST = "nqn.2014-08.org.nvmexpress:uuid:0f8c5d8e-0000-4000-8000-0000000000aa"
 
 def rpc(socket: str, *args: str) -> object:
     result = subprocess.run(
-        [sys.executable, "-m", "pynvmf", "rpc", "-s", socket, *args],
+        [sys.executable, "-m", "pynvmf", "rpc", "--server", socket, *args],
         capture_output=True,
         text=True,
         timeout=60,

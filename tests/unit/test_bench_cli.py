@@ -27,8 +27,9 @@ from pynvmf.bench.loadgen import CpuUsage, LatencyHistogram, SampleStats
 from pynvmf.block.device import Buffer
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.cli import bench as bench_cli
-from pynvmf.cli.bench import JobResult, add_bench_command, fio_json, human_report
-from pynvmf.cli.common import EXIT_INTERRUPTED
+from pynvmf.cli import build_parser
+from pynvmf.cli.bench import JobResult, fio_json, human_report
+from pynvmf.cli.common import EXIT_INTERRUPTED, host_identity
 from pynvmf.target.server import Port, Target
 from pynvmf.target.subsystem import Namespace, Subsystem
 
@@ -152,20 +153,18 @@ def sigint_default() -> Iterator[None]:
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="pynvmf")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_bench_command(sub)
-    return parser.parse_args(["bench", *argv])
+    return build_parser().parse_args(["bench", *argv])
 
 
 def bench_args(served: Served, *extra: str) -> list[str]:
-    return ["-a", "127.0.0.1", "-s", str(served.port), "-n", NQN, *extra]
+    return ["-a", "127.0.0.1", "-s", str(served.port), "--nqn", NQN, *extra]
 
 
 async def bench(served: Served, *extra: str) -> tuple[int, str, str]:
     """`pynvmf bench` against `served`: exit status, stdout, stderr."""
     out, err = io.StringIO(), io.StringIO()
-    status = await bench_cli._bench(parse(*bench_args(served, *extra)), out, err)
+    args = parse(*bench_args(served, *extra))
+    status = await bench_cli._bench(args, host_identity(args), out, err)
     return status, out.getvalue(), err.getvalue()
 
 
@@ -396,7 +395,7 @@ def test_group_reports_the_longest_jobs_cpu_usage_not_a_sum() -> None:
 
 
 def test_human_report_cpu_line_is_fios() -> None:
-    plan = bench_cli._plan(parse("-a", "127.0.0.1", "-n", NQN))
+    plan = bench_cli._plan(parse("-a", "127.0.0.1", "--nqn", NQN))
     out = human_report([JOB0, JOB1], plan)
     assert "  cpu          : usr=25.00%, sys=5.00%, ctx=100, majf=1, minf=7\n" in out
     assert out.count("  cpu          : usr=50.00%, sys=10.00%, ctx=300, majf=0, minf=9\n") == 2
@@ -450,7 +449,7 @@ def test_group_adds_the_jobs_rates_up_as_fio() -> None:
 
 
 def test_human_report_rate_lines_are_fios() -> None:
-    plan = bench_cli._plan(parse("-a", "127.0.0.1", "-n", NQN))
+    plan = bench_cli._plan(parse("-a", "127.0.0.1", "--nqn", NQN))
     out = human_report([RATED0, RATED1], plan)
     assert (
         "   bw (  KiB/s): min=    2, max=    6, per=33.33%, avg= 4.00, stdev= 2.00, samples=3\n"
@@ -474,17 +473,17 @@ def test_human_report_shows_mib_above_a_gib_per_second() -> None:
 
 
 def test_sampling_intervals_are_fios_options() -> None:
-    plan = bench_cli._plan(parse("-a", "127.0.0.1", "-n", NQN))
+    plan = bench_cli._plan(parse("-a", "127.0.0.1", "--nqn", NQN))
     assert (plan.bw_avg_time, plan.iops_avg_time) == (0.5, 0.5)  # fio's 500 ms
-    args = parse("-a", "127.0.0.1", "-n", NQN, "--bwavgtime", "250", "--iopsavgtime", "1000")
+    args = parse("-a", "127.0.0.1", "--nqn", NQN, "--bwavgtime", "250", "--iopsavgtime", "1000")
     plan = bench_cli._plan(args)
     assert (plan.bw_avg_time, plan.iops_avg_time) == (0.25, 1.0)
     options = bench_cli._job_options(args)
     assert (options["bwavgtime"], options["iopsavgtime"]) == ("250", "1000")
-    assert "bwavgtime" not in bench_cli._job_options(parse("-a", "127.0.0.1", "-n", NQN))
+    assert "bwavgtime" not in bench_cli._job_options(parse("-a", "127.0.0.1", "--nqn", NQN))
     for bad in ("0", "-5", "0.5"):
         with pytest.raises(SystemExit):
-            parse("-a", "127.0.0.1", "-n", NQN, "--bwavgtime", bad)
+            parse("-a", "127.0.0.1", "--nqn", NQN, "--bwavgtime", bad)
 
 
 # -- Ctrl-C ------------------------------------------------------------------------------------
@@ -584,7 +583,9 @@ async def test_ctrl_c_note_clears_the_progress_line(
     out, err = io.StringIO(), _Tty()
     args = parse(*bench_args(served, "--runtime", "600"))
     presser = asyncio.create_task(press_ctrl_c())
-    status = await asyncio.wait_for(bench_cli._bench(args, out, err), timeout=60)
+    status = await asyncio.wait_for(
+        bench_cli._bench(args, host_identity(args), out, err), timeout=60
+    )
     await presser
     assert status == EXIT_INTERRUPTED
     # The note starts on a cleared line rather than after a progress frame.
