@@ -24,7 +24,10 @@ from pynvmf.malloc import tune_for_io_buffers
 
 def build_parser() -> Parser:
     """The parser of the whole command line."""
-    parser = Parser(prog="pynvmf", description=__doc__.split("\n\n")[0])
+    parser = Parser(
+        prog="pynvmf",
+        description="An NVMe/TCP target, and host commands with nvme-cli's options (docs/cli.md).",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_target_command(sub)
     add_host_commands(sub)

@@ -827,7 +827,7 @@ async def _bench(
         helpers: list[asyncio.Task[None]] = []
         logs = _interval_logs(args, plan)
         if logs is not None:
-            helpers.append(asyncio.create_task(logs.run(live)))
+            helpers.append(asyncio.create_task(logs.run(live, plan.runtime, stop)))
         if args.status_interval:
             helpers.append(
                 asyncio.create_task(_status_reports(args, plan, live, out, args.status_interval))

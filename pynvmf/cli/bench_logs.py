@@ -106,14 +106,17 @@ class IntervalLogs:
                 f.write(f"{at}, {values[kind]}, {ddir}, 0, 0\n")
         logs.last_time, logs.last = now, now_counts
 
-    async def run(self, live: Sequence[Measurement | None]) -> None:
+    async def run(
+        self, live: Sequence[Measurement | None], runtime: float, stop: asyncio.Event
+    ) -> None:
         """Write a window of every job whose measurement has started, each
-        --log_avg_msec from its start, until cancelled."""
+        --log_avg_msec from its start, until its `runtime` is over or `stop` is set
+        (what completes while the jobs drain is not measured, so not logged either)."""
         due: list[float | None] = [None] * len(self._jobs)
-        while True:
+        while not stop.is_set():
             now = time.perf_counter()
             for j, m in enumerate(live):
-                if m is None:
+                if m is None or now > m.start + runtime + self._interval / 2:
                     continue
                 when = due[j]
                 if when is None:

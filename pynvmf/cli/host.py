@@ -113,7 +113,9 @@ def add_host_commands(subparsers: Any) -> None:
     connection_options(p, default_port=NVME_TCP_PORT)
     namespace_option(p)
     _io_range_options(p, reading=True)
-    p.add_argument("-d", "--data", metavar="FILE", help="output file (default: standard output)")
+    p.add_argument(
+        "-d", "--data", metavar="FILE", help="data file: where the blocks go (default: stdout)"
+    )
 
     p = subparsers.add_parser(
         "write",
@@ -124,7 +126,9 @@ def add_host_commands(subparsers: Any) -> None:
     connection_options(p, default_port=NVME_TCP_PORT)
     namespace_option(p)
     _io_range_options(p, reading=False)
-    p.add_argument("-d", "--data", metavar="FILE", help="input file (default: standard input)")
+    p.add_argument(
+        "-d", "--data", metavar="FILE", help="data file: what is written (default: stdin)"
+    )
     p.add_argument(
         "--pad",
         action="store_true",
@@ -165,7 +169,7 @@ def _io_range_options(p: argparse.ArgumentParser, *, reading: bool) -> None:
         "--data-size",
         type=size(),
         metavar="SIZE",
-        help=f"the same in bytes (e.g. 4096, 64K), a whole number of blocks{default}",
+        help=f"data size in bytes (e.g. 4096, 64K): a whole number of blocks{default}",
     )
 
 

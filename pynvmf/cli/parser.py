@@ -24,7 +24,21 @@ _GIVEN = "_pynvmf_given_options"
 
 
 class _Once(argparse.Action):
-    """An action that refuses to run twice for the same destination."""
+    """An action that stores what it is given (stored()), and refuses to run twice for
+    the same destination."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        self._first_time(namespace, option_string, None if self.nargs == 0 else values)
+        setattr(namespace, self.dest, self.stored(values))
+
+    def stored(self, values: Any) -> Any:
+        return values
 
     def _first_time(
         self, namespace: argparse.Namespace, option_string: str | None, values: Any = None
@@ -45,15 +59,7 @@ class _Once(argparse.Action):
 
 
 class Store(_Once):
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        self._first_time(namespace, option_string, values)
-        setattr(namespace, self.dest, values)
+    pass
 
 
 class StoreConst(_Once):
@@ -78,43 +84,36 @@ class StoreConst(_Once):
             metavar=metavar,
         )
 
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        self._first_time(namespace, option_string)
-        setattr(namespace, self.dest, self.const)
+    def stored(self, values: Any) -> Any:
+        return self.const
 
 
-class StoreTrue(StoreConst):
+class _StoreFlag(StoreConst):
+    """store_true and store_false: `value` when given, the other one by default."""
+
+    value: bool
+
     def __init__(
         self,
         option_strings: Sequence[str],
         dest: str,
-        default: bool = False,
+        default: bool | None = None,
         required: bool = False,
         help: str | None = None,
     ) -> None:
+        if default is None:
+            default = not self.value
         super().__init__(
-            option_strings, dest, const=True, default=default, required=required, help=help
+            option_strings, dest, const=self.value, default=default, required=required, help=help
         )
 
 
-class StoreFalse(StoreConst):
-    def __init__(
-        self,
-        option_strings: Sequence[str],
-        dest: str,
-        default: bool = True,
-        required: bool = False,
-        help: str | None = None,
-    ) -> None:
-        super().__init__(
-            option_strings, dest, const=False, default=default, required=required, help=help
-        )
+class StoreTrue(_StoreFlag):
+    value = True
+
+
+class StoreFalse(_StoreFlag):
+    value = False
 
 
 _ONCE_ACTIONS: dict[str | None, type[argparse.Action]] = {
@@ -184,6 +183,10 @@ class Parser(argparse.ArgumentParser):
     def add_subparsers(self, **kwargs: Any) -> Any:
         self._subcommands = super().add_subparsers(**kwargs)
         return self._subcommands
+
+    def options(self) -> list[argparse.Action]:
+        """This parser's options and positionals, -h included."""
+        return list(self._actions)
 
     def subcommands(self) -> dict[str, Parser]:
         """The parsers of this parser's subcommands, by name."""

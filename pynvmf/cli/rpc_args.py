@@ -161,6 +161,7 @@ def method_parser(name: str) -> Parser:
     p = Parser(prog=f"pynvmf rpc {name}", description=method.help)
     for arg in method.args:
         options = dict(arg.options)
+        options.setdefault("help", f"the parameter {arg.param}")
         if arg.flags[0].startswith("-"):
             options["dest"] = _dest(arg)
             p.add_argument(*arg.flags, **options)

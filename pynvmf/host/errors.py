@@ -60,9 +60,8 @@ class NvmeConnectRejected(NvmeStatusError):
         self.subnqn = subnqn
         self.hostnqn = hostnqn
         dnr = ", DNR" if self.dnr else ""
-        self.args = (
-            f"Connect refused: {reason} ({self.name}, SCT {self.sct:#x} SC {self.sc:#04x}{dnr})",
-        )
+        status = f"{self.name}, SCT {self.sct:#x} SC {self.sc:#04x}{dnr}"
+        self.args = (f"Fabrics CONNECT refused: {reason} ({status})",)
 
 
 class NvmeUnsupportedError(NvmeError):

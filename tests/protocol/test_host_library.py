@@ -14,7 +14,9 @@ from pynvmf.block.memory import MemoryDevice
 from pynvmf.host import (
     Controller,
     NvmeConnectionError,
+    NvmeConnectRejected,
     NvmeStatusError,
+    NvmeTimeoutError,
     RemoteNamespace,
     connect,
     discover,
@@ -213,6 +215,42 @@ async def test_unknown_subsystem_is_refused(start_target: StartTarget) -> None:
     with pytest.raises(NvmeStatusError) as err:
         await connect("127.0.0.1", port.port, NQN + "-nope")
     assert err.value.status == Status.CONNECT_INVALID_PARAM
+    # The completion's IATTR/IPO point at the subsystem NQN in the Connect data.
+    assert isinstance(err.value, NvmeConnectRejected) and err.value.parameter == "subnqn"
+    assert f"subsystem '{NQN}-nope' is not served on this port" in str(err.value)
+
+
+async def test_a_port_of_another_protocol_fails_at_once() -> None:
+    async def banner(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"SSH-2.0-OpenSSH_9.2\r\n")  # speaks first and waits, as sshd does
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(banner, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        # A minute to wait: only the banner can end it in time.
+        with pytest.raises(NvmeConnectionError, match="not an NVMe/TCP port: it answered"):
+            await asyncio.wait_for(connect("127.0.0.1", port, NQN, timeout=60), 30)
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_port_that_never_answers_says_so() -> None:
+    held: list[asyncio.StreamWriter] = []  # open and silent, as an HTTP server waiting
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(NvmeTimeoutError, match="no answer to the ICReq"):
+            await connect("127.0.0.1", port, NQN, timeout=0.5)
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 async def test_connect_refused_is_a_connection_error() -> None:

@@ -275,6 +275,31 @@ async def test_cancel_lets_chunks_in_flight_finish_and_issues_no_more() -> None:
     assert job.state is JobState.CANCELLED
 
 
+async def test_the_prefix_counts_only_blocks_from_the_start_without_a_gap() -> None:
+    # Chunks finish out of order: the second (8..15) before the first (0..7).
+    src, dst = Wrapped(128, hold=True), MemoryDevice(128 * BS)
+    job = Copier().submit(src, 0, dst, 0, 80, chunk_blocks=8, depth=3)
+    await src.until_waiting(3)
+    job.cancel()
+    src.waiting.pop(1).set_result(None)  # chunk 8..15 first
+    for _ in range(100):  # a memory copy: done within a few turns of the loop
+        if job.done_blocks:
+            break
+        await asyncio.sleep(0)
+    assert job.done_blocks == 8  # a block count, with a gap before it
+    src.release()
+    status = await job.wait()
+    assert status.state is JobState.CANCELLED
+    assert (status.done_blocks, status.prefix_blocks) == (24, 24)
+
+
+async def test_a_failed_chunk_ends_the_prefix() -> None:
+    src, dst = Wrapped(128), MemoryDevice(128 * BS)
+    src.fail_at = 27  # in the fourth chunk
+    status = await Copier().submit(src, 0, dst, 0, 100, chunk_blocks=8, depth=1).wait()
+    assert status.state is JobState.FAILED and status.prefix_blocks == 24
+
+
 async def test_cancel_before_the_first_chunk_copies_nothing() -> None:
     src, dst = Wrapped(64), MemoryDevice(64 * BS)
     job = Copier().submit(src, 0, dst, 0, 64, chunk_blocks=8)

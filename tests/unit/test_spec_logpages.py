@@ -399,3 +399,12 @@ def test_arbitrary_pages_parse(data: bytes) -> None:
     DiscoveryLogEntry.unpack(data)
     with contextlib.suppress(ValueError):
         DiscoveryLogPage.unpack(data)
+
+
+def test_a_discovery_entrys_repr_is_short() -> None:
+    entry = DiscoveryLogEntry(trsvcid="4420", subnqn="nqn.x:y", traddr="10.0.0.1", tsas=b"\x02")
+    text = repr(entry)
+    assert "subnqn='nqn.x:y'" in text and "traddr='10.0.0.1'" in text
+    assert text.endswith("tsas=bytes.fromhex('02').ljust(256, b'\\x00'))")
+    assert len(text) < 400 and "\\x00\\x00" not in text
+    assert repr(DiscoveryLogEntry()).endswith("tsas=bytes(256))")

@@ -206,6 +206,14 @@ def test_pdu_type_the_host_may_not_send_is_invalid_header_field_fei_0(pdu_type: 
     assert term.data == bad
 
 
+def test_a_client_of_another_protocol_is_terminated_on_its_first_eight_bytes() -> None:
+    # An HTTP request: 'G' is no PDU type, so its "HLEN" means nothing and no more
+    # bytes need come for the TermReq (an HTTP client waits for an answer).
+    h = Harness()
+    term = assert_terminated(h, h.feed(b"GET / HT"), FES.INVALID_HEADER_FIELD, 0)
+    assert term.data == b"GET / HT"
+
+
 def test_wrong_hlen_for_the_type_is_invalid_header_field_fei_2() -> None:
     h = established()
     sqe = C.build_sqe(AdminOpcode.KEEP_ALIVE, 1)
