@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.interop.guest import BOOTED, Peer, peer_params
+from tests.interop.guest import BOOTED, EVERY_PEER, Peer
 
 
-@pytest.fixture(scope="module", params=peer_params())
+@pytest.fixture(scope="module", params=EVERY_PEER.params())
 def linux_peer(request: pytest.FixtureRequest) -> Peer:
     """The Linux peer a module's guest boots, once per peer (tests/interop/guest.py tells
     which modules run on which peers, and how)."""

@@ -77,18 +77,22 @@ newest cannot stand for it:
   changes seen by a host).
 
 So 6.12 (Debian stable) drives I/O with fio verify in the DH-HMAC-CHAP and TLS modules,
-and the rest of what it ran before is covered by 7. Putting it back on a module is one
-name in that module's ``peers_mark``, ~1-4 minutes of `make test`.
+and 7 stands for it in the others. ``PYNVMF_GUEST_EVERY_PEER=1`` runs every module on
+every peer that can run it (6.12 on the host and kernel-target modules, ~1-4 minutes
+each), for a change that may tell the peers apart.
 
-A module states its peers with ``pytestmark = peers_mark(LINUX_6_1, LINUX_7)`` (a
-parametrization of ``linux_peer`` over those of them PYNVMF_GUEST_PEERS selects);
-``peer_params()`` gives the ``pytest.param`` list.
+A module states its peers with a :class:`PeerSet` of this module (:data:`OLDEST_AND_NEWEST`,
+:data:`SECURE_CHANNEL`, :data:`NVMET_RESERVATIONS`, :data:`EVERY_PEER`):
+``pytestmark = OLDEST_AND_NEWEST.mark()`` parametrizes ``linux_peer`` over those of its peers
+PYNVMF_GUEST_PEERS selects; ``.peers()`` gives the list for a module that parametrizes a
+fixture of its own.
 
 Environment variables:
 
 - ``PYNVMF_GUEST_CACHE``: cache directory (default ``<repo>/.cache/guest``).
 - ``PYNVMF_GUEST_PEERS``: comma-separated peer names ``linux_peer`` runs (default all) —
   for a quick local run; CI runs every peer (each module on the peers it names).
+- ``PYNVMF_GUEST_EVERY_PEER=1``: each module also on the peers the rule above leaves out.
 - ``PYNVMF_GUEST_KVM=1``: try KVM first (with a short deadline), then fall back to TCG.
 - ``PYNVMF_GUEST_KVM_CPU``: CPU model for the KVM attempt (default ``host``).
 - ``PYNVMF_GUEST_BZIMAGE=1``: boot the compressed vmlinuz instead of the extracted vmlinux.
@@ -147,10 +151,14 @@ from tests.interop.guest_assets import (
 )
 
 __all__ = [
+    "EVERY_PEER",
     "LINUX_6_1",
     "LINUX_6_12",
     "LINUX_7",
+    "NVMET_RESERVATIONS",
+    "OLDEST_AND_NEWEST",
     "PEERS",
+    "SECURE_CHANNEL",
     "CommandResult",
     "Guest",
     "GuestAssets",
@@ -161,11 +169,10 @@ __all__ = [
     "GuestTimeoutError",
     "KernelTarget",
     "Peer",
+    "PeerSet",
     "build_overlay_cpio",
     "cache_dir",
     "free_tcp_port",
-    "peer_params",
-    "peers_mark",
     "prepare_assets",
     "require_guest_prerequisites",
     "selected_peers",
@@ -320,21 +327,40 @@ def selected_peers() -> list[Peer]:
     return [_peer(name.strip()) for name in env.split(",") if name.strip()]
 
 
-def peer_params(*peers: Peer) -> list[Any]:
-    """``pytest.param`` per selected peer (of ``peers``, default all), with the peer's name
-    as the test id."""
-    import pytest
+@dataclasses.dataclass(frozen=True)
+class PeerSet:
+    """The peers a group of test modules runs on (the rule in this module's docstring), and
+    the ``others`` that can run them too, which PYNVMF_GUEST_EVERY_PEER=1 adds."""
 
-    wanted = peers or tuple(PEERS.values())
-    return [pytest.param(p, id=p.name) for p in selected_peers() if p in wanted]
+    chosen: tuple[Peer, ...]
+    others: tuple[Peer, ...] = ()
+
+    def peers(self) -> list[Peer]:
+        """Those of them PYNVMF_GUEST_PEERS selects."""
+        wanted = set(self.chosen)
+        if os.environ.get("PYNVMF_GUEST_EVERY_PEER") == "1":
+            wanted.update(self.others)
+        return [p for p in selected_peers() if p in wanted]
+
+    def params(self) -> list[Any]:
+        """``pytest.param`` per peer, with the peer's name as the test id."""
+        import pytest
+
+        return [pytest.param(p, id=p.name) for p in self.peers()]
+
+    def mark(self) -> Any:
+        """A module's ``pytestmark`` that runs its ``linux_peer`` tests on these peers."""
+        import pytest
+
+        return pytest.mark.parametrize("linux_peer", self.params(), indirect=True, scope="module")
 
 
-def peers_mark(*peers: Peer) -> Any:
-    """A module's ``pytestmark`` that runs its ``linux_peer`` tests on ``peers`` only (those
-    of them PYNVMF_GUEST_PEERS selects)."""
-    import pytest
-
-    return pytest.mark.parametrize("linux_peer", peer_params(*peers), indirect=True, scope="module")
+EVERY_PEER = PeerSet(tuple(PEERS.values()))
+# 6.1 differs from 7 in the host modules' checks; 6.12 does not (the rule, above).
+OLDEST_AND_NEWEST = PeerSet((LINUX_6_1, LINUX_7), others=(LINUX_6_12,))
+# DH-HMAC-CHAP and TLS: 6.1 has neither.
+SECURE_CHANNEL = PeerSet(tuple(p for p in PEERS.values() if p.tls and p.dhchap))
+NVMET_RESERVATIONS = PeerSet(tuple(p for p in PEERS.values() if p.nvmet_reservations))
 
 
 # --------------------------------------------------------------------------------------------

@@ -339,6 +339,27 @@ def unpack_kernel(kernels: Path, package: str, apt_options: Sequence[str] = ()) 
     return dest
 
 
+def record_versions(kdir: Path, apt_options: Sequence[str] = ()) -> None:
+    """Add the packages' versions to the info.json of a tree that an earlier unpack_kernel
+    left without them (a shared cache outlives this code), as apt's lists name them."""
+    path = kdir / "info.json"
+    info = json.loads(path.read_text())
+    if info.get("versions"):
+        return
+    try:
+        parts = kernel_parts(info["package"], apt_options)
+        out = run_tool([tool("apt-cache"), *apt_options, "show", "--no-all-versions", *parts])
+    except GuestError as exc:
+        log.warning("cannot tell the versions of %s: %s", info["package"], exc)
+        return
+    versions: dict[str, str] = {}
+    for stanza in out.split("\n\n"):
+        fields = dict(re.findall(r"^(Package|Version): (\S+)$", stanza, re.MULTILINE))
+        if "Package" in fields and "Version" in fields:
+            versions[fields["Package"]] = fields["Version"]
+    atomic_write(path, json.dumps({**info, "versions": versions}).encode())
+
+
 @dataclasses.dataclass(frozen=True)
 class UnpackedKernel:
     """What unpack_kernel left in a directory (info.json)."""
@@ -366,6 +387,32 @@ class UnpackedKernel:
             config=root / info.get("config", f"boot/config-{kver}"),
             vmlinux=(kdir / "vmlinux") if info["vmlinux"] else None,
             packages=dict(info.get("versions", {})),
+        )
+
+    def assets(
+        self,
+        *,
+        peer: str,
+        cache_dir: Path,
+        initramfs: Path,
+        versions: Mapping[str, str],
+        root_disk: Path | None = None,
+        overlay_prefix: str = "",
+    ) -> GuestAssets:
+        """What a peer boots with this kernel; ``versions`` of its other packages."""
+        return GuestAssets(
+            peer=peer,
+            cache_dir=cache_dir,
+            kernel_package=self.package,
+            kernel_version=self.version,
+            vmlinuz=self.vmlinuz,
+            config=self.config,
+            vmlinux=self.vmlinux,
+            kernel_root=self.root,
+            initramfs=initramfs,
+            root_disk=root_disk,
+            overlay_prefix=overlay_prefix,
+            versions={**versions, **self.packages},
         )
 
 

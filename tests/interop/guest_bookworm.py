@@ -212,7 +212,9 @@ def prepare_assets() -> GuestAssets:
     require_prerequisites()
     cache = A.cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    kernel = A.UnpackedKernel.load(_kernel_dir(cache))
+    kdir = _kernel_dir(cache)
+    A.record_versions(kdir)
+    kernel = A.UnpackedKernel.load(kdir)
     kver = kernel.version
     busybox = A.tool("busybox")
     key = _initramfs_key(kver, busybox, _guest_binaries())
@@ -229,17 +231,8 @@ def prepare_assets() -> GuestAssets:
                     if stale != initramfs:
                         with contextlib.suppress(OSError):
                             stale.unlink()
-    return GuestAssets(
-        peer=PEER,
-        cache_dir=cache,
-        kernel_package=kernel.package,
-        kernel_version=kver,
-        vmlinuz=kernel.vmlinuz,
-        config=kernel.config,
-        vmlinux=kernel.vmlinux,
-        kernel_root=kernel.root,
-        initramfs=initramfs,
-        versions={**_machine_versions(), **kernel.packages},
+    return kernel.assets(
+        peer=PEER, cache_dir=cache, initramfs=initramfs, versions=_machine_versions()
     )
 
 

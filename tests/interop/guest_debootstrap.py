@@ -524,6 +524,7 @@ def _kernel_dir(work: Path, apt: SuiteApt, fetched: bool) -> Path:
     kernels = work / "kernel"
     dest = kernels / package
     if (dest / "info.json").exists():
+        A.record_versions(dest, apt.options)
         return dest
     try:
         return A.unpack_kernel(kernels, package, apt.options)
@@ -591,19 +592,13 @@ def prepare_assets(suite: Suite) -> GuestAssets:
         except (OSError, ValueError):
             # An image built before its versions were recorded: they are unknown.
             installed = {}
-    return GuestAssets(
+    return kernel.assets(
         peer=suite.peer,
         cache_dir=work,
-        kernel_package=kernel.package,
-        kernel_version=kver,
-        vmlinuz=kernel.vmlinuz,
-        config=kernel.config,
-        vmlinux=kernel.vmlinux,
-        kernel_root=kernel.root,
         initramfs=stage1,
+        versions=installed,
         root_disk=rootfs,
         overlay_prefix="overlay",
-        versions={**installed, **kernel.packages},
     )
 
 

@@ -30,22 +30,14 @@ from pathlib import Path
 import pytest
 
 from pynvmf.auth.keys import DhchapKey
-from pynvmf.host import NvmeAuthenticationError, connect
+from pynvmf.host import NvmeAuthenticationError, NvmeConnectionError, connect
 from pynvmf.rpc.client import RpcClient
 from pynvmf.spec.auth import FailureExplanation
-from tests.interop.guest import (
-    LINUX_6_12,
-    LINUX_7,
-    Guest,
-    Peer,
-    free_tcp_port,
-    peers_mark,
-    setup_kernel_target,
-)
+from tests.interop.guest import SECURE_CHANNEL, Guest, Peer, free_tcp_port, setup_kernel_target
 from tests.interop.target_process import TargetProcess
 from tests.interop.test_linux_host import DEV_FOR
 
-pytestmark = peers_mark(LINUX_6_12, LINUX_7)
+pytestmark = SECURE_CHANNEL.mark()
 
 MIB = 1 << 20
 HOST_ID = "5a2e8f40-7c1d-4e9b-a3f6-0d8c2b1e4f70"
@@ -426,8 +418,18 @@ def test_host_library_wrong_keys_against_the_linux_target(guest: Guest, nvmet: N
             await connect("127.0.0.1", nvmet.port, NVMET_NQN, hostnqn=HOST, timeout=60.0, **keys)
         return info.value
 
-    wrong = asyncio.run(attempt(dhchap_secret=DhchapKey.generate(32).representation()))
-    assert wrong.by_controller and wrong.explanation == FailureExplanation.FAILED
+    guest.run("dmesg -C")
+    try:
+        wrong = asyncio.run(attempt(dhchap_secret=DhchapKey.generate(32).representation()))
+        assert wrong.by_controller and wrong.explanation == FailureExplanation.FAILED
+    except NvmeConnectionError:
+        # nvmet fails the controller as it answers with Failure1 (nvmet_ctrl_fatal_error
+        # comes before the AUTH_Receive completes, drivers/nvme/target/fabrics-cmd-auth.c):
+        # on a loaded machine the teardown may close the connection before Failure1 is
+        # out. Either way nvmet refused the key (Failed, 1), and its log says so.
+        pass
+    log = guest.run("dmesg").output
+    assert re.search(r"qid 0:? failure1 \(1\)", log), log
     bad_ctrl = asyncio.run(
         attempt(
             dhchap_secret=nvmet.host_key.representation(),

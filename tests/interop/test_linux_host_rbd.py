@@ -48,12 +48,11 @@ from tests.ceph.cluster import CephCluster
 from tests.interop import test_linux_host as host
 from tests.interop import test_linux_host_compare as compare
 from tests.interop import test_linux_host_reservations as resv
-from tests.interop.guest import LINUX_6_1, LINUX_7, Guest, Peer, free_tcp_port, peers_mark
+from tests.interop.guest import OLDEST_AND_NEWEST, Guest, Peer, free_tcp_port
 from tests.interop.target_process import TargetProcess
 from tests.interop.test_linux_host import DEV_FOR, Subsys
 
-# The oldest and the newest host (tests/interop/guest.py says why not 6.12).
-pytestmark = peers_mark(LINUX_6_1, LINUX_7)
+pytestmark = OLDEST_AND_NEWEST.mark()
 
 MIB = 1 << 20
 PREFIX = "nqn.2024-11.dev.pynvmf:interop-rbd"

@@ -32,12 +32,11 @@ from pynvmf.spec.reservations import (
     ReservationType,
 )
 from pynvmf.spec.status import Status
-from tests.interop.guest import LINUX_6_1, LINUX_7, Guest, Peer, free_tcp_port, peers_mark
+from tests.interop.guest import OLDEST_AND_NEWEST, Guest, Peer, free_tcp_port
 from tests.interop.target_process import TargetProcess
 from tests.interop.test_linux_host import DEV_FOR
 
-# 6.1 returns NVMe statuses from the kernel's pr_ops, 7 (as 6.12) errnos.
-pytestmark = peers_mark(LINUX_6_1, LINUX_7)
+pytestmark = OLDEST_AND_NEWEST.mark()
 
 NQN = "nqn.2024-11.dev.pynvmf:interop-resv"
 PYNVMF_HOST = "nqn.2014-08.org.nvmexpress:uuid:5e5e5e5e-0000-4000-8000-00000000b0b0"

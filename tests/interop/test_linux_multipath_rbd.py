@@ -40,7 +40,7 @@ import pytest
 
 from pynvmf.ha.lease import OBJECT_PREFIX
 from tests.ceph.cluster import CephCluster
-from tests.interop.guest import LINUX_6_1, LINUX_7, Guest, Peer, free_tcp_port, peers_mark
+from tests.interop.guest import OLDEST_AND_NEWEST, Guest, Peer, free_tcp_port
 from tests.interop.target_process import TargetProcess
 from tests.interop.test_linux_multipath import (
     EUI64,
@@ -58,8 +58,7 @@ from tests.interop.test_linux_multipath import (
     writes_done,
 )
 
-# The oldest and the newest host (tests/interop/guest.py says why not 6.12).
-pytestmark = peers_mark(LINUX_6_1, LINUX_7)
+pytestmark = OLDEST_AND_NEWEST.mark()
 
 MIB = 1 << 20
 SIZE = 64 * MIB

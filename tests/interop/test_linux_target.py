@@ -44,14 +44,12 @@ from pynvmf.target.server import Port, Target
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.tcp.target import TransportConfig
 from tests.interop.guest import (
-    LINUX_6_1,
-    LINUX_7,
+    OLDEST_AND_NEWEST,
     PEERS,
     Guest,
     KernelTarget,
     free_tcp_port,
     require_guest_prerequisites,
-    selected_peers,
     setup_kernel_target,
 )
 
@@ -234,7 +232,7 @@ OUT_OF_RANGE_STATUS = {
     "linux-7": Status.INTERNAL_ERROR,
 }
 # 6.12's nvmet answers this module as 7's does (tests/interop/guest.py: which peers run what).
-TARGET_KINDS = [p.name for p in selected_peers() if p in (LINUX_6_1, LINUX_7)] + ["pynvmf"]
+TARGET_KINDS = [p.name for p in OLDEST_AND_NEWEST.peers()] + ["pynvmf"]
 
 
 @pytest.fixture(scope="module", params=TARGET_KINDS)

@@ -26,13 +26,11 @@ from pynvmf.spec import identify as I
 from pynvmf.target.server import Port, Target
 from pynvmf.target.subsystem import Namespace, Subsystem
 from tests.interop.guest import (
-    LINUX_6_1,
-    LINUX_7,
+    OLDEST_AND_NEWEST,
     PEERS,
     Guest,
     free_tcp_port,
     require_guest_prerequisites,
-    selected_peers,
     setup_kernel_target,
 )
 
@@ -66,7 +64,7 @@ class CopyTarget:
 
 
 # The kernel peers this module runs on (of those selected), and pynvmf's target.
-TARGET_KINDS = [p.name for p in selected_peers() if p in (LINUX_6_1, LINUX_7)] + ["pynvmf"]
+TARGET_KINDS = [p.name for p in OLDEST_AND_NEWEST.peers()] + ["pynvmf"]
 
 
 @pytest.fixture(scope="module", params=TARGET_KINDS)

@@ -40,10 +40,10 @@ import pytest
 from pynvmf.host import connect
 from pynvmf.host.errors import NvmeConnectionError
 from pynvmf.tcp.psk import HASH_SHA256, HASH_SHA384, ConfiguredPsk, PskError, tls_psk
-from tests.interop.guest import LINUX_6_12, LINUX_7, Guest, Peer, free_tcp_port, peers_mark
+from tests.interop.guest import SECURE_CHANNEL, Guest, Peer, free_tcp_port
 from tests.interop.target_process import TargetProcess
 
-pytestmark = peers_mark(LINUX_6_12, LINUX_7)
+pytestmark = SECURE_CHANNEL.mark()
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
