@@ -37,6 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from pynvmf.malloc import tune_for_io_buffers  # noqa: E402
 from pynvmf.spec import pdu as P  # noqa: E402
 from pynvmf.spec.opcodes import IoOpcode  # noqa: E402
 from tests.protocol.raw import capsule, icreq, rw_sqe  # noqa: E402
@@ -216,6 +217,8 @@ def main() -> None:
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)  # one run, no output
     args = parser.parse_args()
     names = args.workloads.split(",")
+    # As `pynvmf target` does at start: freed read buffers stay in the heap for the next.
+    tune_for_io_buffers()
     if args.count is not None:
         asyncio.run(run(names[0], args.batch, args.count))
         return

@@ -9,9 +9,9 @@ comes back on the next access) instead of discarding the pages.
 Every method is `async def` but never suspends (there is no await inside), so a
 caller may drive one synchronously with `coro.send(None)`, which raises
 StopIteration on completion, instead of a round trip through the event loop.
-The target's hot path goes further: `read_view` and `write_now` are plain methods
-that do a whole Read or Write at once, and a read's data is a view of the mapping
-itself, sent without a copy (see read_view for why that is safe).
+The target's hot path goes further: `read_now` and `write_now` are plain methods
+that do a whole Read or Write at once (block/inplace.py: a read's data is a copy taken
+at once, never a view the socket would read later).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import os
 
 from pynvmf.block.device import Buffer, Capabilities, Medium, check_range
 from pynvmf.block.inplace import InPlace
+from pynvmf.block.range_locks import RangeLocks
 
 _PAGE = mmap.PAGESIZE
 
@@ -50,7 +51,17 @@ def _block_shift(block_size: int) -> int:
 class MemoryDevice:
     """`size_bytes` of zeroed memory in blocks of `block_size` (a power of two >= 512)."""
 
-    __slots__ = ("_caps", "_map", "_mask", "_medium", "_shift", "_size", "_view", "inplace")
+    __slots__ = (
+        "_caps",
+        "_locks",
+        "_map",
+        "_mask",
+        "_medium",
+        "_shift",
+        "_size",
+        "_view",
+        "inplace",
+    )
 
     def __init__(self, size_bytes: int, block_size: int = 512) -> None:
         shift = _block_shift(block_size)
@@ -79,6 +90,8 @@ class MemoryDevice:
                 f"({exc.strerror}; the machine has {_physical_memory()} bytes)",
             ) from None
         self._view = memoryview(self._map)
+        # No other process maps a private mapping: copies need no locks.
+        self._locks: RangeLocks | None = None
         self._mapped()
         # A private mapping is no other device's storage: a key of its own. A token
         # rather than the device itself, which would make device and key a cycle.
@@ -92,17 +105,18 @@ class MemoryDevice:
             self._map,
             self._view,
             self._shift,
-            reads=cls.read_view is not None,  # type: ignore[comparison-overlap]
+            reads=cls.read_now is not None,  # type: ignore[comparison-overlap]
             writes=cls.write_now is not None,  # type: ignore[comparison-overlap]
             copies=cls.copy_within is MemoryDevice.copy_within,
+            locks=self._locks,
         )
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         # A subclass that overrides read or write wants it called for every I/O: the
-        # target's in-place path (read_view / write_now) would go around it.
+        # target's in-place path (read_now / write_now) would go around it.
         if cls.read is not MemoryDevice.read:
-            cls.read_view = None  # type: ignore[assignment]
+            cls.read_now = None  # type: ignore[assignment]
         if cls.write is not MemoryDevice.write:
             cls.write_now = None  # type: ignore[assignment]
 
@@ -136,26 +150,28 @@ class MemoryDevice:
         end = off + n
         if lba < 0 or end > self._size:
             check_range(self._caps, lba, n >> self._shift)
+        locks = self._locks
+        if locks is not None:
+            locks.hold(off, end)
         try:
-            buf[:] = self._view[off:end]
-        except (TypeError, ValueError):
-            # A memoryview whose format is not "B": copy into a byte view of it.
-            # (A released view, i.e. a closed device, fails here again.)
-            memoryview(buf).cast("B")[:] = self._view[off:end]
+            try:
+                buf[:] = self._view[off:end]
+            except (TypeError, ValueError):
+                # A memoryview whose format is not "B": copy into a byte view of it.
+                # (A released view, i.e. a closed device, fails here again.)
+                memoryview(buf).cast("B")[:] = self._view[off:end]
+        finally:
+            if locks is not None:
+                locks.release(off, end)
 
-    def read_view(self, lba: int, nblocks: int, length: int) -> memoryview | None:
-        """The `nblocks` blocks at `lba` as a read-only view of the device's memory, or
-        None if the range is not inside the device or is not `length` bytes long (the
-        caller's slow path then says why).
-
-        A view rather than a copy: a Read's data leaves in the same stream ahead of its
-        completion, so a host can only start a write that must not show in the read
-        after the data has been handed to the kernel (which copies it); a write that
-        runs while the read is in flight may show in it, as on any device."""
+    def read_now(self, lba: int, nblocks: int, length: int) -> bytes | None:
+        """The `nblocks` blocks at `lba`, copied at once, or None if the range is not
+        inside the device or is not `length` bytes long (the caller's slow path then
+        says why)."""
         inplace = self.inplace
         if inplace is None:
             raise ValueError("device is closed")
-        return inplace.read_view(lba, nblocks, length)
+        return inplace.read_now(lba, nblocks, length)
 
     def write_now(self, lba: int, nblocks: int, data: Buffer) -> bool:
         """Write `data` (`nblocks` blocks) at `lba` at once; False, touching nothing, if
@@ -174,7 +190,15 @@ class MemoryDevice:
         if lba < 0 or end > self._size:
             check_range(self._caps, lba, n >> self._shift)
         # mmap slice assignment takes any contiguous buffer and does one memcpy.
-        self._map[off:end] = data
+        locks = self._locks
+        if locks is None:
+            self._map[off:end] = data
+            return
+        locks.hold(off, end)
+        try:
+            self._map[off:end] = data
+        finally:
+            locks.release(off, end)
 
     async def copy_within(
         self, src_lba: int, dst_lba: int, nblocks: int, *, fua: bool = False
@@ -194,11 +218,11 @@ class MemoryDevice:
 
     async def write_zeroes(self, lba: int, nblocks: int, *, fua: bool = False) -> None:
         check_range(self._caps, lba, nblocks)
-        self._zero(lba << self._shift, (lba + nblocks) << self._shift)
+        self._zero_held(lba << self._shift, (lba + nblocks) << self._shift)
 
     async def deallocate(self, lba: int, nblocks: int) -> None:
         check_range(self._caps, lba, nblocks)
-        self._zero(lba << self._shift, (lba + nblocks) << self._shift)
+        self._zero_held(lba << self._shift, (lba + nblocks) << self._shift)
 
     async def close(self) -> None:
         self.close_sync()
@@ -207,11 +231,14 @@ class MemoryDevice:
         """Unmap the memory (its contents are gone); idempotent."""
         if not self._map.closed:
             self.inplace = None
+            if self._locks is not None:
+                self._locks.close()
+                self._locks = None
             self._view.release()
             try:
                 self._map.close()
             except BufferError:
-                # Views of read data still waiting to be sent (read_view) hold the
+                # Views of the memory still held elsewhere (a caller's buffer) hold the
                 # mapping: it is unmapped when the last of them goes.
                 self._map = _CLOSED
 
@@ -222,6 +249,17 @@ class MemoryDevice:
         self.close_sync()
 
     # -- internals ---------------------------------------------------------------
+
+    def _zero_held(self, off: int, end: int) -> None:
+        locks = self._locks
+        if locks is None or end <= off:
+            self._zero(off, end)
+            return
+        locks.hold(off, end)
+        try:
+            self._zero(off, end)
+        finally:
+            locks.release(off, end)
 
     def _zero(self, off: int, end: int) -> None:
         """Zero bytes [off, end): whole pages are given back to the kernel

@@ -5,7 +5,10 @@ its storage cannot be a private mapping: it is a memfd (anonymous shared memory
 with a file descriptor), mapped MAP_SHARED by the process that created it and by
 every worker it is passed to (SCM_RIGHTS). All of them see the same bytes, with
 the ordering a single mapping has (a write is visible to every reader once its
-memcpy returned, which is before its completion leaves).
+memcpy returned, which is before its completion leaves). Every copy into or out of it
+holds the stripes it touches (block/range_locks.py), whose semaphores the creating
+process makes and the others open by name (`locks`), so that no
+process copies a block while another is writing it.
 
 Deallocation differs from the private mapping: MADV_DONTNEED on a shared mapping
 only drops page-table entries (the data comes back), so whole pages are punched
@@ -20,15 +23,24 @@ import os
 
 from pynvmf.block.device import Medium
 from pynvmf.block.memory import _PAGE_MASK, _ZERO_VIEW, MemoryDevice
+from pynvmf.block.range_locks import RangeLocks
 
 
 class SharedMemoryDevice(MemoryDevice):
     """`size_bytes` of zeroed shared memory; or, with `fd`, the memory another process
-    created (its descriptor, received over a Unix socket)."""
+    created (its descriptor, received over a Unix socket) and with `locks`, the name and
+    count of its stripes' semaphores (that process's `locks`)."""
 
     __slots__ = ("_fd",)
 
-    def __init__(self, size_bytes: int, block_size: int = 512, *, fd: int | None = None) -> None:
+    def __init__(
+        self,
+        size_bytes: int,
+        block_size: int = 512,
+        *,
+        fd: int | None = None,
+        locks: tuple[str, int] | None = None,
+    ) -> None:
         # The private mapping MemoryDevice makes is replaced before anything touches it
         # (an untouched mapping costs no memory).
         super().__init__(size_bytes, block_size)
@@ -38,12 +50,18 @@ class SharedMemoryDevice(MemoryDevice):
             fd = os.memfd_create("pynvmf-namespace", os.MFD_CLOEXEC)
             try:
                 os.ftruncate(fd, size_bytes)
+                range_locks = RangeLocks.create(size_bytes)
             except BaseException:
                 os.close(fd)
                 raise
-        elif os.fstat(fd).st_size != size_bytes:
-            raise ValueError(f"shared memory of {os.fstat(fd).st_size} bytes, not {size_bytes}")
+        else:
+            if os.fstat(fd).st_size != size_bytes:
+                raise ValueError(f"shared memory of {os.fstat(fd).st_size} bytes, not {size_bytes}")
+            if locks is None:
+                raise ValueError("shared memory of another process needs its locks' name")
+            range_locks = RangeLocks.open(*locks)
         self._fd = fd
+        self._locks = range_locks
         self._map = mmap.mmap(fd, size_bytes, flags=mmap.MAP_SHARED)
         self._view = memoryview(self._map)
         self._mapped()
@@ -59,6 +77,14 @@ class SharedMemoryDevice(MemoryDevice):
     def fileno(self) -> int:
         """The memfd, to pass to another process (which maps it with `fd=`)."""
         return self._fd
+
+    @property
+    def locks(self) -> tuple[str, int]:
+        """The name and count of the stripes' semaphores, for another process (`locks=`)."""
+        locks = self._locks
+        if locks is None:
+            raise ValueError("device is closed")
+        return locks.name, locks.count
 
     def close_sync(self) -> None:
         super().close_sync()

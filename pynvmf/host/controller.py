@@ -76,6 +76,7 @@ class Controller:
         dhchap_ctrl_secret: DhchapKey | None = None,
         tls_psk: TlsPsk | None = None,
         ktls: str = "auto",
+        io_identity: HostIdentity | None = None,
     ) -> None:
         self.address = address
         self.tls_psk = tls_psk
@@ -83,6 +84,8 @@ class Controller:
         self.port = port
         self.subnqn = subnqn
         self.identity = identity
+        # What the I/O queue Connects carry: the admin queue's identity unless told.
+        self.io_identity = identity if io_identity is None else io_identity
         self.kato_ms = kato_ms
         self.header_digest = header_digest
         self.data_digest = data_digest
@@ -249,7 +252,7 @@ class Controller:
             # SQSIZE is 0's based: depth + 1 entries keep `depth` in flight with one free.
             result = await fabrics.connect_queue(
                 queue,
-                self.identity,
+                self.io_identity,
                 self.subnqn,
                 sqsize=self.queue_depth,
                 cntlid=self.cntlid,
@@ -637,6 +640,7 @@ async def connect(
     tls_identity: int = 0,
     tls_compat: bool = False,
     ktls: str = "auto",
+    io_hostid: bytes | None = None,
 ) -> Controller:
     """Create a controller on the subsystem `subnqn` at address:port and bring it up:
     admin queue, enable, Identify, `queues` I/O queues, namespaces.
@@ -649,6 +653,10 @@ async def connect(
     `dhchap_ctrl_secret` also has the controller prove it holds its own secret
     (bidirectional). A failure raises NvmeAuthenticationError; a malformed secret,
     KeyFormatError (a ValueError) before anything is sent.
+
+    `io_hostid`: a Host Identifier for the I/O queue Connects other than the admin
+    queue's (`hostid`), as some hosts send and Linux nvmet and SPDK accept; for testing
+    targets. By default every Connect carries `hostid`, as Linux's host does.
     """
     if queue_depth < 1:
         raise ValueError("queue_depth must be at least 1")
@@ -661,6 +669,7 @@ async def connect(
     if ctrl_key is not None and host_key is None:
         raise ValueError("a controller secret needs a host secret too")
     identity = HostIdentity.resolve(hostnqn, hostid)
+    io_identity = None if io_hostid is None else HostIdentity.resolve(identity.hostnqn, io_hostid)
     psk = _tls_psk(tls_psk, identity.hostnqn, subnqn, tls_identity, tls_compat)
     ctrl = Controller(
         address,
@@ -677,6 +686,7 @@ async def connect(
         dhchap_ctrl_secret=ctrl_key,
         tls_psk=psk,
         ktls=ktls,
+        io_identity=io_identity,
     )
     try:
         await ctrl._start(queues, queue_depth)

@@ -43,9 +43,8 @@ DEFAULT_CONNECTION_DATA = 32 << 20
 # Reads up to this size are not charged: SQSIZE bounds them (1024 entries x 16 KiB = 16 MiB
 # per queue at most), and the small reads that make up most I/O skip the accounting.
 UNCHARGED_READ = 16 << 10
-# A Read larger than this from a device that needs a buffer (a file) is read and sent in
-# pieces of this size, each charged only until the socket has taken it: a command holds
-# about one piece, not MDTS (memory namespaces send views of their memory and hold none).
+# A Read larger than this is read and sent in pieces of this size, each charged only
+# until the socket has taken it: a command holds about one piece, not MDTS.
 READ_CHUNK = 128 << 10
 # Above this much data queued for sending and not yet taken by the kernel, a connection
 # stops starting commands (and reading the host's) until the host has read some.

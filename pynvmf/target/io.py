@@ -62,7 +62,8 @@ _SLBA_NLB: Final = COPY_RANGE_SLBA_NLB
 _READ: Final = int(IoOpcode.READ)
 _WRITE: Final = int(IoOpcode.WRITE)
 _COPY: Final = int(IoOpcode.COPY)
-_MAX_TRANSFER: Final = MAX_TRANSFER
+_UNCHARGED_READ: Final = UNCHARGED_READ
+_READ_CHUNK: Final = READ_CHUNK
 
 
 Outcome = tuple[int, bytes | bytearray | memoryview | None]
@@ -117,9 +118,9 @@ class IoHandler:
         """Run a command that arrived, at once where it can: the hot path.
 
         A Read from, or a Write with in-capsule data to, a namespace whose device does
-        I/O in place (memory: its `inplace`, block/inplace.py) completes here with no coroutine
-        and no buffer of its own (the read's data is a view of the device's memory, the
-        write's is copied from the receive buffer straight into it). Anything else, or
+        I/O in place (memory: its `inplace`, block/inplace.py) completes here with no
+        coroutine (the read's data is copied out of the device's memory at once, the
+        write's from the receive buffer straight into it). Anything else, or
         anything unusual about these (a range or length that is wrong, reservations, an
         ANA group not usable through some port, a fused operation holding the namespace),
         takes the general path, which decides the status."""
@@ -133,16 +134,8 @@ class IoHandler:
                     if inplace is None:
                         pass
                     elif opcode == _READ:
-                        if req.length <= _MAX_TRANSFER:
-                            view = inplace.read_view(
-                                sqe.cdw10 | sqe.cdw11 << 32, (sqe.cdw12 & 0xFFFF) + 1, req.length
-                            )
-                            if view is not None:
-                                stats = self.stats
-                                stats.read_cmds += 1
-                                stats.read_bytes += req.length
-                                self.queue.conn.complete(req, 0, 0, view)
-                                return
+                        if self._read_now(req, inplace):
+                            return
                     elif opcode == _COPY:
                         if self._copy_now(req, ns, inplace):
                             return
@@ -170,6 +163,29 @@ class IoHandler:
         task = start_eager(self.execute(req))
         if task is not None:
             self.queue._track(task)
+
+    def _read_now(self, req: Request, inplace: InPlace) -> bool:
+        """A Read of at most READ_CHUNK done at once (its data a copy of the device's
+        memory, charged to the connection's budget above UNCHARGED_READ as any read
+        buffer is). False, having done nothing, for anything else: read() decides."""
+        length = req.length
+        charge = 0
+        if length > _UNCHARGED_READ:
+            if length > _READ_CHUNK or not self.budget.try_take(length):
+                return False
+            charge = length
+        sqe = req.sqe
+        data = inplace.read_now(sqe.cdw10 | sqe.cdw11 << 32, (sqe.cdw12 & 0xFFFF) + 1, length)
+        if data is None:
+            if charge:
+                self.budget.give(charge)
+            return False
+        req.charge = charge
+        stats = self.stats
+        stats.read_cmds += 1
+        stats.read_bytes += length
+        self.queue.conn.complete(req, 0, 0, data)
+        return True
 
     def _copy_now(self, req: Request, ns: Namespace, inplace: InPlace) -> bool:
         """A Copy of one range (formats 0h/1h, its descriptor in the capsule) that the copy
@@ -283,24 +299,18 @@ class IoHandler:
         return Status.SUCCESS, ns, slba, nlb, length
 
     async def read(self, req: Request) -> Outcome:
-        status, ns, slba, nlb, length = self._rw_target(req)
+        status, ns, slba, _nlb, length = self._rw_target(req)
         if status or ns is None:
             return status, None
-        device = ns.device
-        inplace: InPlace | None = getattr(device, "inplace", None)
-        data: bytearray | memoryview | None = (
-            inplace.read_view(slba, nlb, length) if inplace is not None else None
-        )
-        if data is None:
-            if length > READ_CHUNK:
-                return await self._read_in_pieces(req, ns, slba, length)
-            if length > UNCHARGED_READ:
-                budget = self.budget
-                if not budget.try_take(length):
-                    await budget.take(length)
-                req.charge = length
-            data = bytearray(length)
-            await device.read(slba, memoryview(data))
+        if length > READ_CHUNK:
+            return await self._read_in_pieces(req, ns, slba, length)
+        if length > UNCHARGED_READ:
+            budget = self.budget
+            if not budget.try_take(length):
+                await budget.take(length)
+            req.charge = length
+        data = bytearray(length)
+        await ns.device.read(slba, memoryview(data))
         stats = self.stats
         stats.read_cmds += 1
         stats.read_bytes += length

@@ -69,6 +69,8 @@ class NamespaceSpec:
     size: int
     path: str = ""
     read_only: bool = False
+    # The stripes' semaphores (SharedMemoryDevice.locks, FileDevice.share): name, count.
+    locks: tuple[str, int] = ("", 0)
     # The reservation state at the time of sending (a dataclass of plain values).
     reservation: ReservationState | None = None
     reservation_seq: int = 0
@@ -95,6 +97,7 @@ def namespace_spec(ns: Namespace, reservation_seq: int) -> NamespaceSpec:
             "memory",
             caps.block_size,
             caps.size,
+            locks=device.locks,
             reservation=reservation,
             reservation_seq=reservation_seq,
             anagrpid=ns.anagrpid,
@@ -107,6 +110,7 @@ def namespace_spec(ns: Namespace, reservation_seq: int) -> NamespaceSpec:
         caps.size,
         path=device.path,
         read_only=device.read_only,
+        locks=device.share(),
         reservation=reservation,
         reservation_seq=reservation_seq,
         anagrpid=ns.anagrpid,

@@ -81,7 +81,6 @@ class Worker:
         # maps its page of it.
         self.ana_table = -1
         self._reported_errors: dict[int, int] = {}
-        self._reported_stats: dict[str, tuple[int, ...]] = {}
         self._report_handle: asyncio.TimerHandle | None = None
 
     async def run(self) -> None:
@@ -177,9 +176,11 @@ class Worker:
         subsystem = self._subsystem(nqn, info)
         if spec.kind == "memory":
             assert fd is not None
-            device: Any = SharedMemoryDevice(spec.size, spec.block_size, fd=fd)
+            device: Any = SharedMemoryDevice(spec.size, spec.block_size, fd=fd, locks=spec.locks)
         else:
-            device = FileDevice(spec.path, spec.block_size, read_only=spec.read_only)
+            device = FileDevice(
+                spec.path, spec.block_size, read_only=spec.read_only, locks=spec.locks
+            )
         old = subsystem.namespaces.get(spec.nsid)
         # The identities are the main process's business (Identify runs there).
         ns = Namespace.create(nqn, spec.nsid, device, spec.kind, anagrpid=spec.anagrpid)
@@ -382,22 +383,14 @@ class Worker:
                 ctrl.traffic = False
                 traffic.append(token)
             self._report_errors(token, ctrl, errors)
+        # Each replica's counts since the last report (taken: they restart from zero), so
+        # no baseline outlives the replica it was of.
         stats: dict[str, tuple[int, ...]] = {}
         if self.target is not None:
             for nqn, subsystem in self.target.subsystems.items():
-                s = subsystem.stats
-                now = (
-                    s.read_cmds,
-                    s.write_cmds,
-                    s.read_bytes,
-                    s.write_bytes,
-                    s.copy_cmds,
-                    s.copy_bytes,
-                )
-                before = self._reported_stats.get(nqn, (0,) * 6)
-                if now != before:
-                    stats[nqn] = tuple(a - b for a, b in zip(now, before, strict=True))
-                    self._reported_stats[nqn] = now
+                counts = subsystem.stats.take()
+                if any(counts):
+                    stats[nqn] = counts
         if (traffic or errors or stats) and self.channel is not None:
             self.channel.send(S.ACTIVITY, traffic, errors, stats)
         if not self.done.is_set():

@@ -278,7 +278,7 @@ def _target_queue(rt: RawTarget, qid: int = 1) -> TargetQueue:
 
 class BufferedMemoryDevice(MemoryDevice):
     """A memory device whose reads fill a buffer, as a file's do: its own read() turns
-    off the zero-copy path (read_view), so a Read holds buffers the budget counts."""
+    off the in-place path (read_now), so every Read goes through the general path."""
 
     async def read(self, lba: int, buf: memoryview) -> None:
         await super().read(lba, buf)
