@@ -372,3 +372,27 @@ async def test_concatenation_with_worker_processes() -> None:
         assert len(t.generated_psks) == 0
     finally:
         await t.stop()
+
+
+async def test_a_host_that_derives_the_tls_psk_as_linux_6_15_did(
+    target: Target, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Linux 6.15-6.17 built the HKDF label without its length bytes: the target finds
+    that derivation of the generated PSK too, and says so."""
+    caplog.set_level(logging.INFO)
+    identity = HostIdentity.resolve(HOST)
+    admin = await HostQueue.open("127.0.0.1", _port(target), 0, 32)
+    await F.connect_queue(admin, identity, NQN, sqsize=31)
+    auth = HostAuth(HOST_KEY, HOST, NQN, concat=SecureConcat.NEW_TLS_PSK)
+    await F.authenticate(admin, auth)
+    admin.close()
+    await admin.wait_closed()
+    assert auth.generated_psk is not None and auth.hash_id is not None
+    standard, older = generated_tls_psks(auth.hash_id, auth.generated_psk, HOST, NQN)
+    ctrl = await connect(
+        "127.0.0.1", _port(target), NQN, hostnqn=HOST, tls_psk=older, queues=1, timeout=TIMEOUT
+    )
+    await _round_trip(ctrl)
+    await ctrl.close()
+    assert "(Linux 6.15-6.17's derivation)" in caplog.text
+    assert standard.key != older.key
