@@ -82,10 +82,10 @@ class GeneratedPsks:
         """A REPLACETLSPSK on `controller`'s admin queue: its new PSK takes the old one's
         place (a configured PSK, `old` not generated, is not held here and stays configured)."""
         entry = self._entries.get(old.identity) if old is not None else None
-        if entry is not None:
+        if old is not None and entry is not None:
             entry.takers.discard(controller)
             if not entry.takers:
-                del self._entries[old.identity]  # type: ignore[union-attr]
+                del self._entries[old.identity]
         self.add(psks, controller)
 
     def controller_gone(self, controller: Controller) -> None:
