@@ -47,7 +47,7 @@ from tests.ceph.cluster import CephCluster
 from tests.interop import test_linux_host as host
 from tests.interop import test_linux_host_compare as compare
 from tests.interop import test_linux_host_reservations as resv
-from tests.interop.guest import LINUX_6_12, Guest, Peer, free_tcp_port
+from tests.interop.guest import Guest, Peer, free_tcp_port
 from tests.interop.target_process import TargetProcess
 from tests.interop.test_linux_host import DEV_FOR, Subsys
 
@@ -356,7 +356,7 @@ def test_write_zeroes_zeroes_exactly_its_range_in_the_image(guest: Guest, target
             f"dd if=/tmp/z8 of={dev} bs=1M seek=32 oflag=direct 2>/dev/null"
         )
         start, length = 35 * MIB + 512 * 1024, 3 * MIB // 2
-        if guest.peer is LINUX_6_12:
+        if guest.peer.util_linux:
             # The kernel takes Write Zeroes for the device: BLKZEROOUT sends it, not pages.
             sysfs = f"/sys/block/{dev.removeprefix('/dev/')}/queue/write_zeroes_max_bytes"
             assert int(guest.run(f"cat {sysfs}").output) >= length
