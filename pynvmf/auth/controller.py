@@ -22,7 +22,7 @@ TLS) asks the transaction to generate a PSK for TLS. The host then sends C2 with
 controller authentication: Success1 carries no R2) or with S2 set (bidirectional, the PSK
 comes with Success2). Once it succeeded, `take_generated_psk()` hands the generated PSK,
 HMAC(KS, C1 || C2), to the glue, which derives the TLS PSK and its identity. SC_C is part of
-R1, not of R2 (which carries 00h, as Linux computes both).
+R1 and of R2 (Linux 7.2's nvmet puts it in R2 too; its host never asks for R2 with it).
 
 Secrets stay in the configuration objects; nothing here logs or returns them.
 """
@@ -410,6 +410,7 @@ class ControllerAuth:
             self._t_id,
             self.hostnqn,
             self.subnqn,
+            self._sc_c,
         )
         self.state = State.SUCCESS2
         return Success1(self._t_id, hl, r2).pack()

@@ -189,6 +189,7 @@ class HostAuth:
             self.t_id,
             self.hostnqn,
             self.subnqn,
+            self.concat,
         )
         if not hmac.compare_digest(expected, msg.response):
             raise self._failure2(

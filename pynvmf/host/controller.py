@@ -115,6 +115,7 @@ class Controller:
         self._keep_alive_task: asyncio.Task[None] | None = None
         self._close_task: asyncio.Task[None] | None = None
         self._closed = False
+        self._handshakes = asyncio.Lock()
         # Copy descriptor formats 2h/3h enabled in Host Behavior Support (None: not asked).
         self._copy_formats: int | None = None
         self._copy_formats_lock = asyncio.Lock()
@@ -219,6 +220,15 @@ class Controller:
         await self.refresh_namespaces()
 
     async def _open_queue(self, qid: int, depth: int) -> HostQueue:
+        if self.tls_psk is None:
+            return await self._open(qid, depth)
+        # One TLS handshake at a time, as Linux's host opens its queues: tlshd (ktls-utils
+        # 1.4) serving nvmet sometimes fails to find the PSK of one of two concurrent
+        # handshakes ("failed to search 'psk' key"), and nvmet closes that connection.
+        async with self._handshakes:
+            return await self._open(qid, depth)
+
+    async def _open(self, qid: int, depth: int) -> HostQueue:
         return await HostQueue.open(
             self.address,
             self.port,
@@ -289,7 +299,18 @@ class Controller:
         await self._authenticate(admin)
         admin.close("reconnecting over TLS with the generated PSK")
         await admin.wait_closed()
-        return await self._connect_admin()
+        try:
+            return await self._connect_admin()
+        except NvmeConnectionError as exc:
+            if self._dhchap_ctrl_secret is None:
+                raise
+            # Linux's nvmet (7.2) frees the challenges once Success1 is out, so after a
+            # bidirectional transaction it generates no PSK and knows no NVMe1G identity.
+            raise NvmeConnectionError(
+                f"{exc}: the controller took no TLS connection with the PSK a bidirectional "
+                "authentication generated (Linux's nvmet generates none then: connect "
+                "without dhchap_ctrl_secret, as Linux's host does with --concat)"
+            ) from exc
 
     async def _authenticate_if_asked(self, queue: HostQueue, connect_result: int) -> None:
         """Authenticate `queue` when Connect's AUTHREQ asks for it (as Linux's host: a

@@ -19,7 +19,13 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDFExpand
 
 from pynvmf.auth import ControllerAuth, DhchapKey, HostAuth, HostAuthConfig
-from pynvmf.auth.crypto import generated_psk
+from pynvmf.auth.crypto import (
+    DhExchange,
+    augmented_challenge,
+    controller_response,
+    generated_psk,
+    host_response,
+)
 from pynvmf.auth.host import AuthenticationFailed
 from pynvmf.spec import auth as A
 from pynvmf.spec.auth import DhGroupId, FailureExplanation, HashId, SecureConcat
@@ -190,6 +196,49 @@ def test_sc_c_is_part_of_r1() -> None:
             assert answering.success1(ctrl.receive()) is None and ctrl.authenticated
         else:
             assert _failure1(ctrl) == explanation
+
+
+def test_r2_covers_sc_c_as_linux_7_nvmet_computes_it() -> None:
+    """The controller's R2 under concatenation, computed here by hand as a host would check
+    it: over SC_C 02h (what Linux 7.2's nvmet sends; measured against it), not 00h."""
+    config = HostAuthConfig(HOST_KEY, CTRL_KEY, (HashId.SHA256,), (DhGroupId.FFDHE2048,))
+    ctrl = _controller(config)
+    t_id, s2, c2 = 11, 0x1234, bytes(range(32))
+    ctrl.send(A.Negotiate(t_id, (HashId.SHA256,), (DhGroupId.FFDHE2048,), 2).pack())
+    challenge = A.parse_message(ctrl.receive())
+    assert isinstance(challenge, A.Challenge)
+    exchange = DhExchange(DhGroupId.FFDHE2048)
+    session = exchange.shared(challenge.dh_value)
+    r1 = host_response(
+        HashId.SHA256,
+        HOST_KEY.transformed(HOSTNQN),
+        augmented_challenge(HashId.SHA256, session, challenge.c1),
+        challenge.seqnum,
+        t_id,
+        HOSTNQN,
+        SUBNQN,
+        SecureConcat.NEW_TLS_PSK,
+    )
+    ctrl.send(A.Reply(t_id, r1, s2, c2, exchange.public).pack())
+    success1 = A.parse_message(ctrl.receive())
+    assert isinstance(success1, A.Success1) and success1.response is not None
+
+    def r2(sc_c: int) -> bytes:
+        return controller_response(
+            HashId.SHA256,
+            CTRL_KEY.transformed(SUBNQN),
+            augmented_challenge(HashId.SHA256, session, c2),
+            s2,
+            t_id,
+            HOSTNQN,
+            SUBNQN,
+            sc_c,
+        )
+
+    assert success1.response == r2(SecureConcat.NEW_TLS_PSK) != r2(0)
+    ctrl.send(A.Success2(t_id).pack())
+    generated = ctrl.take_generated_psk()
+    assert generated == (HashId.SHA256, generated_psk(HashId.SHA256, session, challenge.c1, c2))
 
 
 REFUSALS: dict[str, tuple[dict[str, Any], dict[str, Any], int]] = {
