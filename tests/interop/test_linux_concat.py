@@ -39,6 +39,7 @@ from pynvmf.rpc.client import RpcClient
 from tests.interop.guest import PEERS, Guest, Peer, free_tcp_port, peers_mark
 from tests.interop.target_process import TargetProcess
 from tests.interop.test_linux_host import DEV_FOR
+from tests.interop.test_linux_tls import TLSHD_CONF
 
 
 def _concatenates(peer: Peer) -> bool:
@@ -61,15 +62,6 @@ EXPORTS = {
 ROTATE = f"{PREFIX}-rotate"
 NVMET_NQN = "nqn.2024-11.dev.pynvmf:nvmet-concat"
 NVMET = "/sys/kernel/config/nvmet"
-TLSHD_CONF = """[debug]
-loglevel=0
-tls=0
-nl=0
-[authenticate]
-keyrings=.nvme
-[authenticate.client]
-[authenticate.server]
-"""
 WAIT_S = 120.0  # a TCG guest is slow
 TIMEOUT = 60.0
 

@@ -396,3 +396,48 @@ async def test_a_host_that_derives_the_tls_psk_as_linux_6_15_did(
     await ctrl.close()
     assert "(Linux 6.15-6.17's derivation)" in caplog.text
     assert standard.key != older.key
+
+
+async def test_replacetlspsk_on_a_channel_of_a_configured_psk(target: Target) -> None:
+    """REPLACETLSPSK on an admin queue whose TLS channel uses a configured PSK (the host
+    has one and a DH-HMAC-CHAP key): the target holds the generated PSK for that controller,
+    the configured one stays, and an I/O queue connects over TLS with either."""
+    from pynvmf.tcp.psk import HASH_SHA256, ConfiguredPsk
+
+    configured = ConfiguredPsk(HASH_SHA256, os.urandom(32))
+    target.set_host_psk(NQN, OTHER, configured)
+    ctrl = await connect(
+        "127.0.0.1",
+        _port(target),
+        NQN,
+        hostnqn=OTHER,
+        dhchap_secret=OTHER_KEY,
+        tls_psk=configured,
+        queues=3,
+        timeout=TIMEOUT,
+    )
+    try:
+        assert ctrl.admin is not None and ctrl.authenticated_queues == {0, 1, 2, 3}
+        for queue in ctrl.io_queues[1:]:  # qid 2 and 3 come back below
+            queue.close()
+            await queue.wait_closed()
+        del ctrl.io_queues[1:]
+        auth = HostAuth(OTHER_KEY, OTHER, NQN, concat=SecureConcat.REPLACE_TLS_PSK)
+        await F.authenticate(ctrl.admin, auth)
+        assert auth.generated_psk is not None and auth.hash_id is not None
+        psk = generated_tls_psks(auth.hash_id, auth.generated_psk, OTHER, NQN)[0]
+        (sub_ctrl,) = _target_controllers(target, OTHER)
+        assert sub_ctrl.generated_psk is not None
+        assert sub_ctrl.generated_psk.identity == psk.identity
+        identity = HostIdentity.resolve(OTHER)
+        for qid, key in ((2, psk), (3, ctrl.tls_psk)):
+            queue = await HostQueue.open("127.0.0.1", _port(target), qid, 8, tls_psk=key)
+            result = await F.connect_queue(queue, identity, NQN, sqsize=8, cntlid=ctrl.cntlid)
+            # Over the generated PSK no authentication is asked; over the configured one,
+            # as before, it is.
+            assert bool(result & A.AUTHREQ_ATR) == (key is not psk)
+            queue.close()
+            await queue.wait_closed()
+    finally:
+        await ctrl.close()
+    assert len(target.generated_psks) == 0
