@@ -169,9 +169,7 @@ async def verify(port: int, size: int, seconds: float, controllers: int, depth: 
                         if len(result.examples) < 5:
                             result.examples.append(f"torn block at LBA {lba + i // BLOCK}")
 
-        await asyncio.gather(
-            *(worker(c, s) for c in range(controllers) for s in range(depth))
-        )
+        await asyncio.gather(*(worker(c, s) for c in range(controllers) for s in range(depth)))
     finally:
         for ctrl in ctrls:
             await ctrl.close()

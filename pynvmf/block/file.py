@@ -28,9 +28,11 @@ import mmap
 import os
 import stat
 import struct
+from collections.abc import Callable
 
 from pynvmf.block.device import Buffer, Capabilities, Medium, check_range
 from pynvmf.block.memory import _block_shift
+from pynvmf.block.range_locks import RangeLocks
 
 # linux/falloc.h
 FALLOC_FL_KEEP_SIZE = 0x01
@@ -122,6 +124,7 @@ class FileDevice:
         "_dsync",
         "_fd",
         "_is_blockdev",
+        "_locks",
         "_mask",
         "_medium",
         "_path",
@@ -140,8 +143,12 @@ class FileDevice:
         size_bytes: int | None = None,
         create: bool = False,
         read_only: bool = False,
+        locks: tuple[str, int] | None = None,
     ) -> None:
         self._fd = -1
+        # The stripes other processes serving the same file hold (`share`): None while
+        # this process is the only one.
+        self._locks: RangeLocks | None = None
         shift = _block_shift(block_size)
         if size_bytes is not None and (
             not isinstance(size_bytes, int) or size_bytes <= 0 or size_bytes % block_size
@@ -217,6 +224,8 @@ class FileDevice:
         self._dsync = _RWF_DSYNC
         self._zero_range_ok = True
         self._punch_ok = True
+        if locks is not None:
+            self._locks = RangeLocks.open(*locks)
         self._caps = Capabilities(
             block_size=block_size,
             num_blocks=size >> shift,
@@ -254,6 +263,16 @@ class FileDevice:
     def closed(self) -> bool:
         return self._fd < 0
 
+    def share(self) -> tuple[str, int]:
+        """Let other processes serve this file too (`--cores` workers): from now on every
+        read and write holds the stripes it touches (block/range_locks.py), as those
+        processes' FileDevices opened with `locks=` the returned name and count do, so
+        that a block is wholly from before or after a write on any of them. ext4 and
+        tmpfs copy the page cache without the lock that would give that (XFS has it)."""
+        if self._locks is None:
+            self._locks = RangeLocks.create(self._size)
+        return self._locks.name, self._locks.count
+
     @property
     def medium(self) -> Medium:
         """The file or block device this is (pynvmf.block.device.KnownMedium): another
@@ -276,9 +295,19 @@ class FileDevice:
         off = lba << self._shift
         if lba < 0 or off + n > self._size:
             check_range(self._caps, lba, n >> self._shift)
-        done = os.preadv(self._fd, (buf,), off)
-        if done != n:
-            self._read_rest(buf, off, done, n)
+        locks = self._locks
+        if locks is None:
+            done = os.preadv(self._fd, (buf,), off)
+            if done != n:
+                self._read_rest(buf, off, done, n)
+            return
+        locks.hold(off, off + n)
+        try:
+            done = os.preadv(self._fd, (buf,), off)
+            if done != n:
+                self._read_rest(buf, off, done, n)
+        finally:
+            locks.release(off, off + n)
 
     async def write(self, lba: int, data: Buffer, *, fua: bool = False) -> None:
         n = data.nbytes if type(data) is memoryview else len(data)
@@ -288,10 +317,20 @@ class FileDevice:
         if lba < 0 or off + n > self._size:
             check_range(self._caps, lba, n >> self._shift)
         flags = self._dsync if fua else 0
+        locks = self._locks
         try:
-            done = os.pwritev(self._fd, (data,), off, flags)
-            if done != n:
-                self._write_rest(data, off, done, n, flags)
+            if locks is None:
+                done = os.pwritev(self._fd, (data,), off, flags)
+                if done != n:
+                    self._write_rest(data, off, done, n, flags)
+            else:
+                locks.hold(off, off + n)
+                try:
+                    done = os.pwritev(self._fd, (data,), off, flags)
+                    if done != n:
+                        self._write_rest(data, off, done, n, flags)
+                finally:
+                    locks.release(off, off + n)
         except OSError as e:
             if flags and e.errno in (errno.EOPNOTSUPP, errno.ENOSYS):
                 # No pwritev2 (ENOSYS) or no RWF_DSYNC (EOPNOTSUPP) in this kernel:
@@ -325,6 +364,17 @@ class FileDevice:
             await asyncio.to_thread(os.fdatasync, self._fd)
 
     def _copy_within(self, src: int, dst: int, length: int) -> None:
+        locks = self._locks
+        if locks is None:
+            self._copy_unheld(src, dst, length)
+            return
+        held = locks.hold_two(src, src + length, dst, dst + length)
+        try:
+            self._copy_unheld(src, dst, length)
+        finally:
+            locks.release_stripes(held)
+
+    def _copy_unheld(self, src: int, dst: int, length: int) -> None:
         fd = self._checked_fd()
         done = 0
         if not (src < dst + length and dst < src + length):
@@ -366,9 +416,9 @@ class FileDevice:
             return
         off, length = lba << self._shift, nblocks << self._shift
         if self._is_blockdev or length > _ZERO_CHUNK:
-            await asyncio.to_thread(self._zero_range, off, length)
+            await asyncio.to_thread(self._held, self._zero_range, off, length)
         else:
-            self._zero_range(off, length)
+            self._held(self._zero_range, off, length)
         if fua:
             await asyncio.to_thread(os.fdatasync, self._fd)
 
@@ -379,9 +429,9 @@ class FileDevice:
             return
         off, length = lba << self._shift, nblocks << self._shift
         if self._is_blockdev or length > _ZERO_CHUNK:
-            await asyncio.to_thread(self._punch, off, length)
+            await asyncio.to_thread(self._held, self._punch, off, length)
         else:
-            self._punch(off, length)
+            self._held(self._punch, off, length)
 
     async def close(self) -> None:
         """fdatasync, then close; idempotent."""
@@ -422,6 +472,21 @@ class FileDevice:
         fd, self._fd = self._fd, -1  # forget it first: the number may be reused at once
         if fd >= 0:
             os.close(fd)
+        locks, self._locks = self._locks, None
+        if locks is not None:
+            locks.close()
+
+    def _held(self, zero: Callable[[int, int], None], off: int, length: int) -> None:
+        """`zero(off, length)` (a zeroing or a deallocation) holding its stripes."""
+        locks = self._locks
+        if locks is None:
+            zero(off, length)
+            return
+        locks.hold(off, off + length)
+        try:
+            zero(off, length)
+        finally:
+            locks.release(off, off + length)
 
     def _checked_fd(self) -> int:
         if self._fd < 0:

@@ -25,11 +25,11 @@ from pynvmf.host.queue import HostQueue
 from pynvmf.spec import command as C
 from pynvmf.spec import identify as I
 from pynvmf.spec import reservations as R
-from pynvmf.spec.auth import AUTHREQ_ATR
+from pynvmf.spec.auth import AUTHREQ_ATR, SecureConcat
 from pynvmf.spec.logpages import LogPageId
 from pynvmf.spec.opcodes import DISCOVERY_NQN, NSID_ALL, AdminOpcode, FeatureId
 from pynvmf.tcp.host import Buffer
-from pynvmf.tcp.psk import ConfiguredPsk, TlsPsk, tls_psk
+from pynvmf.tcp.psk import ConfiguredPsk, TlsPsk, generated_tls_psks, tls_psk
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +77,16 @@ class Controller:
         tls_psk: TlsPsk | None = None,
         ktls: str = "auto",
         io_identity: HostIdentity | None = None,
+        concat: bool = False,
     ) -> None:
         self.address = address
+        # The TLS PSK every queue's connection uses (with `concat`, the one the admin
+        # queue's authentication generated, from then on), or None: plain TCP.
         self.tls_psk = tls_psk
         self.ktls = ktls
+        # Secure channel concatenation (nvme-cli's --concat): authenticate the admin queue
+        # for a generated PSK, then every queue over TLS with it.
+        self.concat = concat
         self.port = port
         self.subnqn = subnqn
         self.identity = identity
@@ -112,6 +118,7 @@ class Controller:
         self._keep_alive_task: asyncio.Task[None] | None = None
         self._close_task: asyncio.Task[None] | None = None
         self._closed = False
+        self._handshakes = asyncio.Lock()
         # Copy descriptor formats 2h/3h enabled in Host Behavior Support (None: not asked).
         self._copy_formats: int | None = None
         self._copy_formats_lock = asyncio.Lock()
@@ -160,7 +167,8 @@ class Controller:
             )
             raise NvmeTimeoutError(f"{self.address} port {self.port}: {what}") from None
 
-    async def _bring_up(self, queues: int, queue_depth: int, deadline: asyncio.Timeout) -> None:
+    async def _connect_admin(self) -> tuple[HostQueue, int]:
+        """Open the admin queue and Connect it (a new controller): it and Connect's DW0."""
         admin = await self._open_queue(0, ADMIN_QUEUE_DEPTH)
         self.admin = admin
         result = await fabrics.connect_queue(
@@ -172,6 +180,12 @@ class Controller:
             disable_sqflow=self.disable_sqflow,
         )
         self.cntlid = result & 0xFFFF
+        return admin, result
+
+    async def _bring_up(self, queues: int, queue_depth: int, deadline: asyncio.Timeout) -> None:
+        admin, result = await self._connect_admin()
+        if self.concat and self.tls_psk is None:
+            admin, result = await self._concatenate(admin, result)
         await self._authenticate_if_asked(admin, result)
         self.cap = await fabrics.property_get(admin, C.PROP_CAP, 8)
         self.vs = await fabrics.property_get(admin, C.PROP_VS)
@@ -214,6 +228,15 @@ class Controller:
         await self.refresh_namespaces()
 
     async def _open_queue(self, qid: int, depth: int) -> HostQueue:
+        if self.tls_psk is None:
+            return await self._open(qid, depth)
+        # One TLS handshake at a time, as Linux's host opens its queues: tlshd (ktls-utils
+        # 1.4) serving nvmet sometimes fails to find the PSK of one of two concurrent
+        # handshakes ("failed to search 'psk' key"), and nvmet closes that connection.
+        async with self._handshakes:
+            return await self._open(qid, depth)
+
+    async def _open(self, qid: int, depth: int) -> HostQueue:
         return await HostQueue.open(
             self.address,
             self.port,
@@ -271,6 +294,32 @@ class Controller:
 
     # -- authentication ----------------------------------------------------------------------
 
+    async def _concatenate(self, admin: HostQueue, result: int) -> tuple[HostQueue, int]:
+        """Secure channel concatenation, as Linux's host does it: authenticate the plain
+        admin queue asking for a new TLS PSK (SC_C NEWTLSPSK), close it, and connect the
+        admin queue again over TLS with the generated PSK (which the I/O queues use too).
+        That admin queue, and the new controller, are what the rest of bring-up uses."""
+        if not result & AUTHREQ_ATR:
+            raise NvmeAuthenticationError(
+                f"{self.subnqn}: the controller does not ask to authenticate, so no TLS PSK "
+                "can be generated for secure channel concatenation"
+            )
+        await self._authenticate(admin)
+        admin.close("reconnecting over TLS with the generated PSK")
+        await admin.wait_closed()
+        try:
+            return await self._connect_admin()
+        except NvmeConnectionError as exc:
+            if self._dhchap_ctrl_secret is None:
+                raise
+            # Linux's nvmet (7.2) frees the challenges once Success1 is out, so after a
+            # bidirectional transaction it generates no PSK and knows no NVMe1G identity.
+            raise NvmeConnectionError(
+                f"{exc}: the controller took no TLS connection with the PSK a bidirectional "
+                "authentication generated (Linux's nvmet generates none then: connect "
+                "without dhchap_ctrl_secret, as Linux's host does with --concat)"
+            ) from exc
+
     async def _authenticate_if_asked(self, queue: HostQueue, connect_result: int) -> None:
         """Authenticate `queue` when Connect's AUTHREQ asks for it (as Linux's host: a
         secret given to a controller that does not ask is not used)."""
@@ -285,13 +334,23 @@ class Controller:
     async def _authenticate(self, queue: HostQueue) -> None:
         assert self._dhchap_secret is not None
         self.authenticated_queues.discard(queue.qid)
+        concat = SecureConcat.NONE
+        if self.concat and queue.qid == 0:
+            # A new PSK on a plain admin queue; over TLS, one that replaces its channel's.
+            concat = SecureConcat.NEW_TLS_PSK if queue.tls is None else SecureConcat.REPLACE_TLS_PSK
         auth = HostAuth(
             self._dhchap_secret,
             self.identity.hostnqn,
             self.subnqn,
             ctrl_key=self._dhchap_ctrl_secret,
+            concat=concat,
         )
         await fabrics.authenticate(queue, auth)
+        if auth.generated_psk is not None:
+            assert auth.hash_id is not None
+            self.tls_psk = generated_tls_psks(
+                auth.hash_id, auth.generated_psk, self.identity.hostnqn, self.subnqn
+            )[0]
         self.authenticated_queues.add(queue.qid)
 
     async def reauthenticate(
@@ -300,14 +359,18 @@ class Controller:
         dhchap_ctrl_secret: DhchapKey | None = None,
     ) -> None:
         """A new DH-HMAC-CHAP transaction on every queue (AUTH_Negotiate on authenticated
-        queues), with new secrets if given: what Linux does when its dhchap_secret changes."""
+        queues), with new secrets if given: what Linux does when its dhchap_secret changes.
+        With secure channel concatenation, on the admin queue alone (as Linux), asking for
+        a PSK that replaces the current one (REPLACETLSPSK): I/O queues connected from then
+        on use it."""
         if dhchap_secret is not None:
             self._dhchap_secret = dhchap_secret
         if dhchap_ctrl_secret is not None:
             self._dhchap_ctrl_secret = dhchap_ctrl_secret
         if self._dhchap_secret is None:
             raise NvmeAuthenticationError("no DH-HMAC-CHAP secret to authenticate with")
-        for queue in [self._admin(), *self.io_queues]:
+        queues = [self._admin()] if self.concat else [self._admin(), *self.io_queues]
+        for queue in queues:
             await self._authenticate(queue)
 
     # -- commands ----------------------------------------------------------------------------
@@ -646,6 +709,7 @@ async def connect(
     tls_compat: bool = False,
     ktls: str = "auto",
     io_hostid: bytes | None = None,
+    concat: bool = False,
 ) -> Controller:
     """Create a controller on the subsystem `subnqn` at address:port and bring it up:
     admin queue, enable, Identify, `queues` I/O queues, namespaces.
@@ -662,6 +726,12 @@ async def connect(
     `io_hostid`: a Host Identifier for the I/O queue Connects other than the admin
     queue's (`hostid`), as some hosts send and Linux nvmet and SPDK accept; for testing
     targets. By default every Connect carries `hostid`, as Linux's host does.
+
+    `concat` (nvme-cli's ``--concat``): secure channel concatenation. The admin queue
+    authenticates over plain TCP asking for a TLS PSK, then every queue connects over TLS
+    1.3 with the PSK that authentication generated (identity ``NVMe1G0x <hostnqn>
+    <subnqn> <digest>``). It needs `dhchap_secret` and no `tls_psk`, as Linux's host; the
+    listener must take both plain and TLS connections (nvmet's TREQ "not required").
     """
     if queue_depth < 1:
         raise ValueError("queue_depth must be at least 1")
@@ -673,6 +743,10 @@ async def connect(
     )
     if ctrl_key is not None and host_key is None:
         raise ValueError("a controller secret needs a host secret too")
+    if concat and host_key is None:
+        raise ValueError("secure channel concatenation needs a DH-HMAC-CHAP secret")
+    if concat and tls_psk is not None:
+        raise ValueError("secure channel concatenation generates its TLS PSK: give none")
     identity = HostIdentity.resolve(hostnqn, hostid)
     io_identity = None if io_hostid is None else HostIdentity.resolve(identity.hostnqn, io_hostid)
     psk = _tls_psk(tls_psk, identity.hostnqn, subnqn, tls_identity, tls_compat)
@@ -692,6 +766,7 @@ async def connect(
         tls_psk=psk,
         ktls=ktls,
         io_identity=io_identity,
+        concat=concat,
     )
     try:
         await ctrl._start(queues, queue_depth)

@@ -305,6 +305,9 @@ def identify_controller(ctrl: Controller, queue: TargetQueue) -> I.IdentifyContr
             I.Oncs.COMPARE
             | I.Oncs.DSM
             | I.Oncs.WRITE_ZEROES
+            # Get Features answers its Select field, Set Features its Save field (every
+            # feature not saveable): get_features, set_features.
+            | I.Oncs.SAVE_FEATURES
             | I.Oncs.VERIFY
             | I.Oncs.COPY
             | I.Oncs.RESERVATIONS

@@ -69,7 +69,7 @@ class NamespaceSpec:
     size: int
     path: str = ""
     read_only: bool = False
-    # A memory namespace's stripe semaphores (SharedMemoryDevice.locks): name and count.
+    # The stripes' semaphores (SharedMemoryDevice.locks, FileDevice.share): name, count.
     locks: tuple[str, int] = ("", 0)
     # The reservation state at the time of sending (a dataclass of plain values).
     reservation: ReservationState | None = None
@@ -110,6 +110,7 @@ def namespace_spec(ns: Namespace, reservation_seq: int) -> NamespaceSpec:
         caps.size,
         path=device.path,
         read_only=device.read_only,
+        locks=device.share(),
         reservation=reservation,
         reservation_seq=reservation_seq,
         anagrpid=ns.anagrpid,

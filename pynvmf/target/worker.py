@@ -178,7 +178,9 @@ class Worker:
             assert fd is not None
             device: Any = SharedMemoryDevice(spec.size, spec.block_size, fd=fd, locks=spec.locks)
         else:
-            device = FileDevice(spec.path, spec.block_size, read_only=spec.read_only)
+            device = FileDevice(
+                spec.path, spec.block_size, read_only=spec.read_only, locks=spec.locks
+            )
         old = subsystem.namespaces.get(spec.nsid)
         # The identities are the main process's business (Identify runs there).
         ns = Namespace.create(nqn, spec.nsid, device, spec.kind, anagrpid=spec.anagrpid)

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.interop.guest import Guest, Peer, free_tcp_port
+from tests.interop.guest import OLDEST_AND_NEWEST, Guest, Peer, free_tcp_port
 from tests.interop.target_process import TargetProcess
+
+pytestmark = OLDEST_AND_NEWEST.mark()
 
 MIB = 1 << 20
 MEM = "nqn.2024-11.dev.pynvmf:interop-compare-mem"

@@ -40,7 +40,7 @@ import pytest
 
 from pynvmf.ha.lease import OBJECT_PREFIX
 from tests.ceph.cluster import CephCluster
-from tests.interop.guest import Guest, Peer, free_tcp_port
+from tests.interop.guest import OLDEST_AND_NEWEST, Guest, Peer, free_tcp_port
 from tests.interop.target_process import TargetProcess
 from tests.interop.test_linux_multipath import (
     EUI64,
@@ -57,6 +57,8 @@ from tests.interop.test_linux_multipath import (
     wait_for,
     writes_done,
 )
+
+pytestmark = OLDEST_AND_NEWEST.mark()
 
 MIB = 1 << 20
 SIZE = 64 * MIB

@@ -607,6 +607,19 @@ async def test_get_features_host_identifier(raw_target: RawTarget) -> None:
     assert (await admin.cmd(AdminOpcode.KEEP_ALIVE)).status == 0
 
 
+async def test_oncs_says_the_save_and_select_fields_are_supported(raw_target: RawTarget) -> None:
+    """The controller answers Get Features' Select field and Set Features' Save field, so
+    ONCS bit 4 says so: a host (nvmet does not answer SEL, and says so there) asks for a
+    feature's capabilities only where it is set."""
+    admin = await raw_target.admin()
+    ctrl = I.IdentifyController.unpack((await admin.identify(I.Cns.CTRL)).data)
+    assert ctrl.oncs & I.Oncs.SAVE_FEATURES
+    caps = await admin.cmd(AdminOpcode.GET_FEATURES, cdw10=FeatureId.KATO | 3 << 8)
+    assert caps.status == 0 and caps.result & 0x7 == 0x4  # changeable, not saveable
+    saved = await admin.cmd(AdminOpcode.SET_FEATURES, cdw10=FeatureId.KATO | 1 << 31, cdw11=1)
+    assert (saved.status, saved.dnr) == (Status.FEATURE_NOT_SAVEABLE, True)
+
+
 async def test_keep_alive_timer_feature(raw_target: RawTarget) -> None:
     admin = await raw_target.admin(kato=30000)
     got = await admin.cmd(AdminOpcode.GET_FEATURES, cdw10=FeatureId.KATO)

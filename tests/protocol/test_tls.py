@@ -310,3 +310,30 @@ async def test_tls_queues_stay_in_the_main_process_of_a_multicore_target() -> No
             await ctrl.close()
     finally:
         await t.stop()
+
+
+async def test_host_opens_tls_queues_one_handshake_at_a_time(
+    target: Target, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As Linux's host: each queue's TLS handshake ends before the next connection starts
+    (tlshd 1.4 serving nvmet sometimes loses the PSK of one of two concurrent handshakes)."""
+    caplog.set_level(logging.DEBUG, logger="pynvmf")
+    ctrl = await connect(
+        "127.0.0.1",
+        _port(target, "required"),
+        SUBNQN,
+        hostnqn=HOST_A,
+        tls_psk=KEY_A.encode(),
+        queues=3,
+        timeout=TIMEOUT,
+    )
+    await ctrl.close()
+    # The target's side: a connection accepted, a handshake finished.
+    events = []
+    for record in caplog.records:
+        text = record.getMessage()
+        if record.name == "pynvmf.target.server" and text.startswith("connection from ("):
+            events.append("accept")
+        elif text.startswith("connection from") and "TLS 1.3 established" in text:
+            events.append("done")
+    assert events == ["accept", "done"] * 4, events
