@@ -331,7 +331,7 @@ async def test_cli_concat(target: Target) -> None:
 
     from tests.protocol.test_host_cli import run
 
-    base = ["list", "-a", "127.0.0.1", "-s", str(_port(target)), "-n", NQN, "-q", HOST]
+    base = ["list", "-a", "127.0.0.1", "-s", str(_port(target)), "--nqn", NQN, "-q", HOST]
     base += ["-S", HOST_KEY.representation()]
     assert await asyncio.to_thread(run, *base, "--concat") == 0
     assert await asyncio.to_thread(run, *base, "--concat", "--tls") != 0
