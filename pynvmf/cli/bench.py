@@ -45,6 +45,13 @@ them.
 
 Ctrl-C during the measurement stops the jobs as the end of --runtime does and
 reports the time measured so far (exit status 130); a second Ctrl-C aborts at once.
+
+On a terminal, stderr shows a progress line: the percentage of --ramp-time + --runtime
+gone, the time left, and the IOPS and MB/s of the last quarter second.
+--status-interval prints the report so far, as fio's, from each job's live histograms
+(loadgen.Measurement; the per-interval bw/iops lines only come with the final report).
+--write_bw_log, --write_iops_log and --write_lat_log write fio's log files
+(pynvmf.cli.bench_logs).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +29,8 @@ from pynvmf.cli.identity import CommandIdentity, IdentityError, resolve
 from pynvmf.host import Controller, RemoteNamespace
 from pynvmf.spec.nqn import nqn_problem
 from pynvmf.tcp.psk import ConfiguredPsk, PskError
+
+log = logging.getLogger(__name__)
 
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130  # what a shell reports for a command ended by SIGINT
@@ -288,9 +291,17 @@ def connect_arguments(args: argparse.Namespace, identity: CommandIdentity) -> di
 def host_identity(args: argparse.Namespace) -> CommandIdentity:
     """The identity the command presents: -q and -I, else the machine's (cli.identity)."""
     try:
-        return resolve(args.hostnqn, args.hostid)
+        identity = resolve(args.hostnqn, args.hostid)
     except IdentityError as exc:
         raise CommandError(str(exc)) from None
+    log.info(
+        "host %s (from %s), host ID %s (from %s)",
+        identity.hostnqn,
+        identity.hostnqn_source,
+        identity.hostid_text,
+        identity.hostid_source,
+    )
+    return identity
 
 
 def output_option(p: argparse.ArgumentParser) -> None:

@@ -209,11 +209,11 @@ async def _open(args: argparse.Namespace, identity: CommandIdentity, *, queues: 
         )
     except NvmeError as exc:
         failure = connect_failure(Attempt(args.traddr, args.trsvcid, identity), exc)
-        if args.command in ("read", "write") and "Connection refused" in str(failure):
-            # nvme read's -s is the first block; a user who meant that reads it here.
-            failure = CommandError(
-                f"{failure} (-s is the TCP port; the first block is --start-block)"
-            )
+        refused = isinstance(exc.__cause__, ConnectionRefusedError)
+        if refused and args.command in ("read", "write"):
+            # nvme read's -s is the first block: a user who meant that learns it here.
+            hint = "-s is the TCP port; the first block is --start-block"
+            failure = CommandError(f"{failure} ({hint})")
         raise failure from exc
 
 
