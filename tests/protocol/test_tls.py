@@ -266,7 +266,7 @@ async def test_cli_tls_options(target: Target, capsys: pytest.CaptureFixture[str
     one line that does not show them."""
     from tests.protocol.test_host_cli import run
 
-    base = ["list", "-a", "127.0.0.1", "-s", str(_port(target, "required")), "-n", SUBNQN]
+    base = ["list", "-a", "127.0.0.1", "-s", str(_port(target, "required")), "--nqn", SUBNQN]
     base += ["-q", HOST_A]
     assert await asyncio.to_thread(run, *base, "--tls-key", KEY_A.encode()) == 0
     bad = "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8AAAAA:"
