@@ -1,17 +1,15 @@
 """InPlace: a whole Read, Write or one-range Copy of a memory device done at once, on
 its mapping.
 
-A Read's data is a copy of the blocks taken at once (one memcpy), not a view of the
-mapping that the socket would read later, after a Write to the same blocks (a later
-command of the same batch, another connection, another worker) may have changed them:
-the data digest computed with the PDU would no longer match the bytes sent, and a block
-could leave half old and half new. The copy costs little more than making the view did
-(a 4 KiB view and its read-only wrapper are two objects; the copy is one, and a memcpy).
-A large Read may still lend a view (`read_view`) where the glue hands it to the kernel
-before anything else runs (target/io.py). Where other processes map the same memory
-(`--cores`), every copy also holds the stripes it touches (block/range_locks.py), so a
-block is wholly from before or wholly from after any Write, as Identify's AWUN/AWUPF
-(one block) promise.
+A Read's data is a copy of the blocks taken at once (one memcpy), never a view of the
+mapping: a view would be read by the socket later, after a Write to the same blocks
+(a later command of the same batch, another connection, another worker) may have
+changed them, so the data digest computed with the PDU would no longer match the bytes
+sent, and a block could leave half old and half new. The copy costs little more than
+making the view did (a 4 KiB view and its read-only wrapper are two objects; the copy is
+one, and a memcpy). Where other processes map the same memory (`--cores`), every copy
+also holds the stripes it touches (block/range_locks.py), so a block is wholly from
+before or wholly from after any Write, as Identify's AWUN/AWUPF (one block) promise.
 
 The target's hot path (target/io.py `IoHandler.submit`) calls these for every Read and
 in-capsule Write to a memory namespace, and the copy planner's `copy_one_range_now`
@@ -76,24 +74,6 @@ class InPlace:
             return self.mapping[off:end]
         finally:
             locks.release(off, end)
-
-    def read_view(self, lba: int, nblocks: int, length: int) -> memoryview | None:
-        """The `nblocks` blocks at `lba` as a read-only view of the mapping, or None if the
-        range is not inside the device, is not `length` bytes long, or other processes map
-        the memory (a view is only for a caller that hands it to the kernel before any
-        Write can run: target/io.py's lent Reads)."""
-        shift = self.shift
-        off = lba << shift
-        end = off + (nblocks << shift)
-        if (
-            not self.reads
-            or self.locks is not None
-            or end - off != length
-            or lba < 0
-            or end > self.size
-        ):
-            return None
-        return self.view[off:end].toreadonly()
 
     def write_now(self, lba: int, nblocks: int, data: Buffer) -> bool:
         """Copy `data` (`nblocks` blocks) to `lba`; False, touching nothing, if the range

@@ -165,33 +165,13 @@ class IoHandler:
             self.queue._track(task)
 
     def _read_now(self, req: Request, inplace: InPlace) -> bool:
-        """A Read of at most READ_CHUNK done at once: its data a copy of the device's
+        """A Read of at most READ_CHUNK done at once (its data a copy of the device's
         memory, charged to the connection's budget above UNCHARGED_READ as any read
-        buffer is; or, above UNCHARGED_READ, where the memory is this process's alone and
-        the connection's glue can hand output to the kernel at once (SendThrough), a view
-        of the memory sent in this call, so nothing can change it first: no copy, no
-        buffer. False, having done nothing, for anything else: read() decides."""
+        buffer is). False, having done nothing, for anything else: read() decides."""
         length = req.length
         charge = 0
         if length > _UNCHARGED_READ:
-            if length > _READ_CHUNK:
-                return False
-            conn = self.queue.conn
-            through = conn.through
-            if through is not None and inplace.locks is None and through.idle():
-                sqe = req.sqe
-                view = inplace.read_view(
-                    sqe.cdw10 | sqe.cdw11 << 32, (sqe.cdw12 & 0xFFFF) + 1, length
-                )
-                if view is None:
-                    return False
-                stats = self.stats
-                stats.read_cmds += 1
-                stats.read_bytes += length
-                conn.complete(req, 0, 0, view)
-                through.send_now()
-                return True
-            if not self.budget.try_take(length):
+            if length > _READ_CHUNK or not self.budget.try_take(length):
                 return False
             charge = length
         sqe = req.sqe

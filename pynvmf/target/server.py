@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-import os
 import socket
 import time
 import uuid
@@ -85,8 +84,6 @@ SERIAL_MAX = 20  # Identify Controller SN, MN and FR: ASCII, space padded
 MODEL_MAX = 40
 FIRMWARE_MAX = 8
 INLINE_DATA_MAX = 1 << 20
-# The most buffers one writev takes (Linux's IOV_MAX): a larger outbox goes the usual way.
-_IOV_MAX = 1024
 MIN_H2C_DATA = 4096  # NVMe/TCP: MAXH2CDATA is at least 4 KiB
 # A listener's secure channel (nvmet's addr_tsas and addr_treq): "none" (plain NVMe/TCP
 # only), "required" (TLS 1.3 only) or "optional" (TLS 1.3 or plain, told apart by the
@@ -1245,6 +1242,8 @@ def _holds_tls_psk(path: str) -> bool:
 def read_psk_file(path: str) -> ConfiguredPsk:
     """A TLS PSK from a file in the interchange format; the file must not be readable by
     group or others (SPDK's rule for key files). Errors never show the key."""
+    import os
+
     try:
         st = os.stat(path)
         if st.st_mode & 0o077:
@@ -1355,8 +1354,6 @@ class TargetProtocol(asyncio.BufferedProtocol):
         # `_sniffing` (is this TLS or plain NVMe/TCP?).
         self.tls: SecureChannel | None = None
         self._sniffing = False
-        # The socket's descriptor, for send_now (-1: the transport has none).
-        self._fd = -1
 
     @staticmethod
     def _no_command(_req: object) -> None:
@@ -1380,11 +1377,6 @@ class TargetProtocol(asyncio.BufferedProtocol):
         self.conn.flush_now = self._flush
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         self.port.connections.add(self)
-        sock = transport.get_extra_info("socket")
-        if self.port.secure_channel == "none" and sock is not None:
-            # Plain TCP: output can go straight to the socket (SendThrough).
-            self._fd = sock.fileno()
-            self.conn.through = self
         if self.port.secure_channel != "none":
             self.tls = SecureChannel(
                 TlsEngine.server(self.target.tls_lookup(self.port)),
@@ -1543,48 +1535,6 @@ class TargetProtocol(asyncio.BufferedProtocol):
             if tls is not None:
                 tls.close()
             transport.close()
-
-    # -- SendThrough (tcp/target.py): output handed to the kernel at once ----------------
-
-    def idle(self) -> bool:
-        transport = self.transport
-        return (
-            self._fd >= 0
-            and transport is not None
-            and not transport.is_closing()
-            and not transport.get_write_buffer_size()
-        )
-
-    def send_now(self) -> None:
-        """The outbox goes to the socket in this call (one writev); what the kernel does
-        not take is copied at once and left to the transport, so no view in it is read
-        later, after a Write may have changed what it shows."""
-        transport = self.transport
-        conn = self.conn
-        out = conn.take_output()
-        if not out or transport is None or transport.is_closing():
-            return
-        sent = 0
-        if self.idle() and len(out) <= _IOV_MAX:
-            try:
-                sent = os.writev(self._fd, out)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError:
-                sent = 0  # the transport meets the error itself, with what is left
-        rest: list[bytes | bytearray | memoryview] = []
-        for buf in out:
-            n = len(buf) if type(buf) is not memoryview else buf.nbytes
-            if sent >= n:
-                sent -= n
-                continue
-            part = buf[sent:] if sent else buf
-            sent = 0
-            rest.append(bytes(part) if type(part) is memoryview else part)
-        if rest:
-            transport.writelines(rest)
-        if conn.undrained and transport.get_write_buffer_size() <= WRITE_HIGH_WATER:
-            conn.output_drained()
 
     def pause_writing(self) -> None:
         # The host is not reading its completions: stop reading its commands.

@@ -67,20 +67,6 @@ class Charges(Protocol):
     def close(self) -> None: ...
 
 
-class SendThrough(Protocol):
-    """What the glue offers where it can hand output to the kernel at once (a plain TCP
-    socket): a Read may then lend a view of a memory namespace's memory instead of a copy,
-    for no Write can change those bytes between the data digest and the kernel's copy."""
-
-    def idle(self) -> bool:
-        """Nothing waits in the glue's transport: output handed now goes first."""
-        ...
-
-    def send_now(self) -> None:
-        """Hand the outbox to the kernel now; copy at once whatever it does not take."""
-        ...
-
-
 class _Unbudgeted:
     def give(self, n: int) -> None:
         pass
@@ -187,8 +173,6 @@ class TargetConnection(PduConnection):
         # The glue's synchronous flush (hand the outbox to the socket now), for data sent
         # piece by piece; None: the output waits for the next flush as usual.
         self.flush_now: Callable[[], None] | None = None
-        # The glue's SendThrough, where it has one (a plain TCP socket), else None.
-        self.through: SendThrough | None = None
         self.undrained = 0
         self._r2t: dict[int, Request] = {}
         self._next_ttag = 0
@@ -578,7 +562,6 @@ class TargetConnection(PduConnection):
         self.on_command = _ignore_request
         self.on_refused = None
         self.flush_now = None
-        self.through = None
         # Nothing more is granted to this connection, and commands that will never complete
         # now hold nothing any more.
         self.budget.close()

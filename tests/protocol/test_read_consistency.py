@@ -12,29 +12,21 @@ replaced it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import random
-import socket
 import struct
 from collections.abc import AsyncIterator
 
 import pytest
 
-from pynvmf.block.memory import MemoryDevice
-from pynvmf.spec import pdu as P
 from pynvmf.spec.opcodes import IoOpcode
-from pynvmf.target.controller import Controller
 from pynvmf.target.devices import NamedDevice
-from pynvmf.target.server import Port, Target, TargetProtocol
-from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.server import Port
 from pynvmf.target.workers import MultiCoreTarget
-from pynvmf.tcp.target import TransportConfig
 from tests.protocol.conftest import RAW_NS1_BLOCK, RAW_SUBNQN, RawTarget
-from tests.protocol.raw import HOSTNQN, RawQueue, capsule, icreq, parse_pdus, rw_sqe
+from tests.protocol.raw import RawQueue, rw_sqe
 
 BLOCK = RAW_NS1_BLOCK
-NQN_LENT = "nqn.2024-01.io.pynvmf.test:lent"
 STAMP = struct.Struct("<QQ")  # (writer, sequence): a block is this, repeated
 
 
@@ -141,105 +133,3 @@ async def test_reads_and_writes_of_the_same_blocks_on_two_workers_never_tear_a_b
         stop.set()
         await asyncio.gather(*writers)
     assert torn == []
-
-
-class _SocketTransport:
-    """What TargetProtocol uses of an asyncio transport, over one end of a socket pair
-    whose send buffer is small: what the socket does not take is kept in `queued` (and
-    never sent: the test reads it from there, after the socket's bytes)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        # Kept as given, as uvloop keeps a buffer it could not send: read only at the end.
-        self.queued: list[bytes | bytearray | memoryview] = []
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        info = {"sockname": ("127.0.0.1", 4420), "peername": ("127.0.0.1", 50000)}
-        return self.sock if name == "socket" else info.get(name, default)
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def writelines(self, data: list[bytes | bytearray | memoryview]) -> None:
-        for buf in data:
-            self.write(buf)
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        # As a transport does: straight to the socket while nothing waits, the rest kept.
-        if not self.queued:
-            with contextlib.suppress(BlockingIOError):
-                data = memoryview(data)[self.sock.send(data) :]
-        if len(data):
-            self.queued.append(data)
-
-    def get_write_buffer_size(self) -> int:
-        return sum(memoryview(b).nbytes for b in self.queued)
-
-    def is_closing(self) -> bool:
-        return False
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def abort(self) -> None:
-        pass
-
-
-async def test_a_lent_read_the_socket_takes_in_part_sends_its_rest_as_it_was() -> None:
-    """A 128 KiB Read lends a view of the namespace's memory, handed to the socket at
-    once; a socket that takes only part of it gets the rest as a copy made then, so a
-    Write right behind the Read changes nothing that is sent."""
-    subsystem = Subsystem(NQN_LENT)
-    device = MemoryDevice(1 << 20, BLOCK)
-    old = _stamped(1, 1, 256)
-    assert device.write_now(0, 256, old)
-    subsystem.add_namespace(Namespace.create(NQN_LENT, 1, device, "memory:1"))
-    port = Port("127.0.0.1", 0, transport=TransportConfig(inline_data_size=16 * 1024))
-    target = Target([subsystem], [port])
-    ctrl = Controller(target, subsystem, 1, HOSTNQN, bytes(16), 0, port)
-    subsystem.controllers[1] = ctrl
-    ours, host = socket.socketpair()
-    host.settimeout(10)
-    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    ours.setblocking(False)
-    transport = _SocketTransport(ours)
-    protocol = TargetProtocol(target, port)
-    protocol.connection_made(transport)  # type: ignore[arg-type]
-    digests = P.DIGEST_HEADER | P.DIGEST_DATA
-
-    def deliver(blob: bytes) -> None:
-        buf = protocol.get_buffer(len(blob))
-        buf[: len(blob)] = blob
-        protocol.buffer_updated(len(blob))
-
-    try:
-        deliver(icreq(dgst=digests))
-        assert host.recv(128)  # the ICResp
-        assert protocol.queue is not None
-        protocol.queue.bind(ctrl, 1, 128, False)
-        new = _stamped(2, 2, 32)
-        read = rw_sqe(IoOpcode.READ, 1, 1, 0, 256, len(old))
-        write = rw_sqe(IoOpcode.WRITE, 2, 1, 0, 32, len(new), inline=True)
-        deliver(capsule(read, hdgst=True, ddgst=True) + capsule(write, new, hdgst=True, ddgst=True))
-        host.setblocking(False)
-        wire = bytearray()
-        with contextlib.suppress(BlockingIOError):
-            while chunk := host.recv(1 << 20):
-                wire += chunk
-        # The socket took part of the Read's data (the glue's own writev), the transport
-        # holds the rest.
-        assert wire and transport.queued
-        pdus = parse_pdus(bytes(wire + b"".join(transport.queued)), hdgst=True, ddgst=True)
-        data = b"".join(p.data for p in pdus if p.type == P.PduType.C2H_DATA)
-        assert data == old  # and every PDU's digests matched (parse_pdus checks them)
-        assert device.read_now(0, 32, len(new)) == new
-    finally:
-        protocol.connection_lost(None)
-        ours.close()
-        host.close()
