@@ -282,12 +282,14 @@ def _require_root(what: str) -> None:
         )
 
 
-def _debootstrap(root: Path, mirror: str, debs: Path, logfile: Path) -> None:
+def _debootstrap(
+    root: Path, mirror: str, debs: Path, logfile: Path, packages: Sequence[str]
+) -> None:
     debs.mkdir(parents=True, exist_ok=True)
     args = [
         A.tool("debootstrap", "debootstrap"),
         "--variant=minbase",
-        f"--include={','.join(PACKAGES)}",
+        f"--include={','.join(packages)}",
         f"--cache-dir={debs.resolve()}",
         f"--keyring={KEYRING}",
         SUITE,
@@ -357,7 +359,9 @@ def _mkfs(root: Path, image: Path) -> None:
     )
 
 
-def _build_rootfs(dest: Path, kernel_root: Path, kver: str, mirror: str, work: Path) -> None:
+def _build_rootfs(
+    dest: Path, kernel_root: Path, kver: str, mirror: str, work: Path, packages: Sequence[str]
+) -> None:
     _require_root("root filesystem")
     tmp = work / f".rootfs-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -365,7 +369,7 @@ def _build_rootfs(dest: Path, kernel_root: Path, kver: str, mirror: str, work: P
     try:
         root = tmp / "root"
         started = time.monotonic()
-        _debootstrap(root, mirror, work / "debs", work / "debootstrap.log")
+        _debootstrap(root, mirror, work / "debs", work / "debootstrap.log", packages)
         _furnish_rootfs(root, kernel_root, kver)
         image = tmp / "rootfs.ext4"
         _mkfs(root, image)
@@ -375,11 +379,11 @@ def _build_rootfs(dest: Path, kernel_root: Path, kver: str, mirror: str, work: P
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _rootfs_key(mirror: str, package: str) -> str:
+def _rootfs_key(mirror: str, package: str, packages: Sequence[str]) -> str:
     builders = "".join(
         inspect.getsource(f) for f in (_debootstrap, _furnish_rootfs, _mkfs, _build_rootfs)
     )
-    blob = json.dumps([SUITE, mirror, PACKAGES, package, builders, ROOTFS_FREE_MIB])
+    blob = json.dumps([SUITE, mirror, list(packages), package, builders, ROOTFS_FREE_MIB])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -471,8 +475,15 @@ def _kernel_dir(work: Path, apt: TrixieApt, fetched: bool) -> Path:
         return _kernel_dir(work, apt, True)
 
 
-def prepare_assets() -> GuestAssets:
-    """Build (once, cached) and return the kernel, stage-1 initramfs and root image."""
+def prepare_assets(variant: str = "", extra_packages: Sequence[str] = ()) -> GuestAssets:
+    """Build (once, cached) and return the kernel, stage-1 initramfs and root image.
+
+    A `variant` (a name) is a root filesystem with `extra_packages` too, for a harness that
+    needs more than the interoperability tests (blktests): cached as
+    ``<variant>-rootfs-*.ext4``, apart from the plain image, which keeps its size and build
+    time (and neither one's clean-up removes the other)."""
+    packages = (*PACKAGES, *(p for p in extra_packages if p not in PACKAGES))
+    prefix = f"{variant}-rootfs" if variant else "rootfs"
     require_prerequisites()
     cache = A.cache_dir()
     work = cache / SUITE
@@ -487,20 +498,20 @@ def prepare_assets() -> GuestAssets:
         package = str(info["package"])
         kernel_root = kdir / "root"
 
-        rootfs = work / f"rootfs-{kver}-{_rootfs_key(mirror, package)}.ext4"
+        rootfs = work / f"{prefix}-{kver}-{_rootfs_key(mirror, package, packages)}.ext4"
         if not rootfs.exists():
-            _build_rootfs(rootfs, kernel_root, kver, mirror, work)
+            _build_rootfs(rootfs, kernel_root, kver, mirror, work, packages)
         busybox = A.tool("busybox")
         stage1 = work / f"stage1-{kver}-{_stage1_key(kver, busybox)}.cpio.gz"
         if not stage1.exists():
             _build_stage1(stage1, kernel_root / "lib" / "modules" / kver, busybox)
         for path in (rootfs, stage1):
             os.utime(path)
-        _prune(work, "rootfs-*.ext4", rootfs, spare=1)
+        _prune(work, f"{prefix}-*.ext4", rootfs, spare=1)
         _prune(work, "stage1-*.cpio.gz", stage1, spare=2)
         # Kernels no remaining image was built from.
         kvers = {
-            p.stem.removeprefix("rootfs-").rsplit("-", 1)[0] for p in work.glob("rootfs-*.ext4")
+            p.stem.partition("rootfs-")[2].rsplit("-", 1)[0] for p in work.glob("*rootfs-*.ext4")
         }
         for old in (work / "kernel").glob("linux-image-*"):
             version = (
