@@ -78,6 +78,16 @@ def hostid_of(hostnqn: str) -> str:
         return str(uuid.uuid5(uuid.NAMESPACE_URL, hostnqn))
 
 
+def key_text(text: str, prefix: str) -> str:
+    """The key in what a test captured from nvme-cli: `nvme gen-tls-key --insert` prints
+    the key, then a line "Inserted TLS key ..."; the first word with `prefix` is the key
+    (else the text as given, for the target to refuse)."""
+    for word in text.split():
+        if word.startswith(prefix):
+            return word
+    return text
+
+
 def parse_size(text: str, what: str, block_size: int) -> int:
     """A size in bytes, or with K, M, G, T (blktests' NVME_IMG_SIZE)."""
     m = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(?:i?b)?\s*", text, re.IGNORECASE)

@@ -21,6 +21,7 @@ PACKAGES: tuple[str, ...] = (
     "bash",
     "gawk",
     "coreutils",
+    "bsdextrautils",  # column (check's output)
     "util-linux",
     "udev",  # udevadm (check requires it); pulls systemd, whose systemctl stays unused
     "uuid-runtime",  # uuidgen
