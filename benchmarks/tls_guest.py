@@ -29,7 +29,6 @@ sys.path.insert(0, str(REPO))
 
 from pynvmf.bench import report as R  # noqa: E402
 from pynvmf.tcp.psk import HASH_SHA256, ConfiguredPsk  # noqa: E402
-from tests.interop import guest_trixie  # noqa: E402
 from tests.interop.guest import LINUX_6_12, Guest  # noqa: E402
 
 NQN = "nqn.2014-08.org.pynvmf:tls-bench"
@@ -103,7 +102,8 @@ def main() -> None:
         g.write_file("/etc/tlshd.conf", TLSHD_CONF)
         g.run("(tlshd > /tmp/tlshd.log 2>&1 &); sleep 0.5; busybox pidof tlshd")
         g.write_file("/tmp/pynvmf.tgz", bundle())
-        g.write_file("/tmp/python.tgz", guest_trixie.python_bundle().read_bytes())
+        assert LINUX_6_12.python_bundle is not None
+        g.write_file("/tmp/python.tgz", LINUX_6_12.python_bundle().read_bytes())
         g.run(
             "mkdir -p /opt/pynvmf && cd /opt/pynvmf"
             " && tar xzf /tmp/pynvmf.tgz && tar xzf /tmp/python.tgz"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the Debian packages the test suite needs (QEMU guest peers, NVMe tools).
-# The Linux 6.12 peer's own packages (trixie's nvme-cli, fio, ktls-utils...) are not
-# installed here: tests/interop/guest_trixie.py debootstraps them into the guest's image.
+# The Linux 6.12 and 7 peers' own packages (trixie's and sid's nvme-cli, fio,
+# ktls-utils...) are not installed here: tests/interop/guest_debootstrap.py debootstraps
+# them into the guests' images.
 #
 # Idempotent: when everything is already installed it only asks dpkg, so it is
 # cheap enough to run before every `make test`.
@@ -18,14 +19,14 @@ PACKAGES=(
     xfsprogs          # mkfs.xfs: copy offload as a reflink on a loop-mounted XFS image
     e2fsprogs         # filefrag: shows the shared extents of a reflinked copy
     xz-utils
-    zstd              # the Linux 6.12 kernel (trixie) is zstd-compressed
+    zstd              # the Linux 6.12 and 7 kernels (trixie, sid) are zstd-compressed
     coreutils         # GNU dd (oflag=direct) is copied into the guest
     ca-certificates   # apt-get download over https mirrors
     gcc               # builds tests/interop/prtool.c (static) for the guest, and the
     libc6-dev         #   compiled build's extensions (make compiled: mypyc)
     python3-dev       # Python's C headers, for the compiled build
-    debootstrap       # the Linux 6.12 peer's root filesystem (Debian 13, trixie)
-    debian-archive-keyring  # checks trixie's archive signatures (debootstrap, apt-get)
+    debootstrap       # the Linux 6.12 and 7 peers' root filesystems (trixie, sid)
+    debian-archive-keyring  # checks trixie's and sid's signatures (debootstrap, apt-get)
     openssl           # its named FFDHE groups check pynvmf's RFC 7919 primes (tests/unit/test_auth.py);
                       # s_server/s_client are TLS 1.3 PSK peers (tests/unit/test_tls_engine.py)
     ceph-mon          # the RBD backend's tests start a one-monitor, one-OSD cluster

@@ -10,13 +10,14 @@ it; this variant adds the rest, cached apart from them (guest_trixie.prepare_ass
 from __future__ import annotations
 
 import dataclasses
+import functools
 
-from tests.interop import guest_trixie
-from tests.interop.guest import LINUX_6_12, Peer
+from tests.interop import guest_debootstrap
+from tests.interop.guest import LINUX_6_12, LINUX_7, Peer
 
 VARIANT = "blktests"
 
-# Added to the peer's packages (guest_trixie.PACKAGES) for blktests' nvme group.
+# Added to the peers' packages (guest_debootstrap.PACKAGES) for blktests' nvme group.
 PACKAGES: tuple[str, ...] = (
     "bash",
     "gawk",
@@ -35,11 +36,15 @@ PACKAGES: tuple[str, ...] = (
 )
 
 
-def _prepare_trixie() -> guest_trixie.GuestAssets:
-    return guest_trixie.prepare_assets(variant=VARIANT, extra_packages=PACKAGES)
+def _variant(peer: Peer, suite: guest_debootstrap.Suite) -> Peer:
+    prepare = functools.partial(
+        guest_debootstrap.prepare_assets, suite, variant=VARIANT, extra_packages=PACKAGES
+    )
+    return dataclasses.replace(peer, prepare=prepare)
 
 
-# The kernel peers blktests can run on, by name.
+# The kernel peers blktests can run on, by name, oldest first.
 PEERS: dict[str, Peer] = {
-    LINUX_6_12.name: dataclasses.replace(LINUX_6_12, prepare=_prepare_trixie),
+    LINUX_6_12.name: _variant(LINUX_6_12, guest_debootstrap.TRIXIE),
+    LINUX_7.name: _variant(LINUX_7, guest_debootstrap.SID),
 }

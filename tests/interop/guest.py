@@ -2,7 +2,7 @@
 
 The machines running the tests have no NVMe kernel modules, so a real Linux NVMe/TCP host
 (nvme-tcp) or target (nvmet-tcp) means booting a kernel in a VM. This module boots one of
-two peers with QEMU (TCG, user-mode networking) and drives a command server on a
+three peers with QEMU (TCG, user-mode networking) and drives a command server on a
 virtio-serial port (the serial console only carries the kernel's log):
 
 - ``linux-6.1`` (:data:`LINUX_6_1`, the default): Debian 12 (bookworm)'s kernel with a
@@ -11,11 +11,18 @@ virtio-serial port (the serial console only carries the kernel's log):
 - ``linux-6.12`` (:data:`LINUX_6_12`): Debian 13 (trixie)'s kernel booted from a trixie
   root filesystem (debootstrap) with nvme-cli 2.13, fio 3.39, ktls-utils (tlshd), keyutils
   and the kernel's whole module tree (nvme-auth, nvme-keyring, tls: DH-HMAC-CHAP and TLS
-  work in it) (guest_trixie.py); boots in ~15-30 s. Building it needs root.
+  work in it) (guest_debootstrap.py); boots in ~15-30 s. Building it needs root.
+- ``linux-7`` (:data:`LINUX_7`): Debian unstable (sid)'s kernel, whatever 7.x it is (7.2.13
+  on 2026-12-03), built the same way from a sid root filesystem (nvme-cli 2.16, fio 3.41,
+  tlshd 1.4 then). The name stays ``linux-7`` as sid moves from 7.2 to 7.3, so
+  ``PYNVMF_GUEST_PEERS=linux-7`` keeps working; the exact versions are in the guest's
+  assets (``GuestAssets.versions``), on the first line of its console log and in pytest's
+  summary ("Linux peers booted"). A sid kernel 8.x fails the build with a message that asks
+  for a peer of its own.
 
-Both are built once and cached (guest_assets.py has what they share). ``Guest.run``,
-``write_file``, ``read_file`` and the kernel target helpers behave the same on both; the
-guest's ``/tmp`` is in RAM on both.
+Each is built once and cached (guest_assets.py has what they share). ``Guest.run``,
+``write_file``, ``read_file`` and the kernel target helpers behave the same on all; the
+guest's ``/tmp`` is in RAM on all.
 
 Typical use::
 
@@ -28,10 +35,10 @@ Typical use::
 The guest is 10.0.2.15 and reaches the machine's 127.0.0.1 as ``guest.host_address``
 (10.0.2.2). Ports in ``hostfwd`` are forwarded from 127.0.0.1:P on the machine to P in the guest.
 
-Running a test module on both peers: tests/interop/conftest.py has a module-scoped fixture
-``linux_peer`` parametrized over :data:`PEERS` (ids ``linux-6.1`` and ``linux-6.12``).
-Make the module's guest fixture take it and pass it on; pytest then runs the module's tests
-once per peer, booting each guest once::
+Running a test module on several peers: tests/interop/conftest.py has a module-scoped
+fixture ``linux_peer`` parametrized over :data:`PEERS` (ids ``linux-6.1``, ``linux-6.12``,
+``linux-7``). Make the module's guest fixture take it and pass it on; pytest then runs the
+module's tests once per peer, booting each guest once::
 
     @pytest.fixture(scope="module")
     def guest(linux_peer: Peer) -> Iterator[Guest]:
@@ -39,26 +46,59 @@ once per peer, booting each guest once::
             yield g
 
 A module-scoped fixture that does not depend on ``linux_peer`` (a pynvmf target process, say)
-is shared by both peers' tests. Where the peers' tools differ, branch on ``guest.peer`` (a
-:class:`Peer`: ``name``, ``kernel``, ``nvme_cli``...) and assert what each must do. A module
-can also parametrize by hand: ``pytestmark = pytest.mark.parametrize("linux_peer",
-[LINUX_6_12], indirect=True, scope="module", ids=str)`` limits it to one peer, and
+is shared by the peers' tests. Where the peers differ, branch on what the :class:`Peer`
+says (``guest.peer.tls``, ``.cli_copy_formats_2_3``, ``.nvmet_reservations``...), not on
+which peer it is, and assert what each must do.
+
+Which peers a module runs on. Each peer a module runs on costs its guest boot and the
+module's tests under TCG again (1-4 minutes a module on this 2-core machine), and `make
+test` has to stay under 40 minutes. The rule: the newest peer (``linux-7``) runs every
+module; an older peer runs a module where it behaves differently from the newest (a
+:class:`Peer` field the module's tests branch on, or a status they expect), or where the
+newest cannot stand for it:
+
+- every peer: the harness's smoke tests (each peer is built differently);
+- ``linux-6.1`` and ``linux-7`` (6.1's nvme-cli 2.3, busybox and kernel differ from 7 in
+  Copy formats, Host Behavior Support, Write Zeroes, the reservation ioctls' statuses;
+  these modules expect the same of 6.12 as of 7, the Peer fields they branch on being
+  equal): ``test_linux_host.py``, ``test_linux_host_reservations.py``,
+  ``test_linux_host_compare.py``, ``test_linux_host_cores.py``,
+  ``test_linux_host_rbd.py``, ``test_linux_multipath.py``,
+  ``test_linux_multipath_rbd.py``, ``test_linux_target.py`` and
+  ``test_linux_target_copy.py``;
+- ``linux-6.12`` and ``linux-7``: ``test_linux_auth.py`` and ``test_linux_tls.py`` (6.1
+  has neither; 6.12's nvmet authenticates every queue, its nvme-cli derives TLS keys the
+  "compat" way and its tlshd cannot do SHA-384 keys: ``Peer.nvmet_auth_admin_only``,
+  ``.tls_compat_keys``, ``.tlshd_sha384``);
+- the peers whose nvmet has reservations (``linux-7``):
+  ``test_linux_target_reservations.py``;
+- ``linux-6.1`` alone (the default peer): ``test_linux_nvmetcli.py`` and
+  ``test_linux_control_plane.py`` (nvmetcli's configfs layout, the RPC's namespace
+  changes seen by a host).
+
+So 6.12 (Debian stable) drives I/O with fio verify in the DH-HMAC-CHAP and TLS modules,
+and the rest of what it ran before is covered by 7. Putting it back on a module is one
+name in that module's ``peers_mark``, ~1-4 minutes of `make test`.
+
+A module states its peers with ``pytestmark = peers_mark(LINUX_6_1, LINUX_7)`` (a
+parametrization of ``linux_peer`` over those of them PYNVMF_GUEST_PEERS selects);
 ``peer_params()`` gives the ``pytest.param`` list.
 
 Environment variables:
 
 - ``PYNVMF_GUEST_CACHE``: cache directory (default ``<repo>/.cache/guest``).
 - ``PYNVMF_GUEST_PEERS``: comma-separated peer names ``linux_peer`` runs (default all) —
-  for a quick local run; CI runs every peer.
+  for a quick local run; CI runs every peer (each module on the peers it names).
 - ``PYNVMF_GUEST_KVM=1``: try KVM first (with a short deadline), then fall back to TCG.
 - ``PYNVMF_GUEST_KVM_CPU``: CPU model for the KVM attempt (default ``host``).
 - ``PYNVMF_GUEST_BZIMAGE=1``: boot the compressed vmlinuz instead of the extracted vmlinux.
 - ``PYNVMF_GUEST_BOOT_ATTEMPTS``: boots tried under TCG before giving up (default 3).
 - ``PYNVMF_GUEST_KERNEL_PACKAGE``: kernel package of the 6.1 peer instead of what
-  ``linux-image-amd64`` depends on; ``PYNVMF_GUEST_TRIXIE_KERNEL_PACKAGE`` the same for 6.12.
-- ``PYNVMF_GUEST_DEBIAN_MIRROR``: Debian archive the 6.12 peer is built from (default: the
-  one the machine's apt uses); ``PYNVMF_GUEST_REFRESH=1`` refreshes trixie's package lists
-  (otherwise weekly).
+  ``linux-image-amd64`` depends on; ``PYNVMF_GUEST_TRIXIE_KERNEL_PACKAGE`` the same for 6.12,
+  ``PYNVMF_GUEST_SID_KERNEL_PACKAGE`` for 7.
+- ``PYNVMF_GUEST_DEBIAN_MIRROR``: Debian archive the 6.12 and 7 peers are built from
+  (default: the one the machine's apt uses); ``PYNVMF_GUEST_REFRESH=1`` refreshes trixie's
+  and sid's package lists (otherwise weekly).
 - ``PYNVMF_GUEST_VERBOSE=1``: copy the console and the command channel to stderr as they
   arrive.
 """
@@ -70,6 +110,7 @@ import base64
 import codecs
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import math
 import os
@@ -89,7 +130,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from tests.interop import guest_assets, guest_bookworm, guest_trixie
+from tests.interop import guest_assets, guest_bookworm, guest_debootstrap
 from tests.interop.guest_assets import (
     COMMAND_PORT,
     GUEST_ADDRESS,
@@ -108,6 +149,7 @@ from tests.interop.guest_assets import (
 __all__ = [
     "LINUX_6_1",
     "LINUX_6_12",
+    "LINUX_7",
     "PEERS",
     "CommandResult",
     "Guest",
@@ -123,6 +165,7 @@ __all__ = [
     "cache_dir",
     "free_tcp_port",
     "peer_params",
+    "peers_mark",
     "prepare_assets",
     "require_guest_prerequisites",
     "selected_peers",
@@ -142,19 +185,46 @@ _CHANNEL_TRANSFER_MAX = 64 * 1024
 
 @dataclasses.dataclass(frozen=True)
 class Peer:
-    """One kind of guest: a Debian release's kernel and tools."""
+    """One kind of guest: a Debian release's kernel and tools, and what tests may expect of
+    them. The exact versions are the build's (``GuestAssets.versions``)."""
 
     name: str
     debian: str
+    # The kernel's version as far as the peer fixes it ("6.1", "6.12", "7"): the version the
+    # build finds starts with it and a dot.
     kernel: str
-    nvme_cli: str
-    fio: str
     # The guest can do NVMe/TCP with TLS (kernel NVME_TCP_TLS, tlshd, nvme-cli --tls) and
     # DH-HMAC-CHAP (NVME_HOST_AUTH/NVME_TARGET_AUTH, nvme gen-dhchap-key).
     tls: bool
     dhchap: bool
+    # nvme-cli builds Copy descriptor formats 2h/3h itself (`nvme copy --format 2|3
+    # --snsids`, 2.13+); 2.3 knows formats 0 and 1 only.
+    cli_copy_formats_2_3: bool
+    # The kernel passes Set Features of Host Behavior Support (16h) from user space: 6.1
+    # does; later kernels keep it to themselves (nvme_admin_cmd_allowed, EACCES).
+    user_host_behavior: bool
+    # The guest's tools are Debian's util-linux (blkdiscard -z...), not busybox's.
+    util_linux: bool
+    # nvmet implements Reservations (6.13+).
+    nvmet_reservations: bool
+    # nvmet asks for DH-HMAC-CHAP on the admin queue only (Connect's AUTHREQ is clear on the
+    # I/O queues: 6.16+); 6.12 asks on every queue.
+    nvmet_auth_admin_only: bool
+    # The TLS PSKs nvme-cli derives and inserts use libnvme's "compat" label encoding
+    # (libnvme 1.13, nvme-cli 2.13: the host library's tls_compat=True); sid's libnvme 1.16
+    # derives them as the specification says.
+    tls_compat_keys: bool
+    # tlshd binds an NVMe0R02 (SHA-384) PSK with SHA-384 (ktls-utils 1.4); trixie's tlshd
+    # 1.0 binds it with SHA-256, so no NVMe/TCP cipher suite fits.
+    tlshd_sha384: bool
     prepare: Callable[[], GuestAssets] = dataclasses.field(repr=False, compare=False)
     require: Callable[[], None] = dataclasses.field(repr=False, compare=False)
+    # A tar.gz of the guest's Debian python3-cryptography and python3-cffi-backend, for
+    # running pynvmf itself in the guest (guest_debootstrap.python_bundle); None where the
+    # guest has no Python (6.1).
+    python_bundle: Callable[[], Path] | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
 
     def __str__(self) -> str:
         return self.name
@@ -164,25 +234,73 @@ LINUX_6_1 = Peer(
     name=guest_bookworm.PEER,
     debian="12 (bookworm)",
     kernel="6.1",
-    nvme_cli="2.3",
-    fio="3.33",
     tls=False,
     dhchap=False,
+    cli_copy_formats_2_3=False,
+    user_host_behavior=True,
+    util_linux=False,
+    nvmet_reservations=False,
+    nvmet_auth_admin_only=False,
+    tls_compat_keys=False,
+    tlshd_sha384=False,
     prepare=guest_bookworm.prepare_assets,
     require=guest_bookworm.require_prerequisites,
 )
-LINUX_6_12 = Peer(
-    name=guest_trixie.PEER,
-    debian="13 (trixie)",
-    kernel="6.12",
-    nvme_cli="2.13",
-    fio="3.39",
-    tls=True,
-    dhchap=True,
-    prepare=guest_trixie.prepare_assets,
-    require=guest_trixie.require_prerequisites,
+
+
+def _debootstrapped(suite: guest_debootstrap.Suite, debian: str, **expect: bool) -> Peer:
+    return Peer(
+        name=suite.peer,
+        debian=debian,
+        kernel=suite.kernel,
+        tls=True,
+        dhchap=True,
+        cli_copy_formats_2_3=True,
+        user_host_behavior=False,
+        util_linux=True,
+        prepare=functools.partial(guest_debootstrap.prepare_assets, suite),
+        require=functools.partial(guest_debootstrap.require_prerequisites, suite),
+        python_bundle=functools.partial(guest_debootstrap.python_bundle, suite),
+        **expect,
+    )
+
+
+LINUX_6_12 = _debootstrapped(
+    guest_debootstrap.TRIXIE,
+    "13 (trixie)",
+    nvmet_reservations=False,
+    nvmet_auth_admin_only=False,
+    tls_compat_keys=True,
+    tlshd_sha384=False,
 )
-PEERS: dict[str, Peer] = {p.name: p for p in (LINUX_6_1, LINUX_6_12)}
+LINUX_7 = _debootstrapped(
+    guest_debootstrap.SID,
+    "unstable (sid)",
+    nvmet_reservations=True,
+    nvmet_auth_admin_only=True,
+    tls_compat_keys=False,
+    tlshd_sha384=True,
+)
+PEERS: dict[str, Peer] = {p.name: p for p in (LINUX_6_1, LINUX_6_12, LINUX_7)}
+
+# Debian packages named in a peer's description (describe_peer), when the guest has them.
+_DESCRIBED = ("nvme-cli", "libnvme1t64", "libnvme1", "fio", "ktls-utils", "python3")
+
+
+def describe_peer(assets: GuestAssets) -> str:
+    """One line naming what a peer's guest runs, from what its build recorded."""
+    versions = assets.versions
+    kernel = versions.get(assets.kernel_package)
+    parts = [
+        f"{assets.peer}: kernel {assets.kernel_version}"
+        + (f" ({assets.kernel_package} {kernel})" if kernel else "")
+    ]
+    parts += [f"{name} {versions[name]}" for name in _DESCRIBED if name in versions]
+    return ", ".join(parts)
+
+
+# describe_peer() of every peer booted in this process, for pytest's summary.
+BOOTED: dict[str, str] = {}
 
 
 def _peer(peer: Peer | str) -> Peer:
@@ -202,11 +320,21 @@ def selected_peers() -> list[Peer]:
     return [_peer(name.strip()) for name in env.split(",") if name.strip()]
 
 
-def peer_params() -> list[Any]:
-    """``pytest.param`` per selected peer, with the peer's name as the test id."""
+def peer_params(*peers: Peer) -> list[Any]:
+    """``pytest.param`` per selected peer (of ``peers``, default all), with the peer's name
+    as the test id."""
     import pytest
 
-    return [pytest.param(p, id=p.name) for p in selected_peers()]
+    wanted = peers or tuple(PEERS.values())
+    return [pytest.param(p, id=p.name) for p in selected_peers() if p in wanted]
+
+
+def peers_mark(*peers: Peer) -> Any:
+    """A module's ``pytestmark`` that runs its ``linux_peer`` tests on ``peers`` only (those
+    of them PYNVMF_GUEST_PEERS selects)."""
+    import pytest
+
+    return pytest.mark.parametrize("linux_peer", peer_params(*peers), indirect=True, scope="module")
 
 
 # --------------------------------------------------------------------------------------------
@@ -302,8 +430,8 @@ def _kill_leftover_guests() -> None:
 class Guest:
     """A QEMU VM running Debian's kernel, driven through a command server on virtio-serial.
 
-    ``peer`` chooses the kernel and tools (:data:`LINUX_6_1` by default, or
-    :data:`LINUX_6_12`; a name works too).
+    ``peer`` chooses the kernel and tools (:data:`LINUX_6_1` by default, :data:`LINUX_6_12`
+    or :data:`LINUX_7`; a name works too).
     """
 
     host_address: str = HOST_ADDRESS
@@ -392,6 +520,11 @@ class Guest:
         if self._tmpdir is None:
             self._tmpdir = tempfile.TemporaryDirectory(prefix="pynvmf-guest-")
         self._log_file = open(self.console_log, "ab")  # noqa: SIM115 - closed in stop()
+        # Which kernel and tools ran, first thing in the log (linux-7's move with sid).
+        description = describe_peer(self.assets)
+        BOOTED[self.peer.name] = description
+        log.info("booting %s", description)
+        self._log_raw(f"### {description}\n".encode())
         attempts: list[tuple[str, float]] = []
         if os.environ.get("PYNVMF_GUEST_KVM") == "1" and os.path.exists("/dev/kvm"):
             # KVM is known not to run the stock kernel on some hosts: give it a short leash.
@@ -814,8 +947,8 @@ class Guest:
 _NVMET = "/sys/kernel/config/nvmet"
 
 
-def _nullb_name(nqn: str) -> str:
-    return "nullb-" + hashlib.sha1(nqn.encode()).hexdigest()[:10]
+def _nullb_name(nqn: str, nsid: int) -> str:
+    return "nullb-" + hashlib.sha1(f"{nqn}/{nsid}".encode()).hexdigest()[:10]
 
 
 def setup_kernel_target(
@@ -829,21 +962,23 @@ def setup_kernel_target(
     device: str | None = None,
     nsid: int = 1,
     inline_data_size: int | None = None,
+    reservations: bool = False,
 ) -> KernelTarget:
     """Export a namespace through the guest kernel's nvmet-tcp on ``traddr:port``.
 
     Without ``device``, a memory-backed null_blk device of ``size_mb`` MiB and ``block_size``
     byte logical blocks backs the namespace (data written is read back). Any host may
     connect. Several targets may share a port (``inline_data_size`` only applies when this
-    call creates the port). Listening starts before this returns, so a host may connect
-    (through ``hostfwd`` from the machine) right away. Returns where things ended up.
+    call creates the port). ``reservations`` enables the namespace's reservations (nvmet
+    6.13+, ``Peer.nvmet_reservations``). Listening starts before this returns, so a host may
+    connect (through ``hostfwd`` from the machine) right away. Returns where things ended up.
     """
     if block_size not in (512, 1024, 2048, 4096):
         raise ValueError(f"unsupported block size {block_size}")
     nullb = None
     script = ["set -e", "modprobe nvmet", "modprobe nvmet-tcp"]
     if device is None:
-        nullb = f"/sys/kernel/config/nullb/{_nullb_name(nqn)}"
+        nullb = f"/sys/kernel/config/nullb/{_nullb_name(nqn, nsid)}"
         script += [
             "[ -d /sys/kernel/config/nullb ] || modprobe null_blk nr_devices=0",
             f"B={nullb}",
@@ -870,6 +1005,8 @@ def setup_kernel_target(
         'echo 1 > "$S/attr_allow_any_host"',
         'mkdir "$NS"',
         'printf %s "$DEV" > "$NS/device_path"',
+        # Only a disabled namespace takes it.
+        *(['echo 1 > "$NS/resv_enable"'] if reservations else []),
         'echo 1 > "$NS/enable"',
         # Reuse a port already listening on the same address, else take the next free id.
         "P=",

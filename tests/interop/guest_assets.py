@@ -1,9 +1,9 @@
 """What the guest peers' boot assets are made of (tests/interop/guest.py boots them).
 
-Shared by the peers (guest_bookworm.py, guest_trixie.py): the errors, the tools the harness
-needs on the machine, the cache directory and its lock, a writer for the cpio archives the
-kernel unpacks, Debian kernel packages unpacked from the archive, and the scripts that run
-in every guest (its init and the command server on virtio-serial).
+Shared by the peers (guest_bookworm.py, guest_debootstrap.py): the errors, the tools the
+harness needs on the machine, the cache directory and its lock, a writer for the cpio
+archives the kernel unpacks, Debian kernel packages unpacked from the archive, and the
+scripts that run in every guest (its init and the command server on virtio-serial).
 """
 
 from __future__ import annotations
@@ -80,6 +80,9 @@ class GuestAssets:
     kernel_package: str
     kernel_version: str
     vmlinuz: Path
+    # The kernel's build configuration (boot/config-V, or usr/lib/modules/V/config in a
+    # split kernel package).
+    config: Path
     # None when the payload could not be extracted (or the kernel lacks CONFIG_PVH).
     vmlinux: Path | None
     # Unpacked kernel package; <root>/lib/modules/<kernel_version> holds all modules.
@@ -91,6 +94,9 @@ class GuestAssets:
     # Folder of the initramfs where Guest(extra_files=...) go: "" when the initramfs is the
     # guest's root, else a folder that stage 1 copies over the root filesystem.
     overlay_prefix: str = ""
+    # Debian package -> version of what the guest runs (the kernel's packages, nvme-cli,
+    # libnvme, fio...), recorded by the build so that a test run can say which ran.
+    versions: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def kernel(self) -> Path:
@@ -252,37 +258,78 @@ def extract_vmlinux(vmlinuz: Path, config: Path, dest: Path) -> bool:
         return False
 
 
-def unpack_kernel(kernels: Path, package: str, apt_options: Sequence[str] = ()) -> Path:
-    """Download a linux-image package with apt-get (``apt_options`` choose its sources),
-    unpack it under ``kernels/<package>`` and index its modules; return that directory.
+def kernel_parts(package: str, apt_options: Sequence[str] = ()) -> list[str]:
+    """``package`` and the packages it is split into, when it is.
 
-    The tree is ``root/`` (the package's files, with ``root/lib`` linking to ``usr/lib`` when
-    the package is merged-/usr), ``vmlinux`` and ``info.json``.
+    Debian's kernels from 7.x on (sid, 2026) split ``linux-image-V`` into ``linux-base-V``
+    (config, System.map), ``linux-binary-V`` (vmlinuz) and ``linux-modules-V``, all under
+    ``usr/lib/modules/V/``; the image package itself is empty but for its dependencies.
+    Older ones (bookworm, trixie) ship everything in ``linux-image-V``.
+    """
+    suffix = package.removeprefix("linux-image-")
+    out = run_tool([tool("apt-cache"), *apt_options, "depends", package])
+    parts = re.findall(
+        rf"^\s*Depends:\s*(linux-(?:base|binary|modules)-{re.escape(suffix)})$", out, re.MULTILINE
+    )
+    return [package, *dict.fromkeys(parts)]
+
+
+def _find_in_package(root: Path, names: Sequence[str]) -> Path:
+    for name in names:
+        if (root / name).is_file():
+            return root / name
+    raise GuestError(f"the kernel package unpacked in {root} has none of {', '.join(names)}")
+
+
+def unpack_kernel(kernels: Path, package: str, apt_options: Sequence[str] = ()) -> Path:
+    """Download a linux-image package (and the packages it is split into, kernel_parts)
+    with apt-get (``apt_options`` choose its sources), unpack it under
+    ``kernels/<package>`` and index its modules; return that directory.
+
+    The tree is ``root/`` (the packages' files, with ``root/lib`` linking to ``usr/lib``
+    when they are merged-/usr), ``vmlinux`` and ``info.json`` (the kernel version, where
+    vmlinuz and the config are in ``root/``, each package's version).
     """
     dest = kernels / package
     tmp = kernels / f".tmp-{package}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        log.info("downloading %s", package)
-        run_tool([tool("apt-get"), *apt_options, "download", "-q", package], cwd=tmp)
+        parts = kernel_parts(package, apt_options)
+        log.info("downloading %s", " ".join(parts))
+        run_tool([tool("apt-get"), *apt_options, "download", "-q", *parts], cwd=tmp)
         debs = sorted(tmp.glob("*.deb"))
-        if len(debs) != 1:
-            raise GuestError(f"apt-get download {package} produced {debs}")
+        if len(debs) != len(parts):
+            raise GuestError(f"apt-get download {' '.join(parts)} produced {debs}")
         root = tmp / "root"
-        run_tool([tool("dpkg"), "-x", str(debs[0]), str(root)])
-        debs[0].unlink()
+        versions: dict[str, str] = {}
+        for deb in debs:
+            name, version = run_tool(
+                [tool("dpkg-deb", "dpkg"), "-f", str(deb), "Package", "Version"]
+            ).split("\n")[:2]
+            versions[name.removeprefix("Package: ")] = version.removeprefix("Version: ")
+            run_tool([tool("dpkg"), "-x", str(deb), str(root)])
+            deb.unlink()
         if not (root / "lib").exists() and (root / "usr" / "lib" / "modules").is_dir():
             # depmod -b looks under <base>/lib/modules (bookworm's kmod predates /usr/lib).
             (root / "lib").symlink_to("usr/lib")
-        versions = sorted(p.name for p in (root / "lib" / "modules").iterdir())
-        if len(versions) != 1:
-            raise GuestError(f"{package} ships modules for {versions}, expected one version")
-        kver = versions[0]
+        kvers = sorted(p.name for p in (root / "lib" / "modules").iterdir())
+        if len(kvers) != 1:
+            raise GuestError(f"{package} ships modules for {kvers}, expected one version")
+        kver = kvers[0]
         run_tool([tool("depmod"), "-b", str(root), kver])
-        vmlinuz = root / "boot" / f"vmlinuz-{kver}"
-        has_vmlinux = extract_vmlinux(vmlinuz, root / "boot" / f"config-{kver}", tmp / "vmlinux")
-        info = {"package": package, "kernel_version": kver, "vmlinux": has_vmlinux}
+        in_modules = f"usr/lib/modules/{kver}"
+        vmlinuz = _find_in_package(root, [f"boot/vmlinuz-{kver}", f"{in_modules}/vmlinuz"])
+        config = _find_in_package(root, [f"boot/config-{kver}", f"{in_modules}/config"])
+        has_vmlinux = extract_vmlinux(vmlinuz, config, tmp / "vmlinux")
+        info = {
+            "package": package,
+            "kernel_version": kver,
+            "vmlinux": has_vmlinux,
+            "vmlinuz": str(vmlinuz.relative_to(root)),
+            "config": str(config.relative_to(root)),
+            "versions": versions,
+        }
         (tmp / "info.json").write_text(json.dumps(info))
         shutil.rmtree(dest, ignore_errors=True)
         # The rename publishes the tree; a directory under the final name is complete.
@@ -290,6 +337,36 @@ def unpack_kernel(kernels: Path, package: str, apt_options: Sequence[str] = ()) 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+@dataclasses.dataclass(frozen=True)
+class UnpackedKernel:
+    """What unpack_kernel left in a directory (info.json)."""
+
+    package: str
+    version: str
+    root: Path
+    vmlinuz: Path
+    config: Path
+    vmlinux: Path | None
+    # Debian package -> version of the packages unpacked.
+    packages: Mapping[str, str]
+
+    @classmethod
+    def load(cls, kdir: Path) -> UnpackedKernel:
+        info = json.loads((kdir / "info.json").read_text())
+        kver = str(info["kernel_version"])
+        root = kdir / "root"
+        # Trees unpacked before the split kernel packages name neither path: both in boot/.
+        return cls(
+            package=str(info["package"]),
+            version=kver,
+            root=root,
+            vmlinuz=root / info.get("vmlinuz", f"boot/vmlinuz-{kver}"),
+            config=root / info.get("config", f"boot/config-{kver}"),
+            vmlinux=(kdir / "vmlinux") if info["vmlinux"] else None,
+            packages=dict(info.get("versions", {})),
+        )
 
 
 def modname(path: str) -> str:

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
@@ -59,6 +60,8 @@ GUEST_MODULES: dict[str, bool] = {
 }
 
 _KMOD_TOOLS = ("modprobe", "insmod", "rmmod", "lsmod", "depmod", "modinfo")
+# The machine's packages the guest's tools come from, reported with the peer's versions.
+_VERSIONED = ("nvme-cli", "libnvme1", "fio", "xfsprogs", "busybox-static")
 
 
 def require_prerequisites() -> None:
@@ -209,9 +212,8 @@ def prepare_assets() -> GuestAssets:
     require_prerequisites()
     cache = A.cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    kdir = _kernel_dir(cache)
-    info = json.loads((kdir / "info.json").read_text())
-    kver = str(info["kernel_version"])
+    kernel = A.UnpackedKernel.load(_kernel_dir(cache))
+    kver = kernel.version
     busybox = A.tool("busybox")
     key = _initramfs_key(kver, busybox, _guest_binaries())
     initramfs = cache / f"initramfs-{kver}-{key}.cpio.gz"
@@ -219,7 +221,7 @@ def prepare_assets() -> GuestAssets:
         with A.locked(cache / ".build.lock"):
             if not initramfs.exists():
                 started = time.monotonic()
-                _build_initramfs(initramfs, kdir / "root", kver, busybox)
+                _build_initramfs(initramfs, kernel.root, kver, busybox)
                 log.info("built %s in %.1f s", initramfs, time.monotonic() - started)
                 # Older images are dead weight (~35 MiB each); a process still on an older
                 # version of this file rebuilds its own on its next prepare_assets().
@@ -230,10 +232,26 @@ def prepare_assets() -> GuestAssets:
     return GuestAssets(
         peer=PEER,
         cache_dir=cache,
-        kernel_package=str(info["package"]),
+        kernel_package=kernel.package,
         kernel_version=kver,
-        vmlinuz=kdir / "root" / "boot" / f"vmlinuz-{kver}",
-        vmlinux=(kdir / "vmlinux") if info["vmlinux"] else None,
-        kernel_root=kdir / "root",
+        vmlinuz=kernel.vmlinuz,
+        config=kernel.config,
+        vmlinux=kernel.vmlinux,
+        kernel_root=kernel.root,
         initramfs=initramfs,
+        versions={**_machine_versions(), **kernel.packages},
     )
+
+
+def _machine_versions() -> dict[str, str]:
+    """Versions of the machine's packages whose programs the initramfs copies."""
+    proc = subprocess.run(
+        [A.tool("dpkg-query", "dpkg"), "-W", "-f=${Package}\t${Version}\n", *_VERSIONED],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    # dpkg-query fails for names it does not know (libnvme's soname changed across
+    # releases) but still prints the others.
+    return dict(line.split("\t", 1) for line in proc.stdout.splitlines() if "\t" in line)

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.interop import guest_assets, guest_trixie
+from tests.interop import guest_assets, guest_debootstrap
 from tests.interop.guest import (
+    BOOTED,
     LINUX_6_1,
     Guest,
     GuestBootError,
@@ -30,6 +31,7 @@ from tests.interop.guest import (
     Peer,
     free_tcp_port,
     require_guest_prerequisites,
+    selected_peers,
     setup_kernel_target,
     teardown_kernel_target,
 )
@@ -69,7 +71,10 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     return buf
 
 
-@pytest.mark.parametrize(("tool", "peer"), [("fio", "linux-6.1"), ("debootstrap", "linux-6.12")])
+@pytest.mark.parametrize(
+    ("tool", "peer"),
+    [("fio", "linux-6.1"), ("debootstrap", "linux-6.12"), ("debootstrap", "linux-7")],
+)
 def test_missing_tool_names_the_install_script(
     monkeypatch: pytest.MonkeyPatch, tool: str, peer: str
 ) -> None:
@@ -93,6 +98,21 @@ def test_uname_is_the_cached_kernel(guest: Guest) -> None:
     assert guest.run("uname -r").output.strip() == guest.assets.kernel_version
     assert guest.assets.peer == guest.peer.name
     assert guest.assets.kernel_version.startswith(guest.peer.kernel + ".")
+
+
+def test_the_run_says_which_kernel_and_tools_ran(guest: Guest) -> None:
+    """linux-7 follows Debian unstable: the console log's first line and pytest's summary
+    (BOOTED) name the kernel package and the tools' versions."""
+    assets = guest.assets
+    assert assets is not None
+    line = BOOTED[guest.peer.name]
+    assert guest.console_text().startswith(f"### {line}\n")
+    kernel = f"kernel {assets.kernel_version} ({assets.kernel_package} "
+    assert line.startswith(f"{guest.peer.name}: {kernel}"), line
+    assert f"nvme-cli {assets.versions['nvme-cli']}" in line, line
+    assert f"fio {assets.versions['fio']}" in line, line
+    if guest.peer.tls:
+        assert f"ktls-utils {assets.versions['ktls-utils']}" in line, line
 
 
 def test_exit_status(guest: Guest) -> None:
@@ -151,9 +171,17 @@ def test_command_timeout_leaves_guest_usable(guest: Guest) -> None:
     assert guest.run("echo after").output == "after\n"
 
 
-def test_tools(guest: Guest) -> None:
-    assert f"nvme version {guest.peer.nvme_cli} " in guest.run("nvme version").output
-    assert guest.run("fio --version").output.strip() == f"fio-{guest.peer.fio}"
+def _upstream(debian_version: str) -> str:
+    """The upstream part of a Debian version: "1:2.16-1+b1" -> "2.16"."""
+    return debian_version.split(":", 1)[-1].rsplit("-", 1)[0]
+
+
+def test_tools_are_the_versions_the_build_recorded(guest: Guest) -> None:
+    assert guest.assets is not None
+    versions = guest.assets.versions
+    nvme_cli = _upstream(versions["nvme-cli"])
+    assert f"nvme version {nvme_cli} " in guest.run("nvme version").output
+    assert guest.run("fio --version").output.strip() == f"fio-{_upstream(versions['fio'])}"
     guest.run("dd if=/dev/zero of=/tmp/z bs=4k count=4 status=none && cmp /tmp/z /tmp/z")
     guest.run("sha256sum /tmp/z && test -s /etc/nvme/hostnqn && test -s /etc/nvme/hostid")
 
@@ -238,7 +266,7 @@ def test_tls_and_dhchap_are_what_the_peer_says(guest: Guest) -> None:
     modules, tlshd, the .nvme keyring and nvme-cli's key commands agree with them."""
     assets = guest.assets
     assert assets is not None
-    config = (assets.kernel_root / "boot" / f"config-{assets.kernel_version}").read_text()
+    config = assets.config.read_text()
     assert ("CONFIG_NVME_TCP_TLS=y" in config.splitlines()) == guest.peer.tls
     assert ("CONFIG_NVME_HOST_AUTH=y" in config.splitlines()) == guest.peer.dhchap
     assert ("CONFIG_NVME_TARGET_AUTH=y" in config.splitlines()) == guest.peer.dhchap
@@ -276,7 +304,8 @@ def test_tls_and_dhchap_are_what_the_peer_says(guest: Guest) -> None:
 def test_root_filesystem_writes_stay_in_the_guest(guest: Guest) -> None:
     assets = guest.assets
     assert assets is not None
-    # 6.1: the initramfs is the guest; 6.12: a cached ext4 image QEMU opens with snapshot=on.
+    # 6.1: the initramfs is the guest; 6.12, 7: a cached ext4 image QEMU opens with
+    # snapshot=on.
     assert (assets.root_disk is None) == (guest.peer is LINUX_6_1)
     guest.run('test "$(stat -f -c %T /tmp)" = tmpfs')
     if assets.root_disk is None:
@@ -326,15 +355,20 @@ def test_giving_up_on_boots_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not g.running
 
 
-def test_trixie_stays_out_of_the_machines_apt() -> None:
-    """The 6.12 peer's package lists live in the guest cache; the machine's apt never
-    hears of trixie."""
-    assets = guest_trixie.prepare_assets()
+@pytest.mark.parametrize(
+    "suite",
+    [s for s in guest_debootstrap.SUITES if s.peer in {p.name for p in selected_peers()}],
+    ids=lambda s: s.peer,
+)
+def test_the_suite_stays_out_of_the_machines_apt(suite: guest_debootstrap.Suite) -> None:
+    """The 6.12 and 7 peers' package lists live in the guest cache; the machine's apt never
+    hears of trixie or sid."""
+    assets = guest_debootstrap.prepare_assets(suite)
     lists = assets.cache_dir / "apt" / "lists"
-    assert list(lists.glob("*_dists_trixie_*Packages*")), sorted(lists.iterdir())
+    assert list(lists.glob(f"*_dists_{suite.name}_*Packages*")), sorted(lists.iterdir())
     machine = guest_assets.run_tool(["apt-get", "indextargets", "--format", "$(CODENAME)"])
-    assert "trixie" not in machine.split(), machine
-    assert not list(Path("/var/lib/apt/lists").glob("*trixie*"))
+    assert suite.name not in machine.split(), machine
+    assert not list(Path("/var/lib/apt/lists").glob(f"*_dists_{suite.name}_*"))
     for sources in [Path("/etc/apt/sources.list"), *Path("/etc/apt/sources.list.d").glob("*")]:
         if sources.is_file():
-            assert "trixie" not in sources.read_text(), sources
+            assert not re.search(rf"\b{suite.name}\b", sources.read_text()), sources

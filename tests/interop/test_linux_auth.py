@@ -1,6 +1,7 @@
-"""DH-HMAC-CHAP with the Linux 6.12 kernel as the peer, both ways, in one guest boot.
+"""DH-HMAC-CHAP with the Linux 6.12 and 7 kernels as the peer, both ways, in one guest boot
+per peer (and a target process of its own: the rotation test changes its keys).
 
-- The kernel's NVMe/TCP host (nvme-cli 2.13's `nvme connect --dhchap-secret` and
+- The kernel's NVMe/TCP host (nvme-cli's `nvme connect --dhchap-secret` and
   `--dhchap-ctrl-secret`) authenticates to pynvmf's target (a `pynvmf target` process with
   its keys in key files and its control plane on a socket): unidirectional and
   bidirectional, three hash/group pairs, I/O after each connect; a wrong host key, a wrong
@@ -11,7 +12,7 @@
   dhchap_key, dhchap_ctrl_key, dhchap_hash, dhchap_dhgroup) and re-authenticates; a wrong
   key and a wrong controller key fail as the specification says.
 
-Only the 6.12 peer runs this module: Linux 6.1's nvme-cli 2.3 has no DH-HMAC-CHAP options
+The 6.12 and 7 peers run this module, not 6.1: its nvme-cli 2.3 has no DH-HMAC-CHAP options
 and Debian's 6.1 kernel has no nvmet authentication (Peer.dhchap is False for it).
 """
 
@@ -32,13 +33,19 @@ from pynvmf.auth.keys import DhchapKey
 from pynvmf.host import NvmeAuthenticationError, connect
 from pynvmf.rpc.client import RpcClient
 from pynvmf.spec.auth import FailureExplanation
-from tests.interop.guest import LINUX_6_12, Guest, free_tcp_port, setup_kernel_target
+from tests.interop.guest import (
+    LINUX_6_12,
+    LINUX_7,
+    Guest,
+    Peer,
+    free_tcp_port,
+    peers_mark,
+    setup_kernel_target,
+)
 from tests.interop.target_process import TargetProcess
 from tests.interop.test_linux_host import DEV_FOR
 
-pytestmark = pytest.mark.parametrize(
-    "linux_peer", [LINUX_6_12], indirect=True, scope="module", ids=str
-)
+pytestmark = peers_mark(LINUX_6_12, LINUX_7)
 
 MIB = 1 << 20
 HOST_ID = "5a2e8f40-7c1d-4e9b-a3f6-0d8c2b1e4f70"
@@ -81,8 +88,8 @@ class Setup:
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
-    workdir = tmp_path_factory.mktemp("linux-auth")
+def target(tmp_path_factory: pytest.TempPathFactory, linux_peer: Peer) -> Iterator[Setup]:
+    workdir = tmp_path_factory.mktemp(f"linux-auth-{linux_peer.name}")
     host_key = DhchapKey.generate(32)
     ctrl_key = DhchapKey.generate(48)
     port = free_tcp_port()
@@ -137,9 +144,9 @@ def nvmet_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def guest(target: Setup, nvmet_port: int, linux_peer: object) -> Iterator[Guest]:
+def guest(target: Setup, nvmet_port: int, linux_peer: Peer) -> Iterator[Guest]:
     g = Guest(
-        extra_files={"/usr/local/bin/dev-for": DEV_FOR}, hostfwd=[nvmet_port], peer=LINUX_6_12
+        extra_files={"/usr/local/bin/dev-for": DEV_FOR}, hostfwd=[nvmet_port], peer=linux_peer
     )
     g.start()
     yield g
@@ -369,11 +376,13 @@ def nvmet(guest: Guest, nvmet_port: int) -> Nvmet:
     return Nvmet(nvmet_port, host_key, ctrl_key)
 
 
-async def _library_round_trip(nvmet: Nvmet, **keys: object) -> None:
+async def _library_round_trip(nvmet: Nvmet, peer: Peer, **keys: object) -> None:
     async with await connect(
         "127.0.0.1", nvmet.port, NVMET_NQN, hostnqn=HOST, queues=2, timeout=60.0, **keys
     ) as ctrl:
-        assert ctrl.authenticated_queues == {0, 1, 2}
+        # The library authenticates the queues whose Connect response asks for it (AUTHREQ):
+        # 7.x nvmet asks on the admin queue only, 6.12 on every queue.
+        assert ctrl.authenticated_queues == ({0} if peer.nvmet_auth_admin_only else {0, 1, 2})
         data = os.urandom(64 * 1024)
         ns = ctrl.namespace(1)
         await ns.write(0, data)
@@ -397,11 +406,14 @@ def test_host_library_authenticates_to_the_linux_target(
     asyncio.run(
         _library_round_trip(
             nvmet,
+            guest.peer,
             dhchap_secret=nvmet.host_key.representation(),
             dhchap_ctrl_secret=nvmet.ctrl_key.representation(),
         )
     )
-    asyncio.run(_library_round_trip(nvmet, dhchap_secret=nvmet.host_key.representation()))
+    asyncio.run(
+        _library_round_trip(nvmet, guest.peer, dhchap_secret=nvmet.host_key.representation())
+    )
     trouble = re.findall(r".*(?:failed|error|mismatch).*", guest.run("dmesg").output, re.I)
     assert not trouble, trouble
 
@@ -426,4 +438,6 @@ def test_host_library_wrong_keys_against_the_linux_target(guest: Guest, nvmet: N
     none = asyncio.run(attempt())
     assert "requires DH-HMAC-CHAP" in str(none)
     # The right keys still work afterwards.
-    asyncio.run(_library_round_trip(nvmet, dhchap_secret=nvmet.host_key.representation()))
+    asyncio.run(
+        _library_round_trip(nvmet, guest.peer, dhchap_secret=nvmet.host_key.representation())
+    )

@@ -2,10 +2,11 @@
 under QEMU, discovers, connects to, identifies, writes and reads pynvmf's target with
 its own tools (nvme-cli, dd, fio), and nothing written is lost.
 
-Every test runs on both kernel peers (Linux 6.1 with nvme-cli 2.3, Linux 6.12 with
-nvme-cli 2.13; tests/interop/guest.py): one guest boot per peer, and one target process
-shared by both. The checks that exercise a namespace's data are check_* functions taking
-the subsystem (`Subsys`): test_linux_host_rbd.py runs them on namespaces on Ceph RBD.
+Every test runs on the oldest and the newest kernel peer (Linux 6.1 with nvme-cli 2.3, Linux
+7 with Debian unstable's nvme-cli; 6.12 behaves as 7 here: tests/interop/guest.py): one
+guest boot per peer, and one target process shared by them. The checks that exercise a
+namespace's data are check_* functions taking the subsystem (`Subsys`):
+test_linux_host_rbd.py runs them on namespaces on Ceph RBD.
 """
 
 from __future__ import annotations
@@ -21,8 +22,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.interop.guest import LINUX_6_1, LINUX_6_12, CommandResult, Guest, Peer, free_tcp_port
+from tests.interop.guest import (
+    LINUX_6_1,
+    LINUX_7,
+    CommandResult,
+    Guest,
+    Peer,
+    free_tcp_port,
+    peers_mark,
+)
 from tests.interop.target_process import TargetProcess
+
+# The oldest and the newest host (tests/interop/guest.py says why not 6.12).
+pytestmark = peers_mark(LINUX_6_1, LINUX_7)
 
 MIB = 1 << 20
 MEM = "nqn.2024-11.dev.pynvmf:interop-mem"
@@ -840,7 +852,7 @@ def check_cross_namespace_copy_is_refused_until_the_host_enables_formats_2_and_3
     guest.run(f"nvme connect {connect_args(ss.port, ss.nqn)}")
     ctrl, ns1, ns2 = _copyx_devices(guest, ss.nqn)
     # 6.1 has nvme-cli 2.3, whose `nvme copy` knows formats 0 and 1 only.
-    send = _cli_copy if guest.peer is LINUX_6_12 else _passthru_copy
+    send = _cli_copy if guest.peer.cli_copy_formats_2_3 else _passthru_copy
     try:
         _fill(guest, ns2, 100, 24, "/tmp/x2")
         _fill(guest, ns1, 0, 64, "/tmp/x1")  # what the destination holds before
@@ -851,7 +863,7 @@ def check_cross_namespace_copy_is_refused_until_the_host_enables_formats_2_and_3
             assert out.rc != 0 and "Invalid Field in Command" in out.output, out
         _blocks_equal(guest, ns1, 0, [("/tmp/x1", 0, 64)])
         enable = _enable_formats_2_and_3(guest, ctrl)
-        if guest.peer is LINUX_6_12:
+        if not guest.peer.user_host_behavior:
             # The kernel keeps Host Behavior Support to itself: the command never leaves it,
             # and the formats stay disabled.
             assert enable.rc != 0 and "Permission denied" in enable.output, enable
@@ -897,7 +909,7 @@ def check_nvme_cli_copy_formats_2_and_3_with_snsids(
 ) -> None:
     """`copyn` and `copy3` have two namespaces of at least 1 MiB each, and the target's
     configuration enables copy formats 2 and 3 (`copyn`) or 3 alone (`copy3`)."""
-    if guest.peer is LINUX_6_1:
+    if not guest.peer.cli_copy_formats_2_3:
         # nvme-cli 2.3 refuses the formats itself; nothing is sent.
         out = guest.run("nvme copy /dev/null --format=2 --sdlba=0 --slbs=0 --blocks=0", check=False)
         assert out.rc != 0 and "invalid format" in out.output, out

@@ -19,8 +19,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.interop.guest import Guest, Peer, free_tcp_port
+from tests.interop.guest import LINUX_6_1, LINUX_7, Guest, Peer, free_tcp_port, peers_mark
 from tests.interop.target_process import TargetProcess
+
+# The oldest and the newest host (tests/interop/guest.py says why not 6.12).
+pytestmark = peers_mark(LINUX_6_1, LINUX_7)
 
 MIB = 1 << 20
 MEM = "nqn.2024-11.dev.pynvmf:interop-compare-mem"

@@ -1,6 +1,7 @@
 """Namespaces on Ceph RBD images pass the Linux host's checks that file and memory
-namespaces pass, on both kernel peers (Linux 6.1 with nvme-cli 2.3, Linux 6.12 with
-nvme-cli 2.13): one guest boot per peer, one target process shared by both.
+namespaces pass, on the oldest and the newest kernel peer (Linux 6.1 with nvme-cli 2.3,
+Linux 7 with Debian unstable's nvme-cli): one guest boot per peer, one target process
+shared by both.
 
 The checks are the other modules' own check_* functions, called with RBD subsystems:
 
@@ -47,9 +48,12 @@ from tests.ceph.cluster import CephCluster
 from tests.interop import test_linux_host as host
 from tests.interop import test_linux_host_compare as compare
 from tests.interop import test_linux_host_reservations as resv
-from tests.interop.guest import LINUX_6_12, Guest, Peer, free_tcp_port
+from tests.interop.guest import LINUX_6_1, LINUX_7, Guest, Peer, free_tcp_port, peers_mark
 from tests.interop.target_process import TargetProcess
 from tests.interop.test_linux_host import DEV_FOR, Subsys
+
+# The oldest and the newest host (tests/interop/guest.py says why not 6.12).
+pytestmark = peers_mark(LINUX_6_1, LINUX_7)
 
 MIB = 1 << 20
 PREFIX = "nqn.2024-11.dev.pynvmf:interop-rbd"
@@ -347,8 +351,9 @@ def test_blkdiscard_deallocates_exactly_its_ranges(guest: Guest, target: Setup) 
 
 def test_write_zeroes_zeroes_exactly_its_range_in_the_image(guest: Guest, target: Setup) -> None:
     """Write Zeroes (ONCS bit 3) is librbd's write_zeroes: 1.5 MiB from the middle of an
-    object into the next one. On 6.12 the block layer sends it (util-linux's `blkdiscard
-    -z`, BLKZEROOUT); 6.1's busybox blkdiscard has no -z, so there nvme-cli sends it."""
+    object into the next one. Where the guest has util-linux (6.12, 7) the block layer sends
+    it (`blkdiscard -z`, BLKZEROOUT); 6.1's busybox blkdiscard has no -z, so there nvme-cli
+    sends it."""
     dev = host.connect(guest, target.port, RBD)
     try:
         guest.run(
@@ -356,7 +361,7 @@ def test_write_zeroes_zeroes_exactly_its_range_in_the_image(guest: Guest, target
             f"dd if=/tmp/z8 of={dev} bs=1M seek=32 oflag=direct 2>/dev/null"
         )
         start, length = 35 * MIB + 512 * 1024, 3 * MIB // 2
-        if guest.peer is LINUX_6_12:
+        if guest.peer.util_linux:
             # The kernel takes Write Zeroes for the device: BLKZEROOUT sends it, not pages.
             sysfs = f"/sys/block/{dev.removeprefix('/dev/')}/queue/write_zeroes_max_bytes"
             assert int(guest.run(f"cat {sysfs}").output) >= length

@@ -32,9 +32,12 @@ from pynvmf.spec.reservations import (
     ReservationType,
 )
 from pynvmf.spec.status import Status
-from tests.interop.guest import Guest, Peer, free_tcp_port
+from tests.interop.guest import LINUX_6_1, LINUX_7, Guest, Peer, free_tcp_port, peers_mark
 from tests.interop.target_process import TargetProcess
 from tests.interop.test_linux_host import DEV_FOR
+
+# 6.1 returns NVMe statuses from the kernel's pr_ops, 7 (as 6.12) errnos.
+pytestmark = peers_mark(LINUX_6_1, LINUX_7)
 
 NQN = "nqn.2024-11.dev.pynvmf:interop-resv"
 PYNVMF_HOST = "nqn.2014-08.org.nvmexpress:uuid:5e5e5e5e-0000-4000-8000-00000000b0b0"
@@ -415,7 +418,7 @@ async def check_the_kernels_own_pr_ops(linux: Linux, pynvmf: Controller, nsid: i
     assert await linux.pr(f"release {LINUX_KEY} 1", nsid) == "0"
     await ns.write(0, bytes(4096))
     # A key of 0 makes the kernel set IEKEY, which Release does not take. The 6.1 kernel
-    # returns the NVMe status; 6.12 turns Invalid Field into EINVAL (nvme_sc_to_pr_err).
+    # returns the NVMe status; 6.12 and 7 turn Invalid Field into EINVAL (nvme_sc_to_pr_err).
     refused = await linux.pr("release 0 1", nsid)
     if linux.peer.kernel == "6.1":
         assert refused == hex(0x4000 | Status.INVALID_FIELD)

@@ -11,7 +11,7 @@ optimized through the RPC (what a lease holder would do): fio sees no I/O error 
 verification passes. The failover time (the longest stall of I/O completions across the
 kill) is printed and recorded in docs/ana.md.
 
-Runs on both kernel peers (one guest boot and one pair of gateways per peer).
+Runs on the Linux 6.1 and 7 peers (one guest boot and one pair of gateways per peer).
 """
 
 from __future__ import annotations
@@ -28,8 +28,11 @@ from typing import Any
 import pytest
 
 from pynvmf.rpc.client import RpcClient
-from tests.interop.guest import Guest, Peer, free_tcp_port
+from tests.interop.guest import LINUX_6_1, LINUX_7, Guest, Peer, free_tcp_port, peers_mark
 from tests.interop.target_process import TargetProcess
+
+# The oldest and the newest host (tests/interop/guest.py says why not 6.12).
+pytestmark = peers_mark(LINUX_6_1, LINUX_7)
 
 NQN = "nqn.2024-11.dev.pynvmf:ha"
 SERIAL = "PYNVMFHA0001"

@@ -40,7 +40,7 @@ import pytest
 
 from pynvmf.ha.lease import OBJECT_PREFIX
 from tests.ceph.cluster import CephCluster
-from tests.interop.guest import Guest, Peer, free_tcp_port
+from tests.interop.guest import LINUX_6_1, LINUX_7, Guest, Peer, free_tcp_port, peers_mark
 from tests.interop.target_process import TargetProcess
 from tests.interop.test_linux_multipath import (
     EUI64,
@@ -57,6 +57,9 @@ from tests.interop.test_linux_multipath import (
     wait_for,
     writes_done,
 )
+
+# The oldest and the newest host (tests/interop/guest.py says why not 6.12).
+pytestmark = peers_mark(LINUX_6_1, LINUX_7)
 
 MIB = 1 << 20
 SIZE = 64 * MIB

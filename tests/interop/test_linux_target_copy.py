@@ -1,8 +1,9 @@
-"""The copy planner through pynvmf's host on two targets: the Linux 6.1 kernel's nvmet-tcp
-(in a QEMU guest), which has no Copy command (ONCS bit 8 clear), and pynvmf's own target
-(in-process), which has. The same 16-range copy runs against both: the planner emulates it
-on the kernel target (the data crosses the connection twice, read and write) and offloads
-it to pynvmf's (one Copy command, a few hundred bytes), and the result is the same bytes.
+"""The copy planner through pynvmf's host on the Linux kernel's nvmet-tcp (in a QEMU guest:
+the oldest and the newest peer, 6.1 and 7, tests/interop/guest.py), which has no Copy
+command (ONCS bit 8 clear), and on pynvmf's own target (in-process), which has. The same
+16-range copy runs against each: the planner emulates it on a kernel target (the data
+crosses the connection twice, read and write) and offloads it to pynvmf's (one Copy
+command, a few hundred bytes), and the result is the same bytes.
 """
 
 from __future__ import annotations
@@ -25,9 +26,13 @@ from pynvmf.spec import identify as I
 from pynvmf.target.server import Port, Target
 from pynvmf.target.subsystem import Namespace, Subsystem
 from tests.interop.guest import (
+    LINUX_6_1,
+    LINUX_7,
+    PEERS,
     Guest,
     free_tcp_port,
     require_guest_prerequisites,
+    selected_peers,
     setup_kernel_target,
 )
 
@@ -60,12 +65,24 @@ class CopyTarget:
     guest: Guest | None = None
 
 
+# The kernel peers this module runs on (of those selected), and pynvmf's target.
+TARGET_KINDS = [p.name for p in selected_peers() if p in (LINUX_6_1, LINUX_7)] + ["pynvmf"]
+
+
+@pytest.fixture(scope="module", params=TARGET_KINDS)
+def target_kind(request: pytest.FixtureRequest) -> str:
+    """Module-scoped, so that pytest boots each kernel peer once."""
+    kind: str = request.param
+    return kind
+
+
 @pytest.fixture(scope="module")
-def linux_target() -> Iterator[CopyTarget]:
-    """One guest boot for the module: a null_blk namespace exported by nvmet-tcp."""
-    require_guest_prerequisites()
+def linux_target(target_kind: str) -> Iterator[CopyTarget]:
+    """One guest boot per kernel peer: a null_blk namespace exported by nvmet-tcp."""
+    peer = PEERS[target_kind]
+    require_guest_prerequisites(peer)
     port = free_tcp_port()
-    guest = Guest(hostfwd=[port])
+    guest = Guest(hostfwd=[port], peer=peer)
     guest.start()
     try:
         setup_kernel_target(guest, port=port, nqn=NQN, size_mb=SIZE // MIB, block_size=BS)
@@ -88,11 +105,11 @@ async def pynvmf_target() -> AsyncIterator[CopyTarget]:
         await target.stop()
 
 
-@pytest.fixture(params=["linux", "pynvmf"])
-def target(request: pytest.FixtureRequest) -> CopyTarget:
-    """Each target in turn. Not a coroutine: the async fixture it picks must be set up
+@pytest.fixture
+def target(request: pytest.FixtureRequest, target_kind: str) -> CopyTarget:
+    """The target of this kind. Not a coroutine: the async fixture it picks must be set up
     outside the running event loop."""
-    fixture = "linux_target" if request.param == "linux" else "pynvmf_target"
+    fixture = "pynvmf_target" if target_kind == "pynvmf" else "linux_target"
     chosen: CopyTarget = request.getfixturevalue(fixture)
     return chosen
 

@@ -1,21 +1,25 @@
-"""The NVMe/TCP secure channel (TLS 1.3 with PSKs) against the Linux 6.12 guest's real peers:
-its kernel host (``nvme connect --tls``, tlshd from ktls-utils, the key in the ``.nvme``
-keyring put there by nvme-cli 2.13) against pynvmf's target, and pynvmf's host library
-against its kernel target (nvmet with a TLS port, tlshd answering the handshake).
+"""The NVMe/TCP secure channel (TLS 1.3 with PSKs) against the real peers of the Linux
+guests that have it (6.12 and 7): the kernel host (``nvme connect --tls``, tlshd from
+ktls-utils, the key in the ``.nvme`` keyring put there by nvme-cli) against pynvmf's target,
+and pynvmf's host library against the kernel target (nvmet with a TLS port, tlshd answering
+the handshake).
 
 pynvmf's side runs on the machine (its record layer in user space where the machine's
 kernel has no kTLS, in the kernel where it has) and, for the kernel offload, in the guest
-itself with the guest's Python 3.13 (the 6.12 kernel has kTLS): both directions' records
-must then go through the kernel on pynvmf's side.
+itself with the guest's Python (3.13 in trixie, 3.14 in sid; both kernels have kTLS): both
+directions' records must then go through the kernel on pynvmf's side.
 
-One guest boot for the module (6.12 only: 6.1 has no NVMe/TCP TLS).
+One guest boot per peer (6.1 has no NVMe/TCP TLS), and a target process per peer.
 
-Found with these peers, and asserted so that a change shows: Debian 13's nvme-cli 2.13
-(libnvme 1.13) derives the keys it inserts with the label encoding later libnvme calls
-"compat" (pynvmf's target tries both; the host library needs ``tls_compat=True`` for a
-target whose keyring nvme-cli 2.13 filled), and Debian 13's tlshd binds an ``NVMe0R02``
-(SHA-384) key with SHA-256, so no NVMe/TCP cipher suite fits: pynvmf's target refuses it
-with a message that says so. The Linux 6.12 host offers ``NVMe0R0x`` identities only.
+Found with these peers, and asserted so that a change shows (``Peer.tls_compat_keys``,
+``Peer.tlshd_sha384``): Debian 13's nvme-cli 2.13 (libnvme 1.13) derives the keys it
+inserts with the label encoding later libnvme calls "compat" (pynvmf's target tries both;
+the host library needs ``tls_compat=True`` for a target whose keyring nvme-cli 2.13
+filled); sid's nvme-cli 2.16 (libnvme 1.16) derives them as the specification says. Debian
+13's tlshd 1.0 binds an ``NVMe0R02`` (SHA-384) key with SHA-256, so no NVMe/TCP cipher suite
+fits: pynvmf's target refuses it with a message that says so; sid's tlshd 1.4 binds it with
+SHA-384 and the connection uses TLS_AES_256_GCM_SHA384. The Linux hosts offer ``NVMe0R0x``
+identities only.
 """
 
 from __future__ import annotations
@@ -36,13 +40,10 @@ import pytest
 from pynvmf.host import connect
 from pynvmf.host.errors import NvmeConnectionError
 from pynvmf.tcp.psk import HASH_SHA256, HASH_SHA384, ConfiguredPsk, PskError, tls_psk
-from tests.interop import guest_trixie
-from tests.interop.guest import LINUX_6_12, Guest, Peer, free_tcp_port
+from tests.interop.guest import LINUX_6_12, LINUX_7, Guest, Peer, free_tcp_port, peers_mark
 from tests.interop.target_process import TargetProcess
 
-pytestmark = pytest.mark.parametrize(
-    "linux_peer", [LINUX_6_12], indirect=True, scope="module", ids=str
-)
+pytestmark = peers_mark(LINUX_6_12, LINUX_7)
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
@@ -77,8 +78,9 @@ class Setup:
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
-    workdir = tmp_path_factory.mktemp("linux-tls")
+def target(tmp_path_factory: pytest.TempPathFactory, linux_peer: Peer) -> Iterator[Setup]:
+    # A target process per peer: what one peer's host was refused for is in its log.
+    workdir = tmp_path_factory.mktemp(f"linux-tls-{linux_peer.name}")
     key1 = ConfiguredPsk(HASH_SHA256, secrets.token_bytes(32))
     key2 = ConfiguredPsk(HASH_SHA384, secrets.token_bytes(48))
     keyfile = workdir / "key1.txt"
@@ -132,9 +134,10 @@ def guest(linux_peer: Peer, target: Setup) -> Iterator[Guest]:
     g.run("modprobe tls && modprobe nvme-tcp && modprobe nvmet-tcp && modprobe nvme-keyring")
     g.write_file("/etc/tlshd.conf", TLSHD_CONF)
     g.run("(tlshd > /tmp/tlshd.log 2>&1 &) ; sleep 0.5; busybox pidof tlshd")
-    # pynvmf and trixie's cryptography for the guest's Python 3.13.
+    # pynvmf and the suite's cryptography for the guest's Python.
+    assert linux_peer.python_bundle is not None
     g.write_file("/tmp/pynvmf.tgz", _pynvmf_bundle())
-    g.write_file("/tmp/python.tgz", guest_trixie.python_bundle().read_bytes())
+    g.write_file("/tmp/python.tgz", linux_peer.python_bundle().read_bytes())
     g.run(
         "mkdir -p /opt/pynvmf && tar -C /opt/pynvmf -xzf /tmp/pynvmf.tgz"
         " && tar -C /opt/pynvmf -xzf /tmp/python.tgz"
@@ -160,15 +163,19 @@ def _insert(guest: Guest, key: ConfiguredPsk, hostnqn: str, subnqn: str, version
 
 def test_identities_match_nvme_cli(guest: Guest) -> None:
     """nvme gen-tls-key names keys as pynvmf derives them (the NVMe1R0x digest depends on
-    the retained PSK: libnvme 1.13's "compat" derivation) and nvme check-tls-key refuses
-    a bad CRC as pynvmf does."""
+    the retained PSK: libnvme 1.13's "compat" derivation, 1.16's the specification's) and
+    nvme check-tls-key refuses a bad CRC as pynvmf does."""
+    compat = guest.peer.tls_compat_keys
     for hash_id, size in ((HASH_SHA256, 32), (HASH_SHA384, 48)):
         key = ConfiguredPsk(hash_id, secrets.token_bytes(size))
         subnqn = f"{SUBNQN}-vectors-{hash_id}"
         for version in (0, 1):
             identity = _insert(guest, key, HOST3, subnqn, version)
-            ours = tls_psk(key, HOST3, subnqn, version, compat=True).identity.decode()
+            ours = tls_psk(key, HOST3, subnqn, version, compat=compat).identity.decode()
             assert identity == ours
+            if version == 1:
+                other = tls_psk(key, HOST3, subnqn, version, compat=not compat).identity
+                assert identity != other.decode()
     good = ConfiguredPsk(HASH_SHA256, bytes(32)).encode()
     bad = good[:-9] + ("A" if good[-9] != "A" else "B") + good[-8:]
     assert guest.run(f"nvme check-tls-key --keydata '{bad}'", check=False).rc != 0
@@ -253,10 +260,20 @@ def test_plain_and_wrong_connections_are_refused(guest: Guest, target: Setup) ->
     _insert(guest, wrong, HOST3, SUBNQN)
     assert _connect_tls(guest, target.required, HOST3) != 0
     assert "no PSK for any identity offered" in target.process.stderr()
-    # Debian 13's tlshd binds the SHA-384 key with SHA-256 (see the module's docstring).
+    # Debian 13's tlshd binds the SHA-384 key with SHA-256 (see the module's docstring);
+    # sid's gets it right.
     _insert(guest, target.key2, HOST2, SUBNQN)
-    assert _connect_tls(guest, target.required, HOST2) != 0
-    assert "computes its binder with SHA256" in target.process.stderr()
+    if guest.peer.tlshd_sha384:
+        before = len(_tls_lines(target))
+        assert _connect_tls(guest, target.required, HOST2) == 0
+        _io_check(guest, SUBNQN)
+        guest.run(f"nvme disconnect -n {SUBNQN}")
+        established = [x for x in _tls_lines(target)[before:] if "TLS 1.3 established" in x]
+        assert established, _tls_lines(target)[before:]
+        assert all("TLS_AES_256_GCM_SHA384" in x and "NVMe0R02" in x for x in established)
+    else:
+        assert _connect_tls(guest, target.required, HOST2) != 0
+        assert "computes its binder with SHA256" in target.process.stderr()
     # The target still serves the host that has it right.
     assert _connect_tls(guest, target.required, HOST1) == 0
     _io_check(guest, SUBNQN)
@@ -312,15 +329,16 @@ def test_pynvmf_host_against_the_linux_target(guest: Guest) -> None:
     key = ConfiguredPsk(HASH_SHA256, secrets.token_bytes(32))
     _setup_nvmet_tls(guest, key)
     port = guest.nvmet_port  # type: ignore[attr-defined]
-    # nvme-cli 2.13 derived the target's key the libnvme 1.13 way.
-    offload = asyncio.run(_host_round_trip(port, key, compat=True))
+    # nvme-cli derived the target's key as its libnvme does.
+    compat = guest.peer.tls_compat_keys
+    offload = asyncio.run(_host_round_trip(port, key, compat=compat))
     assert offload in ("ktls", "user")
     with pytest.raises(NvmeConnectionError):
-        asyncio.run(_host_round_trip(port, key, compat=False))
+        asyncio.run(_host_round_trip(port, key, compat=not compat))
     with pytest.raises(NvmeConnectionError):
-        asyncio.run(_host_round_trip(port, ConfiguredPsk(HASH_SHA256, bytes(32)), compat=True))
+        asyncio.run(_host_round_trip(port, ConfiguredPsk(HASH_SHA256, bytes(32)), compat=compat))
     # nvmet still serves the right key after the failures.
-    asyncio.run(_host_round_trip(port, key, compat=True))
+    asyncio.run(_host_round_trip(port, key, compat=compat))
     assert "TLS handshake complete, error" not in guest.run("dmesg | grep -i nvmet || true").output
 
 
@@ -330,7 +348,8 @@ from pynvmf.host import connect
 
 async def main():
     ctrl = await connect("127.0.0.1", int(sys.argv[1]), sys.argv[2], hostnqn=sys.argv[3],
-                         tls_psk=sys.argv[4], tls_compat=True, queues=2, timeout=60)
+                         tls_psk=sys.argv[4], tls_compat=sys.argv[5] == "compat", queues=2,
+                         timeout=60)
     ns = ctrl.namespaces[1]
     data = os.urandom(4 << 20)
     await ns.write(0, data)
@@ -356,7 +375,8 @@ def test_ktls_on_pynvmf_side_in_the_guest(guest: Guest) -> None:
     guest.write_file("/tmp/host.py", GUEST_HOST_SCRIPT)
     out = guest.run(
         f"cd /tmp && PYTHONPATH=/opt/pynvmf python3 /tmp/host.py {guest.nvmet_port}"  # type: ignore[attr-defined]
-        f" {LINUX_NQN} {HOST1} '{key.encode()}'",
+        f" {LINUX_NQN} {HOST1} '{key.encode()}'"
+        f" {'compat' if guest.peer.tls_compat_keys else 'specification'}",
         timeout=300,
     ).output
     assert out.count("offload ktls TLS_AES_128_GCM_SHA256") == 3, out

@@ -1,32 +1,40 @@
-"""The Linux 6.12 peer: Debian 13 (trixie), booted from a root filesystem of its own.
+"""The peers booted from a Debian suite's own root filesystem: Linux 6.12 (Debian 13,
+trixie) and the newest Linux (Debian unstable, sid: 7.x).
 
-Trixie's programs need trixie's C library, so they cannot be copied into an initramfs from
-the machine (bookworm) as the 6.1 peer's are. Instead:
+A suite's programs need its C library, so they cannot be copied into an initramfs from the
+machine (bookworm) as the 6.1 peer's are. Instead, for each :class:`Suite`:
 
-- ``debootstrap --variant=minbase trixie`` builds a root filesystem with nvme-cli 2.13, fio
-  3.39, ktls-utils (tlshd), keyutils, kmod, util-linux, xfsprogs, e2fsprogs, iproute2 and
-  busybox (for ``nc``), and the whole module tree of trixie's ``linux-image-amd64`` (6.12,
-  nvme-auth, nvme-keyring and tls among them: DH-HMAC-CHAP and TLS load what they need on
-  demand). ``mkfs.ext4 -d`` writes it to a raw ext4 image (no loop mount). QEMU opens the
-  image with ``snapshot=on``: the guest may write to it, the image never changes.
+- ``debootstrap --variant=minbase SUITE`` builds a root filesystem with nvme-cli, fio,
+  ktls-utils (tlshd), keyutils, kmod, util-linux, xfsprogs, e2fsprogs, iproute2 and busybox
+  (for ``nc``), and the whole module tree of the suite's ``linux-image-amd64`` (nvme-auth,
+  nvme-keyring and tls among them: DH-HMAC-CHAP and TLS load what they need on demand).
+  ``mkfs.ext4 -d`` writes it to a raw ext4 image (no loop mount). QEMU opens the image with
+  ``snapshot=on``: the guest may write to it, the image never changes.
   (python3-cryptography is not among them: debootstrap failed to configure it when tried
-  (2026-12); `python_bundle` fetches it and python3-cffi-backend for tests that run pynvmf in
-  the guest; the rootfs has Python 3.13.)
+  on trixie (2026-12); `python_bundle` fetches it and python3-cffi-backend for tests that
+  run pynvmf in the guest with the suite's Python.)
+- The kernel package is what the suite's ``linux-image-amd64`` depends on, with the
+  packages it is split into where it is (sid's 7.x: ``linux-base-V``, ``linux-binary-V``,
+  ``linux-modules-V``, all under ``usr/lib/modules/V``; guest_assets.kernel_parts).
 - A small busybox (the machine's busybox-static) stage-1 initramfs loads virtio_blk and
   ext4, mounts the image, copies the guest scripts (and Guest(extra_files=...), which
   travel under ``/overlay`` in the initramfs) over it and switches root to the same init and
-  command server the 6.1 guest runs.
-- The kernel boots as the PVH ``vmlinux`` inside trixie's zstd-compressed vmlinuz.
+  command server the 6.1 guest runs. Linux 7.x has CRC32C in its library (no
+  crc32c_generic module): stage 1 loads that module where the kernel has it.
+- The kernel boots as the PVH ``vmlinux`` inside the vmlinuz (zstd-compressed in trixie and
+  sid).
 
-Trixie's package lists live under ``<cache>/trixie/apt`` and apt-get runs with options that
-point it there (sources, lists, cache, status), so the machine's own apt configuration never
-sees trixie. The mirror is the one the machine's apt uses for Debian (``apt-get
-indextargets``), or ``PYNVMF_GUEST_DEBIAN_MIRROR``. The lists are refreshed when older than a
-week (or with ``PYNVMF_GUEST_REFRESH=1``); a new kernel in them rebuilds the image.
+A suite's package lists live under ``<cache>/<suite>/apt`` and apt-get runs with options
+that point it there (sources, lists, cache, status), so the machine's own apt configuration
+never sees the suite. The mirror is the one the machine's apt uses for Debian (``apt-get
+indextargets``), or ``PYNVMF_GUEST_DEBIAN_MIRROR``. The lists are refreshed when older than
+a week (or with ``PYNVMF_GUEST_REFRESH=1``); a new kernel in them rebuilds the image. sid
+moves: the lists a week old may name a kernel the archive has dropped, which refreshes them.
 
-Cache (``<cache>/trixie``): ``kernel/<package>`` (the unpacked kernel), ``debs/``
+Cache (``<cache>/<suite>``): ``kernel/<package>`` (the unpacked kernel), ``debs/``
 (debootstrap's downloads, reused by a rebuild), ``rootfs-<kver>-<key>.ext4`` (key: suite,
-mirror, packages, kernel package and the text of the functions that build it) and
+mirror, packages, kernel package and the text of the functions that build it) with
+``rootfs-<kver>-<key>.json`` (the version of every package in it), and
 ``stage1-<kver>-<key>.cpio.gz`` (key: its builder's text and the scripts). Building the
 root filesystem needs root (debootstrap, chroot); booting a built one does not.
 """
@@ -34,6 +42,7 @@ root filesystem needs root (debootstrap, chroot); booting a built one does not.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -48,8 +57,31 @@ from pathlib import Path
 from tests.interop import guest_assets as A
 from tests.interop.guest_assets import GuestAssets, GuestError, GuestPrerequisiteError, log
 
-PEER = "linux-6.12"
-SUITE = "trixie"
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    """A Debian suite a peer is built from."""
+
+    # The peer's name (tests/interop/guest.py's PEERS, PYNVMF_GUEST_PEERS).
+    peer: str
+    # debootstrap's and the archive's name for the suite.
+    name: str
+    # What the kernel's version must start with (and a "."): the peer is named after it, so
+    # a suite whose linux-image-amd64 moved past it fails the build rather than mislabel it.
+    kernel: str
+
+    @property
+    def kernel_package_variable(self) -> str:
+        """Environment variable that names the kernel package instead of the one the suite's
+        ``linux-image-amd64`` depends on."""
+        return f"PYNVMF_GUEST_{self.name.upper()}_KERNEL_PACKAGE"
+
+
+TRIXIE = Suite(peer="linux-6.12", name="trixie", kernel="6.12")
+# Debian unstable: whatever 7.x its linux-image-amd64 is (7.2.13 on 2026-12-03); the peer's
+# name stays linux-7 as the minor moves, and the run prints the exact version.
+SID = Suite(peer="linux-7", name="sid", kernel="7")
+SUITES: tuple[Suite, ...] = (TRIXIE, SID)
 
 # Installed by debootstrap (with their dependencies) into the minbase system.
 PACKAGES: tuple[str, ...] = (
@@ -77,10 +109,12 @@ TOOLS: dict[str, str] = {
 }
 KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 
-# Stage 1 loads these (with their modules.dep closure) to mount the root filesystem.
+# Stage 1 loads these (with their modules.dep closure) to mount the root filesystem; True
+# when the build must fail if the kernel has neither the module nor a builtin.
 STAGE1_MODULES: dict[str, bool] = {
-    # ext4's checksums ask the crypto API for crc32c, which stage 1 cannot modprobe.
-    "crc32c_generic": True,
+    # ext4's checksums ask the crypto API for crc32c on 6.12, which stage 1 cannot modprobe;
+    # 7.x has no such module (CRC32C is a library function ext4 calls directly).
+    "crc32c_generic": False,
     "crc32c_intel": False,
     "virtio_pci": True,
     "virtio_blk": True,
@@ -96,7 +130,8 @@ _STAGE2_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
 _STAGE2_INIT = "/usr/lib/pynvmf/init"
 
 _STAGE1_SCRIPT = r"""#!/bin/sh
-# Stage 1 of the pynvmf Linux 6.12 guest (generated by tests/interop/guest_trixie.py):
+# Stage 1 of a pynvmf guest booted from a Debian suite's root filesystem (generated by
+# tests/interop/guest_debootstrap.py):
 # mount the root filesystem from the virtio disk and switch to it.
 export PATH=/usr/sbin:/usr/bin
 mount -t proc proc /proc
@@ -121,8 +156,8 @@ exec switch_root /newroot @STAGE2_INIT@
 """
 
 
-def require_prerequisites() -> None:
-    A.require_tools({**A.REQUIRED_TOOLS, **TOOLS}, "the Linux 6.12 guest")
+def require_prerequisites(suite: Suite) -> None:
+    A.require_tools({**A.REQUIRED_TOOLS, **TOOLS}, f"the {suite.peer} guest ({suite.name})")
     if not KEYRING.exists():
         raise GuestPrerequisiteError(
             f"{KEYRING} (Debian package debian-archive-keyring) is missing:"
@@ -131,7 +166,7 @@ def require_prerequisites() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Trixie's package lists, kept apart from the machine's apt configuration
+# A suite's package lists, kept apart from the machine's apt configuration
 
 
 def _stamp(paths: Sequence[Path]) -> int:
@@ -189,16 +224,17 @@ def debian_mirror(memo: Path | None = None) -> str:
     return DEFAULT_MIRROR
 
 
-class TrixieApt:
-    """apt-get and apt-cache over trixie's lists only, all state under ``root``."""
+class SuiteApt:
+    """apt-get and apt-cache over one suite's lists only, all state under ``root``."""
 
-    def __init__(self, root: Path, mirror: str) -> None:
+    def __init__(self, root: Path, mirror: str, suite: Suite) -> None:
         self.root = root
         self.mirror = mirror
+        self.suite = suite
         self.lists = root / "lists"
         for d in (self.lists / "partial", root / "cache" / "archives" / "partial", root / "empty"):
             d.mkdir(parents=True, exist_ok=True)
-        sources = f"deb [signed-by={KEYRING}] {mirror} {SUITE} main\n"
+        sources = f"deb [signed-by={KEYRING}] {mirror} {suite.name} main\n"
         path = root / "sources.list"
         if not path.exists() or path.read_text() != sources:
             A.atomic_write(path, sources.encode())
@@ -222,6 +258,10 @@ class TrixieApt:
             "Dir::State::Lists": self.lists,
             "Dir::State::status": r / "status",
             "Dir::Cache": r / "cache",
+            # sid's Release carries a Valid-Until a week ahead, and a mirror (or the snapshot
+            # a machine's apt points at) may lag behind it: apt would then refuse the whole
+            # suite. The signature is still checked; a test peer needs no freshness promise.
+            "Acquire::Check-Valid-Until": "false",
         }
         return [arg for k, v in settings.items() for arg in ("-o", f"{k}={v}")]
 
@@ -235,7 +275,7 @@ class TrixieApt:
         # apt keeps the server's date on the files; the refresh time is what counts here.
         for p in self.lists.glob("*_dists_*Release"):
             os.utime(p)
-        log.info("trixie package lists updated in %.1f s", time.monotonic() - started)
+        log.info("%s package lists updated in %.1f s", self.suite.name, time.monotonic() - started)
 
     def ensure_lists(self) -> bool:
         """Fetch the lists when missing, stale or asked to; True when they were fetched."""
@@ -251,12 +291,12 @@ class TrixieApt:
         except GuestError:
             if age is None:
                 raise
-            log.warning("cannot refresh trixie's package lists; using the ones cached")
+            log.warning("cannot refresh %s's package lists; using the ones cached", self.suite.name)
             return False
         return True
 
     def kernel_package(self) -> str:
-        env = os.environ.get("PYNVMF_GUEST_TRIXIE_KERNEL_PACKAGE")
+        env = os.environ.get(self.suite.kernel_package_variable)
         if env:
             return env
         stamp = _stamp([self.lists])
@@ -266,7 +306,7 @@ class TrixieApt:
         out = A.run_tool([A.tool("apt-cache"), *self.options, "depends", "linux-image-amd64"])
         match = re.search(r"^\s*Depends:\s*(linux-image-\S+)", out, re.MULTILINE)
         if match is None:
-            raise GuestError(f"trixie's linux-image-amd64 depends on no kernel:\n{out}")
+            raise GuestError(f"{self.suite.name}'s linux-image-amd64 depends on no kernel:\n{out}")
         return match.group(1)
 
 
@@ -274,16 +314,16 @@ class TrixieApt:
 # The root filesystem image
 
 
-def _require_root(what: str) -> None:
+def _require_root(suite: Suite, what: str) -> None:
     if os.geteuid() != 0:
         raise GuestPrerequisiteError(
-            f"building the Linux 6.12 guest's {what} runs debootstrap and chroot, which need"
+            f"building the {suite.peer} guest's {what} runs debootstrap and chroot, which need"
             " root: run the tests as root once (make test does), later runs reuse the cache"
         )
 
 
 def _debootstrap(
-    root: Path, mirror: str, debs: Path, logfile: Path, packages: Sequence[str]
+    suite: Suite, root: Path, mirror: str, debs: Path, logfile: Path, packages: Sequence[str]
 ) -> None:
     debs.mkdir(parents=True, exist_ok=True)
     args = [
@@ -292,7 +332,7 @@ def _debootstrap(
         f"--include={','.join(packages)}",
         f"--cache-dir={debs.resolve()}",
         f"--keyring={KEYRING}",
-        SUITE,
+        suite.name,
         str(root),
         mirror,
     ]
@@ -303,10 +343,23 @@ def _debootstrap(
         logfile.write_text(str(exc))
         raise GuestError(f"debootstrap failed (log in {logfile}):\n{str(exc)[-3000:]}") from exc
     logfile.write_text(out)
-    log.info("debootstrap %s took %.1f s", SUITE, time.monotonic() - started)
+    log.info("debootstrap %s took %.1f s", suite.name, time.monotonic() - started)
 
 
-def _furnish_rootfs(root: Path, kernel_root: Path, kver: str) -> None:
+def _installed_versions(root: Path) -> dict[str, str]:
+    """Package -> version of everything debootstrap installed in ``root``."""
+    out = A.run_tool(
+        [
+            A.tool("dpkg-query", "dpkg"),
+            f"--admindir={root / 'var' / 'lib' / 'dpkg'}",
+            "-W",
+            "-f=${Package}\t${Version}\n",
+        ]
+    )
+    return dict(line.split("\t", 1) for line in out.splitlines() if "\t" in line)
+
+
+def _furnish_rootfs(root: Path, kernel: A.UnpackedKernel) -> None:
     """Put the kernel's modules in and what the guest scripts expect; drop what no test
     reads (the image is smaller and mkfs faster)."""
     for sub in ("var/cache/apt/archives", "var/lib/apt/lists"):
@@ -316,13 +369,20 @@ def _furnish_rootfs(root: Path, kernel_root: Path, kver: str) -> None:
     for sub in ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale"):
         shutil.rmtree(root / sub, ignore_errors=True)
         (root / sub).mkdir(parents=True)
+    kver = kernel.version
     moddir = root / "usr" / "lib" / "modules" / kver
     shutil.rmtree(moddir, ignore_errors=True)
-    shutil.copytree(kernel_root / "usr" / "lib" / "modules" / kver, moddir, symlinks=True)
-    # trixie's own depmod, so the index is the format trixie's modprobe reads.
+    shutil.copytree(
+        kernel.root / "usr" / "lib" / "modules" / kver,
+        moddir,
+        symlinks=True,
+        # A split kernel package keeps vmlinuz there: QEMU boots it from the cache.
+        ignore=lambda _dir, names: [n for n in names if n == "vmlinuz"],
+    )
+    # The suite's own depmod, so the index is the format its modprobe reads.
     A.run_tool([A.tool("chroot"), str(root), "depmod", kver])
     (root / "boot").mkdir(exist_ok=True)
-    shutil.copyfile(kernel_root / "boot" / f"config-{kver}", root / "boot" / f"config-{kver}")
+    shutil.copyfile(kernel.config, root / "boot" / f"config-{kver}")
     for d, applet in (("usr/local/bin", "nc"), ("usr/local/sbin", "poweroff")):
         (root / d).mkdir(parents=True, exist_ok=True)
         link = root / d / applet
@@ -360,30 +420,39 @@ def _mkfs(root: Path, image: Path) -> None:
 
 
 def _build_rootfs(
-    dest: Path, kernel_root: Path, kver: str, mirror: str, work: Path, packages: Sequence[str]
+    suite: Suite,
+    dest: Path,
+    kernel: A.UnpackedKernel,
+    mirror: str,
+    work: Path,
+    packages: Sequence[str],
 ) -> None:
-    _require_root("root filesystem")
+    _require_root(suite, "root filesystem")
     tmp = work / f".rootfs-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         root = tmp / "root"
         started = time.monotonic()
-        _debootstrap(root, mirror, work / "debs", work / "debootstrap.log", packages)
-        _furnish_rootfs(root, kernel_root, kver)
+        _debootstrap(suite, root, mirror, work / "debs", work / "debootstrap.log", packages)
+        versions = _installed_versions(root)
+        _furnish_rootfs(root, kernel)
         image = tmp / "rootfs.ext4"
         _mkfs(root, image)
+        # The versions first: an image without its record is never published.
+        A.atomic_write(dest.with_suffix(".json"), json.dumps(versions, sort_keys=True).encode())
         os.replace(image, dest)
         log.info("built %s in %.1f s", dest, time.monotonic() - started)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _rootfs_key(mirror: str, package: str, packages: Sequence[str]) -> str:
+def _rootfs_key(suite: Suite, mirror: str, package: str, packages: Sequence[str]) -> str:
     builders = "".join(
-        inspect.getsource(f) for f in (_debootstrap, _furnish_rootfs, _mkfs, _build_rootfs)
+        inspect.getsource(f)
+        for f in (_debootstrap, _installed_versions, _furnish_rootfs, _mkfs, _build_rootfs)
     )
-    blob = json.dumps([SUITE, mirror, list(packages), package, builders, ROOTFS_FREE_MIB])
+    blob = json.dumps([suite.name, mirror, list(packages), package, builders, ROOTFS_FREE_MIB])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -457,7 +526,7 @@ def _prune(work: Path, pattern: str, keep: Path, spare: int) -> None:
             stale.unlink()
 
 
-def _kernel_dir(work: Path, apt: TrixieApt, fetched: bool) -> Path:
+def _kernel_dir(work: Path, apt: SuiteApt, fetched: bool) -> Path:
     package = apt.kernel_package()
     kernels = work / "kernel"
     dest = kernels / package
@@ -469,13 +538,25 @@ def _kernel_dir(work: Path, apt: TrixieApt, fetched: bool) -> Path:
         if fetched:
             raise
         # Debian keeps only the current kernel in the archive: a list a week old may name
-        # one that is gone.
-        log.warning("downloading %s failed; refreshing trixie's package lists", package)
+        # one that is gone (sid moves every few weeks).
+        log.warning("downloading %s failed; refreshing %s's package lists", package, apt.suite.name)
         apt.update()
         return _kernel_dir(work, apt, True)
 
 
-def prepare_assets(variant: str = "", extra_packages: Sequence[str] = ()) -> GuestAssets:
+def _check_kernel(suite: Suite, kernel: A.UnpackedKernel) -> None:
+    if not kernel.version.startswith(suite.kernel + "."):
+        raise GuestError(
+            f"{suite.name}'s kernel is now {kernel.version} ({kernel.package}), not Linux"
+            f" {suite.kernel}.x: the peer {suite.peer} is named after {suite.kernel}. Give the"
+            f" new kernel a peer of its own in tests/interop/guest.py (or set"
+            f" {suite.kernel_package_variable} to a {suite.kernel}.x package)"
+        )
+
+
+def prepare_assets(
+    suite: Suite, variant: str = "", extra_packages: Sequence[str] = ()
+) -> GuestAssets:
     """Build (once, cached) and return the kernel, stage-1 initramfs and root image.
 
     A `variant` (a name) is a root filesystem with `extra_packages` too, for a harness that
@@ -484,30 +565,31 @@ def prepare_assets(variant: str = "", extra_packages: Sequence[str] = ()) -> Gue
     time (and neither one's clean-up removes the other)."""
     packages = (*PACKAGES, *(p for p in extra_packages if p not in PACKAGES))
     prefix = f"{variant}-rootfs" if variant else "rootfs"
-    require_prerequisites()
+    require_prerequisites(suite)
     cache = A.cache_dir()
-    work = cache / SUITE
+    work = cache / suite.name
     work.mkdir(parents=True, exist_ok=True)
     with A.locked(work / ".build.lock"):
         mirror = debian_mirror(work / "memo.json")
-        apt = TrixieApt(work / "apt", mirror)
+        apt = SuiteApt(work / "apt", mirror, suite)
         fetched = apt.ensure_lists()
         kdir = _kernel_dir(work, apt, fetched)
-        info = json.loads((kdir / "info.json").read_text())
-        kver = str(info["kernel_version"])
-        package = str(info["package"])
-        kernel_root = kdir / "root"
+        kernel = A.UnpackedKernel.load(kdir)
+        _check_kernel(suite, kernel)
+        kver = kernel.version
 
-        rootfs = work / f"{prefix}-{kver}-{_rootfs_key(mirror, package, packages)}.ext4"
+        key = _rootfs_key(suite, mirror, kernel.package, packages)
+        rootfs = work / f"{prefix}-{kver}-{key}.ext4"
         if not rootfs.exists():
-            _build_rootfs(rootfs, kernel_root, kver, mirror, work, packages)
+            _build_rootfs(suite, rootfs, kernel, mirror, work, packages)
         busybox = A.tool("busybox")
         stage1 = work / f"stage1-{kver}-{_stage1_key(kver, busybox)}.cpio.gz"
         if not stage1.exists():
-            _build_stage1(stage1, kernel_root / "lib" / "modules" / kver, busybox)
+            _build_stage1(stage1, kernel.root / "lib" / "modules" / kver, busybox)
         for path in (rootfs, stage1):
             os.utime(path)
         _prune(work, f"{prefix}-*.ext4", rootfs, spare=1)
+        _prune(work, f"{prefix}-*.json", rootfs.with_suffix(".json"), spare=1)
         _prune(work, "stage1-*.cpio.gz", stage1, spare=2)
         # Kernels no remaining image was built from.
         kvers = {
@@ -521,17 +603,24 @@ def prepare_assets(variant: str = "", extra_packages: Sequence[str] = ()) -> Gue
             )
             if old != kdir and version is not None and version not in kvers:
                 shutil.rmtree(old, ignore_errors=True)
+        try:
+            installed = json.loads(rootfs.with_suffix(".json").read_text())
+        except (OSError, ValueError):
+            # An image built before its versions were recorded: they are unknown.
+            installed = {}
     return GuestAssets(
-        peer=PEER,
+        peer=suite.peer,
         cache_dir=work,
-        kernel_package=package,
+        kernel_package=kernel.package,
         kernel_version=kver,
-        vmlinuz=kernel_root / "boot" / f"vmlinuz-{kver}",
-        vmlinux=(kdir / "vmlinux") if info["vmlinux"] else None,
-        kernel_root=kernel_root,
+        vmlinuz=kernel.vmlinuz,
+        config=kernel.config,
+        vmlinux=kernel.vmlinux,
+        kernel_root=kernel.root,
         initramfs=stage1,
         root_disk=rootfs,
         overlay_prefix="overlay",
+        versions={**installed, **kernel.packages},
     )
 
 
@@ -540,18 +629,20 @@ def prepare_assets(variant: str = "", extra_packages: Sequence[str] = ()) -> Gue
 
 
 def python_bundle(
+    suite: Suite,
     packages: Sequence[str] = ("python3-cryptography", "python3-cffi-backend"),
 ) -> Path:
-    """A tar.gz of trixie's builds of `packages` (their ``usr/lib/python3/dist-packages``),
-    for running pynvmf itself in the guest with the guest's Python 3.13, where a test needs
-    the guest kernel's features on pynvmf's side of a connection (kTLS: the machine's
-    kernel may have no tls module). Downloaded once with trixie's apt lists, cached."""
-    require_prerequisites()
-    work = A.cache_dir() / SUITE
+    """A tar.gz of the suite's builds of `packages` (their ``usr/lib/python3/dist-packages``),
+    for running pynvmf itself in the guest with the guest's Python (trixie 3.13, sid 3.14),
+    where a test needs the guest kernel's features on pynvmf's side of a connection (kTLS:
+    the machine's kernel may have no tls module). Downloaded once with the suite's apt
+    lists, cached."""
+    require_prerequisites(suite)
+    work = A.cache_dir() / suite.name
     work.mkdir(parents=True, exist_ok=True)
     with A.locked(work / ".build.lock"):
         mirror = debian_mirror(work / "memo.json")
-        apt = TrixieApt(work / "apt", mirror)
+        apt = SuiteApt(work / "apt", mirror, suite)
         apt.ensure_lists()
         key = hashlib.sha256(json.dumps([mirror, list(packages)]).encode()).hexdigest()[:16]
         dest = work / f"python-{key}.tar.gz"
