@@ -16,6 +16,14 @@ connection is to be closed (`closing`), as nvmet does; an AUTH_Failure2 from the
 it the same way. A Negotiate on an authenticated queue starts a re-authentication: the
 queue stays authenticated while it runs, and a failed one closes it.
 
+Secure channel concatenation (NVMe Base 2.1 §8.3.4.3): a Negotiate with SC_C NEWTLSPSK (an
+admin queue without TLS, on a listener that offers TLS) or REPLACETLSPSK (an admin queue over
+TLS) asks the transaction to generate a PSK for TLS. The host then sends C2 with S2 0 (no
+controller authentication: Success1 carries no R2) or with S2 set (bidirectional, the PSK
+comes with Success2). Once it succeeded, `take_generated_psk()` hands the generated PSK,
+HMAC(KS, C1 || C2), to the glue, which derives the TLS PSK and its identity. SC_C is part of
+R1, not of R2 (which carries 00h, as Linux computes both).
+
 Secrets stay in the configuration objects; nothing here logs or returns them.
 """
 
@@ -29,7 +37,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
-from pynvmf.auth.crypto import DhExchange, augmented_challenge, controller_response, host_response
+from pynvmf.auth.crypto import (
+    DhExchange,
+    augmented_challenge,
+    controller_response,
+    generated_psk,
+    host_response,
+)
 from pynvmf.auth.keys import DhchapKey
 from pynvmf.spec.auth import (
     AUTH_ID_DHCHAP,
@@ -43,7 +57,7 @@ from pynvmf.spec.auth import (
     MessageId,
     Negotiate,
     Reply,
-    SecureChannel,
+    SecureConcat,
     Success1,
     Success2,
     explanation_name,
@@ -63,6 +77,9 @@ ALL_DHGROUPS = (
     DhGroupId.FFDHE8192,
     DhGroupId.NULL,
 )
+# The hashes a generated PSK can be for: a TLS PSK's (NVMe/TCP allows SHA-256 and SHA-384
+# cipher suites only; Linux refuses to derive one from SHA-512).
+CONCAT_HASHES = (HashId.SHA256, HashId.SHA384)
 
 
 @dataclass(frozen=True)
@@ -118,6 +135,10 @@ class ControllerAuth:
     cntlid: int = 0
     state: State = State.IDLE
     authenticated: bool = False
+    # Secure channel concatenation: whether the queue's listener offers TLS (NEWTLSPSK is
+    # possible), and whether this queue's connection is TLS (REPLACETLSPSK is).
+    tls_offered: bool = False
+    on_tls: bool = False
     # Set when the connection must be closed once the current command has completed.
     closing: str | None = None
     failure: FailureExplanation | None = None
@@ -132,6 +153,8 @@ class ControllerAuth:
     _session_key: bytes = field(default=b"", repr=False)
     _c2: bytes | None = field(default=None, repr=False)
     _s2: int = 0
+    _sc_c: int = SecureConcat.NONE
+    _generated: tuple[HashId, bytes] | None = field(default=None, repr=False)
 
     @property
     def in_progress(self) -> bool:
@@ -150,6 +173,7 @@ class ControllerAuth:
         self._forget()
 
     def _forget(self) -> None:
+        self._sc_c = SecureConcat.NONE
         self._c1 = b""
         self._dh = None
         self._session_key = b""
@@ -206,28 +230,59 @@ class ControllerAuth:
         if config is None:
             self._fail(FailureExplanation.FAILED, "no DH-HMAC-CHAP key for this host")
             return
-        if msg.sc_c != SecureChannel.NONE:
-            self._fail(FailureExplanation.CONCAT_MISMATCH, f"secure channel SC_C {msg.sc_c}")
-            return
+        concat = msg.sc_c != SecureConcat.NONE
+        if concat:
+            refusal = self._concat_refusal(msg.sc_c)
+            if refusal:
+                self._fail(FailureExplanation.CONCAT_MISMATCH, refusal)
+                return
         if AUTH_ID_DHCHAP not in msg.auth_ids:
             self._fail(FailureExplanation.NOT_USABLE, f"protocols {msg.auth_ids} offered")
             return
-        hash_id = next((h for h in config.hashes if h in msg.hashes), None)
+        usable = [h for h in config.hashes if not concat or h in CONCAT_HASHES]
+        hash_id = next((h for h in usable if h in msg.hashes), None)
         if hash_id is None:
             self._fail(FailureExplanation.HASH_UNUSABLE, f"hashes {list(msg.hashes)} offered")
             return
         group = next((g for g in config.dhgroups if g in msg.dhgroups), None)
+        if concat:
+            # The generated PSK is keyed with the DH session key: no null group (nvmet
+            # answers the same).
+            group = next(
+                (g for g in config.dhgroups if g in msg.dhgroups and g != DhGroupId.NULL), None
+            )
+            if group is None:
+                self._fail(
+                    FailureExplanation.CONCAT_MISMATCH,
+                    f"secure channel concatenation needs a DH group; {list(msg.dhgroups)} offered",
+                )
+                return
         if group is None:
             self._fail(
                 FailureExplanation.DHGROUP_UNUSABLE, f"DH groups {list(msg.dhgroups)} offered"
             )
             return
         self._forget()
+        self._sc_c = msg.sc_c
         self._config = config
         self._hash = hash_id
         self._group = group
         self.transactions += 1
         self.state = State.CHALLENGE
+
+    def _concat_refusal(self, sc_c: int) -> str:
+        """Why this queue cannot do the secure channel concatenation SC_C asks for, or ""."""
+        if self.qid != 0:
+            return f"SC_C {sc_c:#04x} on I/O queue {self.qid} (the admin queue's alone)"
+        if sc_c == SecureConcat.NEW_TLS_PSK:
+            if self.on_tls:
+                return "NEWTLSPSK on a queue that already runs over TLS"
+            if not self.tls_offered:
+                return "NEWTLSPSK on a listener without TLS"
+            return ""
+        if sc_c == SecureConcat.REPLACE_TLS_PSK:
+            return "" if self.on_tls else "REPLACETLSPSK on a queue without TLS"
+        return f"SC_C {sc_c:#04x}"
 
     def _reply(self, msg: Reply) -> None:
         config = self._config
@@ -239,8 +294,13 @@ class ControllerAuth:
         if len(msg.response) != hl:
             self._fail(FailureExplanation.INCORRECT_PAYLOAD, f"Reply HL {len(msg.response)}")
             return
-        if msg.c2 is not None and msg.seqnum == 0:
-            # S2 0 with a C2 asks for a PSK for secure concatenation, which is not offered.
+        concat = self._sc_c != SecureConcat.NONE
+        if concat and msg.c2 is None:
+            # The generated PSK needs C2 (nvmet answers the same).
+            self._fail(FailureExplanation.FAILED, "secure channel concatenation without C2")
+            return
+        if not concat and msg.c2 is not None and msg.seqnum == 0:
+            # S2 0 with a C2 asks for a PSK, which a Negotiate without SC_C did not.
             self._fail(FailureExplanation.INCORRECT_PAYLOAD, "Reply with C2 and S2 0")
             return
         challenge = self._c1
@@ -263,11 +323,12 @@ class ControllerAuth:
             self._t_id,
             self.hostnqn,
             self.subnqn,
+            self._sc_c,
         )
         if not hmac.compare_digest(expected, msg.response):
             self._fail(FailureExplanation.FAILED, "the host's response does not match")
             return
-        if msg.c2 is not None and config.ctrl_key is None:
+        if msg.c2 is not None and msg.seqnum and config.ctrl_key is None:
             self._fail(FailureExplanation.FAILED, "C2 sent, and no controller key is set")
             return
         self._c2 = msg.c2
@@ -278,14 +339,28 @@ class ControllerAuth:
         self.authenticated = True
         self.failure = None
         self.state = State.IDLE
+        concat = self._sc_c != SecureConcat.NONE
+        if concat:
+            assert self._c2 is not None
+            self._generated = (
+                self._hash,
+                generated_psk(self._hash, self._session_key, self._c1, self._c2),
+            )
         log.info(
-            "%s: authenticated (%s, %s%s)",
+            "%s: authenticated (%s, %s%s%s)",
             self._where(),
             self._hash.hashlib_name,
             self._group.text,
-            ", bidirectional" if self._c2 is not None else "",
+            ", bidirectional" if self._c2 is not None and self._s2 else "",
+            f", {SecureConcat(self._sc_c).name} for secure channel concatenation" if concat else "",
         )
         self._forget()
+
+    def take_generated_psk(self) -> tuple[HashId, bytes] | None:
+        """The PSK the last transaction generated for secure channel concatenation (its
+        hash and the generated PSK), once: None if it generated none."""
+        generated, self._generated = self._generated, None
+        return generated
 
     # -- Authentication Receive ------------------------------------------------------------
 
@@ -318,7 +393,8 @@ class ControllerAuth:
         config = self._config
         assert config is not None
         hl = self._hash.length
-        if self._c2 is None:
+        if self._c2 is None or not self._s2:
+            # Unidirectional, or C2 for a generated PSK alone (S2 0): no R2.
             msg = Success1(self._t_id, hl).pack()
             self._succeed()
             return msg

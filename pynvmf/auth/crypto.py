@@ -141,3 +141,11 @@ def controller_response(
     """R2 = HMAC(Kc', C2 || S2 || T_ID || SC_C || "Controller" || NQNc || 00h || NQNh); `key`
     is the controller secret transformed with the subsystem NQN."""
     return _response(hash_id, key, challenge, seqnum, t_id, sc_c, b"Controller", subnqn, hostnqn)
+
+
+def generated_psk(hash_id: HashId, session_key: bytes, c1: bytes, c2: bytes) -> bytes:
+    """The PSK a transaction with secure channel concatenation generates for TLS (NVMe Base
+    2.1 §8.3.4.3): HMAC(KS, C1 || C2) with the transaction's hash, KS the DH session key
+    (g^xy mod p, the prime's length) and C1, C2 the two challenges as sent (not augmented)."""
+    name = hash_id.hashlib_name
+    return hmac.new(session_key, c1 + c2, name).digest()

@@ -5,6 +5,12 @@ controller's Challenge, `success1(message)` the Success2 to send (bidirectional)
 A problem raises `AuthenticationFailed`: with `failure2` set, the AUTH_Failure2 the host
 sends the controller before giving up (the controller's message was bad, or its response
 R2 did not match); without, the controller refused (AUTH_Failure1).
+
+With `concat` (SC_C NEWTLSPSK or REPLACETLSPSK: secure channel concatenation, admin queue
+only) the host offers SHA-256 and SHA-384 alone (the hashes a TLS PSK can have), refuses the
+null DH group, sends C2 with S2 0 (as Linux does; S2 set and bidirectional when it also holds
+the controller's secret) and, once Success1 (or its Success2) is through, `generated_psk`
+holds HMAC(KS, C1 || C2) with the transaction's hash, for pynvmf.tcp.psk.generated_tls_psks.
 """
 
 from __future__ import annotations
@@ -12,8 +18,14 @@ from __future__ import annotations
 import hmac
 import secrets
 
-from pynvmf.auth.controller import ALL_HASHES, SEQUENCE
-from pynvmf.auth.crypto import DhExchange, augmented_challenge, controller_response, host_response
+from pynvmf.auth.controller import ALL_HASHES, CONCAT_HASHES, SEQUENCE
+from pynvmf.auth.crypto import (
+    DhExchange,
+    augmented_challenge,
+    controller_response,
+    generated_psk,
+    host_response,
+)
 from pynvmf.auth.keys import DhchapKey
 from pynvmf.spec.auth import (
     Challenge,
@@ -25,6 +37,7 @@ from pynvmf.spec.auth import (
     MessageId,
     Negotiate,
     Reply,
+    SecureConcat,
     Success1,
     Success2,
     explanation_name,
@@ -63,22 +76,30 @@ class HostAuth:
         t_id: int | None = None,
         hashes: tuple[HashId, ...] = ALL_HASHES,
         dhgroups: tuple[DhGroupId, ...] = HOST_DHGROUPS,
+        concat: SecureConcat = SecureConcat.NONE,
     ) -> None:
         self._host_key = host_key
         self._ctrl_key = ctrl_key
         self.hostnqn = hostnqn
         self.subnqn = subnqn
         self.t_id = secrets.randbits(16) if t_id is None else t_id
+        self.concat = concat
+        if concat != SecureConcat.NONE:
+            hashes = tuple(h for h in hashes if h in CONCAT_HASHES)
+            dhgroups = tuple(g for g in dhgroups if g != DhGroupId.NULL)
         self.hashes = hashes
         self.dhgroups = dhgroups
         self.hash_id: HashId | None = None
         self.dhgroup: DhGroupId | None = None
         self._session_key = b""
+        self._c1 = b""
         self._c2: bytes | None = None
         self._s2 = 0
+        # The PSK this transaction generated (secure channel concatenation), once it succeeded.
+        self.generated_psk: bytes | None = None
 
     def negotiate(self) -> bytes:
-        return Negotiate(self.t_id, tuple(self.hashes), tuple(self.dhgroups)).pack()
+        return Negotiate(self.t_id, tuple(self.hashes), tuple(self.dhgroups), self.concat).pack()
 
     def _failure2(self, explanation: FailureExplanation, text: str) -> AuthenticationFailed:
         msg = Failure(MessageId.FAILURE2, self.t_id, explanation).pack()
@@ -117,6 +138,7 @@ class HostAuth:
             raise self._failure2(FailureExplanation.DHGROUP_UNUSABLE, f"DH group {msg.dhgroup}")
         group = DhGroupId(msg.dhgroup)
         self.hash_id, self.dhgroup = hash_id, group
+        self._c1 = msg.c1
         challenge = msg.c1
         dh_value = b""
         if group == DhGroupId.NULL:
@@ -138,9 +160,11 @@ class HostAuth:
             self.t_id,
             self.hostnqn,
             self.subnqn,
+            self.concat,
         )
-        if self._ctrl_key is not None:
+        if self._ctrl_key is not None or self.concat != SecureConcat.NONE:
             self._c2 = secrets.token_bytes(hash_id.length)
+        if self._ctrl_key is not None:
             self._s2 = SEQUENCE.next()
         return Reply(self.t_id, r1, self._s2, self._c2, dh_value).pack()
 
@@ -150,6 +174,7 @@ class HostAuth:
         if msg.hash_length != self.hash_id.length:
             raise self._failure2(FailureExplanation.HASH_UNUSABLE, f"HL {msg.hash_length}")
         if self._ctrl_key is None or self._c2 is None:
+            self._generate()
             return None
         if msg.response is None:
             raise self._failure2(FailureExplanation.FAILED, "the controller did not respond")
@@ -169,4 +194,11 @@ class HostAuth:
             raise self._failure2(
                 FailureExplanation.FAILED, "the controller's response does not match its key"
             )
+        self._generate()
         return Success2(self.t_id).pack()
+
+    def _generate(self) -> None:
+        if self.concat == SecureConcat.NONE:
+            return
+        assert self.hash_id is not None and self._c2 is not None
+        self.generated_psk = generated_psk(self.hash_id, self._session_key, self._c1, self._c2)

@@ -122,11 +122,23 @@ def tls_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="keep the TLS record layer in user space even where the kernel has kTLS",
     )
+    p.add_argument(
+        "--concat",
+        action="store_true",
+        help="secure channel concatenation: authenticate the admin queue (--dhchap-secret) "
+        "for a generated TLS PSK, then connect every queue over TLS with it",
+    )
 
 
 def tls_arguments(args: argparse.Namespace) -> dict[str, Any]:
     """connect()'s TLS keyword arguments from tls_options' options."""
     key = getattr(args, "tls_key", None)
+    ktls = "off" if getattr(args, "no_ktls", False) else "auto"
+    if getattr(args, "concat", False):
+        if key is not None or getattr(args, "tls", False):
+            # As nvme-cli and Linux: the concatenation generates the channel's PSK.
+            raise ValueError("--concat generates its TLS PSK: no --tls or --tls-key with it")
+        return {"concat": True, "ktls": ktls}
     if key is None:
         if getattr(args, "tls", False):
             raise ValueError("--tls needs --tls-key (pynvmf reads no keyring)")
@@ -144,7 +156,7 @@ def tls_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "tls_psk": psk,
         "tls_identity": args.tls_identity,
         "tls_compat": args.tls_compat,
-        "ktls": "off" if args.no_ktls else "auto",
+        "ktls": ktls,
     }
 
 

@@ -25,11 +25,11 @@ from pynvmf.host.queue import HostQueue
 from pynvmf.spec import command as C
 from pynvmf.spec import identify as I
 from pynvmf.spec import reservations as R
-from pynvmf.spec.auth import AUTHREQ_ATR
+from pynvmf.spec.auth import AUTHREQ_ATR, SecureConcat
 from pynvmf.spec.logpages import LogPageId
 from pynvmf.spec.opcodes import DISCOVERY_NQN, NSID_ALL, AdminOpcode, FeatureId
 from pynvmf.tcp.host import Buffer
-from pynvmf.tcp.psk import ConfiguredPsk, TlsPsk, tls_psk
+from pynvmf.tcp.psk import ConfiguredPsk, TlsPsk, generated_tls_psks, tls_psk
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +76,16 @@ class Controller:
         dhchap_ctrl_secret: DhchapKey | None = None,
         tls_psk: TlsPsk | None = None,
         ktls: str = "auto",
+        concat: bool = False,
     ) -> None:
         self.address = address
+        # The TLS PSK every queue's connection uses (with `concat`, the one the admin
+        # queue's authentication generated, from then on), or None: plain TCP.
         self.tls_psk = tls_psk
         self.ktls = ktls
+        # Secure channel concatenation (nvme-cli's --concat): authenticate the admin queue
+        # for a generated PSK, then every queue over TLS with it.
+        self.concat = concat
         self.port = port
         self.subnqn = subnqn
         self.identity = identity
@@ -152,7 +158,8 @@ class Controller:
                 f"{self.address} port {self.port}: controller bring-up took too long"
             ) from None
 
-    async def _bring_up(self, queues: int, queue_depth: int, deadline: asyncio.Timeout) -> None:
+    async def _connect_admin(self) -> tuple[HostQueue, int]:
+        """Open the admin queue and Connect it (a new controller): it and Connect's DW0."""
         admin = await self._open_queue(0, ADMIN_QUEUE_DEPTH)
         self.admin = admin
         result = await fabrics.connect_queue(
@@ -164,6 +171,12 @@ class Controller:
             disable_sqflow=self.disable_sqflow,
         )
         self.cntlid = result & 0xFFFF
+        return admin, result
+
+    async def _bring_up(self, queues: int, queue_depth: int, deadline: asyncio.Timeout) -> None:
+        admin, result = await self._connect_admin()
+        if self.concat and self.tls_psk is None:
+            admin, result = await self._concatenate(admin, result)
         await self._authenticate_if_asked(admin, result)
         self.cap = await fabrics.property_get(admin, C.PROP_CAP, 8)
         self.vs = await fabrics.property_get(admin, C.PROP_VS)
@@ -263,6 +276,21 @@ class Controller:
 
     # -- authentication ----------------------------------------------------------------------
 
+    async def _concatenate(self, admin: HostQueue, result: int) -> tuple[HostQueue, int]:
+        """Secure channel concatenation, as Linux's host does it: authenticate the plain
+        admin queue asking for a new TLS PSK (SC_C NEWTLSPSK), close it, and connect the
+        admin queue again over TLS with the generated PSK (which the I/O queues use too).
+        That admin queue, and the new controller, are what the rest of bring-up uses."""
+        if not result & AUTHREQ_ATR:
+            raise NvmeAuthenticationError(
+                f"{self.subnqn}: the controller does not ask to authenticate, so no TLS PSK "
+                "can be generated for secure channel concatenation"
+            )
+        await self._authenticate(admin)
+        admin.close("reconnecting over TLS with the generated PSK")
+        await admin.wait_closed()
+        return await self._connect_admin()
+
     async def _authenticate_if_asked(self, queue: HostQueue, connect_result: int) -> None:
         """Authenticate `queue` when Connect's AUTHREQ asks for it (as Linux's host: a
         secret given to a controller that does not ask is not used)."""
@@ -277,13 +305,23 @@ class Controller:
     async def _authenticate(self, queue: HostQueue) -> None:
         assert self._dhchap_secret is not None
         self.authenticated_queues.discard(queue.qid)
+        concat = SecureConcat.NONE
+        if self.concat and queue.qid == 0:
+            # A new PSK on a plain admin queue; over TLS, one that replaces its channel's.
+            concat = SecureConcat.NEW_TLS_PSK if queue.tls is None else SecureConcat.REPLACE_TLS_PSK
         auth = HostAuth(
             self._dhchap_secret,
             self.identity.hostnqn,
             self.subnqn,
             ctrl_key=self._dhchap_ctrl_secret,
+            concat=concat,
         )
         await fabrics.authenticate(queue, auth)
+        if auth.generated_psk is not None:
+            assert auth.hash_id is not None
+            self.tls_psk = generated_tls_psks(
+                auth.hash_id, auth.generated_psk, self.identity.hostnqn, self.subnqn
+            )[0]
         self.authenticated_queues.add(queue.qid)
 
     async def reauthenticate(
@@ -292,14 +330,18 @@ class Controller:
         dhchap_ctrl_secret: DhchapKey | None = None,
     ) -> None:
         """A new DH-HMAC-CHAP transaction on every queue (AUTH_Negotiate on authenticated
-        queues), with new secrets if given: what Linux does when its dhchap_secret changes."""
+        queues), with new secrets if given: what Linux does when its dhchap_secret changes.
+        With secure channel concatenation, on the admin queue alone (as Linux), asking for
+        a PSK that replaces the current one (REPLACETLSPSK): I/O queues connected from then
+        on use it."""
         if dhchap_secret is not None:
             self._dhchap_secret = dhchap_secret
         if dhchap_ctrl_secret is not None:
             self._dhchap_ctrl_secret = dhchap_ctrl_secret
         if self._dhchap_secret is None:
             raise NvmeAuthenticationError("no DH-HMAC-CHAP secret to authenticate with")
-        for queue in [self._admin(), *self.io_queues]:
+        queues = [self._admin()] if self.concat else [self._admin(), *self.io_queues]
+        for queue in queues:
             await self._authenticate(queue)
 
     # -- commands ----------------------------------------------------------------------------
@@ -637,6 +679,7 @@ async def connect(
     tls_identity: int = 0,
     tls_compat: bool = False,
     ktls: str = "auto",
+    concat: bool = False,
 ) -> Controller:
     """Create a controller on the subsystem `subnqn` at address:port and bring it up:
     admin queue, enable, Identify, `queues` I/O queues, namespaces.
@@ -649,6 +692,12 @@ async def connect(
     `dhchap_ctrl_secret` also has the controller prove it holds its own secret
     (bidirectional). A failure raises NvmeAuthenticationError; a malformed secret,
     KeyFormatError (a ValueError) before anything is sent.
+
+    `concat` (nvme-cli's ``--concat``): secure channel concatenation. The admin queue
+    authenticates over plain TCP asking for a TLS PSK, then every queue connects over TLS
+    1.3 with the PSK that authentication generated (identity ``NVMe1G0x <hostnqn>
+    <subnqn> <digest>``). It needs `dhchap_secret` and no `tls_psk`, as Linux's host; the
+    listener must take both plain and TLS connections (nvmet's TREQ "not required").
     """
     if queue_depth < 1:
         raise ValueError("queue_depth must be at least 1")
@@ -660,6 +709,10 @@ async def connect(
     )
     if ctrl_key is not None and host_key is None:
         raise ValueError("a controller secret needs a host secret too")
+    if concat and host_key is None:
+        raise ValueError("secure channel concatenation needs a DH-HMAC-CHAP secret")
+    if concat and tls_psk is not None:
+        raise ValueError("secure channel concatenation generates its TLS PSK: give none")
     identity = HostIdentity.resolve(hostnqn, hostid)
     psk = _tls_psk(tls_psk, identity.hostnqn, subnqn, tls_identity, tls_compat)
     ctrl = Controller(
@@ -677,6 +730,7 @@ async def connect(
         dhchap_ctrl_secret=ctrl_key,
         tls_psk=psk,
         ktls=ktls,
+        concat=concat,
     )
     try:
         await ctrl._start(queues, queue_depth)

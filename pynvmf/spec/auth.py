@@ -20,8 +20,8 @@ from enum import IntEnum
 SECP_DHCHAP = 0xE9
 SPSP_DHCHAP = 0x01
 
-# Connect response DW0 bits 17:16 (AUTHREQ): authentication transaction required, and
-# secure channel concatenation required (not offered by pynvmf).
+# Connect response DW0 (AUTHREQ): authentication transaction required, and secure channel
+# concatenation required (which pynvmf's target never sets: as nvmet, it lets the host choose).
 AUTHREQ_ATR = 1 << 17
 AUTHREQ_ASCR = 1 << 18
 
@@ -128,12 +128,15 @@ def dhgroup_from_name(name: str) -> DhGroupId:
     raise ValueError(f"unknown DH-HMAC-CHAP DH group {name!r} (null, ffdhe2048 ... ffdhe8192)")
 
 
-class SecureChannel(IntEnum):
-    """SC_C of AUTH_Negotiate: secure channel concatenation."""
+class SecureConcat(IntEnum):
+    """SC_C of AUTH_Negotiate: secure channel concatenation (NVMe Base 2.1; Linux's
+    NVME_AUTH_SECP_*). 01h is obsolete (Base 2.0's), and refused like any other value."""
 
     NONE = 0x00
-    NEW_TLS_PSK = 0x01
-    REPLACE_TLS_PSK = 0x02
+    # Generate a PSK on an admin queue without TLS, for TLS on the queues that follow.
+    NEW_TLS_PSK = 0x02
+    # Generate a PSK on an admin queue over TLS, replacing the PSK of that channel.
+    REPLACE_TLS_PSK = 0x03
 
 
 class FailureReason(IntEnum):
@@ -193,7 +196,7 @@ class Negotiate:
     t_id: int
     hashes: tuple[int, ...]
     dhgroups: tuple[int, ...]
-    sc_c: int = SecureChannel.NONE
+    sc_c: int = SecureConcat.NONE
     # Every protocol descriptor's AUTHID (only 01h, DH-HMAC-CHAP, is defined).
     auth_ids: tuple[int, ...] = (AUTH_ID_DHCHAP,)
 

@@ -17,6 +17,7 @@ from pynvmf.auth.controller import ControllerAuth
 from pynvmf.spec.auth import SECP_DHCHAP, SPSP_DHCHAP, auth_cdw10_fields
 from pynvmf.spec.opcodes import FabricsType
 from pynvmf.spec.status import DNR, Status
+from pynvmf.tcp.psk import generated_tls_psks
 
 if TYPE_CHECKING:
     from pynvmf.target.queue import TargetQueue
@@ -53,6 +54,8 @@ async def execute(queue: TargetQueue, req: Request) -> Outcome:
                 queue.qid,
                 ctrl.cntlid,
                 authenticated=True,
+                tls_offered=queue.port.secure_channel != "none",
+                on_tls=queue.tls_psk is not None,
             )
             queue.auth = auth
     if auth is None:
@@ -67,10 +70,12 @@ async def execute(queue: TargetQueue, req: Request) -> Outcome:
     if send:
         data = req.data if req.data is not None else await queue.fetch_data(req)
         auth.send(bytes(data))
+        _keep_generated_psk(queue, auth)
         queue.auth_progressed()
         return Status.SUCCESS, 0, None
     await queue.hold(req, length)
     message = auth.receive()
+    _keep_generated_psk(queue, auth)
     queue.auth_progressed()
     if len(message) > length:
         # The message does not fit what the host allocated: the transaction cannot go on.
@@ -78,3 +83,28 @@ async def execute(queue: TargetQueue, req: Request) -> Outcome:
         return Status.INVALID_FIELD | DNR, 0, None
     # Padded to AL, as nvmet answers (the host's buffer is the allocation).
     return Status.SUCCESS, 0, message.ljust(length, b"\0")
+
+
+def _keep_generated_psk(queue: TargetQueue, auth: ControllerAuth) -> None:
+    """A transaction with secure channel concatenation succeeded: the target holds the TLS
+    PSK it generated, for the TLS connections that will present its identity (NEWTLSPSK), or
+    in place of the PSK of this queue's channel (REPLACETLSPSK)."""
+    generated = auth.take_generated_psk()
+    ctrl = queue.controller
+    if generated is None or ctrl is None:
+        return
+    hash_id, psk = generated
+    psks = generated_tls_psks(hash_id, psk, ctrl.hostnqn, ctrl.subsystem.nqn)
+    store = queue.target.generated_psks
+    if queue.tls_psk is None:
+        store.add(psks)
+    else:
+        store.replace(ctrl.generated_psk, psks, ctrl)
+        ctrl.generated_psk = psks[0]
+    log.info(
+        "ctrl %d of %s: TLS PSK generated for %s, identity %s",
+        ctrl.cntlid,
+        ctrl.subsystem.nqn,
+        ctrl.hostnqn,
+        psks[0].identity.decode().split(" ")[0],
+    )

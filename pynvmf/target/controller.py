@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from pynvmf.target.queue import TargetQueue
     from pynvmf.target.server import Port, Target
     from pynvmf.target.subsystem import Subsystem
+    from pynvmf.tcp.psk import TlsPsk
     from pynvmf.tcp.target import Request
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,9 @@ class Controller:
         self._last_traffic = time.monotonic()
         self._ka_handle: asyncio.TimerHandle | None = None
         self.destroyed = False
+        # The PSK secure channel concatenation generated that this controller's admin queue
+        # came over TLS with (or replaced its PSK with): its queues need no authentication.
+        self.generated_psk: TlsPsk | None = None
 
     @property
     def is_discovery(self) -> bool:
@@ -254,6 +258,18 @@ class Controller:
             )
         )
 
+    # -- authentication -------------------------------------------------------------------
+
+    @property
+    def admin_authenticated(self) -> bool:
+        """Whether the admin queue did what its host's key asks: authenticated, or came over
+        a TLS channel whose PSK an authentication generated (or no key asks anything)."""
+        if self.generated_psk is not None:
+            return True
+        admin = self.queues.get(0)
+        auth = admin.auth if admin is not None else None
+        return auth is None or auth.authenticated
+
     # -- teardown ------------------------------------------------------------------------
 
     def remove_queue(self, qid: int, queue: TargetQueue) -> None:
@@ -268,6 +284,7 @@ class Controller:
             return
         self.destroyed = True
         self._cancel_keep_alive()
+        self.target.generated_psks.controller_gone(self)
         log.info("controller %d of %s destroyed: %s", self.cntlid, self.subsystem.nqn, reason)
         if self.subsystem.controllers.get(self.cntlid) is self:
             del self.subsystem.controllers[self.cntlid]

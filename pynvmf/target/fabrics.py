@@ -98,14 +98,27 @@ async def connect(queue: TargetQueue, req: Request) -> Result:
             return Status.CONNECT_INVALID_PARAM | DNR, C.connect_invalid_param_result(
                 C.CONNECT_SQE_OFFSET_QID, in_data=False
             )
+        if not ctrl.admin_authenticated:
+            # Its host has a key here and the admin queue has not authenticated: nothing
+            # the controller has may be used, an I/O queue first.
+            log.info(
+                "I/O queue %d for controller %d of %s whose admin queue did not authenticate",
+                cmd.qid,
+                ctrl.cntlid,
+                subsystem.nqn,
+            )
+            return Status.AUTH_REQUIRED | DNR, 0
         if not ctrl.csts & C.CSTS_RDY:
             return Status.CMD_SEQ_ERROR | DNR, 0
         if cmd.qid in ctrl.queues:
             return Status.CMD_SEQ_ERROR | DNR, 0
+    concatenated = tls_psk is not None and tls_psk.generated
     authreq = 0
-    if not subsystem.is_discovery and cdata.hostnqn in subsystem.host_auth:
+    if not subsystem.is_discovery and cdata.hostnqn in subsystem.host_auth and not concatenated:
         # The host has a key here: this queue answers nothing but authentication (and
-        # Property Get) until it has authenticated; AUTHREQ.ATR tells the host so.
+        # Property Get) until it has authenticated; AUTHREQ.ATR tells the host so. A queue
+        # over TLS with a PSK an authentication generated (secure channel concatenation)
+        # needs none: that PSK is the proof, and Linux authenticates no queue of it again.
         authreq = AUTHREQ_ATR
         queue.require_auth(
             ControllerAuth(
@@ -114,8 +127,14 @@ async def connect(queue: TargetQueue, req: Request) -> Result:
                 subsystem.nqn,
                 cmd.qid,
                 ctrl.cntlid,
+                tls_offered=queue.port.secure_channel != "none",
+                on_tls=tls_psk is not None,
             )
         )
+    if cmd.qid == 0 and concatenated and not subsystem.is_discovery:
+        assert tls_psk is not None
+        ctrl.generated_psk = tls_psk
+        target.generated_psks.take(tls_psk, ctrl)
     queue.bind(ctrl, cmd.qid, cmd.sqsize + 1, bool(cmd.cattr & C.CATTR_DISABLE_SQ_FLOW))
     if cmd.qid == 0 and not authreq:
         # With authentication the keep-alive timer starts once the admin queue has

@@ -47,6 +47,7 @@ from pynvmf.target.budget import (
     default_max_memory,
 )
 from pynvmf.target.devices import NamedDevice
+from pynvmf.target.generated_psks import GeneratedPsks
 from pynvmf.target.queue import TargetQueue
 from pynvmf.target.subsystem import (
     CNTLID_MAX,
@@ -235,6 +236,8 @@ class Target:
         self.counters = TargetCounters()
         # Secure-channel decisions (handshakes, kTLS or user space per direction).
         self.tls_counters = TlsCounters()
+        # TLS PSKs that secure channel concatenation generated (generated_psks.py).
+        self.generated_psks = GeneratedPsks()
         self.connection_budget = ConnectionBudget(limits or ConnectionLimits())
         limits = self.connection_budget.limits
         self.memory_pool = MemoryPool(limits.max_memory or default_max_memory())
@@ -497,6 +500,7 @@ class Target:
         subsystem = self._subsystem(nqn)
         waiting = self._commands_waiting(subsystem)
         del self.subsystems[nqn]
+        self.generated_psks.forget(subnqn=nqn)
         log.info("subsystem %s removed", nqn)
         for ctrl in list(subsystem.controllers.values()):
             ctrl.destroy("subsystem removed")
@@ -806,6 +810,9 @@ class Target:
             raise ChangeError("host", f"{hostnqn!r} is not a host of {nqn}")
         if auth is None:
             subsystem.host_auth.pop(hostnqn, None)
+            # What it authenticated for goes with the key; new keys leave it, as they leave
+            # the queues that already authenticated.
+            self.generated_psks.forget(hostnqn=hostnqn, subnqn=nqn)
         else:
             subsystem.host_auth[hostnqn] = auth
         log.info("DH-HMAC-CHAP keys of %s on %s %s", hostnqn, nqn, "changed" if auth else "removed")
@@ -845,7 +852,8 @@ class Target:
 
     def tls_lookup(self, port: Port) -> Callable[[bytes], list[TlsPsk]]:
         """The PSK for a TLS identity a host offers on `port`: the identity names the host
-        and the subsystem (NVMe0R0x <hostnqn> <subnqn>, NVMe1R0x ... <digest>)."""
+        and the subsystem (NVMe0R0x <hostnqn> <subnqn>, NVMe1R0x ... <digest>, and NVMe1G0x
+        ... <digest> for a PSK secure channel concatenation generated)."""
 
         def lookup(identity: bytes) -> list[TlsPsk]:
             try:
@@ -858,6 +866,10 @@ class Target:
             subsystem = self.subsystems.get(subnqn)
             if subsystem is None or not port.exposes(subnqn):
                 return []
+            if words[0][5:6] == "G":
+                if not subsystem.host_allowed(hostnqn) or hostnqn not in subsystem.host_auth:
+                    return []
+                return self.generated_psks.find(identity)
             configured = subsystem.host_psks.get(hostnqn)
             if configured is None or not subsystem.host_allowed(hostnqn):
                 return []
@@ -879,6 +891,7 @@ class Target:
             raise ChangeError("hostnqn", f"{hostnqn!r} is not a host of {nqn}")
         subsystem.allowed_hosts.discard(hostnqn)
         subsystem.host_auth.pop(hostnqn, None)
+        self.generated_psks.forget(hostnqn=hostnqn, subnqn=nqn)
         subsystem.host_psks.pop(hostnqn, None)
         subsystem.host_psk_names.pop(hostnqn, None)
         for ctrl in list(subsystem.controllers.values()):

@@ -1147,7 +1147,11 @@ class SecureChannel:
             "psk_dhe_ke" if engine.mode == PSK_DHE_KE else "psk_ke",
             f" ({_GROUP_NAMES.get(engine.group or 0, '')})" if engine.group else "",
             (engine.psk.identity.decode(errors="replace").split(" ")[0] if engine.psk else "-")
-            + (" (libnvme < 1.14's derivation)" if engine.psk and engine.psk.compat else ""),
+            + (
+                f" ({engine.psk.derivation} derivation)"
+                if engine.psk and engine.psk.derivation
+                else ""
+            ),
             "the kernel (kTLS)" if self.tx_kernel else f"user space ({self.reason})",
         )
         pending, self._pending_tx = self._pending_tx, []
