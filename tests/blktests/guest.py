@@ -3,7 +3,7 @@
 blktests (``./check``) wants bash, GNU awk, util-linux, fio, udevadm, getconf, nvme-cli,
 xfsprogs (nvme/012's mkfs), uuidgen, keyutils and tlshd (nvme/062-063), and Python 3 for
 the control scripts in contrib/blktests. The interoperability peers' images have most of
-it; this variant adds the rest, cached apart from them (guest_trixie.prepare_assets'
+it; this variant adds the rest, cached apart from them (guest_debootstrap.prepare_assets'
 ``variant``), so the peers used by ``make test`` keep their size and build time.
 """
 
