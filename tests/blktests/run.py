@@ -19,7 +19,8 @@ runs each test of the group with NVMET_TRTYPES=tcp against each target in turn:
 Each test runs alone (``./check nvme/NNN`` under ``timeout``), so one that hangs costs
 its own time only. The results (per target: status, reason, runtime, what a failed test
 printed) go to ``--out`` as JSON, and the table (test, nvmet, nvmet-control, pynvmf,
-why) to ``--out``/blktests.md; ``--notes FILE`` (JSON: test -> why) fills the last column.
+why) to ``--out``/blktests.md; ``--notes FILE`` (JSON: test -> why; default
+tests/blktests/notes.json, what docs/blktests.md says) fills the last column.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ log = logging.getLogger("blktests")
 REPO = Path(__file__).resolve().parents[2]
 CONTRIB = REPO / "contrib" / "blktests"
 PATCH = CONTRIB / "blktests-target-control.patch"
+NOTES = Path(__file__).resolve().parent / "notes.json"
 TARGETS = ("nvmet", "nvmet-control", "pynvmf")
 GUEST_TREE = "/tmp/blktests"
 GUEST_CONTROL = "/opt/blktests-control"
@@ -186,7 +188,9 @@ def _config(target: str, settings: dict[str, str], exports: dict[str, str]) -> s
 _RESULT = re.compile(r"^(\w+)\t(.*)$", re.MULTILINE)
 
 
-def parse_results(test: str, files: dict[str, str], console: str) -> Result:
+def parse_results(
+    test: str, files: dict[str, str], console: str, device_test: bool = False
+) -> Result:
     """A test's outcome from blktests' results file (key<TAB>value lines), its .out.bad,
     and what ./check printed (the reasons of a test not run)."""
     record = files.get("record", "")
@@ -195,6 +199,9 @@ def parse_results(test: str, files: dict[str, str], console: str) -> Result:
     if status == "pass" or status == "passed":
         status = "pass"
     result = Result(test, status or "unknown", values.get("reason", ""), values.get("runtime", ""))
+    if not record and device_test:
+        # blktests runs a test_device() test once per TEST_DEVS entry; there are none.
+        return Result(test, "not run", "needs a test device (TEST_DEVS: none here)")
     if result.status == "not run":
         m = re.search(r"\[not run\]\n((?:    .*\n?)+)", console)
         result.reason = "; ".join(line.strip() for line in m.group(1).splitlines()) if m else ""
@@ -204,7 +211,12 @@ def parse_results(test: str, files: dict[str, str], console: str) -> Result:
 
 
 def run_target(
-    guest: Guest, target: str, tests: list[str], config: str, test_timeout: float
+    guest: Guest,
+    target: str,
+    tests: list[str],
+    config: str,
+    test_timeout: float,
+    device_tests: set[str],
 ) -> Run:
     run = Run(target)
     started = time.monotonic()
@@ -231,7 +243,9 @@ def run_target(
         if out.rc == 124 or out.rc == 137:
             result = Result(test, "timeout", f"no end within {test_timeout:.0f} s")
         else:
-            result = parse_results(test, {"record": record, "diff": diff}, out.output)
+            result = parse_results(
+                test, {"record": record, "diff": diff}, out.output, test in device_tests
+            )
         run.results[test] = result
         log.info(
             "%s %s: %s %s (%.0f s)",
@@ -289,8 +303,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-patch", action="store_true")
     ap.add_argument("--target-args", default="", help="more `pynvmf target` arguments")
     ap.add_argument("--out", default=str(REPO / "build" / "blktests"))
-    ap.add_argument("--notes", default="", help="JSON: test -> why (the table's last column)")
+    ap.add_argument(
+        "--notes",
+        default=str(NOTES),
+        help="JSON: test -> why, the table's last column (default: the one docs/blktests.md's has)",
+    )
+    ap.add_argument(
+        "--render",
+        nargs="+",
+        default=[],
+        metavar="DIR",
+        help="write the table of earlier runs (the JSON files --out left) and stop",
+    )
     args = ap.parse_args(argv)
+    notes = json.loads(Path(args.notes).read_text()) if Path(args.notes).is_file() else {}
+    if args.render:
+        print(render([Path(d) for d in args.render], notes))
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if not args.blktests_dir:
         ap.error(
@@ -307,12 +336,12 @@ def main(argv: list[str] | None = None) -> int:
     peer = PEERS[args.peer or list(PEERS)[-1]]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    notes = json.loads(Path(args.notes).read_text()) if args.notes else {}
 
     with tempfile.TemporaryDirectory(prefix="pynvmf-blktests-") as tmp:
         work = Path(tmp)
         tree = prepare_tree(source, work, patch=not args.no_patch)
         tests = group_tests(tree, args.tests.split(","))
+        device_tests = {t for t in tests if "test_device()" in (tree / "tests" / t).read_text()}
         bundle = _tarball(
             {
                 "blktests": tree,
@@ -380,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
                     elif name == "nvmet-control":
                         exports = {"NVME_IMG_SIZE": args.img_size}
                     config = _config(name, settings, exports)
-                    run = run_target(guest, name, tests, config, args.test_timeout)
+                    run = run_target(guest, name, tests, config, args.test_timeout, device_tests)
                     runs.append(run)
                     (out / f"{name}.json").write_text(
                         json.dumps(
@@ -400,6 +429,19 @@ def main(argv: list[str] | None = None) -> int:
     (out / "blktests.md").write_text(text)
     print(text)
     return 0
+
+
+def render(dirs: list[Path], notes: dict[str, str]) -> str:
+    """The report of runs saved by earlier invocations (one JSON file per target), in
+    TARGETS' order; the first file's settings head it."""
+    saved = {p.stem: json.loads(p.read_text()) for d in dirs for p in sorted(d.glob("*.json"))}
+    runs = []
+    for name in TARGETS:
+        if name in saved:
+            results = {t: Result(**r) for t, r in saved[name]["results"].items()}
+            runs.append(Run(name, results, saved[name]["seconds"]))
+    meta = next(iter(saved.values()))["meta"]
+    return _report(meta, runs, notes)
 
 
 def _report(meta: dict, runs: list[Run], notes: dict[str, str]) -> str:

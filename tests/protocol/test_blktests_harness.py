@@ -73,6 +73,12 @@ def test_results_are_read_from_blktests_records_and_output() -> None:
         skipped.reason == "nvme-fabrics does not support concat; tlshd version is older than 1.0.0"
     )
     assert R.parse_results("nvme/001", {"record": ""}, "").status == "unknown"
+    # A test_device() test with no TEST_DEVS leaves no record: not run, and why.
+    device = R.parse_results("nvme/032", {"record": ""}, "", device_test=True)
+    assert (device.status, device.reason) == (
+        "not run",
+        "needs a test device (TEST_DEVS: none here)",
+    )
 
 
 def test_table_has_a_row_per_test_and_says_why() -> None:
