@@ -207,6 +207,8 @@ def parse_results(
         result.reason = "; ".join(line.strip() for line in m.group(1).splitlines()) if m else ""
     if result.status == "fail":
         result.detail = files.get("diff", "")[-3000:]
+    elif result.status == "unknown":
+        result.detail = console[-3000:]  # no record: what ./check said instead
     return result
 
 
