@@ -77,6 +77,7 @@ class Controller:
         tls_psk: TlsPsk | None = None,
         ktls: str = "auto",
         concat: bool = False,
+        io_identity: HostIdentity | None = None,
     ) -> None:
         self.address = address
         # The TLS PSK every queue's connection uses (with `concat`, the one the admin
@@ -89,6 +90,8 @@ class Controller:
         self.port = port
         self.subnqn = subnqn
         self.identity = identity
+        # What the I/O queue Connects carry: the admin queue's identity unless told.
+        self.io_identity = identity if io_identity is None else io_identity
         self.kato_ms = kato_ms
         self.header_digest = header_digest
         self.data_digest = data_digest
@@ -262,7 +265,7 @@ class Controller:
             # SQSIZE is 0's based: depth + 1 entries keep `depth` in flight with one free.
             result = await fabrics.connect_queue(
                 queue,
-                self.identity,
+                self.io_identity,
                 self.subnqn,
                 sqsize=self.queue_depth,
                 cntlid=self.cntlid,
@@ -680,6 +683,7 @@ async def connect(
     tls_compat: bool = False,
     ktls: str = "auto",
     concat: bool = False,
+    io_hostid: bytes | None = None,
 ) -> Controller:
     """Create a controller on the subsystem `subnqn` at address:port and bring it up:
     admin queue, enable, Identify, `queues` I/O queues, namespaces.
@@ -698,6 +702,10 @@ async def connect(
     1.3 with the PSK that authentication generated (identity ``NVMe1G0x <hostnqn>
     <subnqn> <digest>``). It needs `dhchap_secret` and no `tls_psk`, as Linux's host; the
     listener must take both plain and TLS connections (nvmet's TREQ "not required").
+
+    `io_hostid`: a Host Identifier for the I/O queue Connects other than the admin
+    queue's (`hostid`), as some hosts send and Linux nvmet and SPDK accept; for testing
+    targets. By default every Connect carries `hostid`, as Linux's host does.
     """
     if queue_depth < 1:
         raise ValueError("queue_depth must be at least 1")
@@ -714,6 +722,7 @@ async def connect(
     if concat and tls_psk is not None:
         raise ValueError("secure channel concatenation generates its TLS PSK: give none")
     identity = HostIdentity.resolve(hostnqn, hostid)
+    io_identity = None if io_hostid is None else HostIdentity.resolve(identity.hostnqn, io_hostid)
     psk = _tls_psk(tls_psk, identity.hostnqn, subnqn, tls_identity, tls_compat)
     ctrl = Controller(
         address,
@@ -731,6 +740,7 @@ async def connect(
         tls_psk=psk,
         ktls=ktls,
         concat=concat,
+        io_identity=io_identity,
     )
     try:
         await ctrl._start(queues, queue_depth)

@@ -86,14 +86,16 @@ async def connect(queue: TargetQueue, req: Request) -> Result:
             cmd.kato,
         )
     else:
+        # The controller is the one with this CNTLID in this subsystem, of this host NQN,
+        # as nvmet and SPDK find it. The Host Identifier is not compared: both accept
+        # another one here, and some hosts send it. The controller's stays the admin
+        # queue's (reservations and Get Features Host Identifier answer with it).
         found = subsystem.controllers.get(cdata.cntlid)
         if found is None or found.destroyed:
             return _invalid_data(C.CONNECT_DATA_OFFSET_CNTLID)
         ctrl = found
         if cdata.hostnqn != ctrl.hostnqn:
             return _invalid_data(C.CONNECT_DATA_OFFSET_HOSTNQN)
-        if cdata.hostid != ctrl.hostid:
-            return Status.HOST_ID_INCONSISTENT | DNR, 0
         if ctrl.is_discovery or cmd.qid > ctrl.io_queues:
             return Status.CONNECT_INVALID_PARAM | DNR, C.connect_invalid_param_result(
                 C.CONNECT_SQE_OFFSET_QID, in_data=False

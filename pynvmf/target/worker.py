@@ -81,7 +81,6 @@ class Worker:
         # maps its page of it.
         self.ana_table = -1
         self._reported_errors: dict[int, int] = {}
-        self._reported_stats: dict[str, tuple[int, ...]] = {}
         self._report_handle: asyncio.TimerHandle | None = None
 
     async def run(self) -> None:
@@ -382,22 +381,14 @@ class Worker:
                 ctrl.traffic = False
                 traffic.append(token)
             self._report_errors(token, ctrl, errors)
+        # Each replica's counts since the last report (taken: they restart from zero), so
+        # no baseline outlives the replica it was of.
         stats: dict[str, tuple[int, ...]] = {}
         if self.target is not None:
             for nqn, subsystem in self.target.subsystems.items():
-                s = subsystem.stats
-                now = (
-                    s.read_cmds,
-                    s.write_cmds,
-                    s.read_bytes,
-                    s.write_bytes,
-                    s.copy_cmds,
-                    s.copy_bytes,
-                )
-                before = self._reported_stats.get(nqn, (0,) * 6)
-                if now != before:
-                    stats[nqn] = tuple(a - b for a, b in zip(now, before, strict=True))
-                    self._reported_stats[nqn] = now
+                counts = subsystem.stats.take()
+                if any(counts):
+                    stats[nqn] = counts
         if (traffic or errors or stats) and self.channel is not None:
             self.channel.send(S.ACTIVITY, traffic, errors, stats)
         if not self.done.is_set():

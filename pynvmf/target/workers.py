@@ -450,18 +450,18 @@ class WorkerPool:
             for entry in entries:
                 ctrl.error_count += 1
                 ctrl.errors.appendleft(dataclasses.replace(entry, error_count=ctrl.error_count))
-        for nqn, deltas in stats.items():
+        # The counts are of the worker's replica of the subsystem of that NQN, which is
+        # this process's current one: a removal reaches the workers (SUBSYSTEM_GONE,
+        # ordered after their earlier reports) and is answered before a subsystem of the
+        # same NQN can be created, and a worker's new replica starts from zero.
+        for nqn, counts in stats.items():
             subsystem = self.target.subsystems.get(nqn)
             if subsystem is None:
                 continue
-            s = subsystem.stats
-            (rc, wc, rb, wb, cc, cb) = deltas
-            s.read_cmds += rc
-            s.write_cmds += wc
-            s.read_bytes += rb
-            s.write_bytes += wb
-            s.copy_cmds += cc
-            s.copy_bytes += cb
+            try:
+                subsystem.stats.add(counts)
+            except ValueError as exc:
+                log.error("statistics of %s from a worker refused: %s", nqn, exc)
 
     async def _forwarded(
         self, ctrl_token: int, sqe_bytes: bytes, data: bytes | None, length: int

@@ -3,8 +3,10 @@ on two worker processes, the target's state in the main one.
 
 One guest boot per kernel peer, one target process: fio verifies data written over
 four I/O queues (two default, two write queues) that land on both workers, data
-written through one CPU's queue is verified through the other's, and when a worker
-is killed the kernel host reconnects by itself and reads its data back.
+written through one CPU's queue is verified through the other's, when a worker
+is killed the kernel host reconnects by itself and reads its data back, and
+`nvme smart-log` of a subsystem removed and created again (over RPC) counts that
+subsystem's commands only.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import json
 import os
 import re
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from pynvmf.rpc.client import RpcClient
 from tests.interop.guest import LINUX_6_1, LINUX_7, Guest, Peer, free_tcp_port, peers_mark
 from tests.interop.target_process import TargetProcess
 
@@ -28,6 +32,7 @@ pytestmark = peers_mark(LINUX_6_1, LINUX_7)
 MIB = 1 << 20
 MEM = "nqn.2024-11.dev.pynvmf:cores-mem"
 FILE = "nqn.2024-11.dev.pynvmf:cores-file"
+SMART = "nqn.2024-11.dev.pynvmf:cores-smart"
 
 DEV_FOR = r"""#!/bin/sh
 nqn=$1
@@ -55,6 +60,7 @@ class Setup:
     process: TargetProcess
     port: int
     backing: Path
+    rpc_socket: str
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +75,10 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
             {"nqn": FILE, "namespaces": [{"nsid": 1, "file": str(backing), "size": 64 * MIB}]},
         ],
     }
-    proc = TargetProcess(config, workdir, ["--cores", "2"])
+    rpc_socket = str(workdir / "rpc.sock")
+    proc = TargetProcess(config, workdir, ["--cores", "2", "--rpc-socket", rpc_socket])
     proc.start()
-    yield Setup(proc, port, backing)
+    yield Setup(proc, port, backing, rpc_socket)
     status = proc.stop()
     assert status == 0, f"target exited with {status}:\n{proc.stderr()}"
 
@@ -165,3 +172,65 @@ def test_a_killed_worker_the_kernel_host_reconnects_and_reads_its_data(
         assert "is gone with" in target.process.stderr()
     finally:
         guest.run(f"nvme disconnect -n {MEM}")
+
+
+def _smart_log(guest: Guest, nqn: str, writes: int) -> dict[str, object]:
+    """`nvme smart-log` of the controller of `nqn` once it counts `writes` write commands
+    (the workers report their counts to the main process a few times a second)."""
+    deadline = time.monotonic() + 30
+    while True:
+        out = guest.run(
+            "for c in /sys/class/nvme/nvme*; do "
+            f'[ "$(cat $c/subsysnqn)" = "{nqn}" ] && nvme smart-log /dev/$(basename $c) -o json; '
+            "done"
+        ).output
+        smart: dict[str, object] = json.loads(out[out.index("{") :])
+        if int(str(smart["host_write_commands"])) >= writes:
+            return smart
+        assert time.monotonic() < deadline, smart
+        time.sleep(0.2)  # the next poll of the condition above
+
+
+def test_the_smart_log_of_a_subsystem_created_again_counts_its_own_commands(
+    guest: Guest, target: Setup
+) -> None:
+    def create() -> None:
+        with RpcClient(target.rpc_socket) as rpc:
+            rpc.call("nvmf_create_subsystem", nqn=SMART, allow_any_host=True)
+            rpc.call("nvmf_subsystem_add_ns", nqn=SMART, namespace={"bdev_name": "Smart0"})
+
+    def io(writes: int, reads: int) -> dict[str, object]:
+        connect = f"nvme connect -t tcp -a {Guest.host_address} -s {target.port} -n {SMART}"
+        guest.run(connect)
+        dev = guest.run(f"sh /usr/local/bin/dev-for {SMART}").output.strip()
+        try:
+            guest.run(
+                f"dd if=/dev/zero of={dev} bs=4k count={writes} oflag=direct 2>/dev/null && "
+                f"dd if={dev} of=/dev/null bs=4k count={reads} iflag=direct 2>/dev/null"
+            )
+            return _smart_log(guest, SMART, writes)
+        finally:
+            guest.run(f"nvme disconnect -n {SMART}")
+
+    with RpcClient(target.rpc_socket) as rpc:
+        rpc.call("bdev_malloc_create", name="Smart0", num_blocks=16 * MIB // 512, block_size=512)
+    try:
+        create()
+        old = io(writes=64, reads=64)
+        assert int(str(old["host_write_commands"])) == 64, old
+        with RpcClient(target.rpc_socket) as rpc:
+            assert rpc.call("nvmf_delete_subsystem", nqn=SMART) is True
+        create()
+        # Fewer commands than the old subsystem had: with the old one's counts carried
+        # over (or turned negative) the log would be wrong, or could not be read at all.
+        new = io(writes=8, reads=0)
+        assert int(str(new["host_write_commands"])) == 8, new
+        assert int(str(new["data_units_written"])) == 1, new
+        old_reads, new_reads = old["host_read_commands"], new["host_read_commands"]
+        assert int(str(new_reads)) < int(str(old_reads)), (old, new)
+    finally:
+        # The target serves the next kernel peer's guest too.
+        with RpcClient(target.rpc_socket) as rpc:
+            if any(s["nqn"] == SMART for s in rpc.call("nvmf_get_subsystems")):
+                rpc.call("nvmf_delete_subsystem", nqn=SMART)
+            rpc.call("bdev_malloc_delete", name="Smart0")

@@ -662,6 +662,36 @@ async def test_out_of_range(target: TargetUnderTest) -> None:
         assert sectors == [n * bs // 512, (n - 1) * bs // 512], log
 
 
+async def test_io_queues_with_another_host_id_than_the_admin_queue(
+    target: TargetUnderTest,
+) -> None:
+    """Some hosts send another Host Identifier on their I/O queue Connects than on the
+    admin queue's: nvmet finds the controller by subsystem NQN, host NQN and CNTLID
+    alone, and so does pynvmf."""
+    export = target.exports["512"]
+    bs = export.block_size
+    data = random.Random("io hostid").randbytes(2 * QUEUES * bs)
+    async with await connect(
+        "127.0.0.1",
+        export.port,
+        export.nqn,
+        queues=QUEUES,
+        queue_depth=DEPTH,
+        timeout=CONNECT_TIMEOUT,
+        io_hostid=bytes(range(16)),
+    ) as ctrl:
+        assert len(ctrl.io_queues) == QUEUES
+        assert ctrl.io_identity.hostid != ctrl.identity.hostid
+        ns = ctrl.namespace(1)
+        # One block per command: the commands go round robin over every I/O queue.
+        for i in range(2 * QUEUES):
+            await ns.write(300 + i, data[i * bs : (i + 1) * bs])
+        back = bytearray(len(data))
+        for i in range(2 * QUEUES):
+            await ns.read(300 + i, memoryview(back)[i * bs : (i + 1) * bs])
+        assert_same(back, data, "written and read over I/O queues of another host ID")
+
+
 async def test_disconnect_is_clean(
     target: TargetUnderTest, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -16,7 +16,7 @@ from pynvmf.block.memory import MemoryDevice
 from pynvmf.target.budget import ConnectionLimits
 from pynvmf.target.server import Port, Target
 from pynvmf.target.subsystem import Namespace, Subsystem
-from tests.protocol.raw import HOSTNQN, RawHost, RawQueue
+from tests.protocol.raw import HOSTID, HOSTNQN, RawHost, RawQueue
 
 RAW_SUBNQN = "nqn.2024-01.io.pynvmf.test:raw"
 RAW_RESTRICTED_NQN = "nqn.2024-01.io.pynvmf.test:restricted"
@@ -74,6 +74,7 @@ class RawTarget:
         subnqn: str = RAW_SUBNQN,
         *,
         hostnqn: str = HOSTNQN,
+        hostid: bytes = HOSTID,
         kato: int = 0,
         enable: bool = True,
         port: Port | None = None,
@@ -81,14 +82,20 @@ class RawTarget:
         """An admin queue connected (and by default enabled) to `subnqn`."""
         queue = await self.open(port)
         await queue.handshake()
-        done = await queue.connect(subnqn, hostnqn=hostnqn, kato=kato)
+        done = await queue.connect(subnqn, hostnqn=hostnqn, hostid=hostid, kato=kato)
         assert done.status == 0, done
         if enable:
             await queue.enable()
         return queue
 
     async def io_queue(
-        self, admin: RawQueue, qid: int, subnqn: str = RAW_SUBNQN, *, hostnqn: str = HOSTNQN
+        self,
+        admin: RawQueue,
+        qid: int,
+        subnqn: str = RAW_SUBNQN,
+        *,
+        hostnqn: str = HOSTNQN,
+        hostid: bytes = HOSTID,
     ) -> RawQueue:
         """I/O queue `qid` of the controller behind `admin`."""
         queue = await self.open()
@@ -96,6 +103,7 @@ class RawTarget:
         done = await queue.connect(
             subnqn,
             hostnqn=hostnqn,
+            hostid=hostid,
             qid=qid,
             cntlid=admin.cntlid,
             inline_limit=self.port.transport.inline_data_size,

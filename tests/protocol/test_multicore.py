@@ -5,8 +5,10 @@ its two workers are real processes; hosts are pynvmf's host library and the raw
 client over TCP. What is checked: queues land on both workers and see one
 namespace's bytes (memory and file), namespaces added and removed reach I/O on
 every worker, keep alive counts I/O on the workers and its expiry closes their
-queues, a reservation taken through one worker is enforced on another, and a
-killed worker's queues drop while the host reconnects.
+queues, I/O queues connected with another Host Identifier than the admin queue run
+on the workers, the SMART log of a subsystem created again counts its own I/O only,
+a reservation taken through one worker is enforced on another, and a killed
+worker's queues drop while the host reconnects.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pynvmf.target.devices import NamedDevice
 from pynvmf.target.server import Port, Target
 from pynvmf.target.workers import MultiCoreTarget, RemoteQueue, make_target
 from tests.protocol.conftest import RawTarget
+from tests.protocol.raw import RawQueue
 
 NQN = "nqn.2024-01.io.pynvmf.test:cores"
 BLOCK = 512
@@ -203,6 +206,70 @@ async def test_io_on_the_workers_is_keep_alive_traffic_and_expiry_closes_their_q
     for queue in io:
         await queue.expect_eof(timeout=10)
     assert not target.subsystems[NQN].controllers
+
+
+async def test_io_queues_with_another_host_id_than_the_admin_queue_run_on_the_workers(
+    start: Start, raw_target_port: Callable[[Target], RawTarget]
+) -> None:
+    # The I/O queue Connect, validated here and replayed on a worker, is accepted there
+    # too: the controller is found by subsystem NQN, host NQN and CNTLID.
+    target = await start()
+    raw = raw_target_port(target)
+    admin = await raw.admin(NQN, hostid=HOST_A[1])
+    io = [await raw.io_queue(admin, qid, NQN, hostid=HOST_B[1]) for qid in (1, 2)]
+    assert _placement(target) == [1, 1]
+    for i, queue in enumerate(io):
+        data = bytes([0x60 + i]) * BLOCK
+        assert (await queue.write(1, i, data, BLOCK)).status == 0
+        done = await queue.read(1, i, 1, BLOCK)
+        assert done.status == 0 and done.data == data
+
+
+async def _smart_once(admin: RawQueue, writes: int, reads: int) -> L.SmartLog:
+    """The SMART / Health log once it counts `writes` and `reads` (the workers report
+    their counts to the main process a few times a second)."""
+    deadline = time.monotonic() + 10
+    while True:
+        done = await admin.get_log_page(L.LogPageId.SMART, L.SmartLog.SIZE)
+        assert done.status == 0, done
+        smart = L.SmartLog.unpack(done.data)
+        if smart.host_write_cmds >= writes and smart.host_read_cmds >= reads:
+            return smart
+        assert time.monotonic() < deadline, smart
+        await asyncio.sleep(0.05)  # the next poll of the condition above
+
+
+async def test_the_smart_log_of_a_subsystem_created_again_counts_its_own_io_only(
+    start: Start, raw_target_port: Callable[[Target], RawTarget]
+) -> None:
+    target = await start()
+    raw = raw_target_port(target)
+
+    async def io(writes: int, reads: int) -> RawQueue:
+        admin = await raw.admin(NQN)
+        queues = [await raw.io_queue(admin, qid, NQN) for qid in (1, 2)]
+        for queue in queues:
+            for lba in range(writes):
+                assert (await queue.write(1, lba, b"\x5c" * BLOCK, BLOCK)).status == 0
+            for lba in range(reads):
+                assert (await queue.read(1, lba, 1, BLOCK)).status == 0
+        return admin
+
+    admin = await io(writes=8, reads=6)
+    assert _placement(target) == [1, 1]
+    old = await _smart_once(admin, 16, 12)
+    assert (old.host_write_cmds, old.host_read_cmds) == (16, 12)
+    # The subsystem goes (its hosts' connections with it) and comes back with its NQN.
+    await target.remove_subsystem(NQN)
+    await admin.expect_eof()
+    target.add_subsystem(NQN)
+    _add_memory(target, 1)
+    admin = await io(writes=2, reads=1)
+    new = await _smart_once(admin, 4, 2)
+    # Its own commands only, none of the old subsystem's, and the workers' counts of
+    # the old one did not turn into negative ones.
+    assert (new.host_write_cmds, new.host_read_cmds) == (4, 2)
+    assert (new.data_units_written, new.data_units_read) == (1, 1)
 
 
 async def test_a_reservation_taken_through_one_worker_is_enforced_on_the_other(

@@ -396,15 +396,28 @@ async def test_admin_commands_before_cc_en_are_a_command_sequence_error(
     assert done.status == 0 and len(done.data) == 4096
 
 
-async def test_io_connect_must_match_the_admin_hostnqn_and_hostid(raw_target: RawTarget) -> None:
+async def test_io_connect_must_match_the_admin_hostnqn(raw_target: RawTarget) -> None:
     admin = await raw_target.admin()
     q = await raw_target.open()
     done = await q.connect(RAW_SUBNQN, qid=1, cntlid=admin.cntlid, hostnqn=RAW_ALLOWED_HOSTNQN)
-    assert done.status == Status.CONNECT_INVALID_PARAM
+    assert (done.status, done.dnr) == (Status.CONNECT_INVALID_PARAM, True)
     assert done.result & 0xFFFFFFFF == 1 << 16 | C.CONNECT_DATA_OFFSET_HOSTNQN
-    q = await raw_target.open()
-    done = await q.connect(RAW_SUBNQN, qid=1, cntlid=admin.cntlid, hostid=bytes(16))
-    assert done.status == Status.HOST_ID_INCONSISTENT
+
+
+async def test_io_connect_with_another_host_id_than_the_admin_queue_is_accepted(
+    raw_target: RawTarget,
+) -> None:
+    # As nvmet and SPDK: the controller is found by subsystem NQN, host NQN and CNTLID.
+    admin = await raw_target.admin(hostid=HOSTID)
+    other = bytes(range(16))
+    io = await raw_target.io_queue(admin, 1, hostid=other)
+    data = bytes(range(256)) * 2
+    assert (await io.write(1, 3, data, RAW_NS1_BLOCK)).status == 0
+    done = await io.read(1, 3, 1, RAW_NS1_BLOCK)
+    assert done.status == 0 and done.data == data
+    # The controller's Host Identifier is still the admin queue's.
+    got = await admin.cmd(AdminOpcode.GET_FEATURES, cdw10=FeatureId.HOST_ID, cdw11=1, read_len=16)
+    assert got.status == 0 and got.data == HOSTID
 
 
 async def test_connect_with_invalid_parameters(raw_target: RawTarget) -> None:
