@@ -204,7 +204,9 @@ def parse_results(
         return Result(test, "not run", "needs a test device (TEST_DEVS: none here)")
     if result.status == "not run":
         m = re.search(r"\[not run\]\n((?:    .*\n?)+)", console)
-        result.reason = "; ".join(line.strip() for line in m.group(1).splitlines()) if m else ""
+        reasons = [line.strip() for line in m.group(1).splitlines()] if m else []
+        # (check prints the last run's runtime among the reasons)
+        result.reason = "; ".join(r for r in reasons if not r.startswith("runtime"))
     if result.status == "fail":
         result.detail = files.get("diff", "")[-3000:]
     elif result.status == "unknown":

@@ -64,6 +64,7 @@ def test_results_are_read_from_blktests_records_and_output() -> None:
     )
     console = (
         "nvme/063 (tr=tcp) (concat) [not run]\n"
+        "    runtime  12.3s  ...  \n"
         "    nvme-fabrics does not support concat\n"
         "    tlshd version is older than 1.0.0\n"
     )
