@@ -436,32 +436,44 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def render(dirs: list[Path], notes: dict[str, str]) -> str:
-    """The report of runs saved by earlier invocations (one JSON file per target), in
-    TARGETS' order; the first file's settings head it."""
-    saved = {p.stem: json.loads(p.read_text()) for d in dirs for p in sorted(d.glob("*.json"))}
-    runs = []
-    for name in TARGETS:
-        if name in saved:
-            results = {t: Result(**r) for t, r in saved[name]["results"].items()}
-            runs.append(Run(name, results, saved[name]["seconds"]))
-    meta = next(iter(saved.values()))["meta"]
-    return _report(meta, runs, notes)
+    """The report of runs saved by earlier invocations (one JSON file per target and run),
+    in TARGETS' order; a later directory's result for a test replaces an earlier one's
+    (a rerun of some tests), and each run is listed with what it ran."""
+    runs: dict[str, Run] = {}
+    heads: list[str] = []
+    for d in dirs:
+        ran = []
+        for path in sorted(d.glob("*.json")):
+            saved = json.loads(path.read_text())
+            run = runs.setdefault(path.stem, Run(path.stem))
+            run.results.update({t: Result(**r) for t, r in saved["results"].items()})
+            run.seconds += saved["seconds"]
+            ran.append(f"{path.stem} {len(saved['results'])} tests {saved['seconds'] / 60:.0f} min")
+            meta = saved["meta"]
+        if ran:
+            heads.append(_head(meta) + "\n" + "Ran: " + ", ".join(ran))
+    ordered = [runs[name] for name in TARGETS if name in runs]
+    return "\n\n".join([*heads, table(ordered, notes)])
+
+
+def _head(meta: dict) -> str:
+    bt = meta["blktests"]
+    return "\n".join(
+        [
+            f"Date {meta['date']}; pynvmf {meta['pynvmf_commit']}"
+            + (" (with uncommitted changes)" if meta["pynvmf_dirty"] else "")
+            + f"; blktests {bt['commit'][:12]} ({bt['date']}: {bt['subject']})"
+            + (", with contrib/blktests/blktests-target-control.patch" if meta["patched"] else "")
+            + f"; guest kernel {meta.get('kernel', '?')} ({meta['peer']}),"
+            + f" {meta.get('nvme_cli', '')}",
+            f"Command: `{meta['command']}`; settings {meta['settings']}",
+        ]
+    )
 
 
 def _report(meta: dict, runs: list[Run], notes: dict[str, str]) -> str:
-    bt = meta["blktests"]
-    lines = [
-        f"Date {meta['date']}; pynvmf {meta['pynvmf_commit']}"
-        + (" (with uncommitted changes)" if meta["pynvmf_dirty"] else "")
-        + f"; blktests {bt['commit'][:12]} ({bt['date']}: {bt['subject']})"
-        + (", with contrib/blktests/blktests-target-control.patch" if meta["patched"] else "")
-        + f"; guest kernel {meta.get('kernel', '?')} ({meta['peer']}), {meta.get('nvme_cli', '')}",
-        f"Command: `{meta['command']}`; settings {meta['settings']}",
-        "Time per target: " + ", ".join(f"{r.target} {r.seconds / 60:.0f} min" for r in runs),
-        "",
-        table(runs, notes),
-    ]
-    return "\n".join(lines)
+    times = ", ".join(f"{r.target} {r.seconds / 60:.0f} min" for r in runs)
+    return f"{_head(meta)}\nTime per target: {times}\n\n{table(runs, notes)}"
 
 
 if __name__ == "__main__":
