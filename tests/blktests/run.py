@@ -43,6 +43,7 @@ from pathlib import Path
 
 from tests.blktests.guest import PEERS
 from tests.interop.guest import Guest, free_tcp_port
+from tests.interop.guest_assets import TLSHD_CONF
 from tests.interop.target_process import TargetProcess
 
 log = logging.getLogger("blktests")
@@ -72,15 +73,6 @@ esac
 exit 0
 """
 
-TLSHD_CONF = """[debug]
-loglevel=0
-tls=0
-nl=0
-[authenticate]
-keyrings=.nvme
-[authenticate.client]
-[authenticate.server]
-"""
 
 # blktests' settings for every target; what the control scripts add is below.
 CONFIG_COMMON = {
