@@ -257,7 +257,13 @@ def run_target(
 
 # -- the table ------------------------------------------------------------------------------
 
-_SHOW = {"pass": "pass", "fail": "FAIL", "not run": "not run", "timeout": "TIMEOUT"}
+_SHOW = {
+    "pass": "pass",
+    "fail": "FAIL",
+    "not run": "not run",
+    "timeout": "TIMEOUT",
+    "unknown": "no record",
+}
 
 
 def _cell(result: Result | None) -> str:
