@@ -283,8 +283,9 @@ def table(runs: list[Run], notes: dict[str, str]) -> str:
         cells = [_cell(run.results.get(test)) for run in runs]
         why = notes.get(test, "")
         if not why:
-            skipped = {r.results[test].reason for r in runs if test in r.results}
-            if all(run.results.get(test, Result(test, "")).status == "not run" for run in runs):
+            present = [r.results[test] for r in runs if test in r.results]
+            skipped = {r.reason for r in present}
+            if all(r.status == "not run" for r in present):
                 why = "not run: " + "; ".join(sorted(s for s in skipped if s))
         rows.append("| " + " | ".join([test, *cells, why.replace("|", "\\|")]) + " |")
     return "\n".join(rows) + "\n"
