@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test setup system-deps lint bench fuzz clean compiled clean-compiled
+.PHONY: run test setup system-deps lint bench fuzz clean compiled clean-compiled blktests
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || bash scripts/install-system-deps.sh --python
@@ -84,3 +84,11 @@ fuzz: $(BIN)/.fuzz-installed
 
 clean: clean-compiled
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# blktests' nvme group in a Linux guest against the guest kernel's nvmet and against
+# pynvmf (tests/blktests/run.py; not part of `make test`: hours under TCG). blktests is in
+# no archive this project installs from: BLKTESTS_DIR names a checkout. ARGS: e.g.
+# --tests nvme/041,nvme/062 --targets pynvmf --notes docs/blktests-notes.json
+BLKTESTS_DIR ?=
+blktests: setup
+	BLKTESTS_DIR=$(BLKTESTS_DIR) $(BIN)/python -m tests.blktests.run $(ARGS)

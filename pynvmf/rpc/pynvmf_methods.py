@@ -6,11 +6,17 @@
 - pynvmf_save_config {path, format?}: the same, written by the target to `path`
   atomically (a temporary file, fsync, rename), so a crash leaves the old or the new.
 - pynvmf_add_port / pynvmf_remove_port: a listener with transport options of its own
-  (SPDK's listeners share the transport's), or one that exposes every subsystem.
+  (SPDK's listeners share the transport's), or one that exposes every subsystem; its
+  `secure_channel` is "none" (default), "optional" (TLS or plain: nvmet's TREQ "not
+  required", which SPDK's boolean cannot say) or "required".
 - pynvmf_subsystem_add_peer_listener / pynvmf_subsystem_remove_peer_listener
   {nqn, traddr, trsvcid, portid?}: another gateway's listener for the same subsystem,
   which this target's discovery log lists too (so `nvme connect-all` finds all paths);
   pynvmf_subsystem_get_peer_listeners {nqn}.
+- pynvmf_keyring_add_key {name, key}: a DH-HMAC-CHAP secret or TLS PSK given as text
+  (SPDK's keyring reads files, which a controller on another machine cannot write: blktests'
+  control script runs on the host under test). Hosts then name it as any keyring key;
+  keyring_get_keys shows it with an empty path.
 """
 
 from __future__ import annotations
@@ -70,6 +76,7 @@ async def pynvmf_add_port(cp: ControlPlane, p: Params) -> int:
     port_number = p.integer("port", high=0xFFFF)
     subsystems = p.strings("subsystems")
     discovery_only = p.boolean("discovery_only", False)
+    secure_channel = p.string("secure_channel", "none")
     base = cp.target.transport
     transport = TransportConfig(
         inline_data_size=p.integer("inline_data_size", base.inline_data_size, high=0xFFFFFFFF),
@@ -92,6 +99,7 @@ async def pynvmf_add_port(cp: ControlPlane, p: Params) -> int:
         discovery_listener=discovery_only,
         transport=transport,
     )
+    port.secure_channel = secure_channel
     try:
         await cp.target.add_port(port)
     except ChangeError as exc:
@@ -159,3 +167,15 @@ async def pynvmf_subsystem_get_peer_listeners(cp: ControlPlane, p: Params) -> li
         {"traddr": address, "trsvcid": str(port), "portid": portid}
         for address, port, portid in subsystem.peer_listeners
     ]
+
+
+@method("pynvmf_keyring_add_key")
+async def pynvmf_keyring_add_key(cp: ControlPlane, p: Params) -> bool:
+    name = p.string("name")
+    key = p.string("key")
+    p.done()
+    try:
+        cp.target.add_key_text(name, key)
+    except ChangeError as exc:
+        raise change_error(exc, {}) from exc
+    return True

@@ -680,10 +680,7 @@ class Target:
         """Add a DH-HMAC-CHAP secret or a TLS PSK (NVMeTLSkey-1) from a key file (mode
         0600) to the keyring under `name` (SPDK's keyring_file_add_key); hosts refer to
         keys by name."""
-        if not name or not isinstance(name, str):
-            raise ChangeError("name", "a key needs a name")
-        if name in self.keyring:
-            raise ChangeError("name", f"key {name!r} exists")
+        self._check_key_name(name)
         key: DhchapKey | ConfiguredPsk
         if _holds_tls_psk(path):
             key = read_psk_file(path)
@@ -696,6 +693,33 @@ class Target:
         self.keyring[name] = entry
         log.info("key %s added from %s", name, path)
         return entry
+
+    def add_key_text(self, name: str, text: str) -> KeyringEntry:
+        """Add a DH-HMAC-CHAP secret (DHHC-1) or a TLS PSK (NVMeTLSkey-1) given as text,
+        for a controller that has no access to the target's files (blktests' control
+        script runs on the host under test). Its entry has no path: outputs show the name
+        alone, and a saved configuration names no file to restore it from."""
+        self._check_key_name(name)
+        if not isinstance(text, str):
+            raise ChangeError("key", "a DHHC-1 secret or an NVMeTLSkey-1 PSK, as text")
+        key: DhchapKey | ConfiguredPsk
+        try:
+            if text.lstrip().startswith("NVMeTLSkey-"):
+                key = ConfiguredPsk.parse(text)
+            else:
+                key = DhchapKey.parse(text)
+        except (PskError, KeyFormatError) as e:
+            raise ChangeError("key", str(e)) from None
+        entry = KeyringEntry(name, "", key)
+        self.keyring[name] = entry
+        log.info("key %s added (given over the control plane)", name)
+        return entry
+
+    def _check_key_name(self, name: str) -> None:
+        if not name or not isinstance(name, str):
+            raise ChangeError("name", "a key needs a name")
+        if name in self.keyring:
+            raise ChangeError("name", f"key {name!r} exists")
 
     def remove_key(self, name: str) -> None:
         if name not in self.keyring:

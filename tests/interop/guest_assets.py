@@ -40,6 +40,18 @@ COMMAND_PORT = "pynvmf.cmd"
 # Where the command server lives in every guest.
 SERVE_PATH = "/usr/lib/pynvmf/serve"
 
+# /etc/tlshd.conf for a guest whose NVMe/TCP TLS handshakes tlshd does (host and target
+# roles): PSKs from the kernel's .nvme keyring, quiet logs.
+TLSHD_CONF = """[debug]
+loglevel=0
+tls=0
+nl=0
+[authenticate]
+keyrings=.nvme
+[authenticate.client]
+[authenticate.server]
+"""
+
 
 # --------------------------------------------------------------------------------------------
 # Errors

@@ -322,12 +322,14 @@ def _require_root(suite: Suite, what: str) -> None:
         )
 
 
-def _debootstrap(suite: Suite, root: Path, mirror: str, debs: Path, logfile: Path) -> None:
+def _debootstrap(
+    suite: Suite, root: Path, mirror: str, debs: Path, logfile: Path, packages: Sequence[str]
+) -> None:
     debs.mkdir(parents=True, exist_ok=True)
     args = [
         A.tool("debootstrap", "debootstrap"),
         "--variant=minbase",
-        f"--include={','.join(PACKAGES)}",
+        f"--include={','.join(packages)}",
         f"--cache-dir={debs.resolve()}",
         f"--keyring={KEYRING}",
         suite.name,
@@ -418,7 +420,12 @@ def _mkfs(root: Path, image: Path) -> None:
 
 
 def _build_rootfs(
-    suite: Suite, dest: Path, kernel: A.UnpackedKernel, mirror: str, work: Path
+    suite: Suite,
+    dest: Path,
+    kernel: A.UnpackedKernel,
+    mirror: str,
+    work: Path,
+    packages: Sequence[str],
 ) -> None:
     _require_root(suite, "root filesystem")
     tmp = work / f".rootfs-{os.getpid()}"
@@ -427,7 +434,7 @@ def _build_rootfs(
     try:
         root = tmp / "root"
         started = time.monotonic()
-        _debootstrap(suite, root, mirror, work / "debs", work / "debootstrap.log")
+        _debootstrap(suite, root, mirror, work / "debs", work / "debootstrap.log", packages)
         versions = _installed_versions(root)
         _furnish_rootfs(root, kernel)
         image = tmp / "rootfs.ext4"
@@ -440,12 +447,12 @@ def _build_rootfs(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _rootfs_key(suite: Suite, mirror: str, package: str) -> str:
+def _rootfs_key(suite: Suite, mirror: str, package: str, packages: Sequence[str]) -> str:
     builders = "".join(
         inspect.getsource(f)
         for f in (_debootstrap, _installed_versions, _furnish_rootfs, _mkfs, _build_rootfs)
     )
-    blob = json.dumps([suite.name, mirror, PACKAGES, package, builders, ROOTFS_FREE_MIB])
+    blob = json.dumps([suite.name, mirror, list(packages), package, builders, ROOTFS_FREE_MIB])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -548,8 +555,17 @@ def _check_kernel(suite: Suite, kernel: A.UnpackedKernel) -> None:
         )
 
 
-def prepare_assets(suite: Suite) -> GuestAssets:
-    """Build (once, cached) and return the kernel, stage-1 initramfs and root image."""
+def prepare_assets(
+    suite: Suite, variant: str = "", extra_packages: Sequence[str] = ()
+) -> GuestAssets:
+    """Build (once, cached) and return the kernel, stage-1 initramfs and root image.
+
+    A `variant` (a name) is a root filesystem with `extra_packages` too, for a harness that
+    needs more than the interoperability tests (blktests): cached as
+    ``<variant>-rootfs-*.ext4``, apart from the plain image, which keeps its size and build
+    time (and neither one's clean-up removes the other)."""
+    packages = (*PACKAGES, *(p for p in extra_packages if p not in PACKAGES))
+    prefix = f"{variant}-rootfs" if variant else "rootfs"
     require_prerequisites(suite)
     cache = A.cache_dir()
     work = cache / suite.name
@@ -563,21 +579,22 @@ def prepare_assets(suite: Suite) -> GuestAssets:
         _check_kernel(suite, kernel)
         kver = kernel.version
 
-        rootfs = work / f"rootfs-{kver}-{_rootfs_key(suite, mirror, kernel.package)}.ext4"
+        key = _rootfs_key(suite, mirror, kernel.package, packages)
+        rootfs = work / f"{prefix}-{kver}-{key}.ext4"
         if not rootfs.exists():
-            _build_rootfs(suite, rootfs, kernel, mirror, work)
+            _build_rootfs(suite, rootfs, kernel, mirror, work, packages)
         busybox = A.tool("busybox")
         stage1 = work / f"stage1-{kver}-{_stage1_key(kver, busybox)}.cpio.gz"
         if not stage1.exists():
             _build_stage1(stage1, kernel.root / "lib" / "modules" / kver, busybox)
         for path in (rootfs, stage1):
             os.utime(path)
-        _prune(work, "rootfs-*.ext4", rootfs, spare=1)
-        _prune(work, "rootfs-*.json", rootfs.with_suffix(".json"), spare=1)
+        _prune(work, f"{prefix}-*.ext4", rootfs, spare=1)
+        _prune(work, f"{prefix}-*.json", rootfs.with_suffix(".json"), spare=1)
         _prune(work, "stage1-*.cpio.gz", stage1, spare=2)
         # Kernels no remaining image was built from.
         kvers = {
-            p.stem.removeprefix("rootfs-").rsplit("-", 1)[0] for p in work.glob("rootfs-*.ext4")
+            p.stem.partition("rootfs-")[2].rsplit("-", 1)[0] for p in work.glob("*rootfs-*.ext4")
         }
         for old in (work / "kernel").glob("linux-image-*"):
             version = (

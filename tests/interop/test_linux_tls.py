@@ -41,6 +41,7 @@ from pynvmf.host import connect
 from pynvmf.host.errors import NvmeConnectionError
 from pynvmf.tcp.psk import HASH_SHA256, HASH_SHA384, ConfiguredPsk, PskError, tls_psk
 from tests.interop.guest import SECURE_CHANNEL, Guest, Peer, free_tcp_port
+from tests.interop.guest_assets import TLSHD_CONF
 from tests.interop.target_process import TargetProcess
 
 pytestmark = SECURE_CHANNEL.mark()
@@ -56,15 +57,6 @@ HOST3 = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000075e3"
 # target run in the guest (loopback only).
 GUEST_TARGET_PORT = 44330
 TIMEOUT = 60.0  # a TCG guest is slow
-TLSHD_CONF = """[debug]
-loglevel=0
-tls=0
-nl=0
-[authenticate]
-keyrings=.nvme
-[authenticate.client]
-[authenticate.server]
-"""
 
 
 @dataclass

@@ -1,9 +1,13 @@
 """contrib/blktests/nvme-target-control, called the way blktests calls it (common/nvme,
-tests/nvme/rc), against a pynvmf target's TCP RPC; pynvmf's host checks the result."""
+tests/nvme/rc, and the options contrib/blktests/blktests-target-control.patch adds),
+against a pynvmf target's TCP RPC; pynvmf's host checks the result. The nvmet
+counterpart (nvmet-target-control) needs a kernel with nvmet: here its command line is
+checked, and `make blktests` runs it in a guest."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 import uuid
@@ -13,14 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from pynvmf.host import NvmeError, connect
+from pynvmf.auth import DhchapKey
+from pynvmf.host import NvmeAuthenticationError, NvmeError, connect
 from pynvmf.rpc.server import RpcServer, control_plane
 from pynvmf.target.server import Target
+from pynvmf.tcp.psk import ConfiguredPsk
 from tests.interop.guest import free_tcp_port
 
 pytestmark = pytest.mark.timeout(120)
 
-SCRIPT = Path(__file__).resolve().parents[2] / "contrib" / "blktests" / "nvme-target-control"
+CONTRIB = Path(__file__).resolve().parents[2] / "contrib" / "blktests"
+SCRIPT = CONTRIB / "nvme-target-control"
+NVMET_SCRIPT = CONTRIB / "nvmet-target-control"
 HOSTID = "0f01fb42-9f7f-4856-b0b3-51e60b8de349"
 HOSTNQN = f"nqn.2014-08.org.nvmexpress:uuid:{HOSTID}"
 OTHER_HOSTNQN = "nqn.2014-08.org.nvmexpress:uuid:0f01fb42-0000-4000-8000-000000000002"
@@ -56,13 +64,13 @@ async def served() -> AsyncIterator[Served]:
     await target.stop()
 
 
-async def control(served: Served, *args: str) -> tuple[int, str, str]:
+async def control(served: Served, *args: str, script: Path = SCRIPT) -> tuple[int, str, str]:
     """The script, as a separate process with only the standard library (-I: no site
     packages, no pynvmf), as blktests runs it: (status, stdout, stderr)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-I",
-        str(SCRIPT),
+        str(script),
         *args,
         env=served.env,
         cwd="/",
@@ -153,33 +161,170 @@ async def test_setup_makes_a_fresh_namespace_for_that_host_and_cleanup_removes_i
     assert await control(served, "cleanup", "--subsysnqn", "blktests-subsystem-9") == (0, "", "")
 
 
-async def test_what_pynvmf_cannot_do_fails_on_stderr_and_changes_nothing(served: Served) -> None:
+SETUP = ("setup", "--subsysnqn", SUBSYSNQN, "--subsys-uuid", SUBSYS_UUID, "--hostnqn", HOSTNQN)
+
+
+async def _connect(served: Served, port: int | None = None, **kw: object) -> object:
+    return await connect(
+        "127.0.0.1",
+        port or served.port,
+        SUBSYSNQN,
+        hostnqn=HOSTNQN,
+        hostid=uuid.UUID(HOSTID).bytes,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+async def test_config_answers_several_options_in_order(served: Served) -> None:
+    # blktests asks one at a time; a person may ask for several: one line each.
+    status, out, err = await control(served, "config", "--show-subsysnqn", "--show-trtype")
+    assert (status, err) == (0, "")
+    assert out.splitlines() == ["tcp", SUBSYSNQN]  # the documented order
+
+
+async def test_dhchap_keys_make_the_host_authenticate_and_cleanup_drops_them(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    # nvme/041-045: setup --hostkey, and --ctrkey as blktests master spells it.
+    host_key = DhchapKey.generate().representation()
+    ctrl_key = DhchapKey.generate(48).representation()
+    status, out, err = await control(served, *SETUP, "--hostkey", host_key, "--ctrkey", ctrl_key)
+    assert (status, out, err) == (0, "", "")
+    with pytest.raises(NvmeError):  # no key: refused
+        await _connect(served)
+    with pytest.raises(NvmeAuthenticationError):  # a wrong key: refused
+        await _connect(served, dhchap_secret=DhchapKey.generate().representation())
+    with caplog.at_level(logging.INFO, logger="pynvmf"):
+        async with await _connect(  # type: ignore[attr-defined]
+            served, dhchap_secret=host_key, dhchap_ctrl_secret=ctrl_key
+        ) as ctrl:
+            assert sorted(ctrl.namespaces) == [1]
+    assert "bidirectional" in caplog.text
+    # The keys went through the RPC; what the target shows is their names only.
+    listed = served.target.subsystems[SUBSYSNQN]
+    assert host_key not in repr(listed.host_auth) and len(served.target.keyring) == 2
+    assert await control(served, "cleanup", "--subsysnqn", SUBSYSNQN) == (0, "", "")
+    assert not served.target.keyring and not served.target.subsystems
+
+
+async def test_set_host_changes_keys_hash_and_group_for_the_next_authentication(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The patch's set-host: what _set_nvmet_hostkey, _hash and _dhgroup write to configfs.
+    old = DhchapKey.generate().representation()
+    assert (await control(served, *SETUP, "--hostkey", old))[0] == 0
+    new = DhchapKey.generate().representation()
     status, out, err = await control(
         served,
-        "setup",
+        "set-host",
+        "--hostnqn",
+        HOSTNQN,
+        "--hostkey",
+        new,
+        "--hash",
+        "hmac(sha384)",
+        "--dhgroup",
+        "ffdhe3072",
+    )
+    assert (status, out, err) == (0, "", "")
+    with pytest.raises(NvmeAuthenticationError):
+        await _connect(served, dhchap_secret=old)
+    with caplog.at_level(logging.INFO, logger="pynvmf"):
+        async with await _connect(served, dhchap_secret=new):  # type: ignore[attr-defined]
+            pass
+    # The Linux host offers every hash and group: the configured ones are picked.
+    assert "authenticated (sha384, ffdhe3072)" in caplog.text
+    assert len(served.target.keyring) == 1  # the replaced key is gone
+    # A controller key added later makes it bidirectional.
+    ctrl_key = DhchapKey.generate().representation()
+    assert (await control(served, "set-host", "--hostnqn", HOSTNQN, "--ctrlkey", ctrl_key))[0] == 0
+    async with await _connect(  # type: ignore[attr-defined]
+        served, dhchap_secret=new, dhchap_ctrl_secret=ctrl_key
+    ):
+        pass
+    assert await control(served, "cleanup", "--subsysnqn", SUBSYSNQN) == (0, "", "")
+    assert not served.target.keyring
+
+
+async def test_tls_setup_offers_tls_and_force_tls_requires_it(served: Served) -> None:
+    # nvme/062 with the patch: setup --tls (TREQ not required) / --force-tls, --tlskey.
+    psk = ConfiguredPsk(1, os.urandom(32)).encode()
+    status, out, err = await control(served, *SETUP, "--force-tls", "--tlskey", psk)
+    assert (status, out, err) == (0, "", "")
+    with pytest.raises((NvmeError, OSError, asyncio.IncompleteReadError)):
+        await _connect(served, timeout=10)  # plaintext on a TLS-only port
+    async with await _connect(served, tls_psk=psk) as ctrl:  # type: ignore[attr-defined]
+        assert sorted(ctrl.namespaces) == [1]
+    port = served.target.find_port("127.0.0.1", served.port)
+    assert port is not None and port.secure_channel == "required"
+    assert (await control(served, *SETUP, "--tls", "--tlskey", psk))[0] == 0
+    port = served.target.find_port("127.0.0.1", served.port)
+    assert port is not None and port.secure_channel == "optional"
+    async with await _connect(served, tls_psk=psk):  # type: ignore[attr-defined]
+        pass
+    assert await control(served, "cleanup", "--subsysnqn", SUBSYSNQN) == (0, "", "")
+    # The port goes with its only subsystem: a later plain setup gets a plain port.
+    assert served.target.find_port("127.0.0.1", served.port) is None
+    assert not served.target.keyring
+
+
+async def test_add_ports_listens_on_the_next_ports(served: Served) -> None:
+    assert (await control(served, *SETUP))[0] == 0
+    extra = free_tcp_port()
+    served.env["PYNVMF_TRSVCID"] = str(extra - 1)  # add-ports uses the ports after it
+    status, out, err = await control(
+        served,
+        "add-ports",
+        "--ports",
+        "1",
         "--subsysnqn",
         SUBSYSNQN,
         "--subsys-uuid",
         SUBSYS_UUID,
         "--hostnqn",
         HOSTNQN,
-        "--ctrkey",
-        "DHHC-1:00:abcd:",
     )
-    assert status == 1 and out == ""
-    assert "DH-HMAC-CHAP" in err
-    assert not served.target.subsystems
+    assert (status, out, err) == (0, "", "")
+    async with await _connect(served, port=extra) as ctrl:  # type: ignore[attr-defined]
+        assert sorted(ctrl.namespaces) == [1]
+    assert await control(served, "cleanup", "--subsysnqn", SUBSYSNQN) == (0, "", "")
+
+
+async def test_what_fails_is_on_stderr_and_changes_nothing(served: Served) -> None:
+    # A key that is not one: refused by the target, nothing left behind, no key echoed.
+    bad = "DHHC-1:00:bm90IGEga2V5IGF0IGFsbCwganVzdCB0ZXh0Cg==:"
+    status, out, err = await control(served, *SETUP, "--hostkey", bad)
+    assert status == 1 and out == "" and "DHHC-1 secret" in err and bad not in err
+    assert not served.target.subsystems and not served.target.keyring
+    assert not served.target.block_devices
+    # A controller key without a host key: nvmet would authenticate nobody.
+    status, _out, err = await control(served, *SETUP, "--ctrlkey", bad)
+    assert status == 1 and "--hostkey" in err
     # A target that cannot listen where asked: the subsystem made on the way is removed.
     served.env["PYNVMF_TRADDR"] = "192.0.2.1"  # TEST-NET-1: not an address of this host
-    status, _out, err = await control(
-        served,
-        "setup",
-        "--subsysnqn",
-        SUBSYSNQN,
-        "--subsys-uuid",
-        SUBSYS_UUID,
-        "--hostnqn",
-        HOSTNQN,
-    )
+    status, _out, err = await control(served, *SETUP)
     assert status == 1 and "listen_address" in err
     assert not served.target.subsystems and not served.target.block_devices
+
+
+@pytest.mark.parametrize("script", [SCRIPT, NVMET_SCRIPT], ids=lambda p: p.name)
+async def test_both_scripts_take_every_option_blktests_passes(served: Served, script: Path) -> None:
+    """The command line blktests master (and the patch) uses, parsed by both scripts;
+    nvmet's cannot go further on a machine without nvmet."""
+    for args in (
+        ("config", "--show-blkdev-type"),
+        ("config", "--show-host-traddr"),
+        ("setup", "--help"),
+        ("add-ports", "--help"),
+        ("set-host", "--help"),
+        ("cleanup", "--help"),
+    ):
+        status, out, err = await control(served, *args, script=script)
+        assert (status, err) == (0, ""), args
+    status, out, _err = await control(served, "setup", "--help", script=script)
+    for option in ("--hostkey", "--ctrlkey", "--ctrkey", "--tls", "--force-tls", "--tlskey"):
+        assert option in out
+    status, _out, err = await control(served, *SETUP, "--no-such-option", script=script)
+    assert status == 2 and "unrecognized arguments" in err
+    status, out, _err = await control(served, "config", "--show-trtype", script=script)
+    assert (status, out) == (0, "tcp\n")

@@ -256,3 +256,50 @@ async def test_nvmetcli_bad_key_is_refused_without_showing_it() -> None:
         await load_nvmetcli(Target(), _nvmetcli({"nqn": HOST, "dhchap": {"key": bad}}))
     assert "hosts[0].dhchap.key" in str(info.value) and "CRC" in str(info.value)
     assert body[1:13] not in str(info.value)
+
+
+async def test_keys_given_as_text_serve_like_file_keys_and_are_never_shown(
+    cp: ControlPlane,
+) -> None:
+    """pynvmf_keyring_add_key: for a controller that cannot write the target's files
+    (blktests' control script runs on the host under test)."""
+    psk = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:"
+    await cp.call("pynvmf_keyring_add_key", {"name": "key0", "key": KEY.representation()})
+    await cp.call("pynvmf_keyring_add_key", {"name": "ckey0", "key": CKEY.representation()})
+    await cp.call("pynvmf_keyring_add_key", {"name": "psk0", "key": psk})
+    await cp.call("nvmf_create_subsystem", {"nqn": NQN})
+    await cp.call(
+        "nvmf_subsystem_add_host",
+        {
+            "nqn": NQN,
+            "host": HOST,
+            "dhchap_key": "key0",
+            "dhchap_ctrlr_key": "ckey0",
+            "psk": "psk0",
+        },
+    )
+    auth = cp.target.subsystems[NQN].host_auth[HOST]
+    assert auth.host_key == KEY and auth.ctrl_key == CKEY
+    assert cp.target.subsystems[NQN].host_psks[HOST].encode() == psk
+    keys = await cp.call("keyring_get_keys", {})
+    assert [(k["name"], k["path"]) for k in keys] == [("key0", ""), ("ckey0", ""), ("psk0", "")]
+    outputs = json.dumps([keys, await cp.call("nvmf_get_subsystems", {}), spdk_config(cp.target)])
+    _no_secret(outputs)
+    assert psk.split(":")[2][:12] not in outputs
+    # A saved configuration names no file for them: loading it fails loudly, not keyless.
+    with pytest.raises(RpcError):
+        await load_spdk_config(
+            control_plane(Target()), json.loads(json.dumps(spdk_config(cp.target)))
+        )
+    # Refused: a name taken, a key that is not one (without echoing it), no key.
+    for params, why in (
+        ({"name": "key0", "key": KEY.representation()}, "name: key 'key0' exists"),
+        ({"name": "bad", "key": "DHHC-1:01:c2VjcmV0Cg==:"}, "key: "),
+        ({"name": "bad", "key": "NVMeTLSkey-1:01:c2VjcmV0Cg==:"}, "key: "),
+        ({"name": "bad"}, "key"),
+    ):
+        with pytest.raises(RpcError) as info:
+            await cp.call("pynvmf_keyring_add_key", params)
+        assert info.value.code == INVALID_PARAMS and why in info.value.message
+        assert "c2VjcmV0" not in info.value.message
+    assert "bad" not in cp.target.keyring
