@@ -224,6 +224,8 @@ class Peer:
     # tlshd binds an NVMe0R02 (SHA-384) PSK with SHA-384 (ktls-utils 1.4); trixie's tlshd
     # 1.0 binds it with SHA-256, so no NVMe/TCP cipher suite fits.
     tlshd_sha384: bool
+    # Host and nvmet do secure channel concatenation (TLS after DH-HMAC-CHAP, 6.15+).
+    concat: bool
     prepare: Callable[[], GuestAssets] = dataclasses.field(repr=False, compare=False)
     require: Callable[[], None] = dataclasses.field(repr=False, compare=False)
     # A tar.gz of the guest's Debian python3-cryptography and python3-cffi-backend, for
@@ -250,6 +252,7 @@ LINUX_6_1 = Peer(
     nvmet_auth_admin_only=False,
     tls_compat_keys=False,
     tlshd_sha384=False,
+    concat=False,
     prepare=guest_bookworm.prepare_assets,
     require=guest_bookworm.require_prerequisites,
 )
@@ -279,6 +282,7 @@ LINUX_6_12 = _debootstrapped(
     nvmet_auth_admin_only=False,
     tls_compat_keys=True,
     tlshd_sha384=False,
+    concat=False,
 )
 LINUX_7 = _debootstrapped(
     guest_debootstrap.SID,
@@ -287,6 +291,7 @@ LINUX_7 = _debootstrapped(
     nvmet_auth_admin_only=True,
     tls_compat_keys=False,
     tlshd_sha384=True,
+    concat=True,
 )
 PEERS: dict[str, Peer] = {p.name: p for p in (LINUX_6_1, LINUX_6_12, LINUX_7)}
 
@@ -361,6 +366,7 @@ OLDEST_AND_NEWEST = PeerSet((LINUX_6_1, LINUX_7), others=(LINUX_6_12,))
 # DH-HMAC-CHAP and TLS: 6.1 has neither.
 SECURE_CHANNEL = PeerSet(tuple(p for p in PEERS.values() if p.tls and p.dhchap))
 NVMET_RESERVATIONS = PeerSet(tuple(p for p in PEERS.values() if p.nvmet_reservations))
+CONCATENATION = PeerSet(tuple(p for p in PEERS.values() if p.concat))
 
 
 # --------------------------------------------------------------------------------------------

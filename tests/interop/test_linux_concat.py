@@ -36,19 +36,12 @@ from pynvmf.auth.keys import DhchapKey
 from pynvmf.host import connect
 from pynvmf.host.errors import NvmeConnectionError
 from pynvmf.rpc.client import RpcClient
-from tests.interop.guest import PEERS, Guest, Peer, free_tcp_port, peers_mark
+from tests.interop.guest import CONCATENATION, Guest, Peer, free_tcp_port
 from tests.interop.target_process import TargetProcess
 from tests.interop.test_linux_host import DEV_FOR
 from tests.interop.test_linux_tls import TLSHD_CONF
 
-
-def _concatenates(peer: Peer) -> bool:
-    """Linux 6.15 brought secure channel concatenation to its host and nvmet."""
-    numbers = [int(n) for n in re.findall(r"\d+", peer.kernel)[:2]]
-    return tuple(numbers + [0] * (2 - len(numbers))) >= (6, 15)
-
-
-pytestmark = peers_mark(*[p for p in PEERS.values() if _concatenates(p)])
+pytestmark = CONCATENATION.mark()
 
 MIB = 1 << 20
 HOST_ID = "5a2e8f40-7c1d-4e9b-a3f6-0d8c2b1ec0c0"
