@@ -622,18 +622,19 @@ def _changed_ns_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes:
     return L.ChangedNsList(ctrl.take_changed_nsids()).pack()
 
 
-def _cmd_effects_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes | None:
-    # The I/O half is per command set (CSI in CDW14 bits 31:24); NVM is the only one.
-    if sqe.cdw14 >> 24 != I.Csi.NVM:
-        return None
-    return command_effects().pack()
+def _cmd_effects_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes:
+    # The I/O half is per command set (CSI in CDW14 bits 31:24); NVM is the only one the
+    # controller has, so another set's log lists the admin commands and no I/O command (as
+    # QEMU's controller answers). nvme-cli's `effects-log` asks for the Zoned Namespace
+    # set's log too whenever CAP.CSS has the I/O command sets bit, and fails on an error.
+    return command_effects(sqe.cdw14 >> 24).pack()
 
 
-def command_effects() -> L.CmdEffectsLog:
-    """Commands Supported and Effects of the NVM command set: the dispatch tables."""
+def command_effects(csi: int = I.Csi.NVM) -> L.CmdEffectsLog:
+    """Commands Supported and Effects for command set ``csi``: the dispatch tables."""
     admin = {op: command.effects for op, command in _ADMIN.items()}
     admin[AdminOpcode.FABRICS] = L.CmdEffects.CSUPP
-    io = {op: command.effects for op, command in IO_COMMANDS.items()}
+    io = {op: command.effects for op, command in IO_COMMANDS.items()} if csi == I.Csi.NVM else {}
     return L.CmdEffectsLog.from_opcodes(admin, io)
 
 

@@ -59,11 +59,6 @@ async def connect(queue: TargetQueue, req: Request) -> Result:
         return Status.CONNECT_INVALID_HOST | DNR, C.connect_invalid_param_result(
             C.CONNECT_DATA_OFFSET_HOSTNQN, in_data=True
         )
-    if cdata.hostnqn in subsystem.host_psks and tls_psk is None:
-        log.info("host %r must connect to %s over TLS: refused", cdata.hostnqn, subsystem.nqn)
-        return Status.CONNECT_INVALID_HOST | DNR, C.connect_invalid_param_result(
-            C.CONNECT_DATA_OFFSET_HOSTNQN, in_data=True
-        )
     if cmd.sqsize == 0 or cmd.sqsize >= QUEUE_ENTRIES:
         return Status.CONNECT_INVALID_PARAM | DNR, C.connect_invalid_param_result(
             C.CONNECT_SQE_OFFSET_SQSIZE, in_data=False

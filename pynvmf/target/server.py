@@ -783,7 +783,8 @@ class Target:
     ) -> None:
         """Allow `hostnqn` to connect to `nqn` (when it does not allow any host); with
         `auth`, the host must authenticate with DH-HMAC-CHAP; with `psk` (a keyring name
-        or a key), it connects only over TLS with that PSK."""
+        or a key), its TLS connections use that PSK (a port that does not require TLS
+        takes it in plain too, as nvmet does)."""
         subsystem = self._subsystem(nqn)
         _check_hostnqn(hostnqn)
         if hostnqn in subsystem.allowed_hosts:

@@ -167,7 +167,7 @@ class Subsystem:
     peer_listeners: list[tuple[str, int, int]] = field(default_factory=list)
     # TLS PSKs by host NQN (the configured PSK; pynvmf.tcp.psk derives the TLS PSKs), and
     # the keyring names they came from (what outputs show instead of the keys). A host
-    # with a PSK connects only over TLS with it.
+    # with a PSK uses it for TLS; whether it may connect in plain is the port's TREQ.
     host_psks: dict[str, ConfiguredPsk] = field(default_factory=dict, repr=False)
     host_psk_names: dict[str, str] = field(default_factory=dict)
     _next_cntlid: int = 0
