@@ -215,11 +215,10 @@ class PduReader:
                 # not depend on where its stream was cut. Not for a type NVMe/TCP does
                 # not define: its HLEN means nothing, and a peer speaking another
                 # protocol (an SSH banner, an HTTP request) may send no more.
-                if pdu_type in _EXPECTED_HLEN and avail < min(
-                    max(hlen, P.CH_LEN), P.TERM_REQ_MAX_DATA
-                ):
+                header = max(hlen, P.CH_LEN) if pdu_type in _EXPECTED_HLEN else P.CH_LEN
+                if avail < min(header, P.TERM_REQ_MAX_DATA):
                     break
-                self._fatal(fes, fei, start, avail)
+                self._fatal(fes, fei, start, header)
                 return
             if avail < plen:
                 if start + plen > len(buf):
@@ -235,18 +234,18 @@ class PduReader:
             ):
                 # A digest flag for a digest this connection did not negotiate: the PDU's
                 # layout is not the one both ends agreed on.
-                self._fatal(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_FLAGS, start, avail)
+                self._fatal(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_FLAGS, start, hlen)
                 return
             if hdgst:
                 if not flags & P.FLAG_HDGST:
-                    self._fatal(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_FLAGS, start, avail)
+                    self._fatal(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_FLAGS, start, hlen)
                     return
                 if _U32.unpack_from(pdu, hlen)[0] != _CRC32C(pdu[:hlen]):
-                    self._fatal(P.FatalError.HEADER_DIGEST_ERROR, 0, start, avail)
+                    self._fatal(P.FatalError.HEADER_DIGEST_ERROR, 0, start, hlen)
                     return
             if plen > header_end:
                 if not (1 << pdu_type) & _DATA_TYPES:
-                    self._fatal(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_PLEN, start, avail)
+                    self._fatal(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_PLEN, start, hlen)
                     return
                 no_digest = (1 << pdu_type) & _NO_DIGEST_TYPES
                 ddgst = self.ddgst and not no_digest
@@ -254,15 +253,15 @@ class PduReader:
                 if no_digest:
                     pdo = hlen  # TermReq data follows the header directly
                 elif pdo < header_end or pdo > data_end or pdo % self.pdo_alignment:
-                    self._fatal(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_PDO, start, avail)
+                    self._fatal(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_PDO, start, hlen)
                     return
                 if ddgst:
                     if not flags & P.FLAG_DDGST:
-                        self._fatal(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_FLAGS, start, avail)
+                        self._fatal(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_FLAGS, start, hlen)
                         return
                     if _U32.unpack_from(pdu, data_end)[0] != _CRC32C(pdu[pdo:data_end]):
                         if self._on_ddgst_error is None:
-                            self._fatal(P.FatalError.HEADER_DIGEST_ERROR, 0, start, avail)
+                            self._fatal(P.FatalError.HEADER_DIGEST_ERROR, 0, start, hlen)
                         else:
                             self._on_ddgst_error(pdu_type, flags, hlen, pdo, data_end, pdu)
                         continue
@@ -280,9 +279,11 @@ class PduReader:
         elif self.pdus_received != pdus_before or not self.partial_since:
             self.partial_since = time.monotonic()
 
-    def _fatal(self, fes: int, fei: int, start: int, avail: int) -> None:
+    def _fatal(self, fes: int, fei: int, start: int, header: int) -> None:
+        # The offending PDU's header alone (what a TermReq holds of it at most), never the
+        # bytes after it: what the peer is told must not depend on what else has arrived.
         self.dead = True
-        offending = bytes(self._view[start : start + min(avail, P.TERM_REQ_MAX_DATA)])
+        offending = bytes(self._view[start : start + min(header, P.TERM_REQ_MAX_DATA)])
         self._on_fatal(fes, fei, offending)
 
 
