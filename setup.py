@@ -14,7 +14,7 @@ from setuptools import setup
 # one group. host.py is compiled with them because its HostConnection derives from the
 # compiled PduConnection (an interpreted class cannot derive from a compiled one). The
 # host library's queue and namespace are compiled for the host's per-command cost (18%
-# fewer instructions per Read, docs/performance.md "Session 10"); their classes derive
+# fewer instructions per Read, docs/performance.md "The host library compiled"); their classes derive
 # from interpreted ones, so mypyc makes them ordinary Python classes with compiled
 # methods, which compiled callers call directly (a method patched on the class is not
 # seen: hence host/queue.py's watch_commands). block/copy.py (the planner) stays

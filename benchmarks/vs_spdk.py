@@ -344,7 +344,7 @@ def measure(args: argparse.Namespace, spdk: Path) -> list[Measurement]:
         order = list(pynvmf)
         for rep in range(args.repeat):
             # Rotated, so that over len(order) repeats every tree runs once in every
-            # position after SPDK's: a position has its own bias here (session 7: the last
+            # position after SPDK's: a position has its own bias here (measured: the last
             # of three trees won in 3 runs of 3 whichever tree it was), and forward and
             # reversed order alone left the middle tree always in the middle.
             k = rep % len(order)

@@ -65,7 +65,9 @@ def add_target_command(sub: Any) -> None:
         "the nvme-cli commands that reach them.",
     )
     source = p.add_mutually_exclusive_group()
-    source.add_argument("--config", metavar="FILE", help="pynvmf JSON configuration (see README)")
+    source.add_argument(
+        "--config", metavar="FILE", help="pynvmf JSON configuration (docs/configuration.md)"
+    )
     source.add_argument(
         "--json", metavar="FILE", help="SPDK JSON configuration, as rpc.py save_config writes it"
     )
