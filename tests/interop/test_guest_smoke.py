@@ -172,8 +172,10 @@ def test_command_timeout_leaves_guest_usable(guest: Guest) -> None:
 
 
 def _upstream(debian_version: str) -> str:
-    """The upstream part of a Debian version: "1:2.16-1+b1" -> "2.16"."""
-    return debian_version.split(":", 1)[-1].rsplit("-", 1)[0]
+    """The upstream part of a Debian version: "1:2.16-1+b1" -> "2.16", and what a
+    downgrade's "+really" names: bookworm's "2.4+really2.3-3" is nvme-cli 2.3."""
+    upstream = debian_version.split(":", 1)[-1].rsplit("-", 1)[0]
+    return upstream.rsplit("+really", 1)[-1]
 
 
 def test_tools_are_the_versions_the_build_recorded(guest: Guest) -> None:
