@@ -22,7 +22,7 @@ from pynvmf.spec.logpages import AnaGroupDescriptor, AnaLog, AnaState
 from pynvmf.spec.status import Status
 
 if TYPE_CHECKING:
-    from pynvmf.target.server import Port
+    from pynvmf.target.port import Port
 
 DEFAULT_GROUP = 1
 # ANAGRPMAX and NANAGRPID: group IDs 1..128 may be used (nvmet's limit, too). With MNAN

@@ -28,9 +28,10 @@ from pynvmf.target.reservations import NotificationLog
 from pynvmf.target.subsystem import DEFAULT_VERSION
 
 if TYPE_CHECKING:
+    from pynvmf.target.port import Port
     from pynvmf.target.queue import TargetQueue
-    from pynvmf.target.server import Port, Target
     from pynvmf.target.subsystem import Subsystem
+    from pynvmf.target.target import Target
     from pynvmf.tcp.psk import TlsPsk
     from pynvmf.tcp.target import Request
 

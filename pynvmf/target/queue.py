@@ -24,7 +24,8 @@ from pynvmf.tcp.target import ADMIN_INLINE_LIMIT, Request, TargetConnection
 if TYPE_CHECKING:
     from pynvmf.auth.controller import ControllerAuth
     from pynvmf.target.controller import Controller
-    from pynvmf.target.server import Port, Target
+    from pynvmf.target.port import Port
+    from pynvmf.target.target import Target
     from pynvmf.tcp.psk import TlsPsk
 
 log = logging.getLogger(__name__)

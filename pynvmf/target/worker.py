@@ -32,10 +32,13 @@ from pynvmf.target import shared_state as S
 from pynvmf.target.ana_table import AnaView
 from pynvmf.target.budget import ConnectionLimits, keep_alive_check_ms
 from pynvmf.target.controller import Controller
+from pynvmf.target.drain import commands_waiting, drain
 from pynvmf.target.ipc import Channel
+from pynvmf.target.port import Port
+from pynvmf.target.protocol import TargetProtocol
 from pynvmf.target.reservations import ReservationState
-from pynvmf.target.server import Port, Target, TargetProtocol, _drain
 from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.target import Target
 from pynvmf.tcp.target import Request
 
 log = logging.getLogger("pynvmf.worker")
@@ -226,7 +229,7 @@ class Worker:
             return
         ns.reservation.detach()
         self.reservation_seq.pop((nqn, nsid), None)
-        await _drain(self.target._commands_waiting(subsystem), subsystem)
+        await drain(commands_waiting(subsystem), subsystem)
         await ns.device.close()
 
     async def _subsystem_gone(self, nqn: str) -> None:
@@ -234,10 +237,10 @@ class Worker:
         subsystem = self.target.subsystems.pop(nqn, None)
         if subsystem is None:
             return
-        waiting = self.target._commands_waiting(subsystem)
+        waiting = commands_waiting(subsystem)
         for ctrl in list(subsystem.controllers.values()):
             ctrl.destroy("subsystem removed")
-        await _drain(waiting)
+        await drain(waiting)
         for ns in subsystem.namespaces.values():
             ns.reservation.detach()
             self.reservation_seq.pop((nqn, ns.nsid), None)

@@ -34,8 +34,9 @@ from pynvmf.spec import auth as A
 from pynvmf.spec.auth import DhGroupId, FailureExplanation, HashId, SecureConcat
 from pynvmf.spec.status import Status
 from pynvmf.target.generated_psks import MAX_PER_PAIR
-from pynvmf.target.server import Port, Target
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.target import Target
 from pynvmf.tcp.psk import generated_tls_psks
 from tests.protocol.raw import RawQueue
 

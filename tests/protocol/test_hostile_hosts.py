@@ -25,8 +25,8 @@ from pynvmf.target import budget
 from pynvmf.target.budget import ConnectionLimits
 from pynvmf.target.controller import Controller
 from pynvmf.target.io import IoHandler
+from pynvmf.target.protocol import TargetProtocol
 from pynvmf.target.queue import TargetQueue
-from pynvmf.target.server import TargetProtocol
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.tcp.framing import PduReader
 from pynvmf.tcp.target import TargetConnection

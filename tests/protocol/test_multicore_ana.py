@@ -22,7 +22,7 @@ from pynvmf.spec.logpages import AnaState
 from pynvmf.spec.opcodes import AdminOpcode
 from pynvmf.spec.status import Status
 from pynvmf.target.devices import NamedDevice
-from pynvmf.target.server import Port
+from pynvmf.target.port import Port
 from pynvmf.target.workers import MultiCoreTarget, RemoteQueue
 from tests.protocol.conftest import RawTarget
 from tests.protocol.raw import RawQueue

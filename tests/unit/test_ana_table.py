@@ -8,7 +8,7 @@ import random
 from pynvmf.spec.logpages import AnaState
 from pynvmf.target import ana_table
 from pynvmf.target.ana_table import AnaTable, AnaView
-from pynvmf.target.server import Port
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Subsystem
 
 STATES = list(AnaState)
