@@ -195,7 +195,7 @@ class TargetProtocol(asyncio.BufferedProtocol):
     def _charge_receive_buffer(self) -> None:
         """The handshake sized the receive buffer: it counts against the target's memory
         like any data buffer, and a connection the pool cannot hold goes."""
-        size = len(self.conn.reader._buf)
+        size = self.conn.reader.buffer_size
         if self.tls is not None:
             size += self.tls.engine.buffer_size
         pool = self.target.memory_pool

@@ -427,7 +427,7 @@ def _install_forwarding(worker: Worker) -> None:
         IoOpcode.RESERVATION_ACQUIRE,
         IoOpcode.RESERVATION_RELEASE,
     ):
-        io_module._HANDLERS[opcode] = forward
+        io_module.set_handler(opcode, forward)
 
 
 def _die_with_parent(parent: int) -> None:

@@ -190,9 +190,9 @@ async def test_an_idle_connection_holds_no_receive_buffer_before_icreq(
     idle = await raw_target.open()
     await _until(lambda: len(raw_target.port.connections) == 1, "the connection")
     (protocol,) = raw_target.port.connections
-    assert len(protocol.conn.reader._buf) <= 4096
+    assert protocol.conn.reader.buffer_size <= 4096
     await idle.handshake()
-    assert len(protocol.conn.reader._buf) >= 2 * protocol.conn.reader.max_pdu_len
+    assert protocol.conn.reader.buffer_size >= 2 * protocol.conn.reader.max_pdu_len
 
 
 # -- keep alive --------------------------------------------------------------------------------
