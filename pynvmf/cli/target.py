@@ -39,8 +39,8 @@ from pynvmf.target.config import (
     load_config,
     parse_listen,
 )
+from pynvmf.target.cores.workers import available_cores, make_target
 from pynvmf.target.target import Target
-from pynvmf.target.workers import available_cores, make_target
 
 log = logging.getLogger("pynvmf")
 

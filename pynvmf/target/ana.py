@@ -90,7 +90,7 @@ class AnaGroups:
     blocked: dict[Port, dict[int, int]] = field(default_factory=dict)
     default_blocked: dict[int, int] = field(default_factory=dict)
     # Called after every change of what path_status answers (the I/O queues of worker
-    # processes read a copy: ana_table.py), before any event about it is raised.
+    # processes read a copy: cores/ana_table.py), before any event about it is raised.
     on_index: Callable[[AnaGroups], None] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:

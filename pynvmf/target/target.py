@@ -71,7 +71,7 @@ from pynvmf.tcp.target import TransportConfig
 from pynvmf.tcp.tls import TlsCounters
 
 if TYPE_CHECKING:
-    from pynvmf.target.workers import WorkerPool
+    from pynvmf.target.cores.workers import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class Target:
         self.busy_poll_us = busy_poll_us
         self.poller = BusyPoller(busy_poll_us / 1e6) if busy_poll_us else None
         self._sweeper: asyncio.TimerHandle | None = None
-        # The worker processes that serve I/O queues (pynvmf target --cores N, workers.py);
+        # The worker processes that serve I/O queues (pynvmf target --cores N, cores/workers.py);
         # None: every queue is served here.
         self.workers: WorkerPool | None = None
         # Told the NQN of every subsystem whose configuration changed (see _changed).

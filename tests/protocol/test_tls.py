@@ -283,7 +283,7 @@ async def test_cli_tls_options(target: Target, capsys: pytest.CaptureFixture[str
 async def test_tls_queues_stay_in_the_main_process_of_a_multicore_target() -> None:
     # A handed-off socket would carry TLS records a worker has no keys for: the main
     # process serves TLS connections, and I/O over them works with workers running.
-    from pynvmf.target.workers import MultiCoreTarget
+    from pynvmf.target.cores.workers import MultiCoreTarget
 
     t = MultiCoreTarget(2, ports=[Port("127.0.0.1", 0, secure_channel="required")])
     t.add_subsystem(SUBNQN, allow_any_host=False, hosts=[HOST_A])

@@ -46,11 +46,11 @@ from pynvmf.spec.command import SGL_DATA_BLOCK_OFFSET, Sqe
 from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import DNR, Status
 from pynvmf.target import reservations
-from pynvmf.target import shared_state as S
-from pynvmf.target.ana_table import AnaTable
 from pynvmf.target.budget import ConnectionLimits, default_max_memory
 from pynvmf.target.changes import ChangeError
-from pynvmf.target.ipc import Channel, RemoteError, socket_pair, wait_all
+from pynvmf.target.cores import shared_state as S
+from pynvmf.target.cores.ana_table import AnaTable
+from pynvmf.target.cores.ipc import Channel, RemoteError, socket_pair, wait_all
 from pynvmf.target.limits import MAX_TRANSFER
 from pynvmf.target.port import Port
 from pynvmf.target.target import Target
@@ -178,7 +178,7 @@ class WorkerPool:
         os.set_inheritable(fd, True)
         try:
             worker.proc = subprocess.Popen(
-                [sys.executable, "-m", "pynvmf.target.worker", str(fd), str(os.getpid())],
+                [sys.executable, "-m", "pynvmf.target.cores.worker", str(fd), str(os.getpid())],
                 pass_fds=(fd,),
                 stdin=subprocess.DEVNULL,
             )

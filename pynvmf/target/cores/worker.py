@@ -8,7 +8,7 @@ the main process last committed them. It decides nothing about the target's
 state: reservation commands go to the main process (FORWARD), and its controllers
 are the main process's (keep alive, events, Set Features live there).
 
-Run as `python -m pynvmf.target.worker FD PARENT_PID`; it dies with its parent
+Run as `python -m pynvmf.target.cores.worker FD PARENT_PID`; it dies with its parent
 (PR_SET_PDEATHSIG, and the channel closing).
 """
 
@@ -28,12 +28,12 @@ from pynvmf.block.shared_memory import SharedMemoryDevice
 from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import Status
 from pynvmf.target import io as io_module
-from pynvmf.target import shared_state as S
-from pynvmf.target.ana_table import AnaView
 from pynvmf.target.budget import ConnectionLimits, keep_alive_check_ms
 from pynvmf.target.controller import Controller
+from pynvmf.target.cores import shared_state as S
+from pynvmf.target.cores.ana_table import AnaView
+from pynvmf.target.cores.ipc import Channel
 from pynvmf.target.drain import commands_waiting, drain
-from pynvmf.target.ipc import Channel
 from pynvmf.target.port import Port
 from pynvmf.target.protocol import TargetProtocol
 from pynvmf.target.reservations import ReservationState
