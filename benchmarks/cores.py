@@ -204,7 +204,7 @@ def round_trip_us(n: int = 20000) -> float:
     another process: what forwarding a command to the main process adds."""
     code = (
         "import asyncio, socket, sys\n"
-        "from pynvmf.target.ipc import Channel\n"
+        "from pynvmf.target.cores.ipc import Channel\n"
         "async def main():\n"
         "    done = asyncio.Event()\n"
         "    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=int(sys.argv[1]))\n"
@@ -212,7 +212,7 @@ def round_trip_us(n: int = 20000) -> float:
         "    await done.wait()\n"
         "asyncio.run(main())\n"
     )
-    from pynvmf.target.ipc import Channel, socket_pair
+    from pynvmf.target.cores.ipc import Channel, socket_pair
 
     async def run() -> float:
         mine, theirs = socket_pair()

@@ -101,8 +101,10 @@ def rig(workload: str, batch: int) -> tuple[Callable[[], None], int]:
     batch)."""
     from pynvmf.block.memory import MemoryDevice
     from pynvmf.target.controller import Controller
-    from pynvmf.target.server import Port, Target, TargetProtocol
+    from pynvmf.target.port import Port
+    from pynvmf.target.protocol import TargetProtocol
     from pynvmf.target.subsystem import Namespace, Subsystem
+    from pynvmf.target.target import Target
     from pynvmf.tcp.target import TransportConfig
 
     opcode, length, inline, digests = WORKLOADS[workload]

@@ -217,8 +217,9 @@ async def _serve(
     busy_poll_us: int = 0,
 ) -> None:
     from pynvmf.block.memory import MemoryDevice
-    from pynvmf.target.server import Port, Target
+    from pynvmf.target.port import Port
     from pynvmf.target.subsystem import Namespace, Subsystem
+    from pynvmf.target.target import Target
 
     device = MemoryDevice(size, block_size)
     if fill:

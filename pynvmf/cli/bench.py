@@ -114,7 +114,7 @@ from pynvmf.cli.identity import CommandIdentity
 from pynvmf.host import Controller, NvmeError, RemoteNamespace, connect
 from pynvmf.host.namespace import remote_namespace
 from pynvmf.host.queue import HostQueue
-from pynvmf.target.server import NVME_TCP_PORT
+from pynvmf.spec.ports import NVME_TCP_PORT
 
 BENCH_RW_MODES = ("randread", "randwrite", "read", "write", "randrw", "copy")
 COPY_MODES = ("auto", "offload", "emulate")

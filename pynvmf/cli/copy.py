@@ -69,7 +69,7 @@ from pynvmf.cli.common import (
 from pynvmf.cli.failures import Attempt, connect_failure
 from pynvmf.cli.identity import CommandIdentity
 from pynvmf.host import Controller, NvmeError, connect
-from pynvmf.target.server import NVME_TCP_PORT
+from pynvmf.spec.ports import NVME_TCP_PORT
 
 DEFAULT_FILE_BLOCK_SIZE = 512
 _MAX_NQN = 223  # NVMe: an NQN is at most 223 bytes

@@ -47,7 +47,7 @@ from pynvmf.host import (
 )
 from pynvmf.spec import identify as I
 from pynvmf.spec import logpages as L
-from pynvmf.target.server import DISCOVERY_PORT, NVME_TCP_PORT
+from pynvmf.spec.ports import DISCOVERY_PORT, NVME_TCP_PORT
 
 # -- argument parsing ------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from pynvmf.rpc.nvmetcli import load_nvmetcli
 from pynvmf.rpc.server import DEFAULT_SOCKET, RpcServer, control_plane
 from pynvmf.rpc.spdk import load_spdk_config
 from pynvmf.spec.logpages import AnaState
+from pynvmf.spec.ports import DISCOVERY_PORT
 from pynvmf.target import ana
 from pynvmf.target.budget import (
     DEFAULT_CONNECTION_DATA,
@@ -38,8 +39,8 @@ from pynvmf.target.config import (
     load_config,
     parse_listen,
 )
-from pynvmf.target.server import DISCOVERY_PORT, Target
-from pynvmf.target.workers import available_cores, make_target
+from pynvmf.target.cores.workers import available_cores, make_target
+from pynvmf.target.target import Target
 
 log = logging.getLogger("pynvmf")
 

@@ -34,8 +34,8 @@ from pynvmf.ha.shared import SharedConfig, SharedConfigOptions
 from pynvmf.spec.logpages import AnaState
 from pynvmf.target.ana import ANAGRPMAX
 from pynvmf.target.config import ConfigError, _Reader
-from pynvmf.target.server import Target
 from pynvmf.target.subsystem import CNTLID_MIN
+from pynvmf.target.target import Target
 
 log = logging.getLogger(__name__)
 

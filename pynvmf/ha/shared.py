@@ -58,6 +58,7 @@ from typing import Any
 
 from pynvmf.block.rbd import ClusterSpec, RadosConnection, bindings
 from pynvmf.target import devices as D
+from pynvmf.target.changes import ChangeError
 from pynvmf.target.config import (
     ConfigError,
     _device_dict,
@@ -67,7 +68,7 @@ from pynvmf.target.config import (
     add_namespace_spec,
     host_of_spec,
 )
-from pynvmf.target.server import ChangeError, Target
+from pynvmf.target.target import Target
 
 log = logging.getLogger(__name__)
 

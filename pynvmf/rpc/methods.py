@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, RpcError
-from pynvmf.target.server import ChangeError, Target
+from pynvmf.target.changes import ChangeError
+from pynvmf.target.target import Target
 
 _MISSING = object()
 

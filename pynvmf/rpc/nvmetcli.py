@@ -29,10 +29,12 @@ from pynvmf.spec.auth import dhgroup_from_name, hash_from_name
 from pynvmf.spec.logpages import AnaState
 from pynvmf.target import ana
 from pynvmf.target import devices as D
+from pynvmf.target.changes import ChangeError
 from pynvmf.target.config import REDACTED_KEY, format_version, parse_version
 from pynvmf.target.devices import NamedDevice
-from pynvmf.target.server import ChangeError, Port, Target
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import CNTLID_MAX, CNTLID_MIN
+from pynvmf.target.target import Target
 from pynvmf.tcp.target import TransportConfig
 
 DEFAULT_BLOCK_SIZE = 512

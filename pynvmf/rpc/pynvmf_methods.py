@@ -27,8 +27,9 @@ from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane, MethodTable, Params, change_error
 from pynvmf.rpc.nvmetcli import nvmetcli_config
 from pynvmf.rpc.spdk import spdk_config
+from pynvmf.target.changes import ChangeError
 from pynvmf.target.config import ConfigError, config_of, write_atomically
-from pynvmf.target.server import ChangeError, Port
+from pynvmf.target.port import Port
 from pynvmf.tcp.target import TransportConfig
 
 table = MethodTable()

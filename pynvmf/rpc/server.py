@@ -19,7 +19,7 @@ from pathlib import Path
 from pynvmf.rpc import pynvmf_methods, spdk
 from pynvmf.rpc.jsonrpc import Dispatcher, JsonStream, MalformedStream, parse, parse_error_response
 from pynvmf.rpc.methods import ControlPlane, MethodTable
-from pynvmf.target.server import Target
+from pynvmf.target.target import Target
 
 log = logging.getLogger(__name__)
 

@@ -27,12 +27,14 @@ from pynvmf.spec.logpages import AnaState
 from pynvmf.spec.opcodes import DISCOVERY_NQN
 from pynvmf.target import ana
 from pynvmf.target import devices as D
+from pynvmf.target.changes import ChangeError
 from pynvmf.target.config import REDACTED_KEY
 from pynvmf.target.controller import MAX_IO_QUEUES, QUEUE_ENTRIES
 from pynvmf.target.devices import NamedDevice
 from pynvmf.target.limits import MAX_TRANSFER
-from pynvmf.target.server import ChangeError, Port, Target
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import CNTLID_MAX, CNTLID_MIN, Subsystem
+from pynvmf.target.target import Target
 from pynvmf.tcp.target import TransportConfig
 
 log = logging.getLogger(__name__)

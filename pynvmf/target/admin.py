@@ -22,7 +22,7 @@ from pynvmf.spec.command import HOST_BEHAVIOR_SIZE, host_behavior_cdfe
 from pynvmf.spec.opcodes import AdminOpcode, FeatureId
 from pynvmf.spec.reservations import FEATURE_EXHID
 from pynvmf.spec.status import DNR, IOCS_COMBINATION_REJECTED, Status
-from pynvmf.target import ana, reservations
+from pynvmf.target import ana, discovery, reservations
 from pynvmf.target.controller import (
     AERL,
     ERROR_LOG_ENTRIES,
@@ -657,7 +657,7 @@ def _ana_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes:
 
 
 def _discovery_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes:
-    return ctrl.target.discovery_log(ctrl.hostnqn, queue)
+    return discovery.discovery_log(ctrl.target, ctrl.hostnqn, queue)
 
 
 _LOG_PAGES: dict[int, LogPageBuilder] = {

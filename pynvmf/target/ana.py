@@ -22,7 +22,7 @@ from pynvmf.spec.logpages import AnaGroupDescriptor, AnaLog, AnaState
 from pynvmf.spec.status import Status
 
 if TYPE_CHECKING:
-    from pynvmf.target.server import Port
+    from pynvmf.target.port import Port
 
 DEFAULT_GROUP = 1
 # ANAGRPMAX and NANAGRPID: group IDs 1..128 may be used (nvmet's limit, too). With MNAN
@@ -90,7 +90,7 @@ class AnaGroups:
     blocked: dict[Port, dict[int, int]] = field(default_factory=dict)
     default_blocked: dict[int, int] = field(default_factory=dict)
     # Called after every change of what path_status answers (the I/O queues of worker
-    # processes read a copy: ana_table.py), before any event about it is raised.
+    # processes read a copy: cores/ana_table.py), before any event about it is raised.
     on_index: Callable[[AnaGroups], None] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -1,6 +1,6 @@
 """Compare, Verify and the fused Compare and Write of the NVM command set.
 
-Each is validated as Read and Write are (`IoHandler._rw_target`: namespace, LBA range,
+Each is validated as Read and Write are (`IoHandler.rw_target`: namespace, LBA range,
 MDTS, the SGL's length) before any data moves. A Compare reads the blocks and compares
 them with the host's data: a difference is Compare Failure and touches nothing. A
 Verify reads the blocks and moves no data. Both count as reads in the SMART log, as the
@@ -47,7 +47,7 @@ def _error_status(exc: OSError, media_error: int) -> int:
 
 
 async def compare(io: IoHandler, req: Request) -> Outcome:
-    status, ns, slba, _nlb, length = io._rw_target(req)
+    status, ns, slba, _nlb, length = io.rw_target(req)
     if status or ns is None:
         return status, None
     data = req.data if req.data is not None else await io.queue.fetch_data(req)
@@ -121,10 +121,10 @@ async def _compare_and_write(
         blocked = io.path_status(first.sqe.nsid) or io.path_status(second.sqe.nsid)
         if blocked:
             return blocked, blocked
-    status, ns, slba, _nlb, length = io._rw_target(first)
+    status, ns, slba, _nlb, length = io.rw_target(first)
     if status or ns is None:
         return status, FUSED_FAIL
-    status = io._rw_target(second)[0]
+    status = io.rw_target(second)[0]
     if status:
         return FUSED_FAIL, status
     fetched = await _fetch_both(io, first, second)

@@ -27,17 +27,14 @@ from pynvmf.block.rbd import DEFAULT_IO_TIMEOUT, RbdDevice, RbdUnavailable, pars
 from pynvmf.spec.auth import dhgroup_from_name, hash_from_name
 from pynvmf.spec.logpages import AnaState
 from pynvmf.spec.opcodes import DISCOVERY_NQN
+from pynvmf.spec.ports import DISCOVERY_PORT, NVME_TCP_PORT
 from pynvmf.target import ana
 from pynvmf.target import devices as D
+from pynvmf.target.changes import ChangeError
 from pynvmf.target.devices import NamedDevice
-from pynvmf.target.server import (
-    DISCOVERY_PORT,
-    NVME_TCP_PORT,
-    ChangeError,
-    Port,
-    Target,
-)
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import CNTLID_MAX, CNTLID_MIN, DEFAULT_VERSION, Subsystem
+from pynvmf.target.target import Target
 from pynvmf.tcp.target import TransportConfig
 
 DEFAULT_NQN = "nqn.2024-11.dev.pynvmf:default"

@@ -28,9 +28,10 @@ from pynvmf.target.reservations import NotificationLog
 from pynvmf.target.subsystem import DEFAULT_VERSION
 
 if TYPE_CHECKING:
+    from pynvmf.target.port import Port
     from pynvmf.target.queue import TargetQueue
-    from pynvmf.target.server import Port, Target
     from pynvmf.target.subsystem import Subsystem
+    from pynvmf.target.target import Target
     from pynvmf.tcp.psk import TlsPsk
     from pynvmf.tcp.target import Request
 
@@ -76,7 +77,7 @@ class Controller:
         self.aer: deque[tuple[TargetQueue, Request]] = deque()
         self.pending_events: deque[int] = deque()
         # While above 0, events wait in pending_events (a change on its way to the worker
-        # processes that serve this controller's I/O queues: workers.py).
+        # processes that serve this controller's I/O queues: cores/workers.py).
         self.events_held = 0
         # Log pages whose event was reported and not yet read: further events of the same
         # log page stay quiet until the host reads it (without Retain Asynchronous Event).

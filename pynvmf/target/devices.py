@@ -8,6 +8,7 @@ that was opened for a single namespace and goes away with it.
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from pynvmf.block.memory import MemoryDevice
 
 # No Ceph import: pynvmf.block.rbd loads the bindings only when an image is opened.
 from pynvmf.block.rbd import RbdDevice
+
+log = logging.getLogger(__name__)
 
 MEMORY = "memory"
 FILE = "file"
@@ -83,3 +86,13 @@ class NamedDevice:
         if isinstance(self.device, RbdDevice):
             return self.device.read_only
         return isinstance(self.device, FileDevice) and self.device.read_only
+
+
+async def close_device(entry: NamedDevice) -> None:
+    """Flush and close a device the target no longer serves; a flush that fails (storage
+    gone) is logged, and the device is closed all the same."""
+    try:
+        await entry.device.flush()
+    except OSError as exc:
+        log.error("flushing %s failed: %s", entry.name, exc)
+    await entry.device.close()

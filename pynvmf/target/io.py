@@ -162,7 +162,7 @@ class IoHandler:
             req.data = bytearray(data)
         task = start_eager(self.execute(req))
         if task is not None:
-            self.queue._track(task)
+            self.queue.track(task)
 
     def _read_now(self, req: Request, inplace: InPlace) -> bool:
         """A Read of at most READ_CHUNK done at once (its data a copy of the device's
@@ -281,7 +281,7 @@ class IoHandler:
             return await handler(self, req)
         return await reservation.guard(self, req, handler)
 
-    def _rw_target(self, req: Request) -> tuple[int, Namespace | None, int, int, int]:
+    def rw_target(self, req: Request) -> tuple[int, Namespace | None, int, int, int]:
         """(status, namespace, slba, nblocks, byte length) of a Read or Write."""
         sqe = req.sqe
         ns = self.namespaces.get(sqe.nsid)
@@ -299,7 +299,7 @@ class IoHandler:
         return Status.SUCCESS, ns, slba, nlb, length
 
     async def read(self, req: Request) -> Outcome:
-        status, ns, slba, _nlb, length = self._rw_target(req)
+        status, ns, slba, _nlb, length = self.rw_target(req)
         if status or ns is None:
             return status, None
         if length > READ_CHUNK:
@@ -345,7 +345,7 @@ class IoHandler:
             lba += n >> shift
 
     async def write(self, req: Request) -> Outcome:
-        status, ns, slba, _nlb, length = self._rw_target(req)
+        status, ns, slba, _nlb, length = self.rw_target(req)
         if status or ns is None:
             return status, None
         data = req.data if req.data is not None else await self.queue.fetch_data(req)
@@ -588,8 +588,19 @@ class IoHandler:
         return await reservations.release_command(self, req)
 
 
+CommandHandler = Callable[[IoHandler, "Request"], Awaitable[Outcome]]
+
 # The handlers as plain functions: a per-queue table of bound methods would be a
 # reference cycle that keeps every closed queue alive until a full collection.
-_HANDLERS: dict[int, Callable[[IoHandler, Request], Awaitable[Outcome]]] = {
+_HANDLERS: dict[int, CommandHandler] = {
     opcode: getattr(IoHandler, command.method) for opcode, command in IO_COMMANDS.items()
 }
+
+
+def set_handler(opcode: int, handler: CommandHandler) -> None:
+    """Execute `opcode` with `handler` from now on, in this process (a worker of
+    `--cores N` sends the reservation commands to the main process). Only an opcode of
+    IO_COMMANDS: what the Commands Supported and Effects log lists is what is executed."""
+    if opcode not in IO_COMMANDS:
+        raise ValueError(f"opcode {opcode:#x} is not an I/O command of the NVM command set")
+    _HANDLERS[opcode] = handler

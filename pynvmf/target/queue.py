@@ -24,7 +24,8 @@ from pynvmf.tcp.target import ADMIN_INLINE_LIMIT, Request, TargetConnection
 if TYPE_CHECKING:
     from pynvmf.auth.controller import ControllerAuth
     from pynvmf.target.controller import Controller
-    from pynvmf.target.server import Port, Target
+    from pynvmf.target.port import Port
+    from pynvmf.target.target import Target
     from pynvmf.tcp.psk import TlsPsk
 
 log = logging.getLogger(__name__)
@@ -156,9 +157,11 @@ class TargetQueue:
     def _run(self, command: Coroutine[Any, Any, None]) -> None:
         task = start_eager(command)
         if task is not None:
-            self._track(task)
+            self.track(task)
 
-    def _track(self, task: asyncio.Task[None]) -> None:
+    def track(self, task: asyncio.Task[None]) -> None:
+        """A command of this queue that waits for something (data, a device, a
+        reservation): removals wait for it (drain.py) until it is done."""
         waiting = self.commands_waiting
         waiting.add(task)
         task.add_done_callback(waiting.discard)

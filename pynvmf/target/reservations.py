@@ -456,7 +456,7 @@ class NamespaceReservation:
         self._inflight: dict[bytes, int] = {}
         self._drain: dict[bytes, list[asyncio.Future[None]]] = {}
         # Where a committed change goes before its command completes: the worker
-        # processes' replicas (target/workers.py), with the preempted hosts; None: nowhere.
+        # processes' replicas (target/cores/workers.py), with the preempted hosts; None: nowhere.
         self.replicate: Callable[[NamespaceReservation, list[bytes]], Awaitable[None]] | None = None
         self._update_access()
 

@@ -119,6 +119,11 @@ class PduReader:
         # glue's deadline for input a peer has started and not finished.
         self.partial_since = 0.0
 
+    @property
+    def buffer_size(self) -> int:
+        """The receive buffer's size in bytes (what the connection's input holds)."""
+        return len(self._buf)
+
     def release(self) -> None:
         """The connection is gone: drop the handlers (bound methods of the connection, a
         reference cycle) and the receive buffer now rather than at the next full

@@ -19,7 +19,7 @@ from pynvmf.spec.logpages import AnaState as S
 from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import Status
 from pynvmf.target.config import ConfigError, apply_config, build_target
-from pynvmf.target.workers import MultiCoreTarget
+from pynvmf.target.cores.workers import MultiCoreTarget
 from tests.ceph.cluster import CephCluster
 
 NQN = "nqn.2024-11.dev.pynvmf:gateway"

@@ -20,7 +20,7 @@ from pynvmf.rpc.spdk import load_spdk_config, spdk_config
 from pynvmf.spec.status import Status
 from pynvmf.target.config import ConfigError, apply_config, build_target, config_of
 from pynvmf.target.devices import RBD
-from pynvmf.target.server import Target
+from pynvmf.target.target import Target
 from tests.ceph.cluster import CephCluster
 
 NQN = "nqn.2024-01.io.pynvmf.test:rbd"

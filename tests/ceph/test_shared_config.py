@@ -29,7 +29,7 @@ from pynvmf.rpc.methods import ControlPlane
 from pynvmf.rpc.server import RpcServer, control_plane
 from pynvmf.spec.logpages import AnaState as S
 from pynvmf.target.config import build_target
-from pynvmf.target.server import Target
+from pynvmf.target.target import Target
 from tests.ceph.cluster import CephCluster
 
 MiB = 1 << 20

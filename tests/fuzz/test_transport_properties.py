@@ -45,7 +45,7 @@ def test_target_connection_answers_any_stream_with_well_formed_pdus(
             assert offset + length <= 65536 or pdu.type == P.PduType.C2H_DATA
     # The receive buffer never outgrows two maximal PDUs (or its initial size).
     reader = conn.reader
-    assert len(reader._buf) <= max(2 * reader.max_pdu_len, 256 * 1024)
+    assert reader.buffer_size <= max(2 * reader.max_pdu_len, 256 * 1024)
 
 
 @given(host_streams(), cut_lists, cut_lists)

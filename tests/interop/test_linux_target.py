@@ -40,8 +40,9 @@ from pynvmf.spec import identify as I
 from pynvmf.spec import logpages as L
 from pynvmf.spec.opcodes import DISCOVERY_NQN, IoOpcode
 from pynvmf.spec.status import Status
-from pynvmf.target.server import Port, Target
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.target import Target
 from pynvmf.tcp.target import TransportConfig
 from tests.interop.guest import (
     OLDEST_AND_NEWEST,

@@ -23,8 +23,9 @@ from pynvmf.block.device import CopyOffload
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.host import Controller, connect
 from pynvmf.spec import identify as I
-from pynvmf.target.server import Port, Target
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.target import Target
 from tests.interop.guest import (
     OLDEST_AND_NEWEST,
     PEERS,

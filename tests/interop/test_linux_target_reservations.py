@@ -31,8 +31,9 @@ from pynvmf.host import Controller, NvmeStatusError, connect
 from pynvmf.spec import identify as I
 from pynvmf.spec.reservations import RESCAP_ALL_TYPES, Rescap
 from pynvmf.spec.status import Status
-from pynvmf.target.server import Port, Target
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.target import Target
 from tests.interop.guest import (
     NVMET_RESERVATIONS,
     PEERS,

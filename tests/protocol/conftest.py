@@ -14,8 +14,9 @@ import pytest
 
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.target.budget import ConnectionLimits
-from pynvmf.target.server import Port, Target
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.target import Target
 from tests.protocol.raw import HOSTID, HOSTNQN, RawHost, RawQueue
 
 RAW_SUBNQN = "nqn.2024-01.io.pynvmf.test:raw"

@@ -19,8 +19,9 @@ from pynvmf.spec import auth as A
 from pynvmf.spec.auth import DhGroupId, FailureExplanation, HashId
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType
 from pynvmf.spec.status import Status
-from pynvmf.target.server import Port, Target
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.target import Target
 from tests.protocol.conftest import RawTarget, RawTargetFactory
 from tests.protocol.raw import HOSTNQN, Completion, RawQueue
 
@@ -368,7 +369,7 @@ async def test_failure2_from_the_host_ends_the_connection(auth_target: RawTarget
 
 
 async def test_key_file_with_bad_crc_is_refused_without_the_key(tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
-    from pynvmf.target.server import ChangeError
+    from pynvmf.target.changes import ChangeError
 
     caplog.set_level(logging.DEBUG)
     text = HOST_KEY.representation()

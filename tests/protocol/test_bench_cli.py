@@ -26,8 +26,9 @@ from pynvmf.cli import build_parser
 from pynvmf.cli.bench import format_progress, run_bench_command
 from pynvmf.cli.common import host_identity
 from pynvmf.host import Controller
-from pynvmf.target.server import Port, Target
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.target import Target
 
 pytestmark = pytest.mark.timeout(120)
 

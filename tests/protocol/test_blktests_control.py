@@ -20,7 +20,7 @@ import pytest
 from pynvmf.auth import DhchapKey
 from pynvmf.host import NvmeAuthenticationError, NvmeError, connect
 from pynvmf.rpc.server import RpcServer, control_plane
-from pynvmf.target.server import Target
+from pynvmf.target.target import Target
 from pynvmf.tcp.psk import ConfiguredPsk
 from tests.interop.guest import free_tcp_port
 

@@ -27,8 +27,9 @@ import pytest
 
 from pynvmf.block.device import BlockDevice
 from pynvmf.block.memory import MemoryDevice
-from pynvmf.target.server import Port, Target
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.target import Target
 from tests.interop.guest import free_tcp_port
 from tests.interop.target_process import TargetProcess
 

@@ -34,8 +34,9 @@ from pynvmf.spec import auth as A
 from pynvmf.spec.auth import DhGroupId, FailureExplanation, HashId, SecureConcat
 from pynvmf.spec.status import Status
 from pynvmf.target.generated_psks import MAX_PER_PAIR
-from pynvmf.target.server import Port, Target
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.target import Target
 from pynvmf.tcp.psk import generated_tls_psks
 from tests.protocol.raw import RawQueue
 
@@ -341,8 +342,8 @@ async def test_cli_concat(target: Target) -> None:
 async def test_concatenation_with_worker_processes() -> None:
     """`--cores 2`: the plain admin queue authenticates in the main process, and the TLS
     queues stay there (a worker would have no record keys); I/O works with workers up."""
+    from pynvmf.target.cores.workers import MultiCoreTarget
     from pynvmf.target.devices import NamedDevice
-    from pynvmf.target.workers import MultiCoreTarget
 
     t = MultiCoreTarget(2, ports=[Port("127.0.0.1", 0, secure_channel="optional")])
     t.add_subsystem(NQN, allow_any_host=False, hosts=[HOST])

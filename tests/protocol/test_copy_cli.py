@@ -32,8 +32,9 @@ from pynvmf.cli.copy import (
     parse_endpoint,
     run_copy_command,
 )
-from pynvmf.target.server import Port, Target
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.target import Target
 
 NQN = "nqn.2024-01.org.pynvmf:copy-cli"
 OTHER_NQN = "nqn.2024-01.org.pynvmf:copy-cli-other"

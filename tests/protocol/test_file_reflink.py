@@ -20,8 +20,9 @@ from pynvmf.block.file import FileDevice
 from pynvmf.host import connect
 from pynvmf.spec.command import CopyRange, copy_cdw12, pack_copy_ranges
 from pynvmf.spec.opcodes import IoOpcode
-from pynvmf.target.server import Port, Target
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.target import Target
 
 NQN = "nqn.2024-11.dev.pynvmf:reflink"
 BLOCK = 4096

@@ -24,8 +24,9 @@ from pynvmf.cli import build_parser
 from pynvmf.cli.host import run_host_command
 from pynvmf.host.controller import DEFAULT_MAX_TRANSFER
 from pynvmf.spec.opcodes import DISCOVERY_NQN
-from pynvmf.target.server import Port, Target
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.target import Target
 
 NQN = "nqn.2024-01.org.pynvmf:host-cli"
 PRIVATE_NQN = "nqn.2024-01.org.pynvmf:host-cli-private"

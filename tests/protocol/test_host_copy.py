@@ -37,8 +37,9 @@ from pynvmf.spec.status import CMD_SIZE_LIMIT_EXCEEDED, DNR, Status
 from pynvmf.target import admin as target_admin
 from pynvmf.target import io as target_io
 from pynvmf.target import limits as target_limits
-from pynvmf.target.server import Port, Target
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.target import Target
 
 pytestmark = pytest.mark.timeout(120)
 

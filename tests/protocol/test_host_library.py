@@ -26,8 +26,9 @@ from pynvmf.spec import logpages as L
 from pynvmf.spec.command import CSTS_SHST_COMPLETE, CSTS_SHST_MASK
 from pynvmf.spec.opcodes import DISCOVERY_NQN, FeatureId, IoOpcode
 from pynvmf.spec.status import Status
-from pynvmf.target.server import Port, Target
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.target import Target
 from pynvmf.tcp.target import TransportConfig
 
 NQN = "nqn.2024-01.org.pynvmf:host-library"

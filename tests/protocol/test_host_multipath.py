@@ -11,7 +11,8 @@ from pynvmf.host import connect
 from pynvmf.host.controller import Controller
 from pynvmf.host.multipath import MultipathNamespace, NoUsablePath, ana_state, read_ana_log
 from pynvmf.spec.logpages import AnaState
-from pynvmf.target.server import Port, Target
+from pynvmf.target.port import Port
+from pynvmf.target.target import Target
 from tests.protocol.conftest import RAW_SUBNQN, raw_memory_subsystem
 
 

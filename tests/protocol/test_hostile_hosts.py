@@ -25,8 +25,8 @@ from pynvmf.target import budget
 from pynvmf.target.budget import ConnectionLimits
 from pynvmf.target.controller import Controller
 from pynvmf.target.io import IoHandler
+from pynvmf.target.protocol import TargetProtocol
 from pynvmf.target.queue import TargetQueue
-from pynvmf.target.server import TargetProtocol
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.tcp.framing import PduReader
 from pynvmf.tcp.target import TargetConnection
@@ -190,9 +190,9 @@ async def test_an_idle_connection_holds_no_receive_buffer_before_icreq(
     idle = await raw_target.open()
     await _until(lambda: len(raw_target.port.connections) == 1, "the connection")
     (protocol,) = raw_target.port.connections
-    assert len(protocol.conn.reader._buf) <= 4096
+    assert protocol.conn.reader.buffer_size <= 4096
     await idle.handshake()
-    assert len(protocol.conn.reader._buf) >= 2 * protocol.conn.reader.max_pdu_len
+    assert protocol.conn.reader.buffer_size >= 2 * protocol.conn.reader.max_pdu_len
 
 
 # -- keep alive --------------------------------------------------------------------------------

@@ -33,9 +33,10 @@ from pynvmf.spec.identify import Oaes
 from pynvmf.spec.opcodes import AdminOpcode, FeatureId, IoOpcode
 from pynvmf.spec.reservations import ReservationType
 from pynvmf.spec.status import Status
+from pynvmf.target.cores.workers import MultiCoreTarget, RemoteQueue, make_target
 from pynvmf.target.devices import NamedDevice
-from pynvmf.target.server import Port, Target
-from pynvmf.target.workers import MultiCoreTarget, RemoteQueue, make_target
+from pynvmf.target.port import Port
+from pynvmf.target.target import Target
 from tests.protocol.conftest import RawTarget
 from tests.protocol.raw import RawQueue
 

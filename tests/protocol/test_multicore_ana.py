@@ -21,9 +21,9 @@ import pytest
 from pynvmf.spec.logpages import AnaState
 from pynvmf.spec.opcodes import AdminOpcode
 from pynvmf.spec.status import Status
+from pynvmf.target.cores.workers import MultiCoreTarget, RemoteQueue
 from pynvmf.target.devices import NamedDevice
-from pynvmf.target.server import Port
-from pynvmf.target.workers import MultiCoreTarget, RemoteQueue
+from pynvmf.target.port import Port
 from tests.protocol.conftest import RawTarget
 from tests.protocol.raw import RawQueue
 from tests.protocol.test_target_ana import ANA_EVENT, ana_log, enable_ana_events, states

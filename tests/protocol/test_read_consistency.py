@@ -20,9 +20,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from pynvmf.spec.opcodes import IoOpcode
+from pynvmf.target.cores.workers import MultiCoreTarget
 from pynvmf.target.devices import NamedDevice
-from pynvmf.target.server import Port
-from pynvmf.target.workers import MultiCoreTarget
+from pynvmf.target.port import Port
 from tests.protocol.conftest import RAW_NS1_BLOCK, RAW_SUBNQN, RawTarget
 from tests.protocol.raw import RawQueue, rw_sqe
 

@@ -38,8 +38,9 @@ from pynvmf.spec.reservations import (
 from pynvmf.spec.status import Status
 from pynvmf.target.config import build_target
 from pynvmf.target.devices import NamedDevice
-from pynvmf.target.server import Port, Target
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.target import Target
 from tests.protocol.conftest import RawTarget
 from tests.protocol.raw import HOSTID as RAW_HOSTID
 from tests.protocol.raw import HOSTNQN as RAW_HOSTNQN

@@ -26,7 +26,7 @@ from pynvmf.spec import logpages as L
 from pynvmf.spec.identify import Oaes
 from pynvmf.spec.opcodes import DISCOVERY_NQN, AdminOpcode, FeatureId, IoOpcode
 from pynvmf.spec.status import Status
-from pynvmf.target import server as target_server
+from pynvmf.target import drain
 from tests.interop.guest import free_tcp_port
 from tests.protocol import raw as R
 from tests.protocol.conftest import (
@@ -484,7 +484,7 @@ async def test_a_write_whose_data_never_comes_does_not_hold_a_removal_forever(
 ) -> None:
     """A host that starts a write and never sends its data: after the drain timeout the
     removal tears that controller down (the host sees its connection close) and ends."""
-    monkeypatch.setattr(target_server, "DRAIN_TIMEOUT", 0.5)
+    monkeypatch.setattr(drain, "DRAIN_TIMEOUT", 0.5)
     host = await rig.raw.host()
     io = host.io[0]
     await io.detach()

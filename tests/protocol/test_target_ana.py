@@ -16,8 +16,9 @@ from pynvmf.spec import logpages as L
 from pynvmf.spec.logpages import AnaState
 from pynvmf.spec.opcodes import DISCOVERY_NQN, NOTICE_ANA_CHANGE, AdminOpcode, FeatureId
 from pynvmf.spec.status import Status
+from pynvmf.target.changes import ChangeError
 from pynvmf.target.devices import NamedDevice
-from pynvmf.target.server import ChangeError, Port
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Subsystem
 from tests.protocol.conftest import (
     RAW_NS1_BLOCK,

@@ -29,9 +29,10 @@ from pynvmf.spec import command as C
 from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import Status, status_name
 from pynvmf.target.limits import VERIFY_MAX_BYTES
+from pynvmf.target.port import Port
 from pynvmf.target.queue import TargetQueue
-from pynvmf.target.server import Port, Target
 from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.target import Target
 from tests.protocol.conftest import RAW_NS1_BLOCK, RAW_NS1_BLOCKS, RAW_SUBNQN, RawTarget
 from tests.protocol.raw import Completion, RawQueue
 

@@ -25,7 +25,7 @@ from pynvmf.spec import pdu as P
 from pynvmf.spec.opcodes import DISCOVERY_NQN, AdminOpcode, FabricsType, FeatureId, IoOpcode
 from pynvmf.spec.status import Status
 from pynvmf.target.controller import AERL, CAP
-from pynvmf.target.server import Port
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.tcp.target import TransportConfig
 from tests.protocol.conftest import (

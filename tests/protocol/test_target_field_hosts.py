@@ -15,8 +15,8 @@ from pynvmf.spec import identify as I
 from pynvmf.spec import logpages as L
 from pynvmf.spec.opcodes import AdminOpcode, FeatureId, IoOpcode
 from pynvmf.spec.status import IOCS_COMBINATION_REJECTED, Status
+from pynvmf.target.changes import ChangeError
 from pynvmf.target.controller import CAP
-from pynvmf.target.server import ChangeError
 from tests.protocol.conftest import (
     RAW_NS1_BLOCK,
     RAW_NS1_BLOCKS,

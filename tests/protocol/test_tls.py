@@ -23,8 +23,10 @@ from pynvmf.host import connect, discover
 from pynvmf.host.errors import NvmeConnectionError, NvmeStatusError
 from pynvmf.spec import logpages as L
 from pynvmf.spec.status import Status
-from pynvmf.target.server import ChangeError, Port, Target
+from pynvmf.target.changes import ChangeError
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.target import Target
 from pynvmf.tcp import tls as T
 from pynvmf.tcp.psk import HASH_SHA256, HASH_SHA384, ConfiguredPsk, tls_psk
 
@@ -283,7 +285,7 @@ async def test_cli_tls_options(target: Target, capsys: pytest.CaptureFixture[str
 async def test_tls_queues_stay_in_the_main_process_of_a_multicore_target() -> None:
     # A handed-off socket would carry TLS records a worker has no keys for: the main
     # process serves TLS connections, and I/O over them works with workers running.
-    from pynvmf.target.workers import MultiCoreTarget
+    from pynvmf.target.cores.workers import MultiCoreTarget
 
     t = MultiCoreTarget(2, ports=[Port("127.0.0.1", 0, secure_channel="required")])
     t.add_subsystem(SUBNQN, allow_any_host=False, hosts=[HOST_A])
@@ -334,7 +336,7 @@ async def test_host_opens_tls_queues_one_handshake_at_a_time(
     events = []
     for record in caplog.records:
         text = record.getMessage()
-        if record.name == "pynvmf.target.server" and text.startswith("connection from ("):
+        if record.name == "pynvmf.target.protocol" and text.startswith("connection from ("):
             events.append("accept")
         elif text.startswith("connection from") and "TLS 1.3 established" in text:
             events.append("done")

@@ -1,4 +1,4 @@
-"""The ANA table of `--cores N` (pynvmf/target/ana_table.py): what a worker reads through
+"""The ANA table of `--cores N` (pynvmf/target/cores/ana_table.py): what a worker reads through
 an AnaView is what the main process's AnaGroups decides, after every kind of change."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import random
 
 from pynvmf.spec.logpages import AnaState
-from pynvmf.target import ana_table
-from pynvmf.target.ana_table import AnaTable, AnaView
-from pynvmf.target.server import Port
+from pynvmf.target.cores import ana_table
+from pynvmf.target.cores.ana_table import AnaTable, AnaView
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Subsystem
 
 STATES = list(AnaState)

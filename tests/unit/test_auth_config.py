@@ -18,7 +18,7 @@ from pynvmf.rpc.server import control_plane
 from pynvmf.rpc.spdk import load_spdk_config, spdk_config
 from pynvmf.spec.auth import DhGroupId, HashId
 from pynvmf.target.config import ConfigError, apply_config, config_of
-from pynvmf.target.server import Target
+from pynvmf.target.target import Target
 
 NQN = "nqn.2016-06.io.spdk:cnode1"
 HOST = "nqn.2014-08.org.nvmexpress:uuid:0f8c5d8e-0000-4000-8000-000000000001"

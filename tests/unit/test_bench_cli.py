@@ -30,8 +30,9 @@ from pynvmf.cli import bench as bench_cli
 from pynvmf.cli import build_parser
 from pynvmf.cli.bench import JobResult, fio_json, human_report
 from pynvmf.cli.common import EXIT_INTERRUPTED, host_identity
-from pynvmf.target.server import Port, Target
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.target import Target
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -33,8 +33,9 @@ from pynvmf.bench.loadgen import (
     cpu_usage,
 )
 from pynvmf.block.memory import MemoryDevice
-from pynvmf.target.server import Port, Target
+from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.target import Target
 
 NQN = "nqn.2024-01.io.pynvmf.test:loadgen"
 

@@ -7,8 +7,10 @@ import asyncio
 
 import pytest
 
-from pynvmf.target import server
-from pynvmf.target.server import BusyPoller, ChangeError, Target
+from pynvmf.target import protocol
+from pynvmf.target.changes import ChangeError
+from pynvmf.target.protocol import BusyPoller
+from pynvmf.target.target import Target
 
 
 class Clock:
@@ -23,7 +25,7 @@ async def test_the_loop_polls_for_the_window_after_input_then_sleeps(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = Clock()
-    monkeypatch.setattr(server.time, "monotonic", clock)
+    monkeypatch.setattr(protocol.time, "monotonic", clock)
     poller = BusyPoller(50e-6)
     assert not poller.spinning
     poller.input()

@@ -13,7 +13,7 @@ from pynvmf.ha.gateway import Gateway, GatewayConfig
 from pynvmf.spec.logpages import AnaState as S
 from pynvmf.target.config import ConfigError, apply_config
 from pynvmf.target.devices import NamedDevice
-from pynvmf.target.server import Target
+from pynvmf.target.target import Target
 
 NQN = "nqn.2024-11.dev.pynvmf:gw"
 

@@ -13,8 +13,8 @@ import pytest
 from pynvmf.rpc.jsonrpc import RpcError
 from pynvmf.rpc.nvmetcli import load_nvmetcli, nvmetcli_config
 from pynvmf.target.config import apply_config
-from pynvmf.target.server import Target
 from pynvmf.target.subsystem import DEFAULT_VERSION
+from pynvmf.target.target import Target
 
 NQN = "nqn.2024-11.dev.pynvmf:nvmet"
 OPEN = "testnqn"  # nvmet takes any name

@@ -16,7 +16,7 @@ from pynvmf.rpc.spdk import load_spdk_config, spdk_config
 from pynvmf.spec.logpages import ANA_DESC_SIZE, ANA_HEADER_SIZE, AnaGroupDescriptor, AnaLog
 from pynvmf.spec.logpages import AnaState as S
 from pynvmf.target.config import ConfigError, apply_config, config_of
-from pynvmf.target.server import Target
+from pynvmf.target.target import Target
 
 NQN = "nqn.2024-11.dev.pynvmf:ana"
 

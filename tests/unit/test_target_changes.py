@@ -16,9 +16,11 @@ from pynvmf.block.memory import MemoryDevice
 from pynvmf.spec.identify import Oaes
 from pynvmf.spec.logpages import CHANGED_NS_MAX, LogPageId
 from pynvmf.spec.opcodes import DISCOVERY_NQN, NOTICE_DISC_LOG_CHANGED, AsyncEventType
+from pynvmf.target.changes import ChangeError
 from pynvmf.target.controller import Controller
 from pynvmf.target.devices import NamedDevice
-from pynvmf.target.server import ChangeError, Port, Target
+from pynvmf.target.port import Port
+from pynvmf.target.target import Target
 from pynvmf.tcp.target import TransportConfig
 
 NQN = "nqn.2024-11.dev.pynvmf:changes"

@@ -27,9 +27,10 @@ from pynvmf.target.admin import command_effects, identify_controller
 from pynvmf.target.controller import Controller
 from pynvmf.target.fused import WriteGate
 from pynvmf.target.limits import ACWU, MAX_TRANSFER
+from pynvmf.target.port import Port
 from pynvmf.target.queue import TargetQueue
-from pynvmf.target.server import Port, Target
 from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.target import Target
 from pynvmf.tcp.target import TargetConnection, TransportConfig
 from tests.protocol.raw import HOSTID, HOSTNQN, Pdu, capsule, h2c_data, icreq, parse_pdus
 

@@ -46,12 +46,14 @@ from pynvmf.spec.command import SGL_DATA_BLOCK_OFFSET, Sqe
 from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import DNR, Status
 from pynvmf.target import reservations
-from pynvmf.target import shared_state as S
-from pynvmf.target.ana_table import AnaTable
 from pynvmf.target.budget import ConnectionLimits, default_max_memory
-from pynvmf.target.ipc import Channel, RemoteError, socket_pair, wait_all
+from pynvmf.target.changes import ChangeError
+from pynvmf.target.cores import shared_state as S
+from pynvmf.target.cores.ana_table import AnaTable
+from pynvmf.target.cores.ipc import Channel, RemoteError, socket_pair, wait_all
 from pynvmf.target.limits import MAX_TRANSFER
-from pynvmf.target.server import ChangeError, Port, Target
+from pynvmf.target.port import Port
+from pynvmf.target.target import Target
 from pynvmf.tcp.framing import PduWriter
 from pynvmf.tcp.target import Request
 
@@ -102,7 +104,7 @@ class RemoteQueue:
         self.port = port
         self.peer_address = peer_address
         self.admitted_from = admitted_from
-        # No command of a remote queue waits here (Target._commands_waiting).
+        # No command of a remote queue waits here (drain.commands_waiting).
         self.commands_waiting: set[asyncio.Task[None]] = set()
         self.closed = False
 
@@ -176,7 +178,7 @@ class WorkerPool:
         os.set_inheritable(fd, True)
         try:
             worker.proc = subprocess.Popen(
-                [sys.executable, "-m", "pynvmf.target.worker", str(fd), str(os.getpid())],
+                [sys.executable, "-m", "pynvmf.target.cores.worker", str(fd), str(os.getpid())],
                 pass_fds=(fd,),
                 stdin=subprocess.DEVNULL,
             )

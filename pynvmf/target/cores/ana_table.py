@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 from pynvmf.target.ana import ANAGRPMAX
 
 if TYPE_CHECKING:
-    from pynvmf.target.server import Port
+    from pynvmf.target.port import Port
     from pynvmf.target.subsystem import Subsystem
 
 PAGE = mmap.PAGESIZE

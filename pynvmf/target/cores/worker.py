@@ -8,7 +8,7 @@ the main process last committed them. It decides nothing about the target's
 state: reservation commands go to the main process (FORWARD), and its controllers
 are the main process's (keep alive, events, Set Features live there).
 
-Run as `python -m pynvmf.target.worker FD PARENT_PID`; it dies with its parent
+Run as `python -m pynvmf.target.cores.worker FD PARENT_PID`; it dies with its parent
 (PR_SET_PDEATHSIG, and the channel closing).
 """
 
@@ -28,14 +28,17 @@ from pynvmf.block.shared_memory import SharedMemoryDevice
 from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import Status
 from pynvmf.target import io as io_module
-from pynvmf.target import shared_state as S
-from pynvmf.target.ana_table import AnaView
 from pynvmf.target.budget import ConnectionLimits, keep_alive_check_ms
 from pynvmf.target.controller import Controller
-from pynvmf.target.ipc import Channel
+from pynvmf.target.cores import shared_state as S
+from pynvmf.target.cores.ana_table import AnaView
+from pynvmf.target.cores.ipc import Channel
+from pynvmf.target.drain import commands_waiting, drain
+from pynvmf.target.port import Port
+from pynvmf.target.protocol import TargetProtocol
 from pynvmf.target.reservations import ReservationState
-from pynvmf.target.server import Port, Target, TargetProtocol, _drain
 from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.target import Target
 from pynvmf.tcp.target import Request
 
 log = logging.getLogger("pynvmf.worker")
@@ -226,7 +229,7 @@ class Worker:
             return
         ns.reservation.detach()
         self.reservation_seq.pop((nqn, nsid), None)
-        await _drain(self.target._commands_waiting(subsystem), subsystem)
+        await drain(commands_waiting(subsystem), subsystem)
         await ns.device.close()
 
     async def _subsystem_gone(self, nqn: str) -> None:
@@ -234,10 +237,10 @@ class Worker:
         subsystem = self.target.subsystems.pop(nqn, None)
         if subsystem is None:
             return
-        waiting = self.target._commands_waiting(subsystem)
+        waiting = commands_waiting(subsystem)
         for ctrl in list(subsystem.controllers.values()):
             ctrl.destroy("subsystem removed")
-        await _drain(waiting)
+        await drain(waiting)
         for ns in subsystem.namespaces.values():
             ns.reservation.detach()
             self.reservation_seq.pop((nqn, ns.nsid), None)
@@ -424,7 +427,7 @@ def _install_forwarding(worker: Worker) -> None:
         IoOpcode.RESERVATION_ACQUIRE,
         IoOpcode.RESERVATION_RELEASE,
     ):
-        io_module._HANDLERS[opcode] = forward
+        io_module.set_handler(opcode, forward)
 
 
 def _die_with_parent(parent: int) -> None:

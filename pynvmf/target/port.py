@@ -1,0 +1,129 @@
+"""Ports: the addresses the target listens on for NVMe/TCP, what each exposes, and
+opening one.
+
+A port's secure channel follows nvmet's addr_tsas and addr_treq: "none" (plain
+NVMe/TCP only), "required" (TLS 1.3 only) or "optional" (TLS 1.3 or plain, told apart
+by the connection's first byte, as nvmet does with treq "not required").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pynvmf.spec.opcodes import DISCOVERY_NQN
+from pynvmf.target.changes import ChangeError, check_transport
+from pynvmf.tcp.target import TransportConfig
+from pynvmf.tcp.tls import KTLS_POLICIES
+
+if TYPE_CHECKING:
+    from pynvmf.target.protocol import TargetProtocol
+
+log = logging.getLogger(__name__)
+
+SECURE_CHANNELS = ("none", "required", "optional")
+
+
+@dataclass(eq=False)
+class Port:
+    """A listener. An I/O port exposes subsystems (all of them, or the NQNs listed); a
+    discovery-only port answers the discovery subsystem alone. Compared by identity:
+    two Port objects are two listeners."""
+
+    address: str
+    port: int
+    portid: int = 0
+    subsystems: list[str] | None = None
+    discovery_only: bool = False
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    # Asked for as a listener of the discovery subsystem: when the last subsystem leaves
+    # an I/O port with a list of subsystems, the port stays as a discovery-only port
+    # rather than closing.
+    discovery_listener: bool = False
+    # The address the discovery log gives for this port, when hosts reach it by another
+    # than the one it listens on (NAT, a VM's user-mode network): "" means its own.
+    advertise: str = ""
+    secure_channel: str = "none"
+    # Whether a TLS connection's record layer may move into the kernel ("auto") or stays
+    # in user space ("off", for measurements and for kernels whose kTLS misbehaves).
+    ktls: str = "auto"
+    connections: set[TargetProtocol] = field(default_factory=set, repr=False, compare=False)
+    server: asyncio.base_events.Server | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def is_ipv6(self) -> bool:
+        return ":" in self.address
+
+    def exposes(self, nqn: str) -> bool:
+        if nqn == DISCOVERY_NQN:
+            return True
+        if self.discovery_only:
+            return False
+        return self.subsystems is None or nqn in self.subsystems
+
+    def same_address(self, address: str, port: int) -> bool:
+        return self.port == port and normal_address(self.address) == normal_address(address)
+
+    def __str__(self) -> str:
+        host = f"[{self.address}]" if self.is_ipv6 else self.address
+        return f"{host}:{self.port}"
+
+
+def normal_address(address: str) -> str:
+    try:
+        return ipaddress.ip_address(address).compressed
+    except ValueError:
+        return address
+
+
+def check_port(port: Port, existing: Iterable[Port]) -> None:
+    """Whether `port` can be opened beside the `existing` ones; its list of subsystems
+    loses repeated NQNs."""
+    try:
+        ip = ipaddress.ip_address(port.address)
+    except ValueError:
+        raise ChangeError("address", f"{port.address!r} is not an IP address") from None
+    if (":" in port.address) != (ip.version == 6):
+        raise ChangeError("address", f"{port.address!r} is not an IP address")
+    if port.advertise:
+        try:
+            ipaddress.ip_address(port.advertise)
+        except ValueError:
+            raise ChangeError("advertise", f"{port.advertise!r} is not an IP address") from None
+    if not isinstance(port.port, int) or not 0 <= port.port <= 0xFFFF:
+        raise ChangeError("port", f"{port.port!r} is not a TCP port")
+    if port.port and any(other.same_address(port.address, port.port) for other in existing):
+        raise ChangeError("port", f"the target already listens on {port}")
+    if port.subsystems is not None:
+        port.subsystems = list(dict.fromkeys(port.subsystems))
+    if port.secure_channel not in SECURE_CHANNELS:
+        raise ChangeError(
+            "secure_channel", f"{port.secure_channel!r} is not one of {SECURE_CHANNELS}"
+        )
+    if port.ktls not in KTLS_POLICIES:
+        raise ChangeError("ktls", f"{port.ktls!r} is not one of {KTLS_POLICIES}")
+    check_transport(port.transport)
+
+
+async def listen(port: Port, protocol: Callable[[], asyncio.BaseProtocol]) -> None:
+    """Open `port` (its number becomes the one bound, for port 0), each connection
+    served by a new `protocol()`."""
+    loop = asyncio.get_running_loop()
+    try:
+        server = await loop.create_server(
+            protocol,
+            host=port.address,
+            port=port.port,
+            reuse_address=True,
+            family=socket.AF_INET6 if port.is_ipv6 else socket.AF_INET,
+        )
+    except OSError as exc:
+        raise ChangeError("address", f"cannot listen on {port}: {exc.strerror or exc}") from exc
+    port.port = server.sockets[0].getsockname()[1]
+    port.server = server
+    log.info("listening on %s%s", port, " (discovery)" if port.discovery_only else "")
