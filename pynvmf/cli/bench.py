@@ -73,6 +73,7 @@ from types import FrameType
 from typing import Any, TextIO, cast
 
 from pynvmf import __version__
+from pynvmf.aio import uvloop_factory
 from pynvmf.bench.loadgen import (
     PERCENTILES,
     CpuUsage,
@@ -104,7 +105,6 @@ from pynvmf.cli.common import (
     connection_options,
     host_identity,
     int_at_least,
-    loop_factory,
     namespace_option,
     output_option,
     size,
@@ -255,7 +255,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     interrupted, with or without a report)."""
     try:
         identity = host_identity(args)
-        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=uvloop_factory()) as runner:
             return runner.run(_bench(args, identity, sys.stdout, sys.stderr))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

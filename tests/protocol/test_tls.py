@@ -234,7 +234,7 @@ async def test_a_stalled_handshake_holds_bounded_memory(target: Target) -> None:
 async def test_changes_and_outputs_never_show_keys(target: Target, tmp_path: object) -> None:
     from pathlib import Path
 
-    from pynvmf.target.config import config_of
+    from pynvmf.config.native import config_of
 
     path = Path(str(tmp_path)) / "key.txt"
     path.write_text(KEY_A.encode() + "\n")
