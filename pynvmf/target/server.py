@@ -58,14 +58,9 @@ from pynvmf.target.subsystem import (
 )
 from pynvmf.tcp.psk import ConfiguredPsk, PskError, TlsPsk, tls_psks
 from pynvmf.tcp.target import TargetConnection, TransportConfig
-from pynvmf.tcp.tls import (
-    CT_HANDSHAKE,
-    KTLS_POLICIES,
-    SecureChannel,
-    TlsCounters,
-    TlsEngine,
-    kernel_record_error,
-)
+from pynvmf.tls.channel import KTLS_POLICIES, SecureChannel, TlsCounters, kernel_record_error
+from pynvmf.tls.engine import TlsEngine
+from pynvmf.tls.wire import CT_HANDSHAKE
 
 if TYPE_CHECKING:
     from pynvmf.target.workers import WorkerPool
