@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pynvmf.bench.target_process import install_uvloop  # noqa: E402
+from pynvmf.aio import install_uvloop  # noqa: E402
 from pynvmf.block.copy import SourceRange, copy  # noqa: E402
 from pynvmf.host import connect  # noqa: E402
 

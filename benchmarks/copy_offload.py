@@ -43,9 +43,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from pynvmf.aio import install_uvloop  # noqa: E402
 from pynvmf.bench import plot  # noqa: E402
 from pynvmf.bench.report import load_line, markdown_table, write_results  # noqa: E402
-from pynvmf.bench.target_process import install_uvloop  # noqa: E402
 from pynvmf.block.copy import SourceRange, copy  # noqa: E402
 from pynvmf.block.device import Buffer, Capabilities  # noqa: E402
 from pynvmf.host import connect  # noqa: E402

@@ -30,6 +30,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from pynvmf.aio import install_uvloop
 from pynvmf.bench import (
     BenchResult,
     ConnectOptions,
@@ -43,7 +44,7 @@ from pynvmf.bench import (
 )
 from pynvmf.bench import report as R
 from pynvmf.bench.options import add_interleaved_options, resolve_interleaved_options
-from pynvmf.bench.target_process import TargetProcess, install_uvloop
+from pynvmf.bench.target_process import TargetProcess
 from pynvmf.host import RemoteNamespace
 from pynvmf.tcp.target import TransportConfig
 

@@ -44,6 +44,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from pynvmf.aio import install_uvloop  # noqa: E402
 from pynvmf.bench import plot  # noqa: E402
 from pynvmf.bench.loadgen import ConnectOptions, Workload, remote_namespace, run_workload  # noqa: E402
 from pynvmf.bench.report import (  # noqa: E402
@@ -54,7 +55,6 @@ from pynvmf.bench.report import (  # noqa: E402
 )
 from pynvmf.bench.target_process import (  # noqa: E402
     busy_cpu_seconds,
-    install_uvloop,
     process_cpu_seconds,
 )
 

@@ -26,6 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from pynvmf.aio import install_uvloop  # noqa: E402
 from pynvmf.bench import plot  # noqa: E402
 from pynvmf.bench.loadgen import (  # noqa: E402
     BenchResult,
@@ -47,7 +48,6 @@ from pynvmf.bench.target_process import (  # noqa: E402
     BENCH_NQN,
     GiB,
     busy_cpu_seconds,
-    install_uvloop,
     process_cpu_seconds,
     start_target,
 )

@@ -21,10 +21,11 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
+from pynvmf.aio import install_uvloop
 from pynvmf.bench import BENCH_NQN, ConnectOptions, Workload, remote_namespace, start_target
 from pynvmf.bench import loadgen as L
 from pynvmf.bench.report import cpu_model
-from pynvmf.bench.target_process import install_uvloop, process_cpu_seconds
+from pynvmf.bench.target_process import process_cpu_seconds
 from pynvmf.host import RemoteNamespace
 from pynvmf.tcp import digest
 from pynvmf.tcp.target import TransportConfig

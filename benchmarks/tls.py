@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from pynvmf.aio import install_uvloop
 from pynvmf.bench import (
     BenchResult,
     ConnectOptions,
@@ -42,10 +43,12 @@ from pynvmf.bench import (
 )
 from pynvmf.bench import report as R
 from pynvmf.bench.options import add_interleaved_options, resolve_interleaved_options
-from pynvmf.bench.target_process import TargetProcess, install_uvloop
+from pynvmf.bench.target_process import TargetProcess
 from pynvmf.host import RemoteNamespace
-from pynvmf.tcp import tls as T
 from pynvmf.tcp.psk import HASH_SHA256, HASH_SHA384, ConfiguredPsk, tls_psk
+from pynvmf.tls import engine as E
+from pynvmf.tls import records as RC
+from pynvmf.tls import wire as W
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -165,13 +168,13 @@ def handshake_table(repeats: int, count: int) -> tuple[list[str], list[list[str]
     for hash_id, size in ((HASH_SHA256, 32), (HASH_SHA384, 48)):
         configured = ConfiguredPsk(hash_id, os.urandom(size))
         psk = tls_psk(configured, HOSTNQN, "nqn.2014-08.org.pynvmf:bench")
-        for modes, label in (((T.PSK_DHE_KE,), "psk_dhe_ke x25519"), ((T.PSK_KE,), "psk_ke")):
+        for modes, label in (((W.PSK_DHE_KE,), "psk_dhe_ke x25519"), ((W.PSK_KE,), "psk_ke")):
             rates = []
             for _ in range(repeats):
                 started = time.perf_counter()
                 for _ in range(count):
-                    client = T.TlsEngine.client(psk, modes=modes)
-                    server = T.TlsEngine.server(lambda i, p=psk: [p] if i == p.identity else [])
+                    client = E.TlsEngine.client(psk, modes=modes)
+                    server = E.TlsEngine.server(lambda i, p=psk: [p] if i == p.identity else [])
                     client.start()
                     for record in client.take_output():
                         server.feed(record)
@@ -181,7 +184,7 @@ def handshake_table(repeats: int, count: int) -> tuple[list[str], list[list[str]
                         server.feed(record)
                     assert client.established and server.established
                 rates.append(count / (time.perf_counter() - started))
-            suite = T.SUITE_FOR_HASH[hash_id].name
+            suite = W.SUITE_FOR_HASH[hash_id].name
             rows.append([suite, label, f"{statistics.median(rates):,.0f}"])
     return ["cipher suite", "key exchange", "handshakes/s (both ends)"], rows
 
@@ -190,13 +193,13 @@ def record_table(repeats: int, min_time: float) -> tuple[list[str], list[list[st
     """The user-space record layer alone: seal (encrypt) and open (decrypt) of one I/O's
     data, in records of at most 16 KiB, per cipher suite."""
     rows = []
-    for suite in (T.TLS_AES_128_GCM_SHA256, T.TLS_AES_256_GCM_SHA384):
+    for suite in (W.TLS_AES_128_GCM_SHA256, W.TLS_AES_256_GCM_SHA384):
         row = [suite.name]
         for size in (4 * KiB, 128 * KiB):
             data = os.urandom(size)
             rates = []
             for _ in range(repeats):
-                tx, rx = T.RecordCipher(suite, bytes(48)), T.RecordCipher(suite, bytes(48))
+                tx, rx = RC.RecordCipher(suite, bytes(48)), RC.RecordCipher(suite, bytes(48))
                 n = 0
                 started = time.perf_counter()
                 while time.perf_counter() - started < min_time:

@@ -47,9 +47,9 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pynvmf.aio import install_uvloop
 from pynvmf.bench import ConnectOptions, Workload, plot, run_remote
 from pynvmf.bench import report as R
-from pynvmf.bench.target_process import install_uvloop
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import types
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -66,3 +66,26 @@ def _continue(coro: Coroutine[Any, Any, Any], yielded: Any) -> Generator[Any, An
                 return stop.value
             finally:
                 sent = None
+
+
+def uvloop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop constructor, or None where uvloop is not installed.
+
+    For asyncio.Runner(loop_factory=...): unlike install_uvloop it changes nothing
+    global, so a process that goes on to use asyncio otherwise is not affected."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def install_uvloop() -> bool:
+    """Make every new event loop of this process uvloop's, where it is installed (a
+    process that serves, and whose helpers may start loops of their own); True if so."""
+    try:
+        import uvloop
+    except ImportError:
+        return False
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return True

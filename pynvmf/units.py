@@ -42,9 +42,12 @@ def parse_quantity(text: str) -> Quantity:
     return Quantity(int(number), 1, byte is not None)
 
 
-def parse_size(text: str) -> int:
-    """A size in bytes: a bare number is bytes."""
-    return parse_quantity(text).value
+def parse_size(text: str | int) -> int:
+    """A size in bytes: a bare number is bytes. An int (a JSON file's number) is taken as
+    it is; anything else is read as text, so that `true` is refused as `"true"` is."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    return parse_quantity(str(text)).value
 
 
 def format_size(nbytes: int) -> str:

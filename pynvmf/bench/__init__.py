@@ -7,6 +7,10 @@
 - `target_process`: `start_target(...)`, a target in a child process pinned to a CPU.
 - `microbench`: per-call timing of small functions (CRC32C).
 - `report`: the command, machine and software a result came from; Markdown tables.
+- `pynvmf bench`'s parts (the command itself is pynvmf.cli.bench): `jobs` (the plan, the
+  read/write and copy jobs, the prefill), `job_device` (the queue each job drives),
+  `verify` (--verify's expected data), `job_result` (what a job measured, and their
+  sum), `fio_report` (fio's JSON and text report).
 """
 
 from pynvmf.bench.loadgen import (

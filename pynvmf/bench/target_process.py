@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from multiprocessing.connection import Connection
 from types import TracebackType
 
+from pynvmf.aio import install_uvloop
 from pynvmf.malloc import tune_for_io_buffers
 from pynvmf.tcp.target import TransportConfig
 
@@ -168,16 +169,6 @@ def busy_cpu_seconds(cpus: Iterable[int]) -> float:
                 values = [int(v) for v in fields[:8]]
                 busy += sum(values) - values[3] - values[4]
     return busy / os.sysconf("SC_CLK_TCK")
-
-
-def install_uvloop() -> bool:
-    """Make new event loops uvloop's, where it is installed; True if so."""
-    try:
-        import uvloop
-    except ImportError:
-        return False
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    return True
 
 
 # -- the child ----------------------------------------------------------------------------

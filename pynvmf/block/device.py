@@ -215,3 +215,10 @@ def check_range(caps: Capabilities, lba: int, nblocks: int) -> None:
         raise BlockRangeError(
             f"blocks {lba}..{lba + nblocks} outside device of {caps.num_blocks} blocks"
         )
+
+
+def block_shift(block_size: int) -> int:
+    """log2 of `block_size`; ValueError unless it is a power of two >= 512."""
+    if not isinstance(block_size, int) or block_size < 512 or block_size & (block_size - 1):
+        raise ValueError(f"block size {block_size!r} is not a power of two >= 512")
+    return block_size.bit_length() - 1

@@ -30,8 +30,7 @@ import stat
 import struct
 from collections.abc import Callable
 
-from pynvmf.block.device import Buffer, Capabilities, Medium, check_range
-from pynvmf.block.memory import _block_shift
+from pynvmf.block.device import Buffer, Capabilities, Medium, block_shift, check_range
 from pynvmf.block.range_locks import RangeLocks
 
 # linux/falloc.h
@@ -149,7 +148,7 @@ class FileDevice:
         # The stripes other processes serving the same file hold (`share`): None while
         # this process is the only one.
         self._locks: RangeLocks | None = None
-        shift = _block_shift(block_size)
+        shift = block_shift(block_size)
         if size_bytes is not None and (
             not isinstance(size_bytes, int) or size_bytes <= 0 or size_bytes % block_size
         ):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import mmap
 import os
 
-from pynvmf.block.device import Buffer, Capabilities, Medium, check_range
+from pynvmf.block.device import Buffer, Capabilities, Medium, block_shift, check_range
 from pynvmf.block.inplace import InPlace
 from pynvmf.block.range_locks import RangeLocks
 
@@ -42,12 +42,6 @@ _CLOSED = mmap.mmap(-1, _PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 _CLOSED.close()
 
 
-def _block_shift(block_size: int) -> int:
-    if not isinstance(block_size, int) or block_size < 512 or block_size & (block_size - 1):
-        raise ValueError(f"block size {block_size!r} is not a power of two >= 512")
-    return block_size.bit_length() - 1
-
-
 class MemoryDevice:
     """`size_bytes` of zeroed memory in blocks of `block_size` (a power of two >= 512)."""
 
@@ -62,9 +56,12 @@ class MemoryDevice:
         "_view",
         "inplace",
     )
+    # How whole zeroed pages go back to the kernel: a private anonymous mapping's read back
+    # as zeroes once dropped.
+    _DISCARD = mmap.MADV_DONTNEED
 
     def __init__(self, size_bytes: int, block_size: int = 512) -> None:
-        shift = _block_shift(block_size)
+        shift = block_shift(block_size)
         if not isinstance(size_bytes, int) or size_bytes <= 0 or size_bytes % block_size:
             raise ValueError(
                 f"size {size_bytes!r} is not a positive multiple of the block size {block_size}"
@@ -263,15 +260,15 @@ class MemoryDevice:
 
     def _zero(self, off: int, end: int) -> None:
         """Zero bytes [off, end): whole pages are given back to the kernel
-        (MADV_DONTNEED on a private anonymous mapping: they read back as zeroes
-        and stop counting as resident), the partial-page edges are memset."""
+        (`_DISCARD`: they read back as zeroes and stop counting as resident), the
+        partial-page edges are memset."""
         lo = (off + _PAGE_MASK) & ~_PAGE_MASK
         hi = end & ~_PAGE_MASK
         view = self._view
         if lo < hi:
             if off < lo:
                 view[off:lo] = _ZERO_VIEW[: lo - off]
-            self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            self._map.madvise(self._DISCARD, lo, hi - lo)
             if hi < end:
                 view[hi:end] = _ZERO_VIEW[: end - hi]
         elif off < end:

@@ -49,8 +49,14 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from pynvmf.block.device import Buffer, Capabilities, Medium, StorageUnavailable, check_range
-from pynvmf.block.memory import _block_shift
+from pynvmf.block.device import (
+    Buffer,
+    Capabilities,
+    Medium,
+    StorageUnavailable,
+    block_shift,
+    check_range,
+)
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +251,7 @@ class RbdDevice:
         read_only: bool = False,
         io_timeout: float = DEFAULT_IO_TIMEOUT,
     ) -> None:
-        shift = _block_shift(block_size)
+        shift = block_shift(block_size)
         size = int(image.size())
         if size < block_size:
             raise ValueError(f"image {pool}/{name} ({size} bytes) holds no whole block")
@@ -296,7 +302,7 @@ class RbdDevice:
         """Connect (or share this process's connection to the same cluster as the same
         client) and open the image. Blocking. Raises OSError (ENOENT: no such pool or
         image; StorageUnavailable: the cluster does not answer) or ValueError."""
-        _block_shift(block_size)
+        block_shift(block_size)
         if not pool or not image:
             raise ValueError("an RBD namespace needs a pool and an image name")
         if io_timeout <= 0:

@@ -22,7 +22,7 @@ import mmap
 import os
 
 from pynvmf.block.device import Medium
-from pynvmf.block.memory import _PAGE_MASK, _ZERO_VIEW, MemoryDevice
+from pynvmf.block.memory import MemoryDevice
 from pynvmf.block.range_locks import RangeLocks
 
 
@@ -32,6 +32,8 @@ class SharedMemoryDevice(MemoryDevice):
     count of its stripes' semaphores (that process's `locks`)."""
 
     __slots__ = ("_fd",)
+    # A shared mapping's pages come back after MADV_DONTNEED: punch them out of the memfd.
+    _DISCARD = mmap.MADV_REMOVE
 
     def __init__(
         self,
@@ -91,18 +93,3 @@ class SharedMemoryDevice(MemoryDevice):
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-    def _zero(self, off: int, end: int) -> None:
-        lo = (off + _PAGE_MASK) & ~_PAGE_MASK
-        hi = end & ~_PAGE_MASK
-        view = self._view
-        if lo < hi:
-            if off < lo:
-                view[off:lo] = _ZERO_VIEW[: lo - off]
-            self._map.madvise(mmap.MADV_REMOVE, lo, hi - lo)
-            if hi < end:
-                view[hi:end] = _ZERO_VIEW[: end - hi]
-        elif off < end:
-            view[off:end] = _ZERO_VIEW[: end - off]
-        elif self._map.closed:
-            raise ValueError("device is closed")

@@ -12,7 +12,9 @@ their results are reported per job (fio's default) or as one entry with
 `--group-reporting` (fio's semantics: I/Os and bandwidth add up, the runtime is
 the longest job's). Read/write workloads run on the load generator engine
 (pynvmf.bench.loadgen); `--rw copy` issues copies through the copy planner
-(pynvmf.block.copy), one copy of `--copy-ranges` ranges of `--bs` each per I/O.
+(pynvmf.block.copy), one copy of `--copy-ranges` ranges of `--bs` each per I/O. This
+module is the command (its options, the run, progress and Ctrl-C); the jobs and the
+report are pynvmf.bench's (jobs, job_device, verify, job_result, fio_report).
 
 `--output-format json` follows the key names of fio 3.x's JSON output for what
 it reports; lat_ns and clat_ns are the same figure (submission to completion as
@@ -58,42 +60,37 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import functools
-import hashlib
 import json
 import math
-import random
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
 from types import FrameType
-from typing import Any, TextIO, cast
+from typing import Any, TextIO
 
-from pynvmf import __version__
-from pynvmf.bench.loadgen import (
-    PERCENTILES,
-    CpuUsage,
-    LatencyHistogram,
-    LatencyStats,
-    Measurement,
-    OpResult,
-    RateSampler,
-    RateSamples,
-    SampleStats,
-    Workload,
-    bucket_bounds,
-    cpu_usage,
-    describe,
-    run_workload,
-    rusage,
-    sleep_sampling,
-    sleep_unless_set,
+from pynvmf.aio import uvloop_factory
+from pynvmf.bench.fio_report import fio_json, human_report, job_options
+from pynvmf.bench.job_device import Counter, JobDevice, job_namespace
+from pynvmf.bench.job_result import JobResult
+from pynvmf.bench.jobs import (
+    AVG_TIME_MS,
+    JobError,
+    Plan,
+    copy_job,
+    prefill,
+    region,
+    rw_job,
+    set_inline_limit,
+    snapshot,
 )
-from pynvmf.block.copy import SourceRange, copy
-from pynvmf.block.device import BlockDevice, Buffer, Capabilities, CopyOffload
+from pynvmf.bench.loadgen import (
+    Measurement,
+    describe,
+)
+from pynvmf.bench.verify import Verifier
+from pynvmf.block.device import BlockDevice
 from pynvmf.cli.bench_logs import DEFAULT_LOG_AVG_MSEC, IntervalLogs, LogNames
 from pynvmf.cli.common import (
     EXIT_FAILURE,
@@ -104,28 +101,18 @@ from pynvmf.cli.common import (
     connection_options,
     host_identity,
     int_at_least,
-    loop_factory,
     namespace_option,
     output_option,
     size,
 )
 from pynvmf.cli.failures import Attempt, connect_failure
 from pynvmf.cli.identity import CommandIdentity
-from pynvmf.host import Controller, NvmeError, RemoteNamespace, connect
-from pynvmf.host.namespace import remote_namespace
-from pynvmf.host.queue import HostQueue
+from pynvmf.host import NvmeError, connect
 from pynvmf.spec.ports import NVME_TCP_PORT
 
 BENCH_RW_MODES = ("randread", "randwrite", "read", "write", "randrw", "copy")
 COPY_MODES = ("auto", "offload", "emulate")
-FIO_VERSION = f"pynvmf-bench {__version__}"
-# fio's error field is an errno: EILSEQ for a verify failure, EIO for anything else.
-_EILSEQ = 84
-_EIO = 5
 _PROGRESS_INTERVAL = 0.25  # at most 4 refreshes a second
-_PREFILL_CHUNK = 1 << 20
-_PREFILL_DEPTH = 8
-_AVG_TIME_MS = 500  # fio's bwavgtime and iopsavgtime
 
 # -- argument parsing --------------------------------------------------------------------------
 
@@ -213,14 +200,14 @@ def add_bench_command(subparsers: Any) -> None:
     p.add_argument(
         "--bwavgtime",
         type=int_at_least(1),
-        default=_AVG_TIME_MS,
+        default=AVG_TIME_MS,
         metavar="MS",
         help="bandwidth sampling interval",
     )
     p.add_argument(
         "--iopsavgtime",
         type=int_at_least(1),
-        default=_AVG_TIME_MS,
+        default=AVG_TIME_MS,
         metavar="MS",
         help="IOPS sampling interval",
     )
@@ -255,14 +242,14 @@ def run_bench_command(args: argparse.Namespace) -> int:
     interrupted, with or without a report)."""
     try:
         identity = host_identity(args)
-        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=uvloop_factory()) as runner:
             return runner.run(_bench(args, identity, sys.stdout, sys.stderr))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except OSError as exc:
         print(f"pynvmf bench: {_os_error_text(exc)}", file=sys.stderr)
         return EXIT_FAILURE
-    except (CommandError, NvmeError, ValueError) as exc:
+    except (CommandError, JobError, NvmeError, ValueError) as exc:
         print(f"pynvmf bench: {describe(exc)}", file=sys.stderr)
         return EXIT_FAILURE
 
@@ -273,303 +260,17 @@ def _os_error_text(exc: OSError) -> str:
     return describe(exc)
 
 
-# -- verification ----------------------------------------------------------------------------
-
-
-class VerifyError(Exception):
-    """Data read back is not what this run last wrote there."""
-
-
-class Verifier:
-    """The expected content of every block this run wrote, shared by all jobs.
-
-    A block's content is derived from (LBA, seed, generation): the generation
-    counts the writes to that block, so a stale block (a lost write) is caught as
-    well as a corrupted one. Blocks never written are not checked. I/Os of one
-    run never partially overlap (all start on the same --bs grid), so I/Os to the
-    same start LBA are serialised: which of two concurrent writes lands last, or
-    whether a concurrent read sees the old or the new data, would be undefined.
-    """
-
-    def __init__(self, block_size: int, seed: int) -> None:
-        self.block_size = block_size
-        self._seed = seed.to_bytes(8, "little")
-        self._repeat = block_size // 64
-        self.generations: dict[int, int] = {}
-        self._busy: dict[int, asyncio.Event] = {}
-        self.failure: str | None = None
-
-    def pattern(self, lba: int, generation: int) -> bytes:
-        key = lba.to_bytes(8, "little") + self._seed + generation.to_bytes(8, "little")
-        return hashlib.blake2b(key, digest_size=64).digest() * self._repeat
-
-    @contextlib.asynccontextmanager
-    async def exclusive(self, lba: int) -> AsyncIterator[None]:
-        busy = self._busy
-        while (event := busy.get(lba)) is not None:
-            await event.wait()
-        mine = busy[lba] = asyncio.Event()
-        try:
-            yield
-        finally:
-            del busy[lba]
-            mine.set()
-
-    def fill(self, lba: int, view: memoryview) -> None:
-        """Put the next generation's pattern of each block into `view`."""
-        bs = self.block_size
-        gens = self.generations
-        for i in range(view.nbytes // bs):
-            g = gens.get(lba + i, 0) + 1
-            gens[lba + i] = g
-            view[i * bs : (i + 1) * bs] = self.pattern(lba + i, g)
-
-    def check(self, lba: int, view: memoryview) -> None:
-        bs = self.block_size
-        gens = self.generations
-        for i in range(view.nbytes // bs):
-            g = gens.get(lba + i)
-            if g is None:
-                continue
-            block = view[i * bs : (i + 1) * bs]
-            if block != self.pattern(lba + i, g):
-                stale = g > 1 and block == self.pattern(lba + i, g - 1)
-                what = "stale data (the previous write)" if stale else "unexpected data"
-                message = f"verify failed at LBA {lba + i}: {what}, expected write #{g}"
-                if self.failure is None:
-                    self.failure = message
-                raise VerifyError(message)
-
-
-# -- the device each job sees ----------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Counter:
-    """Completed I/Os and bytes, for the progress line."""
-
-    ios: int = 0
-    bytes: int = 0
-
-
-class JobDevice:
-    """A namespace as one job uses it: counts completions for the progress line,
-    writes and checks patterns with --verify. It does not offer CopyOffload, so
-    the copy planner emulates copies to it (--copy-mode emulate)."""
-
-    def __init__(
-        self, inner: BlockDevice, counter: Counter | None = None, verifier: Verifier | None = None
-    ) -> None:
-        self._inner = inner
-        self._counter = counter
-        self._verifier = verifier
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return self._inner.capabilities
-
-    async def read(self, lba: int, buf: memoryview) -> None:
-        verifier = self._verifier
-        if verifier is None:
-            await self._inner.read(lba, buf)
-        else:
-            async with verifier.exclusive(lba):
-                await self._inner.read(lba, buf)
-                verifier.check(lba, memoryview(buf).cast("B"))
-        if self._counter is not None:
-            self._counter.ios += 1
-            self._counter.bytes += memoryview(buf).nbytes
-
-    async def write(self, lba: int, data: Buffer, *, fua: bool = False) -> None:
-        verifier = self._verifier
-        view = memoryview(data).cast("B")
-        if verifier is None:
-            await self._inner.write(lba, view, fua=fua)
-        else:
-            async with verifier.exclusive(lba):
-                if view.readonly:
-                    view = memoryview(bytearray(view.nbytes))
-                verifier.fill(lba, view)
-                await self._inner.write(lba, view, fua=fua)
-        if self._counter is not None:
-            self._counter.ios += 1
-            self._counter.bytes += view.nbytes
-
-    async def flush(self) -> None:
-        await self._inner.flush()
-
-    async def write_zeroes(self, lba: int, nblocks: int, *, fua: bool = False) -> None:
-        await self._inner.write_zeroes(lba, nblocks, fua=fua)
-
-    async def deallocate(self, lba: int, nblocks: int) -> None:
-        await self._inner.deallocate(lba, nblocks)
-
-    async def close(self) -> None:
-        await self._inner.close()
-
-
-class _OneQueue:
-    """The controller as one job's namespace sees it: every command goes to the job's
-    own I/O queue instead of round-robin over all of them (fio: one queue per job)."""
-
-    def __init__(self, ctrl: Controller, queue: HostQueue) -> None:
-        self._ctrl = ctrl
-        self._queue = queue
-
-    def next_queue(self) -> HostQueue:
-        return self._queue
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._ctrl, name)
-
-
-def job_namespace(ctrl: Controller, ns: RemoteNamespace, queue: HostQueue) -> RemoteNamespace:
-    """`ns` bound to `queue` (a CopyingNamespace if `ns` is one)."""
-    return remote_namespace(cast(Controller, _OneQueue(ctrl, queue)), ns.nsid, ns.identify)
-
-
-# -- results -----------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class CopyStats:
-    copies: int = 0
-    copied_bytes: int = 0
-    offloaded_blocks: int = 0
-    emulated_blocks: int = 0
-    commands: int = 0
-    wire_sent: int = 0
-    wire_received: int = 0
-
-
-@dataclass(slots=True)
-class JobResult:
-    name: str
-    elapsed: float  # seconds measured
-    read_bytes_per_io: int
-    write_bytes_per_io: int
-    read_hist: LatencyHistogram
-    write_hist: LatencyHistogram
-    # The process's usage over the measured time: the same for all jobs of a run, since
-    # they share the process's one thread (see CpuUsage).
-    cpu: CpuUsage
-    error: str | None = None
-    verify_failed: bool = False
-    copy: CopyStats | None = None
-    # Per-interval bandwidth (KiB/s) and IOPS, per direction.
-    read_bw: SampleStats = field(default_factory=SampleStats)
-    read_iops: SampleStats = field(default_factory=SampleStats)
-    write_bw: SampleStats = field(default_factory=SampleStats)
-    write_iops: SampleStats = field(default_factory=SampleStats)
-
-    def rates(self, which: str) -> tuple[SampleStats, SampleStats]:
-        """Bandwidth and IOPS sample statistics of `which` direction."""
-        if which == "read":
-            return self.read_bw, self.read_iops
-        return self.write_bw, self.write_iops
-
-    def op(self, which: str) -> OpResult:
-        hist = self.read_hist if which == "read" else self.write_hist
-        per_io = self.read_bytes_per_io if which == "read" else self.write_bytes_per_io
-        stats = hist.stats()
-        elapsed = self.elapsed or 1e-9
-        return OpResult(
-            ios=stats.count,
-            bytes=stats.count * per_io,
-            iops=stats.count / elapsed,
-            mbps=stats.count * per_io / elapsed / 1e6,
-            latency=stats,
-        )
-
-
-def _rate_stats(reads: RateSamples, writes: RateSamples) -> dict[str, SampleStats]:
-    """JobResult's sample statistics fields, from the samples."""
-    return {
-        "read_bw": SampleStats.of(reads.bw),
-        "read_iops": SampleStats.of(reads.iops),
-        "write_bw": SampleStats.of(writes.bw),
-        "write_iops": SampleStats.of(writes.iops),
-    }
-
-
-def aggregate(results: Sequence[JobResult]) -> JobResult:
-    """fio's group_reporting: I/Os add up over the longest job's runtime, and so do the
-    per-interval statistics (SampleStats.group_sum)."""
-    first = results[0]
-    reads, writes = LatencyHistogram(), LatencyHistogram()
-    copy_total = CopyStats() if first.copy is not None else None
-    for r in results:
-        reads.merge(r.read_hist)
-        writes.merge(r.write_hist)
-        if copy_total is not None and r.copy is not None:
-            for name in CopyStats.__slots__:
-                setattr(copy_total, name, getattr(copy_total, name) + getattr(r.copy, name))
-    failed = next((r for r in results if r.error), None)
-    longest = max(results, key=lambda r: r.elapsed)
-    rates = {
-        name: functools.reduce(SampleStats.group_sum, (getattr(r, name) for r in results))
-        for name in ("read_bw", "read_iops", "write_bw", "write_iops")
-    }
-    return JobResult(
-        name=first.name,
-        elapsed=longest.elapsed,
-        read_bytes_per_io=first.read_bytes_per_io,
-        write_bytes_per_io=first.write_bytes_per_io,
-        read_hist=reads,
-        write_hist=writes,
-        # Not a sum as fio's: the jobs' windows overlap and each already holds the whole
-        # process's usage. The longest window is the group's runtime.
-        cpu=longest.cpu,
-        error=failed.error if failed else None,
-        verify_failed=any(r.verify_failed for r in results),
-        copy=copy_total,
-        **rates,
-    )
-
-
-def stddev_ns(hist: LatencyHistogram) -> float:
-    """Standard deviation from bucket midpoints (the histogram keeps no sum of squares)."""
-    n = hist.count
-    if n < 2:
-        return 0.0
-    mean = hist.total_ns / n
-    acc = 0.0
-    for index, count in enumerate(hist.counts):
-        if count:
-            low, high = bucket_bounds(index)
-            acc += count * ((low + high - 1) / 2 - mean) ** 2
-    return math.sqrt(acc / n)
-
-
 # -- running -----------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class _Plan:
-    rw: str
-    bs: int
-    iodepth: int
-    runtime: float
-    ramp_time: float
-    rwmixread: int
-    offset: int
-    size: int | None
-    seed: int
-    copy_ranges: int
-    copy_mode: str
-    verify: bool
-    bw_avg_time: float = _AVG_TIME_MS / 1000  # seconds
-    iops_avg_time: float = _AVG_TIME_MS / 1000
-
-
-def _plan(args: argparse.Namespace) -> _Plan:
+def _plan(args: argparse.Namespace) -> Plan:
     if args.runtime <= 0:
         raise CommandError("--runtime must be positive")
     if args.rw == "copy" and args.verify:
         raise CommandError("--verify is not supported with --rw copy")
     if args.rw != "copy" and (args.copy_ranges != 1 or args.copy_mode != "auto"):
         raise CommandError("--copy-ranges and --copy-mode apply to --rw copy only")
-    return _Plan(
+    return Plan(
         rw=args.rw,
         bs=args.bs,
         iodepth=args.iodepth,
@@ -585,196 +286,6 @@ def _plan(args: argparse.Namespace) -> _Plan:
         bw_avg_time=args.bwavgtime / 1000,
         iops_avg_time=args.iopsavgtime / 1000,
     )
-
-
-def _region(plan: _Plan, caps: Capabilities) -> tuple[int, int]:
-    """[first, end) LBAs of the region, whole --bs slots only."""
-    block = caps.block_size
-    if plan.bs % block:
-        raise CommandError(f"--bs {plan.bs} is not a multiple of the block size {block}")
-    if plan.offset % block:
-        raise CommandError(f"--offset {plan.offset} is not a multiple of the block size {block}")
-    end = caps.size if plan.size is None else plan.offset + plan.size
-    if end > caps.size:
-        raise CommandError(f"region ends at byte {end}, past the namespace's {caps.size} bytes")
-    slots = (end - plan.offset) // plan.bs
-    if slots < 1:
-        raise CommandError(f"region of {end - plan.offset} bytes holds no {plan.bs}-byte I/O")
-    first = plan.offset // block
-    return first, first + slots * (plan.bs // block)
-
-
-async def _prefill(device: JobDevice, first: int, end: int, block: int) -> None:
-    """Write the whole region once (--verify of a read workload: reads then check it)."""
-    per = max(1, _PREFILL_CHUNK // block)
-    positions = iter(range(first, end, per))
-
-    async def writer() -> None:
-        buf = bytearray(per * block)
-        for lba in positions:
-            n = min(per, end - lba)
-            await device.write(lba, memoryview(buf)[: n * block])
-
-    await asyncio.gather(*(writer() for _ in range(_PREFILL_DEPTH)))
-
-
-async def _rw_job(
-    name: str,
-    device: BlockDevice,
-    plan: _Plan,
-    job: int,
-    stop: asyncio.Event,
-    live: list[Measurement | None],
-) -> JobResult:
-    caps = device.capabilities
-    first, end = _region(plan, caps)
-    workload = Workload(
-        rw=plan.rw,
-        bs=plan.bs,
-        iodepth=plan.iodepth,
-        rwmixread=plan.rwmixread,
-        runtime=plan.runtime,
-        ramp_time=plan.ramp_time,
-        size=(end - first) * caps.block_size,
-        offset=first * caps.block_size,
-        # Jobs on one region would otherwise issue the very same offsets.
-        seed=plan.seed + job,
-        bw_avg_time=plan.bw_avg_time,
-        iops_avg_time=plan.iops_avg_time,
-    )
-    result = await run_workload(
-        device, workload, stop=stop, on_measure=functools.partial(live.__setitem__, job)
-    )
-    return JobResult(
-        name=name,
-        elapsed=result.elapsed,
-        read_bytes_per_io=plan.bs,
-        write_bytes_per_io=plan.bs,
-        read_hist=result.read_latency,
-        write_hist=result.write_latency,
-        cpu=result.cpu,
-        error=result.error,
-        **_rate_stats(result.read_rates, result.write_rates),
-    )
-
-
-async def _copy_job(
-    name: str,
-    ns: RemoteNamespace,
-    queue: HostQueue,
-    plan: _Plan,
-    job: int,
-    counter: Counter | None,
-    stop: asyncio.Event,
-    live: list[Measurement | None],
-) -> JobResult:
-    """Copies of --copy-ranges random --bs ranges of the region's first half to a
-    random destination in its second half (no overlap, so the planner never stages).
-    Setting `stop` ends the measurement early; the copies in flight complete."""
-    caps = ns.capabilities
-    first, end = _region(plan, caps)
-    nb = plan.bs // caps.block_size
-    slots = (end - first) // nb
-    src_slots = slots // 2
-    dst_groups = (slots - src_slots) // plan.copy_ranges
-    if src_slots < 1 or dst_groups < 1:
-        raise CommandError(
-            f"region too small for copies of {plan.copy_ranges} x {plan.bs} bytes: it needs "
-            f"{plan.copy_ranges + 1} slots of --bs after halving, it has {slots}"
-        )
-    if plan.copy_mode == "offload" and not isinstance(ns, CopyOffload):
-        raise CommandError(f"namespace {ns.nsid} does not support Copy (--copy-mode offload)")
-    device: BlockDevice = JobDevice(ns) if plan.copy_mode == "emulate" else ns
-    dst_base = first + src_slots * nb
-    copy_bytes = plan.copy_ranges * plan.bs
-    hist = LatencyHistogram()
-    stats = CopyStats()
-    rng = random.Random(plan.seed + job)
-    stopping = False
-    failure: list[str] = []
-
-    async def worker() -> None:
-        while not stopping:
-            sources = [
-                SourceRange(device, first + rng.randrange(src_slots) * nb, nb)
-                for _ in range(plan.copy_ranges)
-            ]
-            dst = dst_base + rng.randrange(dst_groups) * plan.copy_ranges * nb
-            t0 = time.perf_counter_ns()
-            try:
-                report = await copy(sources, device, dst)
-            except Exception as exc:
-                failure.append(f"copy to LBA {dst}: {describe(exc)}")
-                return
-            hist.record(time.perf_counter_ns() - t0)
-            stats.copies += 1
-            stats.offloaded_blocks += report.offloaded_blocks
-            stats.emulated_blocks += report.emulated_blocks
-            stats.commands += report.commands
-            if counter is not None:
-                counter.ios += 1
-                counter.bytes += copy_bytes
-
-    async def until(seconds: float) -> None:
-        deadline = time.perf_counter() + seconds
-        while not failure and not stop.is_set() and (left := deadline - time.perf_counter()) > 0:
-            await sleep_unless_set(min(left, 0.05), stop)
-
-    # Copies are reported in the write direction: sampled there, from the copy counter
-    # (read at call time: `stats` is replaced when the measurement starts).
-    sampler = RateSampler(
-        lambda: (0, stats.copies),
-        (0, copy_bytes),
-        bw_interval=plan.bw_avg_time,
-        iops_interval=plan.iops_avg_time,
-    )
-    tasks = [asyncio.create_task(worker()) for _ in range(plan.iodepth)]
-    try:
-        await until(plan.ramp_time)
-        hist.reset()
-        stats = CopyStats()
-        sent0, recv0 = queue.bytes_sent, queue.bytes_received
-        t0 = time.perf_counter()
-        usage0 = rusage()
-        sampler.start(t0)
-        live[job] = Measurement(t0, LatencyHistogram(), hist, usage0)
-        await sleep_sampling(sampler, t0, plan.runtime, stop, lambda: bool(failure))
-        measured = hist.copy()
-        t1 = time.perf_counter()
-        sampler.poll(t1)
-        elapsed = t1 - t0
-        usage = cpu_usage(usage0, rusage(), elapsed)
-        done = CopyStats(**{k: getattr(stats, k) for k in CopyStats.__slots__})
-        done.wire_sent = queue.bytes_sent - sent0
-        done.wire_received = queue.bytes_received - recv0
-    finally:
-        stopping = True
-        await asyncio.gather(*tasks, return_exceptions=True)
-    done.copies = measured.count
-    done.copied_bytes = measured.count * copy_bytes
-    _, copy_rates = sampler.samples()
-    return JobResult(
-        name=name,
-        elapsed=elapsed,
-        read_bytes_per_io=0,
-        write_bytes_per_io=copy_bytes,
-        read_hist=LatencyHistogram(),
-        write_hist=measured,
-        cpu=usage,
-        error=failure[0] if failure else None,
-        copy=done,
-        **_rate_stats(RateSamples(), copy_rates),
-    )
-
-
-def set_inline_limit(ctrl: Controller, limit: int) -> int:
-    """Send at most `limit` bytes of write data in-capsule (never more than the target's
-    IOCCSZ allows); the limit in effect."""
-    effective = min(limit, ctrl.io_inline_limit)
-    ctrl.io_inline_limit = effective
-    for queue in ctrl.io_queues:
-        queue.conn.inline_limit = effective
-    return effective
 
 
 async def _bench(
@@ -804,12 +315,12 @@ async def _bench(
                 f"{args.numjobs} jobs; jobs share them",
                 file=err,
             )
-        _region(plan, ns.capabilities)  # refuse a bad region before anything is written
+        region(plan, ns.capabilities)  # refuse a bad region before anything is written
         show_progress = err.isatty()
         verifier = Verifier(ns.capabilities.block_size, plan.seed) if plan.verify else None
         if verifier is not None and plan.rw in ("read", "randread"):
-            first, end = _region(plan, ns.capabilities)
-            await _prefill(JobDevice(ns, None, verifier), first, end, verifier.block_size)
+            first, end = region(plan, ns.capabilities)
+            await prefill(JobDevice(ns, None, verifier), first, end, verifier.block_size)
         jobs: list[Callable[[], Awaitable[JobResult]]] = []
         counters: list[Counter] = []
         live: list[Measurement | None] = [None] * args.numjobs
@@ -823,13 +334,13 @@ async def _bench(
             name = f"job{j}"
             if plan.rw == "copy":
                 jobs.append(
-                    functools.partial(_copy_job, name, job_ns, queue, plan, j, counter, stop, live)
+                    functools.partial(copy_job, name, job_ns, queue, plan, j, counter, stop, live)
                 )
                 continue
             # The wrapper costs a coroutine per I/O: only when something needs it.
             wrapped = counter is not None or verifier is not None
             device: BlockDevice = JobDevice(job_ns, counter, verifier) if wrapped else job_ns
-            jobs.append(functools.partial(_rw_job, name, device, plan, j, stop, live))
+            jobs.append(functools.partial(rw_job, name, device, plan, j, stop, live))
 
         helpers: list[asyncio.Task[None]] = []
         logs = _interval_logs(args, plan)
@@ -861,7 +372,7 @@ async def _bench(
             if r.error and verifier.failure in r.error:
                 r.verify_failed = True
                 r.error = verifier.failure
-    options = _job_options(args)
+    options = job_options(args)
     if args.output_format == "json":
         print(
             json.dumps(fio_json(results, options, group=args.group_reporting), indent=2), file=out
@@ -875,7 +386,7 @@ async def _bench(
     return EXIT_INTERRUPTED if interrupt.interrupted else 0
 
 
-def _interval_logs(args: argparse.Namespace, plan: _Plan) -> IntervalLogs | None:
+def _interval_logs(args: argparse.Namespace, plan: Plan) -> IntervalLogs | None:
     names = LogNames(args.write_bw_log, args.write_iops_log, args.write_lat_log)
     if not names.any():
         return None
@@ -883,36 +394,15 @@ def _interval_logs(args: argparse.Namespace, plan: _Plan) -> IntervalLogs | None
     return IntervalLogs(names, args.numjobs, per_io, args.log_avg_msec)
 
 
-def snapshot(name: str, m: Measurement, plan: _Plan, now: float) -> JobResult:
-    """A job's figures from the start of its measurement until `now`, as the final report
-    has them (but for the per-interval statistics, which the job keeps to itself)."""
-    elapsed = max(now - m.start, 1e-9)
-    reads, writes = m.reads.copy(), m.writes.copy()
-    copy_stats = None
-    if plan.rw == "copy":
-        copy_bytes = plan.copy_ranges * plan.bs
-        copy_stats = CopyStats(copies=writes.count, copied_bytes=writes.count * copy_bytes)
-    return JobResult(
-        name=name,
-        elapsed=elapsed,
-        read_bytes_per_io=0 if plan.rw == "copy" else plan.bs,
-        write_bytes_per_io=plan.copy_ranges * plan.bs if plan.rw == "copy" else plan.bs,
-        read_hist=reads,
-        write_hist=writes,
-        cpu=cpu_usage(m.usage, rusage(), elapsed),
-        copy=copy_stats,
-    )
-
-
 async def _status_reports(
     args: argparse.Namespace,
-    plan: _Plan,
+    plan: Plan,
     live: Sequence[Measurement | None],
     out: TextIO,
     interval: float,
 ) -> None:
     """fio's --status-interval: the report so far, every `interval` seconds."""
-    options = _job_options(args)
+    options = job_options(args)
     while True:
         await asyncio.sleep(interval)
         now = time.perf_counter()
@@ -987,7 +477,7 @@ class _Interrupt:
         self._err.flush()
 
 
-async def _progress(counters: Sequence[Counter], err: TextIO, plan: _Plan) -> None:
+async def _progress(counters: Sequence[Counter], err: TextIO, plan: Plan) -> None:
     start = last_t = time.perf_counter()
     last_ios = last_bytes = 0
     total = plan.ramp_time + plan.runtime
@@ -1012,318 +502,3 @@ def format_progress(elapsed: float, total: float, iops: float, bytes_per_second:
         f"[{fraction:6.1%}] {elapsed:6.1f}s ETA {left:5.1f}s {iops:10.0f} IOPS  "
         f"{bytes_per_second / 1e6:9.1f} MB/s"
     )
-
-
-# -- fio-shaped output -------------------------------------------------------------------------
-
-
-def _job_options(args: argparse.Namespace) -> dict[str, str]:
-    """fio's "job options": the options as given, all strings."""
-    options = {
-        "rw": args.rw,
-        "bs": str(args.bs),
-        "iodepth": str(args.iodepth),
-        "numjobs": str(args.numjobs),
-        "runtime": f"{args.runtime:g}",
-        "ramp_time": f"{args.ramp_time:g}",
-        "offset": str(args.offset),
-        "rwmixread": str(args.rwmixread),
-        "randseed": str(args.seed),
-        "ioengine": "pynvmf-tcp",
-        "filename": f"nvme-tcp://{args.traddr}:{args.trsvcid}/{args.nqn}/{args.namespace_id}",
-    }
-    if args.size is not None:
-        options["size"] = str(args.size)
-    if args.verify:
-        options["verify"] = "pattern"
-    if args.rw == "copy":
-        options["copy_ranges"] = str(args.copy_ranges)
-        options["copy_mode"] = args.copy_mode
-    for name in ("bwavgtime", "iopsavgtime"):
-        if getattr(args, name) != _AVG_TIME_MS:
-            options[name] = str(getattr(args, name))
-    return options
-
-
-def _lat_json(hist: LatencyHistogram, *, with_percentiles: bool = True) -> dict[str, Any]:
-    n = hist.count
-    if not n:
-        out: dict[str, Any] = {"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0}
-    else:
-        out = {
-            "min": hist.min_ns,
-            "max": hist.max_ns,
-            "mean": hist.total_ns / n,
-            "stddev": stddev_ns(hist),
-            "N": n,
-        }
-    if with_percentiles and n:
-        values = hist.percentiles(PERCENTILES)
-        out["percentile"] = {f"{q:f}": round(v) for q, v in zip(PERCENTILES, values, strict=True)}
-    return out
-
-
-_EMPTY_LAT = {"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0}
-
-
-def group_bandwidth(results: Sequence[JobResult], which: str) -> float:
-    """fio's aggregate bandwidth of a group in `which` direction (bytes/s): all its jobs'
-    bytes over the longest runtime of those that moved any."""
-    ops = [(r.op(which), r.elapsed) for r in results]
-    longest = max((elapsed for op, elapsed in ops if op.ios), default=0.0)
-    return sum(op.bytes for op, _ in ops) / longest if longest > 0 else 0.0
-
-
-def bw_share(bw: SampleStats, group_bytes_per_s: float) -> float:
-    """fio's bw_agg (the human report's per=): a job's mean sampled bandwidth in percent
-    of its group's aggregate bandwidth, at most 100; 0 without samples."""
-    if not bw.samples:
-        return 0.0
-    if group_bytes_per_s <= 1024:  # fio's threshold: no meaningful share of (next to) nothing
-        return 100.0
-    return min(100.0, bw.mean * 100 / (group_bytes_per_s / 1024))
-
-
-def _rates_json(bw: SampleStats, iops: SampleStats, group_bytes_per_s: float) -> dict[str, Any]:
-    return {
-        "bw_min": bw.min_val,
-        "bw_max": bw.max_val,
-        "bw_agg": bw_share(bw, group_bytes_per_s),
-        "bw_mean": float(bw.mean),
-        "bw_dev": bw.stddev,
-        "bw_samples": bw.samples,
-        "iops_min": iops.min_val,
-        "iops_max": iops.max_val,
-        "iops_mean": float(iops.mean),
-        "iops_stddev": iops.stddev,
-        "iops_samples": iops.samples,
-    }
-
-
-def _dir_json(r: JobResult, which: str, group_bytes_per_s: float) -> dict[str, Any]:
-    op = r.op(which)
-    hist = r.read_hist if which == "read" else r.write_hist
-    bw_bytes = op.bytes / r.elapsed if r.elapsed else 0.0
-    lat = _lat_json(hist)
-    return {
-        "io_bytes": op.bytes,
-        "io_kbytes": op.bytes // 1024,
-        "bw_bytes": round(bw_bytes),
-        "bw": round(bw_bytes / 1024),
-        "iops": op.iops,
-        "runtime": round(r.elapsed * 1000) if op.ios else 0,
-        "total_ios": op.ios,
-        "short_ios": 0,
-        "drop_ios": 0,
-        "slat_ns": dict(_EMPTY_LAT),
-        "clat_ns": lat,
-        "lat_ns": dict(lat),
-        **_rates_json(*r.rates(which), group_bytes_per_s),
-    }
-
-
-def _empty_dir() -> dict[str, Any]:
-    return {
-        "io_bytes": 0,
-        "io_kbytes": 0,
-        "bw_bytes": 0,
-        "bw": 0,
-        "iops": 0.0,
-        "runtime": 0,
-        "total_ios": 0,
-        "short_ios": 0,
-        "drop_ios": 0,
-        "slat_ns": dict(_EMPTY_LAT),
-        "clat_ns": dict(_EMPTY_LAT),
-        "lat_ns": dict(_EMPTY_LAT),
-        **_rates_json(SampleStats(), SampleStats(), 0.0),
-    }
-
-
-def _job_json(r: JobResult, options: dict[str, str], group_bw: dict[str, float]) -> dict[str, Any]:
-    error = 0 if r.error is None else (_EILSEQ if r.verify_failed else _EIO)
-    job: dict[str, Any] = {
-        "jobname": r.name,
-        "groupid": 0,
-        "error": error,
-        "elapsed": round(r.elapsed),
-        "job options": {"name": r.name, **options},
-        "read": _dir_json(r, "read", group_bw["read"]),
-        "write": _dir_json(r, "write", group_bw["write"]),
-        "trim": _empty_dir(),
-        "job_runtime": round(r.elapsed * 1000),
-        "usr_cpu": r.cpu.usr_percent,
-        "sys_cpu": r.cpu.sys_percent,
-        "ctx": r.cpu.ctx,
-        "majf": r.cpu.majf,
-        "minf": r.cpu.minf,
-    }
-    if r.error is not None:
-        job["pynvmf_error"] = r.error
-    if r.copy is not None:
-        c = r.copy
-        elapsed = r.elapsed or 1e-9
-        job["pynvmf_copy"] = {
-            "copies": c.copies,
-            "copies_per_sec": c.copies / elapsed,
-            "copied_bytes": c.copied_bytes,
-            "copied_bytes_per_sec": c.copied_bytes / elapsed,
-            "offloaded_blocks": c.offloaded_blocks,
-            "emulated_blocks": c.emulated_blocks,
-            "copy_commands": c.commands,
-            "wire_bytes_sent": c.wire_sent,
-            "wire_bytes_received": c.wire_received,
-        }
-    return job
-
-
-def fio_json(
-    results: Sequence[JobResult], options: dict[str, str], *, group: bool
-) -> dict[str, Any]:
-    now = time.time()
-    jobs = [aggregate(results)] if group else list(results)
-    # All jobs form fio's group 0, reported jointly or not.
-    group_bw = {which: group_bandwidth(results, which) for which in ("read", "write")}
-    return {
-        "fio version": FIO_VERSION,
-        "timestamp": int(now),
-        "timestamp_ms": int(now * 1000),
-        "time": time.ctime(now),
-        "jobs": [_job_json(r, options, group_bw) for r in jobs],
-    }
-
-
-# -- human output ------------------------------------------------------------------------------
-
-
-def _num(value: float) -> str:
-    """fio's short counts: 950, 12.3k, 1.23M."""
-    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if value >= limit:
-            return f"{value / limit:.1f}{suffix}"
-    return f"{value:.0f}"
-
-
-def _binary(nbytes: float) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f}{unit}"
-    return f"{nbytes:.0f}B"
-
-
-def _decimal(nbytes: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f}{unit}"
-    return f"{nbytes:.0f}B"
-
-
-def _lat_lines(stats: LatencyStats, hist: LatencyHistogram) -> list[str]:
-    return [
-        f"    lat (usec): min={stats.min_us:.2f}, max={stats.max_us:.2f}, "
-        f"avg={stats.mean_us:.2f}, stdev={stddev_ns(hist) / 1e3:.2f}",
-        f"    lat percentiles (usec): 50.00th=[{stats.p50_us:.1f}], "
-        f"90.00th=[{stats.p90_us:.1f}], 99.00th=[{stats.p99_us:.1f}], "
-        f"99.90th=[{stats.p999_us:.1f}]",
-    ]
-
-
-def rate_lines(bw: SampleStats, iops: SampleStats, share: float) -> list[str]:
-    """fio's per-interval lines of one direction; none for a statistic without samples."""
-    lines = []
-    if bw.samples:
-        # fio switches to MiB/s above 1 GiB/s, min and max truncated to whole MiB/s.
-        unit, scale = ("MiB", 1024) if bw.mean > 1024 * 1024 else ("KiB", 1)
-        lines.append(
-            f"   bw ({unit:>5}/s): min={bw.min_val // scale:5d}, max={bw.max_val // scale:5d}, "
-            f"per={share:3.2f}%, avg={bw.mean / scale:5.2f}, stdev={bw.stddev / scale:5.2f}, "
-            f"samples={bw.samples}"
-        )
-    if iops.samples:
-        lines.append(
-            f"   iops        : min={iops.min_val:5d}, max={iops.max_val:5d}, "
-            f"avg={iops.mean:5.2f}, stdev={iops.stddev:5.2f}, samples={iops.samples}"
-        )
-    return lines
-
-
-def _cpu_line(cpu: CpuUsage) -> str:
-    return (
-        f"  cpu          : usr={cpu.usr_percent:.2f}%, sys={cpu.sys_percent:.2f}%, "
-        f"ctx={cpu.ctx}, majf={cpu.majf}, minf={cpu.minf}"
-    )
-
-
-def _job_block(r: JobResult, plan: _Plan, jobs: int, group_bw: dict[str, float]) -> list[str]:
-    lines = _io_lines(r, plan, jobs, group_bw)
-    lines.append(_cpu_line(r.cpu))
-    return lines
-
-
-def _io_lines(r: JobResult, plan: _Plan, jobs: int, group_bw: dict[str, float]) -> list[str]:
-    err = 0 if r.error is None else (_EILSEQ if r.verify_failed else _EIO)
-    lines = [f"{r.name}: (groupid=0, jobs={jobs}): err={err:2d}"]
-    ms = round(r.elapsed * 1000)
-    if r.copy is not None:
-        c = r.copy
-        per_s = c.copied_bytes / r.elapsed if r.elapsed else 0.0
-        rate = c.copies / r.elapsed if r.elapsed else 0.0
-        lines.append(
-            f"  copy: copies/s={_num(rate)}, BW={_binary(per_s)}/s ({_decimal(per_s)}/s)"
-            f"({_binary(c.copied_bytes)}/{ms}msec), {plan.copy_ranges} x {_binary(plan.bs)} "
-            f"per copy, mode={plan.copy_mode}"
-        )
-        lines.extend(_lat_lines(r.write_hist.stats(), r.write_hist))
-        bw, iops = r.rates("write")
-        lines.extend(rate_lines(bw, iops, bw_share(bw, group_bw["write"])))
-        wire = c.wire_sent + c.wire_received
-        share = wire / c.copied_bytes * 100 if c.copied_bytes else 0.0
-        lines.append(
-            f"    planner: offloaded={c.offloaded_blocks} blocks in {c.commands} Copy commands,"
-            f" emulated={c.emulated_blocks} blocks"
-        )
-        lines.append(
-            f"    wire: sent={_binary(c.wire_sent)}, received={_binary(c.wire_received)} "
-            f"({share:.2f}% of the bytes copied)"
-        )
-        return lines
-    for which, hist in (("read", r.read_hist), ("write", r.write_hist)):
-        op = r.op(which)
-        if not op.ios:
-            continue
-        bw = op.bytes / r.elapsed if r.elapsed else 0.0
-        lines.append(
-            f"  {which}: IOPS={_num(op.iops)}, BW={_binary(bw)}/s ({_decimal(bw)}/s)"
-            f"({_binary(op.bytes)}/{ms}msec)"
-        )
-        lines.extend(_lat_lines(op.latency, hist))
-        bw, iops = r.rates(which)
-        lines.extend(rate_lines(bw, iops, bw_share(bw, group_bw[which])))
-    return lines
-
-
-def human_report(results: Sequence[JobResult], plan: _Plan) -> str:
-    lines: list[str] = []
-    total = aggregate(results)
-    group_bw = {which: group_bandwidth(results, which) for which in ("read", "write")}
-    if len(results) > 1:
-        for r in results:
-            lines.extend(_job_block(r, plan, 1, group_bw))
-        lines.append("")
-    block = _job_block(total, plan, len(results), group_bw)
-    block[0] = block[0].replace(total.name, "all jobs", 1)
-    lines.extend(block)
-    lines.append("")
-    lines.append("Run status group 0 (all jobs):")
-    ms = round(total.elapsed * 1000)
-    write_label = "COPY" if total.copy is not None else "WRITE"
-    for which, label in (("read", "READ"), ("write", write_label)):
-        op = total.op(which)
-        if not op.ios:
-            continue
-        bw = op.bytes / total.elapsed if total.elapsed else 0.0
-        lines.append(
-            f"  {label:>5}: bw={_binary(bw)}/s ({_decimal(bw)}/s), io={_binary(op.bytes)} "
-            f"({_decimal(op.bytes)}), run={ms}-{ms}msec"
-        )
-    return "\n".join(lines) + "\n"

@@ -17,7 +17,6 @@ two things across pynvmf's commands (docs/cli.md, "Option letters"):
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import uuid
 from collections.abc import Callable
@@ -312,16 +311,6 @@ def output_option(p: argparse.ArgumentParser) -> None:
         default="normal",
         help="output format (default normal)",
     )
-
-
-def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    # A loop factory rather than uvloop's event loop policy: that policy is global and
-    # would outlive the command in a process that goes on to use asyncio otherwise.
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
 
 
 def where(args: argparse.Namespace) -> str:

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from pynvmf import units
+from pynvmf.aio import uvloop_factory
 from pynvmf.block.copier import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_DEPTH,
@@ -62,7 +63,6 @@ from pynvmf.cli.common import (
     host_identity,
     host_identity_options,
     int_at_least,
-    loop_factory,
     output_option,
     verbose_option,
 )
@@ -348,7 +348,7 @@ def _options(args: argparse.Namespace) -> _Options:
 def run_copy_command(args: argparse.Namespace) -> int:
     """Run `pynvmf copy` as parsed by add_copy_command's parser; the exit status."""
     try:
-        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=uvloop_factory()) as runner:
             return runner.run(_copy(args))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, BinaryIO
 
+from pynvmf.aio import uvloop_factory
 from pynvmf.block.device import Capabilities
 from pynvmf.cli import identify_fields as F
 from pynvmf.cli.common import (
@@ -30,7 +31,6 @@ from pynvmf.cli.common import (
     connection_options,
     host_identity,
     int_at_least,
-    loop_factory,
     namespace_option,
     output_option,
     size,
@@ -182,7 +182,7 @@ def run_host_command(args: argparse.Namespace) -> int:
     command = _COMMANDS[args.command]
     try:
         identity = host_identity(args)
-        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=uvloop_factory()) as runner:
             return runner.run(command(args, identity))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

@@ -16,12 +16,21 @@ import signal
 import sys
 from typing import Any
 
+from pynvmf.aio import install_uvloop
 from pynvmf.cli.common import size, verbose_option
+from pynvmf.config.native import (
+    DEFAULT_NQN,
+    ConfigError,
+    apply_config,
+    config_from_options,
+    load_config,
+    parse_listen,
+)
+from pynvmf.config.nvmetcli import load_nvmetcli
+from pynvmf.config.spdk import load_spdk_config
 from pynvmf.ha.gateway import Gateway, GatewayConfig
 from pynvmf.rpc.jsonrpc import RpcError
-from pynvmf.rpc.nvmetcli import load_nvmetcli
 from pynvmf.rpc.server import DEFAULT_SOCKET, RpcServer, control_plane
-from pynvmf.rpc.spdk import load_spdk_config
 from pynvmf.spec.logpages import AnaState
 from pynvmf.spec.ports import DISCOVERY_PORT
 from pynvmf.target import ana
@@ -31,26 +40,10 @@ from pynvmf.target.budget import (
     ConnectionLimits,
     raise_open_file_limit,
 )
-from pynvmf.target.config import (
-    DEFAULT_NQN,
-    ConfigError,
-    apply_config,
-    config_from_options,
-    load_config,
-    parse_listen,
-)
 from pynvmf.target.cores.workers import available_cores, make_target
 from pynvmf.target.target import Target
 
 log = logging.getLogger("pynvmf")
-
-
-def _install_uvloop() -> None:
-    try:
-        import uvloop
-    except ImportError:
-        return
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
 def add_target_command(sub: Any) -> None:
@@ -370,7 +363,7 @@ def _why(exc: OSError) -> str:
 def run_target_command(args: argparse.Namespace) -> int:
     try:
         check_options(args)
-        _install_uvloop()
+        install_uvloop()
         # Every host connection is a file descriptor: take all the system allows.
         raise_open_file_limit()
         return asyncio.run(_run_target(args))

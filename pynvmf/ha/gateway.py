@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pynvmf.block.rbd import ClusterSpec, DeviceState, RbdDevice
+from pynvmf.config.native import ConfigError, Reader
 from pynvmf.ha.lease import LeaseConfig, LeaseManager
 from pynvmf.ha.shared import SharedConfig, SharedConfigOptions
 from pynvmf.spec.logpages import AnaState
 from pynvmf.target.ana import ANAGRPMAX
-from pynvmf.target.config import ConfigError, _Reader
 from pynvmf.target.subsystem import CNTLID_MIN
 from pynvmf.target.target import Target
 
@@ -70,7 +70,7 @@ class GatewayConfig:
     @classmethod
     def parse(cls, spec: Any, where: str = "gateway") -> GatewayConfig:
         """The configuration file's "gateway" section."""
-        r = _Reader(spec, where, GATEWAY_KEYS)
+        r = Reader(spec, where, GATEWAY_KEYS)
         gateway_id = r.get("id", str)
         if not gateway_id:
             raise ConfigError(f"{r.path('id')}: a gateway needs an id (unique in its pool)")

@@ -57,17 +57,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pynvmf.block.rbd import ClusterSpec, RadosConnection, bindings
+from pynvmf.config.native import (
+    ConfigError,
+    Reader,
+    add_namespace_spec,
+    add_subsystem_spec,
+    device_spec_of,
+    host_of_spec,
+    subsystem_spec_of,
+)
 from pynvmf.target import devices as D
 from pynvmf.target.changes import ChangeError
-from pynvmf.target.config import (
-    ConfigError,
-    _device_dict,
-    _Reader,
-    _subsystem,
-    _subsystem_dict,
-    add_namespace_spec,
-    host_of_spec,
-)
 from pynvmf.target.target import Target
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ log = logging.getLogger(__name__)
 OBJECT_PREFIX = "pynvmf.gateway-group."
 VERSION_KEY = "version"
 SHARED_CONFIG_KEYS = {"group", "object", "poll_interval"}
-# What _subsystem_dict writes that is one gateway's own, not the group's.
+# What subsystem_spec_of writes that is one gateway's own, not the group's.
 _LOCAL_SUBSYSTEM_KEYS = ("hosts", "namespaces", "ana_groups", "peer_listeners")
 _GATEWAY_SUBSYSTEM_KEYS = ("cntlid_min", "cntlid_max")
 # Settings of a subsystem a change of which the Target can apply while it runs.
@@ -94,7 +94,7 @@ class SharedConfigOptions:
 
     @classmethod
     def parse(cls, spec: Any, where: str) -> SharedConfigOptions:
-        r = _Reader(spec, where, SHARED_CONFIG_KEYS)
+        r = Reader(spec, where, SHARED_CONFIG_KEYS)
         group = r.get("group", str)
         obj = r.get("object", str)
         if (group is None) == (obj is None):
@@ -138,7 +138,7 @@ def shared_keys(target: Target, gateway_id: str) -> dict[str, str]:
         if subsystem.is_discovery:
             continue
         try:
-            spec = _subsystem_dict(target, subsystem)
+            spec = subsystem_spec_of(target, subsystem)
         except ConfigError as exc:  # a device that cannot be described
             log.error("shared configuration: %s cannot be shared: %s", nqn, exc)
             continue
@@ -155,7 +155,7 @@ def shared_keys(target: Target, gateway_id: str) -> dict[str, str]:
                 # A bdev of this gateway's (bdev_rbd_create): the others open the image
                 # themselves, so the key describes it.
                 del ns["device"]
-                ns.update(_device_dict(entry, with_name=False))
+                ns.update(device_spec_of(entry, with_name=False))
             out[f"namespace {nqn} {ns['nsid']}"] = _dump(ns)
         for host in hosts:
             hostnqn = host if isinstance(host, str) else host["nqn"]
@@ -620,7 +620,7 @@ class SharedConfig:
                 if local_key in value:
                     raise ConfigError(f"{local_key}: not a key of a shared subsystem")
             if nqn not in target.subsystems:
-                _subsystem(target, {**value, "nqn": nqn}, key, [])
+                add_subsystem_spec(target, {**value, "nqn": nqn}, key, [])
                 return
             old = json.loads(mine) if mine is not None else {}
             for setting in sorted(set(old) | set(value)):

@@ -18,7 +18,8 @@ from pynvmf.host.errors import NvmeConnectionError, NvmeStatusError
 from pynvmf.spec.command import FUSE_FIRST, FUSE_SECOND, Sqe
 from pynvmf.tcp.host import ABORTED, Buffer, HostCommand, HostConnection
 from pynvmf.tcp.psk import TlsPsk
-from pynvmf.tcp.tls import SecureChannel, TlsEngine, kernel_record_error
+from pynvmf.tls.channel import SecureChannel, kernel_record_error
+from pynvmf.tls.engine import TlsEngine
 
 log = logging.getLogger(__name__)
 

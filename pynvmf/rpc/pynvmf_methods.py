@@ -23,12 +23,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from pynvmf.config.files import json_bytes, write_atomically
+from pynvmf.config.native import ConfigError, config_of
+from pynvmf.config.nvmetcli import nvmetcli_config
+from pynvmf.config.spdk import spdk_config
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane, MethodTable, Params, change_error
-from pynvmf.rpc.nvmetcli import nvmetcli_config
-from pynvmf.rpc.spdk import spdk_config
 from pynvmf.target.changes import ChangeError
-from pynvmf.target.config import ConfigError, config_of, write_atomically
 from pynvmf.target.port import Port
 from pynvmf.tcp.target import TransportConfig
 
@@ -65,7 +66,7 @@ async def pynvmf_save_config(cp: ControlPlane, p: Params) -> bool:
     p.done()
     config = _config(cp, fmt)
     try:
-        write_atomically(path, config)
+        write_atomically(path, json_bytes(config))
     except OSError as exc:
         raise RpcError(INVALID_PARAMS, f"path: {path}: {exc.strerror or exc}") from exc
     return True

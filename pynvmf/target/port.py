@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from pynvmf.spec.opcodes import DISCOVERY_NQN
 from pynvmf.target.changes import ChangeError, check_transport
 from pynvmf.tcp.target import TransportConfig
-from pynvmf.tcp.tls import KTLS_POLICIES
+from pynvmf.tls.channel import KTLS_POLICIES
 
 if TYPE_CHECKING:
     from pynvmf.target.protocol import TargetProtocol

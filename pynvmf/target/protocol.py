@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, cast
 from pynvmf.target.budget import WRITE_HIGH_WATER, WRITE_LOW_WATER
 from pynvmf.target.queue import TargetQueue
 from pynvmf.tcp.target import TargetConnection
-from pynvmf.tcp.tls import CT_HANDSHAKE, SecureChannel, TlsEngine, kernel_record_error
+from pynvmf.tls.channel import SecureChannel, kernel_record_error
+from pynvmf.tls.engine import TlsEngine
+from pynvmf.tls.wire import CT_HANDSHAKE
 
 if TYPE_CHECKING:
     from pynvmf.target.port import Port

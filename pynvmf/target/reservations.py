@@ -16,16 +16,15 @@ registrant: `Subsystem.registered` holds exactly the namespaces that have one.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import os
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pynvmf.config.files import write_atomically
 from pynvmf.spec import reservations as R
 from pynvmf.spec.logpages import LogPageId
 from pynvmf.spec.opcodes import NSID_ALL, AsyncEventType
@@ -406,31 +405,6 @@ def load_state(path: Path) -> ReservationState:
     except FileNotFoundError:
         return ReservationState()
     return decode_state(data, str(path))
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace `path` by `data` so that a power loss leaves the old file or the new one:
-    write a temporary file beside it, fsync it, rename it over, fsync the directory."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dirfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dirfd)
-    finally:
-        os.close(dirfd)
 
 
 # -- per namespace ----------------------------------------------------------------------

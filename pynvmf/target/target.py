@@ -68,7 +68,7 @@ from pynvmf.target.subsystem import (
 )
 from pynvmf.tcp.psk import ConfiguredPsk, PskError, TlsPsk
 from pynvmf.tcp.target import TransportConfig
-from pynvmf.tcp.tls import TlsCounters
+from pynvmf.tls.channel import TlsCounters
 
 if TYPE_CHECKING:
     from pynvmf.target.cores.workers import WorkerPool

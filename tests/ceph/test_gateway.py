@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
+from pynvmf.config.native import ConfigError, apply_config, build_target
 from pynvmf.ha.gateway import Gateway, GatewayConfig
 from pynvmf.ha.lease import OBJECT_PREFIX
 from pynvmf.host import NvmeStatusError, connect
 from pynvmf.spec.logpages import AnaState as S
 from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import Status
-from pynvmf.target.config import ConfigError, apply_config, build_target
 from pynvmf.target.cores.workers import MultiCoreTarget
 from tests.ceph.cluster import CephCluster
 

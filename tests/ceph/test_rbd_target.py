@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from pynvmf.block import copy as block_copy
+from pynvmf.config.native import ConfigError, apply_config, build_target, config_of
+from pynvmf.config.spdk import load_spdk_config, spdk_config
 from pynvmf.host import NvmeStatusError, connect
 from pynvmf.rpc.jsonrpc import RpcError
 from pynvmf.rpc.server import control_plane
-from pynvmf.rpc.spdk import load_spdk_config, spdk_config
 from pynvmf.spec.status import Status
-from pynvmf.target.config import ConfigError, apply_config, build_target, config_of
 from pynvmf.target.devices import RBD
 from pynvmf.target.target import Target
 from tests.ceph.cluster import CephCluster

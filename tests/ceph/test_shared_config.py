@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from pynvmf.config.native import build_target
 from pynvmf.ha.gateway import Gateway, GatewayConfig
 from pynvmf.ha.lease import OBJECT_PREFIX as LEASE_PREFIX
 from pynvmf.ha.shared import VERSION_KEY, SharedConfig
@@ -28,7 +29,6 @@ from pynvmf.rpc.client import RpcClient
 from pynvmf.rpc.methods import ControlPlane
 from pynvmf.rpc.server import RpcServer, control_plane
 from pynvmf.spec.logpages import AnaState as S
-from pynvmf.target.config import build_target
 from pynvmf.target.target import Target
 from tests.ceph.cluster import CephCluster
 

@@ -133,7 +133,7 @@ def guest(linux_peer: Peer, target: Setup) -> Iterator[Guest]:
     g.run(
         "mkdir -p /opt/pynvmf && tar -C /opt/pynvmf -xzf /tmp/pynvmf.tgz"
         " && tar -C /opt/pynvmf -xzf /tmp/python.tgz"
-        " && PYTHONPATH=/opt/pynvmf python3 -c 'import pynvmf.tcp.tls'"
+        " && PYTHONPATH=/opt/pynvmf python3 -c 'import pynvmf.tls.channel'"
     )
     yield g
     g.stop()
@@ -176,7 +176,7 @@ def test_identities_match_nvme_cli(guest: Guest) -> None:
 
 
 def _tls_lines(target: Setup) -> list[str]:
-    return [line for line in target.process.stderr().splitlines() if "pynvmf.tcp.tls" in line]
+    return [line for line in target.process.stderr().splitlines() if "pynvmf.tls" in line]
 
 
 def test_discover_reports_treq_and_sectype(guest: Guest, target: Setup) -> None:
@@ -417,7 +417,9 @@ def test_ktls_on_pynvmf_side_in_the_guest(guest: Guest) -> None:
 
 KTLS_SCRIPT = """
 import os, socket, sys
-from pynvmf.tcp import tls as T
+from pynvmf.tls import channel as C
+from pynvmf.tls import engine as E
+from pynvmf.tls import ktls as K
 from pynvmf.tcp.psk import HASH_SHA256, HASH_SHA384, TlsPsk
 
 for hash_id, size in ((HASH_SHA256, 32), (HASH_SHA384, 48)):
@@ -425,7 +427,7 @@ for hash_id, size in ((HASH_SHA256, 32), (HASH_SHA384, 48)):
     lsock = socket.create_server(("127.0.0.1", 0))
     csock = socket.create_connection(lsock.getsockname())
     ssock, _ = lsock.accept()
-    client, server = T.TlsEngine.client(psk), T.TlsEngine.server(lambda i: [psk])
+    client, server = E.TlsEngine.client(psk), E.TlsEngine.server(lambda i: [psk])
     client.start()
     csock.sendall(b"".join(client.take_output()))  # ClientHello
     flight = []
@@ -440,8 +442,8 @@ for hash_id, size in ((HASH_SHA256, 32), (HASH_SHA384, 48)):
         server.feed(ssock.recv(65536))
     # The client's record layer into the kernel, both directions.
     tx, rx = client.traffic()
-    assert T.ktls_attach(csock) == "", "no ULP"
-    assert T.ktls_set(csock, T.TLS_TX, tx) == "" and T.ktls_set(csock, T.TLS_RX, rx) == ""
+    assert K.ktls_attach(csock) == "", "no ULP"
+    assert K.ktls_set(csock, K.TLS_TX, tx) == "" and K.ktls_set(csock, K.TLS_RX, rx) == ""
     payload = os.urandom(100000)
     csock.sendall(payload)  # the kernel seals
     got = b""
@@ -462,7 +464,7 @@ for hash_id, size in ((HASH_SHA256, 32), (HASH_SHA384, 48)):
         csock.recv(65536)
         print("no error")
     except OSError as exc:
-        assert T.kernel_record_error(exc), exc
+        assert C.kernel_record_error(exc), exc
         print("ktls ok", tx.suite.name)
 """
 

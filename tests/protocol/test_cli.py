@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pynvmf.config.native import DEFAULT_NQN
 from pynvmf.host import connect
-from pynvmf.target.config import DEFAULT_NQN
 from tests.interop.guest import free_tcp_port
 from tests.interop.target_process import TargetProcess
 

@@ -20,6 +20,7 @@ import pytest
 
 from pynvmf.block.device import Buffer
 from pynvmf.block.memory import MemoryDevice
+from pynvmf.config.native import build_target
 from pynvmf.host import Controller, NvmeStatusError, connect
 from pynvmf.host.queue import Submission
 from pynvmf.spec import identify as I
@@ -36,7 +37,6 @@ from pynvmf.spec.reservations import (
     ReservationType,
 )
 from pynvmf.spec.status import Status
-from pynvmf.target.config import build_target
 from pynvmf.target.devices import NamedDevice
 from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem

@@ -27,8 +27,9 @@ from pynvmf.target.changes import ChangeError
 from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
-from pynvmf.tcp import tls as T
 from pynvmf.tcp.psk import HASH_SHA256, HASH_SHA384, ConfiguredPsk, tls_psk
+from pynvmf.tls import engine as E
+from pynvmf.tls import wire as W
 
 SUBNQN = "nqn.2024-01.io.pynvmf.test:tls"
 OPEN_NQN = "nqn.2024-01.io.pynvmf.test:tls-open"
@@ -183,7 +184,7 @@ async def _raw_exchange(port: int, data: bytes) -> bytes:
 
 
 def _hello(psk: object, **kwargs: object) -> bytes:
-    client = T.TlsEngine.client(psk, **kwargs)  # type: ignore[arg-type]
+    client = E.TlsEngine.client(psk, **kwargs)  # type: ignore[arg-type]
     client.start()
     return b"".join(client.take_output())
 
@@ -198,11 +199,11 @@ async def test_bad_handshakes_fail_alone(target: Target, caplog: pytest.LogCaptu
     wrong_key = tls_psk(ConfiguredPsk(HASH_SHA256, bytes(32)), HOST_A, SUBNQN)
     unknown = tls_psk(KEY_A, HOST_A, "nqn.2024-01.io.pynvmf.test:nowhere")
     attempts = {
-        "unknown identity": (_hello(unknown), T.ALERT_UNKNOWN_PSK_IDENTITY),
-        "wrong key": (_hello(wrong_key), T.ALERT_DECRYPT_ERROR),
+        "unknown identity": (_hello(unknown), W.ALERT_UNKNOWN_PSK_IDENTITY),
+        "wrong key": (_hello(wrong_key), W.ALERT_DECRYPT_ERROR),
         "wrong cipher": (
             _hello(tls_psk(KEY_A, HOST_A, SUBNQN), offer=(0x1302, 0x1303)),
-            T.ALERT_HANDSHAKE_FAILURE,
+            W.ALERT_HANDSHAKE_FAILURE,
         ),
         "garbage inside": (b"\x16\x03\x01\x00\x30" + os.urandom(0x30), None),
         "garbage before": (b"\x16" + os.urandom(200), None),
@@ -211,7 +212,7 @@ async def test_bad_handshakes_fail_alone(target: Target, caplog: pytest.LogCaptu
     for name, (data, alert) in attempts.items():
         answer = await _raw_exchange(port, data)
         if alert is not None:
-            assert answer[:1] == bytes([T.CT_ALERT]) and answer[6] == alert, name
+            assert answer[:1] == bytes([W.CT_ALERT]) and answer[6] == alert, name
         await _round_trip(good)
     assert target.tls_counters.handshake_failures >= failures + len(attempts) - 1
     await good.close()
@@ -230,7 +231,7 @@ async def test_a_stalled_handshake_holds_bounded_memory(target: Target) -> None:
         sock.sendall(b"\x16\x03\x01\x40\x00" + b"\x01\xff\xff\xff")
         await asyncio.sleep(0)
         answer = await _raw_exchange(port, b"\x16\x03\x01\xff\xff" + bytes(1 << 16))
-        assert answer[:1] == bytes([T.CT_ALERT]) and answer[6] == T.ALERT_RECORD_OVERFLOW
+        assert answer[:1] == bytes([W.CT_ALERT]) and answer[6] == W.ALERT_RECORD_OVERFLOW
     used = target.memory_pool.used
     assert used < 1 << 20
 
@@ -238,7 +239,7 @@ async def test_a_stalled_handshake_holds_bounded_memory(target: Target) -> None:
 async def test_changes_and_outputs_never_show_keys(target: Target, tmp_path: object) -> None:
     from pathlib import Path
 
-    from pynvmf.target.config import config_of
+    from pynvmf.config.native import config_of
 
     path = Path(str(tmp_path)) / "key.txt"
     path.write_text(KEY_A.encode() + "\n")

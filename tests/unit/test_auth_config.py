@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from pynvmf.auth import DhchapKey
+from pynvmf.config.native import ConfigError, apply_config, config_of
+from pynvmf.config.nvmetcli import load_nvmetcli, nvmetcli_config
+from pynvmf.config.spdk import load_spdk_config, spdk_config
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane
-from pynvmf.rpc.nvmetcli import load_nvmetcli, nvmetcli_config
 from pynvmf.rpc.server import control_plane
-from pynvmf.rpc.spdk import load_spdk_config, spdk_config
 from pynvmf.spec.auth import DhGroupId, HashId
-from pynvmf.target.config import ConfigError, apply_config, config_of
 from pynvmf.target.target import Target
 
 NQN = "nqn.2016-06.io.spdk:cnode1"

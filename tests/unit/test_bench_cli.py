@@ -23,12 +23,14 @@ from typing import Any
 
 import pytest
 
+from pynvmf.bench import fio_report
+from pynvmf.bench.fio_report import fio_json, human_report
+from pynvmf.bench.job_result import JobResult
 from pynvmf.bench.loadgen import CpuUsage, LatencyHistogram, SampleStats
 from pynvmf.block.device import Buffer
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.cli import bench as bench_cli
 from pynvmf.cli import build_parser
-from pynvmf.cli.bench import JobResult, fio_json, human_report
 from pynvmf.cli.common import EXIT_INTERRUPTED, host_identity
 from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
@@ -240,7 +242,7 @@ async def test_cpu_usage_excludes_the_verify_prefill(
     served: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     burned = 0.8
-    real_prefill = bench_cli._prefill
+    real_prefill = bench_cli.prefill
 
     async def costly_prefill(*args: Any) -> None:
         # CPU time outside the measured run: it must not show in the usage reported.
@@ -249,7 +251,7 @@ async def test_cpu_usage_excludes_the_verify_prefill(
             pass
         await real_prefill(*args)
 
-    monkeypatch.setattr(bench_cli, "_prefill", costly_prefill)
+    monkeypatch.setattr(bench_cli, "prefill", costly_prefill)
     status, out, err = await bench(
         served, "--runtime", "0.2", "--rw", "randread", "--verify", "--size", "64k", "-o", "json"
     )
@@ -467,7 +469,7 @@ def test_human_report_rate_lines_are_fios() -> None:
 
 
 def test_human_report_shows_mib_above_a_gib_per_second() -> None:
-    lines = bench_cli.rate_lines(SampleStats.of([2_000_000, 2_200_000]), SampleStats(), 100.0)
+    lines = fio_report.rate_lines(SampleStats.of([2_000_000, 2_200_000]), SampleStats(), 100.0)
     assert lines == [
         "   bw (  MiB/s): min= 1953, max= 2148, per=100.00%, avg=2050.78, stdev=138.11, samples=2"
     ]
@@ -479,9 +481,9 @@ def test_sampling_intervals_are_fios_options() -> None:
     args = parse("-a", "127.0.0.1", "--nqn", NQN, "--bwavgtime", "250", "--iopsavgtime", "1000")
     plan = bench_cli._plan(args)
     assert (plan.bw_avg_time, plan.iops_avg_time) == (0.25, 1.0)
-    options = bench_cli._job_options(args)
+    options = fio_report.job_options(args)
     assert (options["bwavgtime"], options["iopsavgtime"]) == ("250", "1000")
-    assert "bwavgtime" not in bench_cli._job_options(parse("-a", "127.0.0.1", "--nqn", NQN))
+    assert "bwavgtime" not in fio_report.job_options(parse("-a", "127.0.0.1", "--nqn", NQN))
     for bad in ("0", "-5", "0.5"):
         with pytest.raises(SystemExit):
             parse("-a", "127.0.0.1", "--nqn", NQN, "--bwavgtime", bad)

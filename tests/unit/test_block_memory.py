@@ -9,6 +9,7 @@ import random
 import pytest
 
 from pynvmf.block import BlockDevice, BlockRangeError, Capabilities, MemoryDevice
+from pynvmf.block.shared_memory import SharedMemoryDevice
 
 PAGE = mmap.PAGESIZE
 BLOCK_SIZES = [512, 4096]
@@ -352,3 +353,21 @@ async def test_async_context_manager():
     async with MemoryDevice(8192) as dev:
         await dev.write(0, bytes(512))
     assert dev.closed
+
+
+async def test_shared_memory_deallocated_pages_read_back_zero_in_every_mapping() -> None:
+    # Whole pages go back through MADV_REMOVE: MADV_DONTNEED on a shared mapping would
+    # only drop this mapping's page-table entries, and the data would come back.
+    device = SharedMemoryDevice(1 << 20, 512)
+    other = SharedMemoryDevice(1 << 20, 512, fd=os.dup(device.fileno()), locks=device.locks)
+    try:
+        await device.write(8, b"\x5a" * (64 * 512))
+        await device.deallocate(8, 64)
+        buf = bytearray(64 * 512)
+        await other.read(8, memoryview(buf))
+        assert buf == bytes(len(buf))
+        await device.read(8, memoryview(buf))
+        assert buf == bytes(len(buf))
+    finally:
+        await other.close()
+        await device.close()

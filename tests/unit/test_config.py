@@ -1,4 +1,4 @@
-"""Configuration: sizes, listen addresses, JSON files, and the zero-argument defaults."""
+"""Configuration: listen addresses, JSON files, and the zero-argument defaults."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from pynvmf.block.file import FileDevice
 from pynvmf.block.memory import MemoryDevice
-from pynvmf.target.config import (
+from pynvmf.config.native import (
     DEFAULT_NQN,
     ConfigError,
     build_target,
@@ -17,22 +17,7 @@ from pynvmf.target.config import (
     config_of,
     load_config,
     parse_listen,
-    parse_size,
 )
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [("4096", 4096), ("1G", 1 << 30), ("512M", 512 << 20), ("64KiB", 64 << 10), (7, 7)],
-)
-def test_parse_size(text: str | int, expected: int) -> None:
-    assert parse_size(text) == expected
-
-
-@pytest.mark.parametrize("text", ["", "1X", "-1", "one"])
-def test_parse_size_rejects_garbage(text: str) -> None:
-    with pytest.raises(ConfigError):
-        parse_size(text)
 
 
 @pytest.mark.parametrize(
@@ -155,6 +140,13 @@ async def test_namespace_identifiers_are_stable_across_builds() -> None:
 )
 async def test_invalid_configs_are_refused_with_a_clear_error(config: dict) -> None:
     with pytest.raises((ConfigError, ValueError)):
+        await build_target(config)
+
+
+@pytest.mark.parametrize("size", ["1X", True])
+async def test_a_size_that_is_not_one_is_refused_naming_its_key(size: object) -> None:
+    config = {"devices": [{"name": "d", "memory": size}]}
+    with pytest.raises(ConfigError, match=r"devices\[0\]\.memory: not a size"):
         await build_target(config)
 
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from pynvmf.block.memory import MemoryDevice
+from pynvmf.config.native import ConfigError, apply_config
 from pynvmf.ha.gateway import Gateway, GatewayConfig
 from pynvmf.spec.logpages import AnaState as S
-from pynvmf.target.config import ConfigError, apply_config
 from pynvmf.target.devices import NamedDevice
 from pynvmf.target.target import Target
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from pynvmf.config.native import apply_config
+from pynvmf.config.nvmetcli import load_nvmetcli, nvmetcli_config
 from pynvmf.rpc.jsonrpc import RpcError
-from pynvmf.rpc.nvmetcli import load_nvmetcli, nvmetcli_config
-from pynvmf.target.config import apply_config
 from pynvmf.target.subsystem import DEFAULT_VERSION
 from pynvmf.target.target import Target
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from pynvmf.config.native import apply_config, config_of
+from pynvmf.config.spdk import load_spdk_config, spdk_config
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, RpcError
 from pynvmf.rpc.methods import ControlPlane
 from pynvmf.rpc.server import control_plane
-from pynvmf.rpc.spdk import load_spdk_config, spdk_config
 from pynvmf.spec.opcodes import DISCOVERY_NQN
-from pynvmf.target.config import apply_config, config_of
 from pynvmf.target.target import Target
 
 NQN = "nqn.2016-06.io.spdk:cnode1"

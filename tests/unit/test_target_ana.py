@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from pynvmf.config.native import ConfigError, apply_config, config_of
+from pynvmf.config.nvmetcli import load_nvmetcli, nvmetcli_config
+from pynvmf.config.spdk import load_spdk_config, spdk_config
 from pynvmf.rpc.methods import ControlPlane
-from pynvmf.rpc.nvmetcli import load_nvmetcli, nvmetcli_config
 from pynvmf.rpc.server import control_plane
-from pynvmf.rpc.spdk import load_spdk_config, spdk_config
 from pynvmf.spec.logpages import ANA_DESC_SIZE, ANA_HEADER_SIZE, AnaGroupDescriptor, AnaLog
 from pynvmf.spec.logpages import AnaState as S
-from pynvmf.target.config import ConfigError, apply_config, config_of
 from pynvmf.target.target import Target
 
 NQN = "nqn.2024-11.dev.pynvmf:ana"

@@ -10,6 +10,7 @@ from typing import Any, cast
 
 import pytest
 
+from pynvmf.config.files import write_atomically
 from pynvmf.spec import reservations as R
 from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.reservations import (
@@ -531,11 +532,11 @@ def test_state_round_trips_through_the_file(tmp_path: Path) -> None:
     path = tmp_path / "ns.ptpl.json"
     state = reserved(WERO, B, (A, KA), (B, KB))
     state.ptpl = True
-    T.write_atomically(path, T.encode_state(state))
+    write_atomically(path, T.encode_state(state))
     assert T.load_state(path) == state
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left
     state.ptpl = False
-    T.write_atomically(path, T.encode_state(state))
+    write_atomically(path, T.encode_state(state))
     assert T.load_state(path) == ReservationState()
     assert T.load_state(tmp_path / "missing") == ReservationState()
 

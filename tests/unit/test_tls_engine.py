@@ -1,4 +1,4 @@
-"""The TLS 1.3 PSK engine (pynvmf.tcp.tls.TlsEngine): against OpenSSL's s_server and
+"""The TLS 1.3 PSK engine (pynvmf.tls.engine.TlsEngine): against OpenSSL's s_server and
 s_client (real peers, TLS_AES_128_GCM_SHA256: OpenSSL's command-line PSK is SHA-256 only;
 the SHA-384 suite meets real peers in tests/interop/test_linux_tls.py), against itself for
 both suites and key exchange modes, and with hostile input: each failure ends that
@@ -17,8 +17,11 @@ from collections.abc import Callable
 
 import pytest
 
-from pynvmf.tcp import tls as T
 from pynvmf.tcp.psk import HASH_SHA256, HASH_SHA384, TlsPsk
+from pynvmf.tls import engine as E
+from pynvmf.tls import ktls as K
+from pynvmf.tls import records as R
+from pynvmf.tls import wire as W
 
 IDENTITY = b"NVMe0R01 nqn.2014-08.org.nvmexpress:uuid:1 nqn.2014-08.org.pynvmf:t"
 KEY = bytes(range(32))
@@ -31,7 +34,7 @@ def lookup_for(*psks: TlsPsk) -> Callable[[bytes], list[TlsPsk]]:
     return lambda identity: [table[identity]] if identity in table else []
 
 
-def pump(client: T.TlsEngine, server: T.TlsEngine) -> None:
+def pump(client: E.TlsEngine, server: E.TlsEngine) -> None:
     for _ in range(6):
         for record in client.take_output():
             server.feed(record)
@@ -41,15 +44,15 @@ def pump(client: T.TlsEngine, server: T.TlsEngine) -> None:
 
 @pytest.mark.parametrize("psk", [PSK, PSK384], ids=["sha256", "sha384"])
 @pytest.mark.parametrize(
-    "modes", [(T.PSK_DHE_KE,), (T.PSK_KE,), (T.PSK_DHE_KE, T.PSK_KE)], ids=["dhe", "ke", "both"]
+    "modes", [(W.PSK_DHE_KE,), (W.PSK_KE,), (W.PSK_DHE_KE, W.PSK_KE)], ids=["dhe", "ke", "both"]
 )
 def test_handshake_and_records_both_suites(psk: TlsPsk, modes: tuple[int, ...]) -> None:
-    client = T.TlsEngine.client(psk, modes=modes)
-    server = T.TlsEngine.server(lookup_for(PSK, PSK384))
+    client = E.TlsEngine.client(psk, modes=modes)
+    server = E.TlsEngine.server(lookup_for(PSK, PSK384))
     client.start()
     pump(client, server)
     assert client.established and server.established
-    assert client.suite is server.suite is T.SUITE_FOR_HASH[psk.hash_id]
+    assert client.suite is server.suite is W.SUITE_FOR_HASH[psk.hash_id]
     assert client.mode == server.mode == modes[0]
     assert server.psk == psk
     payload = os.urandom(40000)
@@ -68,15 +71,15 @@ def test_handshake_and_records_both_suites(psk: TlsPsk, modes: tuple[int, ...]) 
 def test_ktls_crypto_info_layout() -> None:
     """struct tls12_crypto_info_aes_gcm_128/256 (linux/tls.h): version, cipher, iv[8],
     key, salt[4], rec_seq[8]; TLS 1.3's 12-byte IV is salt || iv."""
-    cipher = T.RecordCipher(T.TLS_AES_256_GCM_SHA384, bytes(48))
+    cipher = R.RecordCipher(W.TLS_AES_256_GCM_SHA384, bytes(48))
     cipher.seq = 5
-    info = T._crypto_info(cipher)
+    info = K.crypto_info(cipher)
     assert len(info) == 4 + 8 + 32 + 4 + 8
     version, kind = struct.unpack_from("=HH", info)
     assert (version, kind) == (0x0304, 52)
     assert info[4:12] == cipher.iv[4:] and info[12:44] == cipher.key
     assert info[44:48] == cipher.iv[:4] and info[48:] == (5).to_bytes(8, "big")
-    assert len(T._crypto_info(T.RecordCipher(T.TLS_AES_128_GCM_SHA256, bytes(32)))) == 40
+    assert len(K.crypto_info(R.RecordCipher(W.TLS_AES_128_GCM_SHA256, bytes(32)))) == 40
 
 
 # -- OpenSSL as the peer --------------------------------------------------------------------
@@ -105,7 +108,7 @@ def test_client_against_openssl_s_server() -> None:
         assert server.stdout is not None
         while server.stdout.readline().strip() != b"ACCEPT":
             pass
-        engine = T.TlsEngine.client(PSK)
+        engine = E.TlsEngine.client(PSK)
         with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
             engine.start()
             got: list[bytes] = []
@@ -124,7 +127,7 @@ def test_client_against_openssl_s_server() -> None:
             # s_server -rev answers each line reversed; a NewSessionTicket came first.
             assert b"".join(got) == b"slt revo olleh\n"
             assert engine.stats.post_handshake_messages >= 1
-            assert engine.mode == T.PSK_DHE_KE
+            assert engine.mode == W.PSK_DHE_KE
     finally:
         server.kill()
         server.wait()
@@ -152,7 +155,7 @@ def test_server_against_openssl_s_client(extra: list[str]) -> None:
             conn, _ = listener.accept()
             with conn:
                 conn.settimeout(20)
-                engine = T.TlsEngine.server(lookup_for(PSK))
+                engine = E.TlsEngine.server(lookup_for(PSK))
                 assert client.stdin is not None and client.stdout is not None
                 client.stdin.write(b"ping\n")
                 client.stdin.flush()
@@ -167,7 +170,7 @@ def test_server_against_openssl_s_client(extra: list[str]) -> None:
                 for record in engine.protect([b"pong\n"]):
                     conn.sendall(record)
                 assert client.stdout.readline() == b"pong\n"
-                assert engine.suite is T.TLS_AES_128_GCM_SHA256
+                assert engine.suite is W.TLS_AES_128_GCM_SHA256
         finally:
             client.kill()
             client.wait()
@@ -177,7 +180,7 @@ def test_server_against_openssl_s_client(extra: list[str]) -> None:
 
 
 def _client_hello(psk: TlsPsk = PSK, **kwargs: object) -> bytes:
-    client = T.TlsEngine.client(psk, **kwargs)  # type: ignore[arg-type]
+    client = E.TlsEngine.client(psk, **kwargs)  # type: ignore[arg-type]
     client.start()
     return b"".join(client.take_output())
 
@@ -185,22 +188,22 @@ def _client_hello(psk: TlsPsk = PSK, **kwargs: object) -> bytes:
 def _alert_of(records: list[bytes]) -> int:
     assert records, "no alert sent"
     last = records[-1]
-    assert last[0] == T.CT_ALERT, last[:5]
+    assert last[0] == W.CT_ALERT, last[:5]
     return last[6]
 
 
 def test_unknown_identity() -> None:
-    server = T.TlsEngine.server(lookup_for())
+    server = E.TlsEngine.server(lookup_for())
     server.feed(_client_hello())
-    assert server.error is not None and server.error.alert == T.ALERT_UNKNOWN_PSK_IDENTITY
-    assert _alert_of(server.take_output()) == T.ALERT_UNKNOWN_PSK_IDENTITY
+    assert server.error is not None and server.error.alert == W.ALERT_UNKNOWN_PSK_IDENTITY
+    assert _alert_of(server.take_output()) == W.ALERT_UNKNOWN_PSK_IDENTITY
     assert not server.established
 
 
 def test_wrong_key() -> None:
-    server = T.TlsEngine.server(lookup_for(TlsPsk(IDENTITY, HASH_SHA256, bytes(32))))
+    server = E.TlsEngine.server(lookup_for(TlsPsk(IDENTITY, HASH_SHA256, bytes(32))))
     server.feed(_client_hello())
-    assert server.error is not None and server.error.alert == T.ALERT_DECRYPT_ERROR
+    assert server.error is not None and server.error.alert == W.ALERT_DECRYPT_ERROR
 
 
 def test_cipher_suite_other_than_the_psks() -> None:
@@ -211,9 +214,9 @@ def test_cipher_suite_other_than_the_psks() -> None:
     offset = 5 + 4 + 2 + 32 + 1 + 2
     assert hello[offset : offset + 2] == b"\x13\x01"
     hello[offset : offset + 2] = b"\x13\x03"  # TLS_CHACHA20_POLY1305_SHA256
-    server = T.TlsEngine.server(lookup_for(PSK))
+    server = E.TlsEngine.server(lookup_for(PSK))
     server.feed(bytes(hello))
-    assert server.error is not None and server.error.alert == T.ALERT_HANDSHAKE_FAILURE
+    assert server.error is not None and server.error.alert == W.ALERT_HANDSHAKE_FAILURE
     assert "TLS_AES_128_GCM_SHA256" in str(server.error)
 
 
@@ -221,7 +224,7 @@ def test_binder_with_the_other_hash_is_explained() -> None:
     """Debian 13's tlshd binds NVMe0R02 (SHA-384) keys with SHA-256 and offers
     TLS_AES_256_GCM_SHA384 and TLS_CHACHA20_POLY1305_SHA256."""
     lying = TlsPsk(PSK384.identity, HASH_SHA256, PSK384.key)
-    server = T.TlsEngine.server(lookup_for(PSK384))
+    server = E.TlsEngine.server(lookup_for(PSK384))
     server.feed(_client_hello(lying, offer=(0x1302, 0x1303)))
     assert server.error is not None and "SHA256" in str(server.error)
 
@@ -240,7 +243,7 @@ def test_binder_with_the_other_hash_is_explained() -> None:
     ids=["icreq", "http", "overflow", "truncated", "wrong-message", "early-data", "alert"],
 )
 def test_garbage_before_the_handshake(data: bytes) -> None:
-    server = T.TlsEngine.server(lookup_for(PSK))
+    server = E.TlsEngine.server(lookup_for(PSK))
     server.feed(data)
     assert server.error is not None
     assert not server.established
@@ -251,8 +254,8 @@ def test_garbage_before_the_handshake(data: bytes) -> None:
 
 
 def test_garbage_inside_the_handshake_and_after() -> None:
-    client = T.TlsEngine.client(PSK)
-    server = T.TlsEngine.server(lookup_for(PSK))
+    client = E.TlsEngine.client(PSK)
+    server = E.TlsEngine.server(lookup_for(PSK))
     client.start()
     for record in client.take_output():
         server.feed(record)
@@ -262,34 +265,34 @@ def test_garbage_inside_the_handshake_and_after() -> None:
     tampered[-1] ^= 1
     client.feed(flight[0])
     client.feed(bytes(tampered))
-    assert client.error is not None and client.error.alert == T.ALERT_BAD_RECORD_MAC
-    assert _alert_of(client.take_output()) == T.ALERT_BAD_RECORD_MAC
+    assert client.error is not None and client.error.alert == W.ALERT_BAD_RECORD_MAC
+    assert _alert_of(client.take_output()) == W.ALERT_BAD_RECORD_MAC
     # After the handshake: a tampered application record ends the session.
-    client, server = T.TlsEngine.client(PSK), T.TlsEngine.server(lookup_for(PSK))
+    client, server = E.TlsEngine.client(PSK), E.TlsEngine.server(lookup_for(PSK))
     client.start()
     pump(client, server)
     record = bytearray(b"".join(client.protect([b"x" * 100])))
     record[20] ^= 0x80
     assert server.feed(bytes(record)) == []
-    assert server.error is not None and server.error.alert == T.ALERT_BAD_RECORD_MAC
+    assert server.error is not None and server.error.alert == W.ALERT_BAD_RECORD_MAC
 
 
 def test_handshake_message_size_is_bounded() -> None:
-    server = T.TlsEngine.server(lookup_for(PSK))
+    server = E.TlsEngine.server(lookup_for(PSK))
     # A ClientHello header claiming 16 MiB, fed in plausible records.
     server.feed(b"\x16\x03\x01\x40\x00" + b"\x01\xff\xff\xff" + bytes(0x4000 - 4))
-    assert server.error is not None and server.error.alert == T.ALERT_HANDSHAKE_FAILURE
+    assert server.error is not None and server.error.alert == W.ALERT_HANDSHAKE_FAILURE
 
 
 def test_failures_log_and_say_nothing_secret(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     secrets = [KEY.hex(), KEY.hex().upper(), repr(KEY)]
     for lookup in (lookup_for(), lookup_for(TlsPsk(IDENTITY, HASH_SHA256, bytes(32)))):
-        server = T.TlsEngine.server(lookup)
+        server = E.TlsEngine.server(lookup)
         server.feed(_client_hello())
         text = str(server.error) + repr(server) + caplog.text
         assert not any(s in text for s in secrets)
-    client, server = T.TlsEngine.client(PSK), T.TlsEngine.server(lookup_for(PSK))
+    client, server = E.TlsEngine.client(PSK), E.TlsEngine.server(lookup_for(PSK))
     client.start()
     pump(client, server)
     tx, _ = client.traffic()

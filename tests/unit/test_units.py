@@ -35,6 +35,12 @@ def test_not_sizes(text: str) -> None:
         parse_size(text)
 
 
+def test_a_json_number_is_bytes_and_a_boolean_is_no_size() -> None:
+    assert parse_size(7) == 7
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size(True)
+
+
 def test_a_bare_number_says_it_had_no_unit() -> None:
     # `pynvmf copy` counts blocks with a bare number, bytes with a unit.
     assert not parse_quantity("8").has_unit

@@ -23,6 +23,7 @@ import socket
 import sys
 from typing import Any
 
+from pynvmf.aio import install_uvloop
 from pynvmf.block.file import FileDevice
 from pynvmf.block.shared_memory import SharedMemoryDevice
 from pynvmf.spec.opcodes import IoOpcode
@@ -446,12 +447,7 @@ def main(argv: list[str]) -> int:
     # The main process handles the signals (SIGINT from a terminal reaches us too).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=fd)
-    try:
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    except ImportError:
-        pass
+    install_uvloop()
     asyncio.run(Worker(sock).run())
     return 0
 

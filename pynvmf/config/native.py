@@ -8,12 +8,9 @@ running target in the same format, so that `pynvmf target --config` starts it ag
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import json
-import os
 import re
-import tempfile
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -114,16 +111,6 @@ class ConfigError(ValueError):
     pass
 
 
-def parse_size(text: str | int) -> int:
-    """'1G', '512M', '64KiB', '1MB', '4096' -> bytes (binary units, pynvmf.units)."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        return text
-    try:
-        return units.parse_size(str(text))
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-
-
 def parse_listen(text: str) -> tuple[str, int]:
     """'127.0.0.1:4420', '[::1]:4420', '0.0.0.0' -> (address, port).
 
@@ -171,7 +158,7 @@ def format_version(vs: int) -> str:
 # -- reading ------------------------------------------------------------------------------
 
 
-class _Reader:
+class Reader:
     """Typed access to one object of the file, with error messages that name the key."""
 
     def __init__(self, obj: Any, where: str, keys: set[str]) -> None:
@@ -212,14 +199,14 @@ def _tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
 
 
 def transport_of(spec: dict[str, Any], where: str, base: TransportConfig) -> TransportConfig:
-    r = _Reader(
+    r = Reader(
         {k: v for k, v in spec.items() if k in _TRANSPORT_KEYS},
         where,
         _TRANSPORT_KEYS,
     )
     return TransportConfig(
-        inline_data_size=r.convert("inline_data_size", parse_size, base.inline_data_size),
-        max_h2c_data=r.convert("max_h2c_data", parse_size, base.max_h2c_data),
+        inline_data_size=r.convert("inline_data_size", units.parse_size, base.inline_data_size),
+        max_h2c_data=r.convert("max_h2c_data", units.parse_size, base.max_h2c_data),
         allow_header_digest=r.get("header_digest", bool, base.allow_header_digest),
         allow_data_digest=r.get("data_digest", bool, base.allow_data_digest),
         cpda=base.cpda,
@@ -236,18 +223,18 @@ def open_device(
 ) -> NamedDevice:
     """The block device a namespace or devices[] entry describes, opened; a memory
     device made by `memory` (the target's: shared memory when workers serve I/O)."""
-    r = _Reader(spec, where, _NAMESPACE_KEYS | {"name"})
+    r = Reader(spec, where, _NAMESPACE_KEYS | {"name"})
     block_size = r.get("block_size", int, DEFAULT_BLOCK_SIZE)
     dev_uuid = None if owned else r.convert("uuid", uuid.UUID)
     try:
         if "memory" in spec:
-            size = r.convert("memory", parse_size)
+            size = r.convert("memory", units.parse_size)
             return NamedDevice.wrap(
                 name, memory(size, block_size), device_uuid=dev_uuid, owned=owned
             )
         if "file" in spec:
             path = Path(r.get("file", str))
-            size = r.convert("size", parse_size)
+            size = r.convert("size", units.parse_size)
             create = r.get("create", bool, size is not None and not path.exists())
             read_only = r.get("read_only", bool, False)
             device = FileDevice(
@@ -282,7 +269,7 @@ def rbd_options(spec: Any, where: str) -> dict[str, Any]:
         except ValueError as exc:
             raise ConfigError(f"{where}: {exc}") from None
         return {"pool": pool, "image": image}
-    r = _Reader(spec, where, _RBD_KEYS)
+    r = Reader(spec, where, _RBD_KEYS)
     image = r.get("image", str)
     if not image:
         raise ConfigError(f"{r.path('image')}: an RBD namespace needs an image name")
@@ -339,7 +326,7 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
     Each change applies completely or not at all, but a configuration is many changes:
     one that fails part way leaves the earlier ones applied (a target being started
     from it is simply not started)."""
-    top = _Reader(config, "config", _TOP_KEYS)
+    top = Reader(config, "config", _TOP_KEYS)
     try:
         if "transport" in config:
             transport = transport_of(
@@ -348,7 +335,7 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
             _change("transport", lambda: target.set_transport(transport))
         for i, spec in enumerate(top.items("devices")):
             where = f"devices[{i}]"
-            r = _Reader(spec, where, _DEVICE_KEYS | {"name", "uuid"})
+            r = Reader(spec, where, _DEVICE_KEYS | {"name", "uuid"})
             name = r.get("name", str)
             if not name:
                 raise ConfigError(f"{where}.name: a device needs a name")
@@ -356,18 +343,18 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
             _change(where, lambda entry=entry: target.add_block_device(entry), entry)
         for i, spec in enumerate(top.items("keyring")):
             where = f"keyring[{i}]"
-            r = _Reader(spec, where, _KEY_KEYS)
+            r = Reader(spec, where, _KEY_KEYS)
             name, path = r.get("name", str), r.get("path", str)
             if not name or not path:
                 raise ConfigError(f"{where}: a key needs a name and a path")
             _change(where, lambda name=name, path=path: target.add_key(name, path))
         listener_states: list[tuple[str, str, Callable[[], Any]]] = []
         for i, spec in enumerate(top.items("subsystems")):
-            _subsystem(target, spec, f"subsystems[{i}]", listener_states)
+            add_subsystem_spec(target, spec, f"subsystems[{i}]", listener_states)
         ports = top.items("ports")
         for i, spec in enumerate(ports):
             where = f"ports[{i}]"
-            r = _Reader(spec, where, _PORT_KEYS)
+            r = Reader(spec, where, _PORT_KEYS)
             subsystems = r.get("subsystems", list)
             if subsystems is not None and not all(isinstance(n, str) for n in subsystems):
                 raise ConfigError(f"{where}.subsystems: not a list of NQNs")
@@ -386,12 +373,12 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
             discovery = top.items("discovery_ports")
         else:
             addresses = dict.fromkeys(
-                _Reader(p, "ports[]", _PORT_KEYS).get("address", str, "127.0.0.1") for p in ports
+                Reader(p, "ports[]", _PORT_KEYS).get("address", str, "127.0.0.1") for p in ports
             )
             discovery = [{"address": a, "port": DISCOVERY_PORT} for a in addresses]
         for i, spec in enumerate(discovery):
             where = f"discovery_ports[{i}]"
-            r = _Reader(
+            r = Reader(
                 spec, where, _PORT_KEYS - {"subsystems", "discovery", "secure_channel", "ktls"}
             )
             port = Port(
@@ -440,7 +427,7 @@ def _host_auth(
     auths: dict[str, HostAuthConfig],
     psks: dict[str, str],
 ) -> str:
-    r = _Reader(spec, where, _HOST_KEYS)
+    r = Reader(spec, where, _HOST_KEYS)
     hostnqn = r.get("nqn", str)
     if not hostnqn:
         raise ConfigError(f"{where}.nqn: a host needs an NQN")
@@ -465,13 +452,13 @@ def _host_auth(
     return hostnqn
 
 
-def _subsystem(
+def add_subsystem_spec(
     target: Target,
     spec: Any,
     where: str,
     listener_states: list[tuple[str, str, Callable[[], Any]]],
 ) -> None:
-    r = _Reader(spec, where, _SUBSYSTEM_KEYS)
+    r = Reader(spec, where, _SUBSYSTEM_KEYS)
     nqn = r.get("nqn", str)
     if nqn is None:
         raise ConfigError(f"{where}.nqn: a subsystem needs an NQN")
@@ -508,7 +495,7 @@ def _subsystem(
         )
     for j, group_spec in enumerate(r.items("ana_groups")):
         g_where = f"{where}.ana_groups[{j}]"
-        g = _Reader(group_spec, g_where, _ANA_GROUP_KEYS)
+        g = Reader(group_spec, g_where, _ANA_GROUP_KEYS)
         grpid = g.get("grpid", int)
         if grpid is None:
             raise ConfigError(f"{g_where}.grpid: an ANA group needs an ID")
@@ -519,7 +506,7 @@ def _subsystem(
             _change(g_where, lambda i=grpid, s=state: target.add_ana_group(nqn, i, s))
         for k, listener in enumerate(g.items("listeners")):
             l_where = f"{g_where}.listeners[{k}]"
-            lr = _Reader(listener, l_where, _ANA_LISTENER_KEYS)
+            lr = Reader(listener, l_where, _ANA_LISTENER_KEYS)
             address = lr.get("address", str, "127.0.0.1")
             port_number = lr.get("port", int, NVME_TCP_PORT)
             l_state = lr.get("state", str)
@@ -536,7 +523,7 @@ def _subsystem(
             )
     for j, peer_spec in enumerate(r.items("peer_listeners")):
         p_where = f"{where}.peer_listeners[{j}]"
-        pr = _Reader(peer_spec, p_where, _PEER_KEYS)
+        pr = Reader(peer_spec, p_where, _PEER_KEYS)
         address = pr.get("address", str)
         port_number = pr.get("port", int, NVME_TCP_PORT)
         portid = pr.get("portid", int, 0)
@@ -555,7 +542,7 @@ def add_namespace_spec(
 ) -> None:
     """Add the namespace one entry of a subsystem's "namespaces" describes (its device
     opened for it, unless it names one) to subsystem `nqn`."""
-    ns = _Reader(ns_spec, ns_where, _NAMESPACE_KEYS)
+    ns = Reader(ns_spec, ns_where, _NAMESPACE_KEYS)
     nsid = ns.get("nsid", int, default_nsid)
     if nsid is None:
         raise ConfigError(f"{ns_where}.nsid: missing")
@@ -727,13 +714,13 @@ def config_of(target: Target) -> dict[str, Any]:
     if target.transport != _DEFAULT_TRANSPORT:
         config["transport"] = _transport_dict(target.transport, _DEFAULT_TRANSPORT)
     devices = [
-        _device_dict(entry, with_name=True)
+        device_spec_of(entry, with_name=True)
         for entry in target.block_devices.values()
         if not entry.owned
     ]
     if devices:
         config["devices"] = devices
-    config["subsystems"] = [_subsystem_dict(target, s) for s in target.subsystems.values()]
+    config["subsystems"] = [subsystem_spec_of(target, s) for s in target.subsystems.values()]
     ports = []
     for port in target.ports:
         if port.discovery_only:
@@ -777,7 +764,7 @@ def _transport_dict(config: TransportConfig, base: TransportConfig) -> dict[str,
     return out
 
 
-def _device_dict(entry: NamedDevice, *, with_name: bool) -> dict[str, Any]:
+def device_spec_of(entry: NamedDevice, *, with_name: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"name": entry.name} if with_name else {}
     if entry.kind == D.MEMORY:
         out["memory"] = entry.device.capabilities.size
@@ -816,7 +803,7 @@ def _host_dict(
     return spec
 
 
-def _subsystem_dict(target: Target, subsystem: Subsystem) -> dict[str, Any]:
+def subsystem_spec_of(target: Target, subsystem: Subsystem) -> dict[str, Any]:
     spec: dict[str, Any] = {"nqn": subsystem.nqn}
     if subsystem.allowed_hosts:
         spec["hosts"] = [
@@ -866,7 +853,7 @@ def _subsystem_dict(target: Target, subsystem: Subsystem) -> dict[str, Any]:
         entry = target.block_devices.get(ns.device_name)
         ns_spec: dict[str, Any] = {"nsid": nsid}
         if entry is not None and entry.owned:
-            ns_spec.update(_device_dict(entry, with_name=False))
+            ns_spec.update(device_spec_of(entry, with_name=False))
         else:
             ns_spec["device"] = ns.device_name
         ptpl_file = ns.reservation.ptpl_file
@@ -884,31 +871,6 @@ def _subsystem_dict(target: Target, subsystem: Subsystem) -> dict[str, Any]:
     return spec
 
 
-def write_atomically(path: str | Path, data: dict[str, Any] | list[Any]) -> None:
-    """Write JSON to `path` so that a crash leaves the old file or the new one, whole:
-    a temporary file in the same directory, fsync, rename, fsync of the directory."""
-    path = Path(path)
-    directory = path.parent.resolve()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 __all__ = [
     "DEFAULT_NQN",
     "DISCOVERY_NQN",
@@ -919,6 +881,4 @@ __all__ = [
     "config_of",
     "load_config",
     "parse_listen",
-    "parse_size",
-    "write_atomically",
 ]

@@ -24,13 +24,13 @@ from typing import Any
 from pynvmf.auth.controller import ALL_DHGROUPS, ALL_HASHES, HostAuthConfig
 from pynvmf.auth.keys import DhchapKey, KeyFormatError
 from pynvmf.block.file import FileDevice
+from pynvmf.config.native import REDACTED_KEY, format_version, parse_version
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
 from pynvmf.spec.auth import dhgroup_from_name, hash_from_name
 from pynvmf.spec.logpages import AnaState
 from pynvmf.target import ana
 from pynvmf.target import devices as D
 from pynvmf.target.changes import ChangeError
-from pynvmf.target.config import REDACTED_KEY, format_version, parse_version
 from pynvmf.target.devices import NamedDevice
 from pynvmf.target.port import Port
 from pynvmf.target.subsystem import CNTLID_MAX, CNTLID_MIN
