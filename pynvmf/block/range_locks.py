@@ -27,9 +27,11 @@ import contextlib
 import logging
 import os
 import secrets
-from typing import Final
+from types import ModuleType
+from typing import TYPE_CHECKING, Final
 
-import posix_ipc
+if TYPE_CHECKING:
+    import posix_ipc
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,14 @@ HOLD_TIMEOUT_S: Final = 2.0
 # remove what a killed one left in /dev/shm (remove_stale).
 _PREFIX: Final = "/pynvmf."
 _SHM_DIR: Final = "/dev/shm"
+
+
+def _ipc() -> ModuleType:
+    """posix_ipc, imported where semaphores are made or met: the host library imports the
+    block package in places that have Debian's Python alone (a guest), and needs none."""
+    import posix_ipc
+
+    return posix_ipc
 
 
 def stripes_for(size: int) -> int:
@@ -67,11 +77,12 @@ class RangeLocks:
         self.count = count
         self._mask = count - 1
         self._owner = create
-        flags = posix_ipc.O_CREX if create else 0
+        ipc = _ipc()
+        flags = ipc.O_CREX if create else 0
         sems: list[posix_ipc.Semaphore] = []
         try:
             for i in range(count):
-                sems.append(posix_ipc.Semaphore(f"{name}.{i}", flags, initial_value=1))
+                sems.append(ipc.Semaphore(f"{name}.{i}", flags, initial_value=1))
         except BaseException:
             for sem in sems:
                 _close(sem, unlink=create)
@@ -131,7 +142,7 @@ class RangeLocks:
         for i in self._stripes(off >> STRIPE_SHIFT, (end - 1) >> STRIPE_SHIFT):
             try:
                 self._sems[i].acquire(0)
-            except posix_ipc.BusyError:
+            except _ipc().BusyError:
                 for j in reversed(taken):
                     self._sems[j].release()
                 return False
@@ -152,7 +163,7 @@ class RangeLocks:
     def _take(self, i: int) -> None:
         try:
             self._sems[i].acquire(HOLD_TIMEOUT_S)
-        except posix_ipc.BusyError:
+        except _ipc().BusyError:
             log.error(
                 "stripe %d of %s was held for over %g s (a worker that died inside a copy): "
                 "taken over",
@@ -164,7 +175,7 @@ class RangeLocks:
 
 def _close(sem: posix_ipc.Semaphore, *, unlink: bool) -> None:
     if unlink:
-        with contextlib.suppress(posix_ipc.ExistentialError):
+        with contextlib.suppress(_ipc().ExistentialError):
             sem.unlink()
     sem.close()
 
@@ -185,9 +196,9 @@ def remove_stale() -> int:
         if len(parts) != 4 or not parts[1].isdigit() or _alive(int(parts[1])):
             continue
         try:
-            posix_ipc.unlink_semaphore("/" + entry[4:])
+            _ipc().unlink_semaphore("/" + entry[4:])
             removed += 1
-        except posix_ipc.ExistentialError:
+        except _ipc().ExistentialError:
             pass
     return removed
 

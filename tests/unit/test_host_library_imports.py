@@ -1,0 +1,21 @@
+"""The host library runs where only Debian's Python is (the interop tests run it inside
+the Linux guests, with Debian's python3-cryptography alone): importing it must not need
+the target's own dependencies."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+# Not in the guests' Debian Python; the target needs them, the host library must not.
+TARGET_ONLY = ("posix_ipc", "uvloop", "crc32c")
+
+
+def test_host_library_imports_without_the_targets_dependencies() -> None:
+    blocked = "; ".join(f"sys.modules[{name!r}] = None" for name in TARGET_ONLY)
+    code = f"import sys; {blocked}; from pynvmf.host import connect; print(connect.__name__)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "connect"
