@@ -227,10 +227,11 @@ def test_a_port_that_does_not_speak_nvme_tcp_fails_at_once_with_the_address_once
 ) -> None:
     done = pynvmf("list", "-a", "127.0.0.1", "-s", str(ssh_like_port), "--nqn", PUBLIC)
     assert done.returncode == 1
-    # The words come from what the port sent, not from a timeout running out.
+    # The words come from what the port sent (its first eight bytes, the common header it
+    # would have been), not from a timeout running out.
     assert one_line(done.stderr) == (
         f"pynvmf list: cannot connect to 127.0.0.1 port {ssh_like_port}: not an NVMe/TCP "
-        "port: it answered the ICReq with 'SSH-2.0-OpenSSH_9.2p1 De', not an ICResp"
+        "port: it answered the ICReq with 'SSH-2.0-', not an ICResp"
     )
 
 
