@@ -62,7 +62,7 @@ class TargetProtocol(asyncio.BufferedProtocol):
         self.target = target
         self.port = port
         self.transport: asyncio.Transport | None = None
-        self.conn = TargetConnection(port.transport, self._no_command, self._output_wanted)
+        self.conn = TargetConnection(port.transport, self._output_wanted, flush_now=self._flush)
         self.queue: TargetQueue | None = None
         self._flush_scheduled = False
         self._loop = asyncio.get_running_loop()
@@ -80,10 +80,6 @@ class TargetProtocol(asyncio.BufferedProtocol):
         self.tls: SecureChannel | None = None
         self._sniffing = False
 
-    @staticmethod
-    def _no_command(_req: object) -> None:
-        raise AssertionError("command before connection_made")
-
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
@@ -98,8 +94,6 @@ class TargetProtocol(asyncio.BufferedProtocol):
         self.queue = TargetQueue(self.target, self.port, self.conn, sockname[0])
         if peer:
             self.queue.peer_address = (peer[0], peer[1])
-        self.conn.on_command = self.queue.on_command
-        self.conn.flush_now = self._flush
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         self.port.connections.add(self)
         if self.port.secure_channel != "none":
