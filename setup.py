@@ -17,7 +17,10 @@ from setuptools import setup
 # fewer instructions per Read, docs/performance.md "The host library compiled"); their classes derive
 # from interpreted ones, so mypyc makes them ordinary Python classes with compiled
 # methods, which compiled callers call directly (a method patched on the class is not
-# seen: hence host/queue.py's watch_commands). block/copy.py (the planner) stays
+# seen: hence host/queue.py's watch_commands). tcp/glue.py, the asyncio glue HostQueue
+# derives from, stays interpreted: the target's TargetProtocol, interpreted, derives from
+# it too, and mypyc makes its class one that interpreted classes cannot derive from.
+# block/copy.py (the planner) stays
 # interpreted: compiled, a failed background write of an emulated chunk was not raised
 # (tests/unit/test_block_copy.py), and its single-range path gains little more.
 COMPILED = [

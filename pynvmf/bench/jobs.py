@@ -27,7 +27,7 @@ from pynvmf.bench.loadgen import (
 )
 from pynvmf.block.copy import SourceRange, copy
 from pynvmf.block.device import BlockDevice, Capabilities, CopyOffload
-from pynvmf.host import Controller, RemoteNamespace
+from pynvmf.host import RemoteNamespace
 from pynvmf.host.queue import HostQueue
 
 _PREFILL_CHUNK = 1 << 20
@@ -222,16 +222,6 @@ async def copy_job(
         copy=done,
         **rate_stats(RateSamples(), copy_rates),
     )
-
-
-def set_inline_limit(ctrl: Controller, limit: int) -> int:
-    """Send at most `limit` bytes of write data in-capsule (never more than the target's
-    IOCCSZ allows); the limit in effect."""
-    effective = min(limit, ctrl.io_inline_limit)
-    ctrl.io_inline_limit = effective
-    for queue in ctrl.io_queues:
-        queue.conn.inline_limit = effective
-    return effective
 
 
 def region(plan: Plan, caps: Capabilities) -> tuple[int, int]:

@@ -82,7 +82,6 @@ from pynvmf.bench.jobs import (
     prefill,
     region,
     rw_job,
-    set_inline_limit,
     snapshot,
 )
 from pynvmf.bench.loadgen import (
@@ -307,7 +306,7 @@ async def _bench(
     async with ctrl:
         ns = active_namespace(ctrl, args)
         if args.inline_data_size is not None:
-            set_inline_limit(ctrl, args.inline_data_size)
+            ctrl.limit_inline_data(args.inline_data_size)
         queues = ctrl.io_queues
         if len(queues) < args.numjobs:
             print(

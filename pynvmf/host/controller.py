@@ -275,7 +275,7 @@ class Controller:
 
     async def _connect_io_queue(self, qid: int) -> HostQueue:
         queue = await self._open_queue(qid, self.queue_depth)
-        queue.conn.inline_limit = self.io_inline_limit
+        queue.conn.set_inline_limit(self.io_inline_limit)
         try:
             # SQSIZE is 0's based: depth + 1 entries keep `depth` in flight with one free.
             result = await fabrics.connect_queue(
@@ -293,6 +293,15 @@ class Controller:
         return queue
 
     # -- authentication ----------------------------------------------------------------------
+
+    def limit_inline_data(self, limit: int) -> int:
+        """Send at most `limit` bytes of write data in-capsule on the I/O queues (never more
+        than the controller's IOCCSZ allows); returns the limit in effect."""
+        effective = min(limit, self.io_inline_limit)
+        self.io_inline_limit = effective
+        for queue in self.io_queues:
+            queue.conn.set_inline_limit(effective)
+        return effective
 
     async def _concatenate(self, admin: HostQueue, result: int) -> tuple[HostQueue, int]:
         """Secure channel concatenation, as Linux's host does it: authenticate the plain

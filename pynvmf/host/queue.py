@@ -1,8 +1,8 @@
 """One NVMe queue of the host: a TCP connection and the commands in flight on it.
 
-The asyncio glue around the sans-I/O HostConnection, as thin as the target's:
-the protocol moves bytes between the socket and the connection, and each
-command gets a future that its completion resolves.
+The asyncio glue around the sans-I/O HostConnection: tcp/glue.py's ConnectionGlue
+(the target's too) moves bytes between the socket and the connection; the queue
+adds the submissions, each command with a future that its completion resolves.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, cast
+from typing import Final
 
 from pynvmf.host.errors import NvmeConnectionError, NvmeStatusError
 from pynvmf.spec.command import FUSE_FIRST, FUSE_SECOND, Sqe
+from pynvmf.tcp.glue import ConnectionGlue
 from pynvmf.tcp.host import ABORTED, Buffer, HostCommand, HostConnection
 from pynvmf.tcp.psk import TlsPsk
-from pynvmf.tls.channel import SecureChannel, kernel_record_error
 from pynvmf.tls.engine import TlsEngine
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class Submission:
     data: Buffer | None = None
 
 
-class HostQueue(asyncio.BufferedProtocol):
+class HostQueue(ConnectionGlue[HostConnection]):
     """Use `await HostQueue.open(...)`; the NVMe Connect is the caller's business."""
 
     def __init__(
@@ -69,8 +69,8 @@ class HostQueue(asyncio.BufferedProtocol):
         data_digest: bool = False,
         max_transfer: int = 1024 * 1024,
     ) -> None:
+        super().__init__()
         self.qid = qid
-        self._loop = asyncio.get_running_loop()
         self.conn = HostConnection(
             depth,
             self._on_complete,
@@ -81,17 +81,13 @@ class HostQueue(asyncio.BufferedProtocol):
             on_established=self._on_established,
             on_closed=self._on_closed,
         )
-        self.transport: asyncio.Transport | None = None
         self.peer = ""
         self._ready: asyncio.Future[None] = self._loop.create_future()
         self._lost: asyncio.Future[None] = self._loop.create_future()
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
-        self._flush_scheduled = False
         # Everything handed to the transport, ICReq to the last PDU (what crossed, or
         # is about to cross, the connection).
         self.bytes_sent = 0
-        # The secure channel (TLS 1.3 with a PSK), when the queue was opened with one.
-        self.tls: SecureChannel | None = None
         self._tls_ready: asyncio.Future[None] | None = None
 
     @classmethod
@@ -149,16 +145,7 @@ class HostQueue(asyncio.BufferedProtocol):
 
     async def _start_tls(self, psk: TlsPsk, ktls: str, label: str) -> None:
         self._tls_ready = self._loop.create_future()
-        self.tls = SecureChannel(
-            TlsEngine.client(psk),
-            self.transport,
-            self.conn.feed,
-            self._tls_established,
-            self._tls_failed,
-            ktls=ktls,
-            label=label,
-        )
-        self.tls.start()
+        self._secure(TlsEngine.client(psk), ktls=ktls, label=label).start()
         await self._tls_ready
 
     def _tls_established(self) -> None:
@@ -383,14 +370,7 @@ class HostQueue(asyncio.BufferedProtocol):
         self._slot_waiters.clear()
 
     def close(self, reason: str = "closed by host") -> None:
-        """Close gracefully: queued output is sent, then the socket closes."""
-        self.conn.close(reason)
-        self._flush()
-
-    def abort(self, reason: str) -> None:
-        self.conn.close(reason)
-        if self.transport is not None:
-            self.transport.abort()
+        super().close(reason)
 
     async def wait_closed(self, timeout: float = 5.0) -> None:
         if self.transport is None:
@@ -405,54 +385,15 @@ class HostQueue(asyncio.BufferedProtocol):
     # -- asyncio protocol ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it.
-        self.transport = cast(asyncio.Transport, transport)
+        super().connection_made(transport)
         self.peer = str(transport.get_extra_info("peername"))
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        tls = self.tls
-        if tls is not None and tls.rx_user:
-            return tls.get_buffer(sizehint)
-        return self.conn.reader.get_buffer(sizehint)
-
-    def buffer_updated(self, nbytes: int) -> None:
-        tls = self.tls
-        if tls is not None and tls.rx_user:
-            tls.buffer_updated(nbytes)
-        else:
-            self.conn.data_received(nbytes)
-        self._flush()
-
-    def eof_received(self) -> bool:
-        return False
-
-    def _output_wanted(self) -> None:
-        # Coalesce every submission of this loop iteration into one writelines.
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        out = self.conn.take_output()
-        if out:
-            self.bytes_sent += sum(b.nbytes if type(b) is memoryview else len(b) for b in out)
-            if self.tls is not None:
-                self.tls.write(out)
-            else:
-                transport.writelines(out)
-        if self.conn.closing:
-            if self.tls is not None:
-                self.tls.close()
-            transport.close()
+    def _output_sent(self, out: list[Buffer], transport: asyncio.Transport) -> None:
+        self.bytes_sent += sum(b.nbytes if type(b) is memoryview else len(b) for b in out)
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f"connection lost: {exc}" if exc else "connection closed by controller"
-        tls = self.tls
-        if tls is not None and tls.rx_kernel and kernel_record_error(exc):
+        if self._tls_alert(exc):
             reason = "connection closed by controller (a TLS alert)"
         if self._tls_ready is not None and not self._tls_ready.done():
             self._tls_ready.set_exception(NvmeConnectionError(f"TLS handshake: {reason}"))

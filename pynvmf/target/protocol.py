@@ -1,9 +1,10 @@
 """The asyncio glue between a socket and the sans-I/O TargetConnection, and poll mode.
 
-Deliberately thin: the protocol object moves bytes between the socket (or the TLS
-channel over it) and the connection, charges the receive buffer to the target's
-memory, holds input while the host does not read, and says why a connection that
-waits too long for its host should go.
+Deliberately thin: tcp/glue.py's ConnectionGlue moves bytes between the socket (or
+the TLS channel over it) and the connection; the target's protocol object adds what
+only a target does: it admits connections, tells TLS from plain NVMe/TCP, charges the
+receive buffer to the target's memory, holds input while the host does not read, and
+says why a connection that waits too long for its host should go.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from pynvmf.target.budget import WRITE_HIGH_WATER, WRITE_LOW_WATER
 from pynvmf.target.queue import TargetQueue
+from pynvmf.tcp.framing import Buffer
+from pynvmf.tcp.glue import ConnectionGlue
 from pynvmf.tcp.target import TargetConnection
-from pynvmf.tls.channel import SecureChannel, kernel_record_error
+from pynvmf.tls.channel import SecureChannel
 from pynvmf.tls.engine import TlsEngine
 from pynvmf.tls.wire import CT_HANDSHAKE
 
@@ -57,15 +60,13 @@ class BusyPoller:
             self.spinning = False
 
 
-class TargetProtocol(asyncio.BufferedProtocol):
+class TargetProtocol(ConnectionGlue[TargetConnection]):
     def __init__(self, target: Target, port: Port) -> None:
+        super().__init__()
         self.target = target
         self.port = port
-        self.transport: asyncio.Transport | None = None
-        self.conn = TargetConnection(port.transport, self._no_command, self._output_wanted)
+        self.conn = TargetConnection(port.transport, self._output_wanted, flush_now=self._flush)
         self.queue: TargetQueue | None = None
-        self._flush_scheduled = False
-        self._loop = asyncio.get_running_loop()
         self.accepted = time.monotonic()
         self.peer_address = ""
         self.admitted = False
@@ -75,18 +76,13 @@ class TargetProtocol(asyncio.BufferedProtocol):
         # waits holds no buffer; SQSIZE bounds how many commands can wait.)
         self._input_holds: set[str] = set()
         self._rx_charge = 0  # the receive buffer, charged to the target's memory pool
-        # The secure channel on a port that offers TLS; until the first bytes arrive,
-        # `_sniffing` (is this TLS or plain NVMe/TCP?).
-        self.tls: SecureChannel | None = None
+        # On a port that offers TLS, until the first bytes arrive: is this TLS or plain
+        # NVMe/TCP?
         self._sniffing = False
 
-    @staticmethod
-    def _no_command(_req: object) -> None:
-        raise AssertionError("command before connection_made")
-
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it.
-        self.transport = cast(asyncio.Transport, transport)
+        super().connection_made(transport)
+        assert self.transport is not None
         sockname = transport.get_extra_info("sockname")
         peer = transport.get_extra_info("peername")
         self.peer_address = peer[0] if peer else ""
@@ -98,17 +94,11 @@ class TargetProtocol(asyncio.BufferedProtocol):
         self.queue = TargetQueue(self.target, self.port, self.conn, sockname[0])
         if peer:
             self.queue.peer_address = (peer[0], peer[1])
-        self.conn.on_command = self.queue.on_command
-        self.conn.flush_now = self._flush
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         self.port.connections.add(self)
         if self.port.secure_channel != "none":
-            self.tls = SecureChannel(
+            self._secure(
                 TlsEngine.server(self.target.tls_lookup(self.port)),
-                self.transport,
-                self.conn.feed,
-                self._tls_established,
-                self._tls_failed,
                 ktls=self.port.ktls,
                 label=f"connection from {self.peer_address} on {self.port}",
                 counters=self.target.tls_counters,
@@ -168,17 +158,6 @@ class TargetProtocol(asyncio.BufferedProtocol):
             return f"a PDU started {now - since:.0f} s ago is still incomplete"
         return ""
 
-    def abort(self, reason: str) -> None:
-        self.conn.close(reason)
-        if self.transport is not None:
-            self.transport.abort()
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        tls = self.tls
-        if tls is not None and tls.rx_user:
-            return tls.get_buffer(sizehint)
-        return self.conn.reader.get_buffer(sizehint)
-
     def buffer_updated(self, nbytes: int) -> None:
         conn = self.conn
         poller = self.target.poller
@@ -225,41 +204,13 @@ class TargetProtocol(asyncio.BufferedProtocol):
             if not holds and transport is not None and not transport.is_closing():
                 transport.resume_reading()
 
-    def eof_received(self) -> bool:
-        return False
-
-    def close(self, reason: str) -> None:
-        """Close the connection (the port or target is going away)."""
-        self.conn.close(reason)
-        self._flush()
-
-    def _output_wanted(self) -> None:
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
+    def _output_sent(self, out: list[Buffer], transport: asyncio.Transport) -> None:
+        # Read data still in the socket's buffer stays charged only above the high water
+        # mark: past it asyncio pauses us and resume_writing gives it back; below it (the
+        # bound is the mark itself) no callback would ever come.
         conn = self.conn
-        out = conn.take_output()
-        tls = self.tls
-        if out:
-            if tls is not None:
-                tls.write(out)
-            else:
-                transport.writelines(out)
-            # Read data still in the socket's buffer stays charged only above the high
-            # water mark: past it asyncio pauses us and resume_writing gives it back; below
-            # it (the bound is the mark itself) no callback would ever come.
-            if conn.undrained and transport.get_write_buffer_size() <= WRITE_HIGH_WATER:
-                conn.output_drained()
-        if conn.closing:
-            if tls is not None:
-                tls.close()
-            transport.close()
+        if conn.undrained and transport.get_write_buffer_size() <= WRITE_HIGH_WATER:
+            conn.output_drained()
 
     def pause_writing(self) -> None:
         # The host is not reading its completions: stop reading its commands.
@@ -272,9 +223,7 @@ class TargetProtocol(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         conn = self.conn
         tls = self.tls
-        if tls is not None and tls.rx_kernel and kernel_record_error(exc):
-            # An alert (close_notify, or a failure) or a post-handshake message came to the
-            # kernel's record layer: recv() cannot return it as data. The connection ends.
+        if self._tls_alert(exc):
             conn.close("a TLS control record (alert) arrived")
         if conn.established:
             # One line per connection: what the transport did, for users and for tests

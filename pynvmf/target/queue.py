@@ -19,7 +19,7 @@ from pynvmf.target.budget import DataBudget
 from pynvmf.target.fused import FusedPairing
 from pynvmf.target.io import IoHandler
 from pynvmf.tcp.errors import TransferAborted
-from pynvmf.tcp.target import ADMIN_INLINE_LIMIT, Request, TargetConnection
+from pynvmf.tcp.target import QueueParams, Request, TargetConnection
 
 if TYPE_CHECKING:
     from pynvmf.auth.controller import ControllerAuth
@@ -53,13 +53,16 @@ def _deliver(fut: asyncio.Future[bytearray], req: Request) -> None:
 
 def _own_data(req: Request) -> None:
     """A command's in-capsule data as a buffer of its own, not a view of the receive
-    buffer (TargetConnection.borrow_capsule_data), for a command that may wait."""
+    buffer (QueueParams.borrow_capsule_data), for a command that may wait."""
     data = req.data
     if type(data) is memoryview:
         req.data = bytearray(data)
 
 
 class TargetQueue:
+    """The NVMe layer's queue above one connection (tcp/target.py's NvmeQueue: it attaches
+    itself to the connection when made)."""
+
     def __init__(
         self, target: Target, port: Port, conn: TargetConnection, local_address: str
     ) -> None:
@@ -86,12 +89,12 @@ class TargetQueue:
         # gives back what completed commands held.
         limits = target.connection_budget.limits
         self.budget = DataBudget(target.memory_pool, limits.connection_data)
-        conn.budget = self.budget
         # DH-HMAC-CHAP on this queue (None: its host has no key); an I/O queue gets its
         # handler only once authenticated, so the I/O path never tests for it.
         self.auth: ControllerAuth | None = None
         self.auth_deadline = 0.0
         self._io_after_auth: IoHandler | None = None
+        conn.attach(self)
 
     def on_command(self, req: Request) -> None:
         ctrl = self.controller
@@ -133,6 +136,9 @@ class TargetQueue:
         ctrl.traffic = True
         _own_data(req)  # an I/O queue still authenticating lends its capsule data too
         self._run(self._admin(req))
+
+    def on_refused(self, req: Request) -> None:
+        self.fused.refused(req)
 
     def require_auth(self, auth: ControllerAuth) -> None:
         """The host must authenticate this queue before it is of any use."""
@@ -181,20 +187,15 @@ class TargetQueue:
         self.controller = ctrl
         self.qid = qid
         ctrl.queues[qid] = self
-        conn = self.conn
-        conn.qid = qid
-        conn.sq_size = sq_size
-        conn.sqhd_disabled = sqhd_disabled
-        conn.inline_limit = ADMIN_INLINE_LIMIT if qid == 0 else self.port.transport.inline_data_size
+        # On an I/O queue, every path from on_command copies what it keeps (_own_data,
+        # IoHandler.submit), so the transport may lend it its receive buffer.
+        self.conn.bind_queue(QueueParams(qid, sq_size, sqhd_disabled, borrow_capsule_data=qid > 0))
         counters = self.target.counters
         if qid:
             if self.auth is not None and not self.auth.authenticated:
                 self._io_after_auth = IoHandler(ctrl, self)
             else:
                 self.io = IoHandler(ctrl, self)
-            conn.on_refused = self.fused.refused
-            # Every path from on_command copies what it keeps (_own_data, IoHandler.submit).
-            conn.borrow_capsule_data = True
             counters.io_queues += 1
         else:
             counters.admin_queues += 1

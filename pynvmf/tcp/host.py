@@ -151,8 +151,8 @@ class HostConnection(PduConnection):
         self.ddgst = False
         self.cpda = 0
         self.maxh2cdata = 0
-        # In-capsule data limit: 8 KiB on the admin queue; the glue sets IOCCSZ*16-64
-        # for an I/O queue before its Connect.
+        # In-capsule data limit: 8 KiB on the admin queue; IOCCSZ*16-64 on an I/O queue
+        # (set_inline_limit).
         self.inline_limit = ADMIN_INLINE_LIMIT
         self._slots: list[HostCommand | None] = [None] * depth
         # A stack, so the lowest (most recently freed) ids are reused first.
@@ -167,6 +167,12 @@ class HostConnection(PduConnection):
     @property
     def inflight(self) -> int:
         return self.depth - len(self._free)
+
+    def set_inline_limit(self, size: int) -> None:
+        """Send at most `size` bytes of a command's data in its capsule (the controller's
+        IOCCSZ less the SQE on an I/O queue, or less), for the commands submitted from now
+        on; larger data waits for the controller's R2T."""
+        self.inline_limit = size
 
     def start(self) -> None:
         """Queue the ICReq: the first PDU of every connection."""

@@ -7,7 +7,12 @@ time the glue would not otherwise flush it (a completion after an await).
 This module decides every transport question for the target: whether data is
 in the capsule or fetched with R2T, how C2HData and responses are framed, which
 digests a PDU carries, and which TermReq a malformed PDU earns. The NVMe
-command semantics are the caller's (`on_command`).
+command semantics are the layer's above (`NvmeQueue`).
+
+The seam between the two is named, as nvmet's `nvmet_fabrics_ops` and SPDK's
+transport ops tables name theirs: the NVMe layer gives the connection its
+`NvmeQueue` once (`attach`), and states the queue's parameters once Connect has
+bound it (`bind_queue`); it calls `complete`, `send_data`, `fetch_data` and `close`.
 """
 
 from __future__ import annotations
@@ -124,19 +129,51 @@ class TransportStats:
     data_digest_errors: int = 0
 
 
+class NvmeQueue(Protocol):
+    """The NVMe layer above one connection: what the transport calls upward. Given once,
+    with `TargetConnection.attach`."""
+
+    @property
+    def budget(self) -> Charges:
+        """Where the data buffers commands hold are given back (target/budget.py)."""
+        ...
+
+    def on_command(self, req: Request) -> None:
+        """A command has arrived, with its in-capsule data if any (`req.data`)."""
+        ...
+
+    def on_refused(self, req: Request) -> None:
+        """The transport failed `req` by itself (its submission queue entry is consumed
+        all the same), so that the NVMe layer's view of the queue's order (fused
+        operations pair adjacent entries) has no holes."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class QueueParams:
+    """What Connect decided for the queue a connection carries (`TargetConnection.bind_queue`)."""
+
+    qid: int
+    sq_size: int
+    sqhd_disabled: bool = False
+    # In-capsule data is handed to on_command as a memoryview of the receive buffer,
+    # valid only until on_command returns, when the NVMe layer says it copies what it
+    # keeps; otherwise as a bytearray of its own.
+    borrow_capsule_data: bool = False
+
+
 class TargetConnection(PduConnection):
     def __init__(
         self,
         config: TransportConfig,
-        on_command: Callable[[Request], None],
         on_output: Callable[[], None],
+        *,
+        flush_now: Callable[[], None] | None = None,
     ) -> None:
+        """`on_output` and `flush_now` are the glue's: `flush_now` hands the outbox to the
+        socket at once, for data sent piece by piece (None: it waits for the next flush
+        as usual)."""
         self.config = config
-        self.on_command = on_command
-        # Told of every command this module fails by itself (its submission queue entry is
-        # consumed all the same), so the NVMe layer's view of the queue's order (fused
-        # operations pair adjacent entries) has no holes.
-        self.on_refused: Callable[[Request], None] | None = None
         self.stats = TransportStats()
         super().__init__(
             PduReader(
@@ -155,29 +192,40 @@ class TargetConnection(PduConnection):
         self.hdgst = False
         self.ddgst = False
         self.maxr2t = 0
-        # Set by the NVMe layer once a Connect succeeds on this queue.
+        # The NVMe layer's queue (attach): plain attributes, for the hot path.
+        self._on_command: Callable[[Request], None] = _unattached
+        self._on_refused: Callable[[Request], None] = _ignore_request
+        self._budget: Charges = _NO_BUDGET
+        # The queue's parameters, as Connect decided them (bind_queue).
         self.qid = 0
         self.sq_size = 1
         self.sqhd_disabled = False
         self.inline_limit = ADMIN_INLINE_LIMIT
+        self._borrow_capsule_data = False
         self._sqhd = 0
         self._inflight: dict[int, Request] = {}
-        # Where the data buffers commands hold are given back: the target's budget for
-        # this connection (target/budget.py), set by the NVMe layer.
-        self.budget: Charges = _NO_BUDGET
-        # In-capsule data is handed to on_command as a memoryview of the receive buffer,
-        # valid only until on_command returns, when the NVMe layer says it copies what
-        # it keeps (TargetQueue does: a Write to memory consumes it at once, anything
-        # else copies it first); otherwise (tests, other users) as a bytearray of its own.
-        self.borrow_capsule_data = False
-        # The glue's synchronous flush (hand the outbox to the socket now), for data sent
-        # piece by piece; None: the output waits for the next flush as usual.
-        self.flush_now: Callable[[], None] | None = None
+        self._flush_now = flush_now
         self.undrained = 0
         self._r2t: dict[int, Request] = {}
         self._next_ttag = 0
         self._plain_resp: Callable[..., bytes] | None = None
         self._plain_data = False
+
+    def attach(self, queue: NvmeQueue) -> None:
+        """The NVMe layer's queue above this connection, once, before any input."""
+        self._on_command = queue.on_command
+        self._on_refused = queue.on_refused
+        self._budget = queue.budget
+
+    def bind_queue(self, params: QueueParams) -> None:
+        """Connect has bound this connection to a queue: the completions carry its QID and
+        SQHD from now on, and its capsules may carry as much data as the port allows for
+        its kind (the admin queue's as much as Linux assumes)."""
+        self.qid = params.qid
+        self.sq_size = params.sq_size
+        self.sqhd_disabled = params.sqhd_disabled
+        self.inline_limit = self.config.inline_data_size if params.qid else ADMIN_INLINE_LIMIT
+        self._borrow_capsule_data = params.borrow_capsule_data
 
     # -- input ----------------------------------------------------------------------
 
@@ -270,12 +318,12 @@ class TargetConnection(PduConnection):
                 self._refuse(req, Status.SGL_INVALID_DATA | DNR)
             else:
                 self.stats.in_capsule_bytes += data_len
-                if self.borrow_capsule_data:
+                if self._borrow_capsule_data:
                     req.data = pdu[pdo:data_end]
-                    self.on_command(req)
+                    self._on_command(req)
                 else:
                     req.data = bytearray(pdu[pdo:data_end])
-                    self.on_command(req)
+                    self._on_command(req)
             return
         if sqe.sgl_type == SGL_DATA_BLOCK_OFFSET and sqe.sgl_length:
             # The SGL promises in-capsule data that the capsule does not carry.
@@ -284,13 +332,12 @@ class TargetConnection(PduConnection):
         if sqe.sgl_length and sqe.sgl_type != SGL_TRANSPORT_DATA_BLOCK:
             self._refuse(req, Status.SGL_INVALID_TYPE | DNR)
             return
-        self.on_command(req)
+        self._on_command(req)
 
     def _refuse(self, req: Request, status: int, *, track: bool = True) -> None:
         """Fail a command before the NVMe layer sees it, and tell it so."""
         self.complete(req, status, track=track)
-        if self.on_refused is not None:
-            self.on_refused(req)
+        self._on_refused(req)
 
     def _capsule_limit(self, sqe: Sqe) -> int:
         if sqe.opcode == _FABRICS and sqe.fctype == _CONNECT:
@@ -412,7 +459,7 @@ class TargetConnection(PduConnection):
                 # it: the bytes stay charged until the glue says the output drained.
                 self.undrained += charge
             else:
-                self.budget.give(charge)
+                self._budget.give(charge)
         if self.closing or req.retired:
             return
         cid = req.sqe.cid
@@ -471,14 +518,14 @@ class TargetConnection(PduConnection):
         if charge:
             req.charge = 0
             if self.closing:
-                self.budget.give(charge)
+                self._budget.give(charge)
             else:
                 self.undrained += charge
         if self.closing or req.retired:
             return
         self._emit_c2h_data(req.sqe.cid, data, req.sent, False, False)
         req.sent += len(data) if type(data) is not memoryview else data.nbytes
-        flush = self.flush_now
+        flush = self._flush_now
         if flush is not None:
             flush()
         else:
@@ -555,19 +602,19 @@ class TargetConnection(PduConnection):
         """The glue's socket buffer has emptied (or fallen below its low-water mark)."""
         if self.undrained:
             undrained, self.undrained = self.undrained, 0
-            self.budget.give(undrained)
+            self._budget.give(undrained)
 
     def release(self) -> None:
         super().release()
-        self.on_command = _ignore_request
-        self.on_refused = None
-        self.flush_now = None
+        self._on_command = _ignore_request
+        self._on_refused = _ignore_request
+        self._flush_now = None
         # Nothing more is granted to this connection, and commands that will never complete
         # now hold nothing any more.
-        self.budget.close()
+        self._budget.close()
         for req in self._inflight.values():
             if req.charge:
-                self.budget.give(req.charge)
+                self._budget.give(req.charge)
                 req.charge = 0
         self._inflight.clear()
         self._r2t.clear()
@@ -579,6 +626,10 @@ class TargetConnection(PduConnection):
 
 def _ignore_request(req: Request) -> None:
     pass
+
+
+def _unattached(req: Request) -> None:
+    raise AssertionError("a command before the NVMe layer attached")
 
 
 def _host_to_controller(sqe: Sqe) -> bool:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from pynvmf.spec import command as C
 from pynvmf.spec import pdu as P
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType, IoOpcode
-from pynvmf.tcp.target import Request, TargetConnection, TransportConfig
+from pynvmf.tcp.target import QueueParams, Request, TargetConnection, TransportConfig
 from tests.protocol.raw import capsule, h2c_data, icreq
 
 OPCODES = [
@@ -140,6 +140,19 @@ class ModelController:
     seen: list[bytes] = field(default_factory=list)
     arrivals: int = 0
 
+    @property
+    def budget(self) -> ModelController:
+        return self  # data buffers are not counted here
+
+    def give(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def on_refused(self, req: Request) -> None:
+        pass
+
     def on_command(self, req: Request) -> None:
         assert self.conn is not None
         index = len(self.seen)
@@ -168,10 +181,13 @@ def drive_target(pieces: list[bytes], sq_size: int = 32) -> tuple[bytes, ModelCo
     and return everything it sent, with the model that answered its commands."""
     model = ModelController()
     outputs: list[bytes] = []
-    conn = TargetConnection(TransportConfig(max_h2c_data=65536), model.on_command, lambda: None)
+    conn = TargetConnection(
+        TransportConfig(max_h2c_data=65536, inline_data_size=16384), lambda: None
+    )
+    conn.attach(model)
     # Bound from the start as the NVMe layer binds an I/O queue, so that what the
     # connection does never depends on where the stream was cut.
-    conn.qid, conn.sq_size, conn.inline_limit = 1, sq_size, 16384
+    conn.bind_queue(QueueParams(1, sq_size))
     model.conn = conn
     for piece in pieces:
         if conn.closing:

@@ -225,7 +225,7 @@ def test_term_req_instead_of_icresp_closes() -> None:
 def test_small_write_goes_in_the_capsule_large_one_waits_for_r2t() -> None:
     h = Harness()
     h.start()
-    h.conn.inline_limit = 4096
+    h.conn.set_inline_limit(4096)
     small = h.conn.submit(IoOpcode.WRITE, 1, 0, 0, 7, data=bytes(range(256)) * 16)
     large = h.conn.submit(IoOpcode.WRITE, 1, 8, 0, 15, data=b"\x01" * 8192)
     first, second = h.drain()
@@ -246,7 +246,7 @@ def test_small_write_goes_in_the_capsule_large_one_waits_for_r2t() -> None:
 def test_r2t_is_answered_with_h2c_data_no_larger_than_maxh2cdata() -> None:
     h = Harness(header_digest=True, data_digest=True)
     h.start(dgst=P.DIGEST_HEADER | P.DIGEST_DATA, maxh2c=4096, cpda=1)
-    h.conn.inline_limit = 0
+    h.conn.set_inline_limit(0)
     data = bytes(i % 251 for i in range(10000))
     cmd = h.conn.submit(IoOpcode.WRITE, 1, 0, 0, 0, data=data)
     h.drain()
@@ -273,7 +273,7 @@ def test_r2t_is_answered_with_h2c_data_no_larger_than_maxh2cdata() -> None:
 def test_r2t_for_unknown_command_or_beyond_the_data_terminates() -> None:
     h = Harness()
     h.start()
-    h.conn.inline_limit = 0
+    h.conn.set_inline_limit(0)
     cmd = h.conn.submit(IoOpcode.WRITE, 1, 0, 0, 0, data=bytes(512))
     h.drain()
     h.conn.feed(h.r2t(cmd.cid, 1, 0, 1024))

@@ -60,9 +60,8 @@ class Rig:
         self.ctrl = Controller(target, subsystem, 1, HOSTNQN, HOSTID, 0, port)
         subsystem.controllers[1] = self.ctrl
         self.output = asyncio.Event()
-        self.conn = TargetConnection(port.transport, lambda _req: None, self.output.set)
+        self.conn = TargetConnection(port.transport, self.output.set)
         self.queue = TargetQueue(target, port, self.conn, "127.0.0.1")
-        self.conn.on_command = self.queue.on_command
         [icresp] = self.feed(icreq(dgst=P.DIGEST_DATA if ddgst else 0))
         assert icresp.type == P.PduType.ICRESP
         self.queue.bind(self.ctrl, qid, 32, False)

@@ -13,7 +13,7 @@ from pynvmf.spec import command as C
 from pynvmf.spec import pdu as P
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType, IoOpcode
 from pynvmf.spec.status import DNR, Status
-from pynvmf.tcp.target import Request, TargetConnection, TransportConfig
+from pynvmf.tcp.target import QueueParams, Request, TargetConnection, TransportConfig
 from tests.protocol.raw import Pdu, capsule, data_pdu, h2c_data, icreq, parse_pdus, rw_sqe
 
 FES = P.FatalError
@@ -22,14 +22,32 @@ FES = P.FatalError
 
 
 class Harness:
-    """A TargetConnection with recording callbacks."""
+    """A TargetConnection, with a recording NVMe layer (tcp/target.py's NvmeQueue) and glue
+    above it."""
 
     def __init__(self, config: TransportConfig | None = None) -> None:
         self.requests: list[Request] = []
+        self.refused: list[Request] = []
+        self.given_back = 0
         self.output_requests = 0
-        self.conn = TargetConnection(
-            config or TransportConfig(), self.requests.append, self._output_wanted
-        )
+        self.conn = TargetConnection(config or TransportConfig(), self._output_wanted)
+        self.conn.attach(self)
+
+    @property
+    def budget(self) -> Harness:
+        return self
+
+    def give(self, n: int) -> None:
+        self.given_back += n
+
+    def close(self) -> None:
+        pass
+
+    def on_command(self, req: Request) -> None:
+        self.requests.append(req)
+
+    def on_refused(self, req: Request) -> None:
+        self.refused.append(req)
 
     def _output_wanted(self) -> None:
         self.output_requests += 1
@@ -63,11 +81,10 @@ def established(
 
 
 def io_connection(**kwargs: bool | int) -> Harness:
-    """An established connection bound as the NVMe layer binds an I/O queue after Connect."""
-    h = established(**kwargs)  # type: ignore[arg-type]
-    h.conn.qid = 1
-    h.conn.sq_size = 32
-    h.conn.inline_limit = 4096
+    """An established connection bound as the NVMe layer binds an I/O queue after Connect,
+    on a port whose in-capsule limit is 4 KiB."""
+    h = established(TransportConfig(inline_data_size=4096), **kwargs)  # type: ignore[arg-type]
+    h.conn.bind_queue(QueueParams(1, 32))
     return h
 
 
@@ -333,8 +350,8 @@ def test_in_capsule_data_above_the_limit_is_sgl_invalid_offset() -> None:
 
 
 def test_connect_may_carry_1k_in_capsule_on_any_queue() -> None:
-    h = established()
-    h.conn.inline_limit = 0
+    h = established(TransportConfig(inline_data_size=0))
+    h.conn.bind_queue(QueueParams(1, 32))
     cdw10, cdw11, cdw12 = C.ConnectCommand(0, 1, 31, 0, 0).cdws()
     sqe = C.build_sqe(
         AdminOpcode.FABRICS,
@@ -414,7 +431,7 @@ def test_cid_of_a_reusable_command_may_be_taken_back_by_the_host() -> None:
     """SPDK's host at detach: its AERs (CIDs 0..3 here) are outstanding when it sends a
     Property Get with one of their CIDs; the new command runs and the old never completes."""
     h = established()
-    h.conn.sq_size = 32
+    h.conn.bind_queue(QueueParams(0, 32))
     aers = []
     for cid in range(4):
         assert h.feed(h.capsule(C.build_sqe(AdminOpcode.ASYNC_EVENT_REQUEST, cid))) == []
@@ -546,7 +563,7 @@ def test_h2c_data_beyond_the_requested_length_is_data_transfer_out_of_range() ->
 
 def test_h2c_data_above_maxh2cdata_is_data_transfer_limit_exceeded() -> None:
     h = established(TransportConfig(max_h2c_data=4096))
-    h.conn.qid, h.conn.sq_size = 1, 32
+    h.conn.bind_queue(QueueParams(1, 32))
     _req, arrived, ttag = r2t_for(h, 19, 16384)
     bad = h2c_data(19, ttag, 0, bytes(8192))
     assert_terminated(h, h.feed(bad), FES.DATA_LIMIT_EXCEEDED)
@@ -555,7 +572,7 @@ def test_h2c_data_above_maxh2cdata_is_data_transfer_limit_exceeded() -> None:
 
 def test_h2c_data_at_maxh2cdata_is_accepted() -> None:
     h = established(TransportConfig(max_h2c_data=4096))
-    h.conn.qid, h.conn.sq_size = 1, 32
+    h.conn.bind_queue(QueueParams(1, 32))
     req, arrived, ttag = r2t_for(h, 20, 8192)
     h.feed(h2c_data(20, ttag, 0, b"\x01" * 4096, last=False))
     h.feed(h2c_data(20, ttag, 4096, b"\x02" * 4096))
@@ -704,7 +721,7 @@ def test_sq_head_advances_for_a_capsule_failed_by_its_data_digest() -> None:
 
 def test_capsule_resp_layout() -> None:
     h = established()
-    h.conn.qid, h.conn.sq_size = 3, 8
+    h.conn.bind_queue(QueueParams(3, 8))
     for cid in (0x101, 0x102, 0x103):
         h.feed(h.capsule(C.build_sqe(AdminOpcode.KEEP_ALIVE, cid)))
     first, second, third = h.requests
@@ -727,7 +744,7 @@ def test_capsule_resp_layout() -> None:
 
 def test_sq_head_wraps_at_the_queue_size() -> None:
     h = established()
-    h.conn.qid, h.conn.sq_size = 1, 4
+    h.conn.bind_queue(QueueParams(1, 4))
     heads = []
     for cid in range(6):
         h.feed(h.capsule(read_sqe(cid, 512)))
@@ -762,8 +779,8 @@ def test_failed_read_sends_no_data() -> None:
 
 
 def test_sqhd_disabled_read_completes_with_c2h_data_success_only() -> None:
-    h = io_connection()
-    h.conn.sqhd_disabled = True
+    h = established()
+    h.conn.bind_queue(QueueParams(1, 32, sqhd_disabled=True))
     h.feed(h.capsule(read_sqe(32, 512)))
     h.conn.complete(h.requests[0], Status.SUCCESS, data=b"\x33" * 512)
     [c2h] = h.take()
