@@ -208,7 +208,12 @@ class TargetQueue:
             log.exception("connect failed")
             status, result = Status.INTERNAL_ERROR, 0
         workers = self.target.workers
-        if not status and self.qid > 0 and workers is not None and workers.hand_off(self, req):
+        if (
+            not status
+            and self.qid > 0
+            and workers is not None
+            and workers.hand_off(self, req, result)
+        ):
             return  # a worker process serves the queue from here on, and completes the Connect
         self.conn.complete(req, status, result)
 

@@ -4,9 +4,10 @@ The main process stays the one owner of the target: it accepts every connection,
 runs the admin queues, the controllers (cntlid, features, keep alive, events), the
 subsystems and namespaces, and the reservations. When an I/O queue's Connect has
 been validated against its controller table, the connection goes to a worker
-(SCM_RIGHTS) with what it needs to replay the handshake and answer the Connect
-itself; from then on that queue lives wholly on that worker. docs/cores.md says
-why this routing and not SO_REUSEPORT, and what bounds it.
+(SCM_RIGHTS) with its transport state and the decoded Connect, as data: the worker
+binds the queue and answers the Connect itself, and from then on that queue lives
+wholly on that worker. docs/cores.md says why this routing and not SO_REUSEPORT, and
+what bounds it.
 
 What a worker needs and the main process keeps current (shared_state.py):
 - namespaces: memory namespaces are shared memory (a memfd every worker maps),
@@ -41,8 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from pynvmf.block import range_locks
 from pynvmf.block.shared_memory import SharedMemoryDevice
-from pynvmf.spec import pdu as P
-from pynvmf.spec.command import SGL_DATA_BLOCK_OFFSET, Sqe
+from pynvmf.spec.command import ConnectCommand, Sqe
 from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import DNR, Status
 from pynvmf.target import reservations
@@ -54,7 +54,6 @@ from pynvmf.target.cores.ipc import Channel, RemoteError, socket_pair, wait_all
 from pynvmf.target.limits import MAX_TRANSFER
 from pynvmf.target.port import Port
 from pynvmf.target.target import Target
-from pynvmf.tcp.framing import PduWriter
 from pynvmf.tcp.target import Request
 
 if TYPE_CHECKING:
@@ -293,12 +292,13 @@ class WorkerPool:
 
     # -- routing ----------------------------------------------------------------------
 
-    def hand_off(self, queue: TargetQueue, req: Request) -> bool:
+    def hand_off(self, queue: TargetQueue, req: Request, result: int) -> bool:
         """Give the I/O queue `queue`, whose Connect `req` was validated and bound here,
-        to a worker, which answers the Connect. False: it stays here (no worker can take
-        it, or its subsystem has a namespace only this process can serve)."""
+        to a worker, which answers the Connect (with `result`). False: it stays here (no
+        worker can take it, or its subsystem has a namespace only this process can
+        serve)."""
         ctrl = queue.controller
-        if ctrl is None or req.data is None:
+        if ctrl is None:
             return False
         if queue.auth is not None:
             # DH-HMAC-CHAP: the queue authenticates after its Connect, with the keys and
@@ -317,8 +317,7 @@ class WorkerPool:
             # replayed plaintext Connect would not go through) stays with this process.
             return False
         conn = queue.conn
-        reader = conn.reader
-        if getattr(reader, "_end", 0) != getattr(reader, "_start", 0):
+        if conn.input_pending():
             # The host sent more before the Connect completed: served here, in order.
             return False
         sock = protocol.transport.get_extra_info("socket")
@@ -340,8 +339,8 @@ class WorkerPool:
             port=S.PortInfo(port.portid, port.address, port.port, port.transport),
             ana_row=ana_row,
             peer_address=queue.peer_address,
-            icreq=_icreq(conn.hpda, conn.hdgst, conn.ddgst, conn.maxr2t),
-            connect=_connect_capsule(req, conn.hdgst, conn.ddgst, port.transport.cpda),
+            transport=conn.export_state(),
+            connect=S.ValidatedConnect(req.sqe, ConnectCommand.from_sqe(req.sqe), result),
         )
         qid = queue.qid
         rq = RemoteQueue(worker, token, ctrl, qid, port, queue.peer_address, protocol.peer_address)
@@ -578,31 +577,6 @@ class _ForwardedIo:
     async def fetch_data(self, req: Request) -> bytearray:
         # The worker fetched the data of every command whose data reservations read.
         raise ConnectionError("no data was forwarded")
-
-
-def _icreq(hpda: int, hdgst: bool, ddgst: bool, maxr2t: int) -> bytes:
-    dgst = (P.DIGEST_HEADER if hdgst else 0) | (P.DIGEST_DATA if ddgst else 0)
-    return P.pack_ic(P.PduType.ICREQ, P.PFV_1_0, hpda, dgst, maxr2t)
-
-
-def _connect_capsule(req: Request, hdgst: bool, ddgst: bool, cpda: int) -> bytes:
-    """The Connect as a capsule with its data in it (however it arrived), framed as the
-    host frames its PDUs on this connection."""
-    assert req.data is not None
-    sqe = req.sqe._replace(sgl_addr=0, sgl_length=len(req.data), sgl_type=SGL_DATA_BLOCK_OFFSET)
-    writer = PduWriter()
-    writer.configure(hdgst=hdgst, ddgst=ddgst, pda=cpda)
-    out: list[Any] = []
-    writer.data(
-        out,
-        P.CAPSULE_CMD,
-        P.PduType.CAPSULE_CMD,
-        0,
-        P.CAPSULE_CMD_HLEN,
-        bytes(req.data),
-        sqe.pack(),
-    )
-    return b"".join(bytes(b) for b in out)
 
 
 class MultiCoreTarget(Target):
