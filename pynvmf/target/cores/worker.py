@@ -70,6 +70,11 @@ class WorkerProtocol(TargetProtocol):
         queue = self.queue
         assert queue is not None
         conn = self.conn
+        if conn.established or conn.closing or conn.input_pending():
+            # Bytes came before the Connect's completion (a host may send nothing then),
+            # and this end read them first: there is no state to continue from.
+            self.abort("the host sent more before its Connect completed")
+            return
         conn.adopt(adoption.transport)
         # The receive buffer the handshake sized, charged as its first input would.
         self._charge_receive_buffer()
