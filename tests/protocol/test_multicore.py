@@ -134,7 +134,7 @@ async def _status_of(aw: Awaitable[object]) -> int:
 
 def test_one_core_is_the_single_process_target() -> None:
     target = make_target(1)
-    assert type(target) is Target and target.workers is None
+    assert type(target) is Target
     assert isinstance(make_target(2), MultiCoreTarget)
 
 

@@ -593,8 +593,13 @@ class MultiCoreTarget(Target):
     def memory_device(self, size_bytes: int, block_size: int) -> MemoryDevice:
         return SharedMemoryDevice(size_bytes, block_size)
 
+    def hand_off(self, queue: TargetQueue, req: Request, result: int) -> bool:
+        return self.workers.hand_off(queue, req, result)
+
+    async def controller_changed(self, ctrl: Controller) -> None:
+        await self.workers.controller_changed(ctrl)
+
     async def start(self) -> None:
-        assert self.workers is not None
         for subsystem in self.subsystems.values():
             for ns in subsystem.namespaces.values():
                 ns.reservation.replicate = self.workers.reservation_changed
@@ -607,8 +612,7 @@ class MultiCoreTarget(Target):
 
     async def stop(self) -> None:
         await super().stop()
-        if self.workers is not None:
-            await self.workers.stop()
+        await self.workers.stop()
 
     def add_namespace(self, nqn: str, device: str | NamedDevice, **kwargs: Any) -> Namespace:
         subsystem = self.subsystems.get(nqn)
@@ -625,7 +629,6 @@ class MultiCoreTarget(Target):
             for ctrl in held:
                 ctrl.release_events()
             raise
-        assert self.workers is not None
         answers = self.workers.namespace_added(nqn, ns)
         if held:  # (controllers: the target runs, in a loop)
             task = asyncio.get_running_loop().create_task(_release_when(held, answers))
@@ -642,14 +645,12 @@ class MultiCoreTarget(Target):
         subsystem = self.subsystems.get(nqn)
         if subsystem is None or nsid not in subsystem.namespaces:
             return await super().remove_namespace(nqn, nsid)  # refuses it
-        assert self.workers is not None
         # The workers first: once they answered, none of their commands uses it.
         await self.workers.namespace_removing(nqn, nsid)
         return await super().remove_namespace(nqn, nsid)
 
     async def remove_subsystem(self, nqn: str) -> None:
         await super().remove_subsystem(nqn)
-        assert self.workers is not None
         await self.workers.subsystem_removed(nqn)
 
 
