@@ -313,8 +313,8 @@ class WorkerPool:
         if protocol is None or protocol.transport is None or protocol.transport.is_closing():
             return False
         if protocol.tls is not None:
-            # A TLS connection's record state (user space, or the kernel's, which a
-            # replayed plaintext Connect would not go through) stays with this process.
+            # A TLS connection's record state (user space, or the kernel's) is not in
+            # what a worker adopts: the connection stays with this process.
             return False
         conn = queue.conn
         if conn.input_pending():
