@@ -132,13 +132,19 @@ async def connect(queue: TargetQueue, req: Request) -> Result:
         assert tls_psk is not None
         ctrl.generated_psk = tls_psk
         target.generated_psks.take(tls_psk, ctrl)
-    queue.bind(ctrl, cmd.qid, cmd.sqsize + 1, bool(cmd.cattr & C.CATTR_DISABLE_SQ_FLOW))
+    bind(queue, ctrl, cmd)
     if cmd.qid == 0 and not authreq:
         # With authentication the keep-alive timer starts once the admin queue has
         # authenticated: a host cannot send Keep Alive before, and its DH computation may
         # take longer than KATO on a slow machine. The authentication deadline bounds it.
         ctrl.start_keep_alive()
     return Status.SUCCESS, ctrl.cntlid | authreq
+
+
+def bind(queue: TargetQueue, ctrl: Controller, cmd: C.ConnectCommand) -> None:
+    """Make `queue` queue `cmd.qid` of `ctrl`, as the validated Connect `cmd` asks (its
+    size, SQ flow control): here, or in the worker process a connection was handed to."""
+    queue.bind(ctrl, cmd.qid, cmd.sqsize + 1, bool(cmd.cattr & C.CATTR_DISABLE_SQ_FLOW))
 
 
 # CC.CSS values CAP.CSS advertises: the NVM command set, or every I/O command set.

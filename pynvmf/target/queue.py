@@ -208,8 +208,7 @@ class TargetQueue:
         except Exception:
             log.exception("connect failed")
             status, result = Status.INTERNAL_ERROR, 0
-        workers = self.target.workers
-        if not status and self.qid > 0 and workers is not None and workers.hand_off(self, req):
+        if not status and self.qid > 0 and self.target.hand_off(self, req, result):
             return  # a worker process serves the queue from here on, and completes the Connect
         self.conn.complete(req, status, result)
 
@@ -231,14 +230,10 @@ class TargetQueue:
                 if outcome is None:
                     return  # completes later (Asynchronous Event Request)
                 status, result, data = outcome
-                if (
-                    not status
-                    and req.sqe.opcode == AdminOpcode.SET_FEATURES
-                    and self.target.workers is not None
-                ):
-                    # The workers serving this controller's I/O queues take the change
-                    # before the host hears of it.
-                    await self.target.workers.controller_changed(ctrl)
+                if not status and req.sqe.opcode == AdminOpcode.SET_FEATURES:
+                    # The workers serving this controller's I/O queues, if any, take the
+                    # change before the host hears of it.
+                    await self.target.controller_changed(ctrl)
         except ConnectionError:
             return
         except Exception:

@@ -71,7 +71,9 @@ from pynvmf.tcp.target import TransportConfig
 from pynvmf.tls.channel import TlsCounters
 
 if TYPE_CHECKING:
-    from pynvmf.target.cores.workers import WorkerPool
+    from pynvmf.target.controller import Controller
+    from pynvmf.target.queue import TargetQueue
+    from pynvmf.tcp.target import Request
 
 log = logging.getLogger(__name__)
 
@@ -124,9 +126,6 @@ class Target:
         self.busy_poll_us = busy_poll_us
         self.poller = BusyPoller(busy_poll_us / 1e6) if busy_poll_us else None
         self._sweeper: asyncio.TimerHandle | None = None
-        # The worker processes that serve I/O queues (pynvmf target --cores N, cores/workers.py);
-        # None: every queue is served here.
-        self.workers: WorkerPool | None = None
         # Told the NQN of every subsystem whose configuration changed (see _changed).
         self._change_listeners: list[ChangeListener] = []
         self._running = False
@@ -204,10 +203,22 @@ class Target:
             return self.discovery
         return self.subsystems.get(nqn)
 
+    # -- where I/O queues are served: here, every one of them (cores/workers.py's
+    # MultiCoreTarget overrides these for `pynvmf target --cores N`) ---------------------
+
     def memory_device(self, size_bytes: int, block_size: int) -> MemoryDevice:
         """A new memory device for the configuration or the RPC to serve: private memory,
         or shared memory the worker processes map when they serve the I/O queues."""
         return MemoryDevice(size_bytes, block_size)
+
+    def hand_off(self, queue: TargetQueue, req: Request, result: int) -> bool:
+        """Whether another process serves I/O queue `queue` from now on, and answers its
+        Connect `req` (validated and bound here) with `result`: never, here."""
+        return False
+
+    async def controller_changed(self, ctrl: Controller) -> None:
+        """A Set Features changed what I/O reads of `ctrl`: whatever serves its queues
+        elsewhere takes the change before the host hears of it. Nothing, here."""
 
     def set_transport(self, config: TransportConfig) -> None:
         """The transport options of the listeners add_listener opens from now on."""

@@ -124,6 +124,12 @@ class PduReader:
         """The receive buffer's size in bytes (what the connection's input holds)."""
         return len(self._buf)
 
+    @property
+    def unparsed(self) -> int:
+        """Bytes received and not yet handed on: a PDU in part (or PDUs the handler
+        stopped before)."""
+        return self._end - self._start
+
     def release(self) -> None:
         """The connection is gone: drop the handlers (bound methods of the connection, a
         reference cycle) and the receive buffer now rather than at the next full

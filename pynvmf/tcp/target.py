@@ -32,7 +32,7 @@ from pynvmf.spec.command import (
 )
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType
 from pynvmf.spec.status import DNR, Status
-from pynvmf.tcp.config import TransportConfig
+from pynvmf.tcp.config import EstablishedState, TransportConfig
 from pynvmf.tcp.framing import PduConnection, PduReader
 
 log = logging.getLogger(__name__)
@@ -252,12 +252,20 @@ class TargetConnection(PduConnection):
             self._terminate(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_HPDA, bytes(pdu))
             return
         cfg = self.config
-        self.hpda = hpda
-        self.maxr2t = maxr2t
-        self.hdgst = bool(dgst & P.DIGEST_HEADER) and cfg.allow_header_digest
-        self.ddgst = bool(dgst & P.DIGEST_DATA) and cfg.allow_data_digest
-        resp_dgst = (P.DIGEST_HEADER if self.hdgst else 0) | (P.DIGEST_DATA if self.ddgst else 0)
+        hdgst = bool(dgst & P.DIGEST_HEADER) and cfg.allow_header_digest
+        ddgst = bool(dgst & P.DIGEST_DATA) and cfg.allow_data_digest
+        resp_dgst = (P.DIGEST_HEADER if hdgst else 0) | (P.DIGEST_DATA if ddgst else 0)
         self._emit(P.pack_ic(P.PduType.ICRESP, P.PFV_1_0, cfg.cpda, resp_dgst, cfg.max_h2c_data))
+        self._establish(EstablishedState(hpda, hdgst, ddgst, maxr2t))
+
+    def _establish(self, state: EstablishedState) -> None:
+        """Frame and parse as the handshake settled (`state`): from here on the
+        connection carries capsules and data."""
+        cfg = self.config
+        self.hpda = hpda = state.hpda
+        self.maxr2t = state.maxr2t
+        self.hdgst = state.hdgst
+        self.ddgst = state.ddgst
         self.established = True
         self.writer.configure(hdgst=self.hdgst, ddgst=self.ddgst, pda=hpda)
         # The common case framed without the writer's general code (same bytes).
@@ -622,6 +630,29 @@ class TargetConnection(PduConnection):
 
     def pending_requests(self) -> list[Request]:
         return list(self._inflight.values())
+
+    # -- hand-over: an established connection continued by another TargetConnection ------
+    # (`pynvmf target --cores N` gives an I/O queue's connection to a worker process once
+    # its Connect was validated: target/cores/workers.py and worker.py.)
+
+    def input_pending(self) -> bool:
+        """Whether bytes arrived that are not handled yet (a PDU in part, or more)."""
+        return self.reader.unparsed > 0
+
+    def export_state(self) -> EstablishedState:
+        """What another TargetConnection continues this established one from (adopt)."""
+        if not self.established:
+            raise RuntimeError("the connection has not completed its ICReq")
+        return EstablishedState(self.hpda, self.hdgst, self.ddgst, self.maxr2t, self._sqhd)
+
+    def adopt(self, state: EstablishedState) -> None:
+        """Continue a connection that another TargetConnection established (its ICReq
+        and ICResp went through there), from `state` (export_state): this one has
+        received nothing of it yet."""
+        if self.established or self.reader.unparsed:
+            raise RuntimeError("only a connection that has received nothing adopts another")
+        self._establish(state)
+        self._sqhd = state.sqhd
 
 
 def _ignore_request(req: Request) -> None:

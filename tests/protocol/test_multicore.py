@@ -7,8 +7,9 @@ namespace's bytes (memory and file), namespaces added and removed reach I/O on
 every worker, keep alive counts I/O on the workers and its expiry closes their
 queues, I/O queues connected with another Host Identifier than the admin queue run
 on the workers, the SMART log of a subsystem created again counts its own I/O only,
-a reservation taken through one worker is enforced on another, and a killed
-worker's queues drop while the host reconnects.
+a reservation taken through one worker is enforced on another, a queue on a worker
+keeps what its connection negotiated in the main process (digests, HPDA, SQ flow
+control), and a killed worker's queues drop while the host reconnects.
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ import pytest
 from pynvmf.block.file import FileDevice
 from pynvmf.host import Controller, NvmeStatusError, connect
 from pynvmf.host.queue import HostQueue
+from pynvmf.spec import command as C
 from pynvmf.spec import logpages as L
+from pynvmf.spec import pdu as P
 from pynvmf.spec.command import RW_FUA
 from pynvmf.spec.identify import Oaes
-from pynvmf.spec.opcodes import AdminOpcode, FeatureId, IoOpcode
+from pynvmf.spec.opcodes import AdminOpcode, FabricsType, FeatureId, IoOpcode
 from pynvmf.spec.reservations import ReservationType
 from pynvmf.spec.status import Status
 from pynvmf.target.cores.workers import MultiCoreTarget, RemoteQueue, make_target
@@ -38,7 +41,7 @@ from pynvmf.target.devices import NamedDevice
 from pynvmf.target.port import Port
 from pynvmf.target.target import Target
 from tests.protocol.conftest import RawTarget
-from tests.protocol.raw import RawQueue
+from tests.protocol.raw import HOSTID, HOSTNQN, RawQueue
 
 NQN = "nqn.2024-01.io.pynvmf.test:cores"
 BLOCK = 512
@@ -131,7 +134,7 @@ async def _status_of(aw: Awaitable[object]) -> int:
 
 def test_one_core_is_the_single_process_target() -> None:
     target = make_target(1)
-    assert type(target) is Target and target.workers is None
+    assert type(target) is Target
     assert isinstance(make_target(2), MultiCoreTarget)
 
 
@@ -372,6 +375,74 @@ async def test_busy_poll_runs_in_the_workers(
         await admin.close()
     finally:
         await target.stop()
+
+
+async def test_a_queue_on_a_worker_keeps_what_its_connection_negotiated(
+    start: Start, raw_target_port: Callable[[Target], RawTarget]
+) -> None:
+    # The ICReq and the Connect go to the main process; the Connect's completion and
+    # everything after come from the worker, framed as the handshake settled: header
+    # and data digests, data placed as the host's HPDA asks, SQHD as the queue counts
+    # it (0xFFFF with SQ flow control disabled).
+    target = await start()
+    raw = raw_target_port(target)
+    admin = await raw.admin(NQN)
+    hpda = 3
+    pattern = bytes(range(256)) * (4096 // 256)
+    for qid, cattr, sqhds in ((1, 0, [0, 1, 2]), (2, C.CATTR_DISABLE_SQ_FLOW, [0xFFFF] * 3)):
+        io = await raw.open()
+        await io.handshake(hdgst=True, ddgst=True, hpda=hpda)
+        assert io.hdgst and io.ddgst
+        cdw10, cdw11, cdw12 = C.ConnectCommand(0, qid, 31, cattr, 0).cdws()
+        connect = C.build_sqe(
+            AdminOpcode.FABRICS,
+            7,
+            FabricsType.CONNECT,
+            cdw10,
+            cdw11,
+            cdw12,
+            sgl_type=C.SGL_DATA_BLOCK_OFFSET,
+            sgl_length=C.CONNECT_DATA_SIZE,
+        )
+        io.send(io.capsule(connect, C.ConnectData(HOSTID, admin.cntlid, NQN, HOSTNQN).pack()))
+        resp = await io.recv_pdu()
+        assert resp.type == P.PduType.CAPSULE_RESP, resp
+        cqe = resp.cqe()
+        assert (cqe.status, cqe.result, cqe.cid, cqe.sq_head) == (0, admin.cntlid, 7, sqhds[0])
+        assert sum(_placement(target)) == qid  # the completion came from a worker
+        write = C.build_sqe(
+            IoOpcode.WRITE,
+            8,
+            1,
+            qid,
+            0,
+            4096 // BLOCK - 1,
+            sgl_type=C.SGL_DATA_BLOCK_OFFSET,
+            sgl_length=4096,
+        )
+        io.send(io.capsule(write, pattern))  # in the capsule, with its data digest
+        resp = await io.recv_pdu()
+        cqe = resp.cqe()
+        assert (cqe.status, cqe.cid, cqe.sq_head) == (0, 8, sqhds[1])
+        read = C.build_sqe(
+            IoOpcode.READ,
+            9,
+            1,
+            qid,
+            0,
+            4096 // BLOCK - 1,
+            sgl_type=C.SGL_TRANSPORT_DATA_BLOCK,
+            sgl_length=4096,
+        )
+        io.send(io.capsule(read))
+        data = await io.recv_pdu()  # its digests checked as it is parsed
+        assert data.type == P.PduType.C2H_DATA and data.data == pattern
+        assert data.pdo == P.data_offset(P.DATA_HLEN, True, hpda)
+        if cattr:
+            assert data.flags & P.FLAG_DATA_SUCCESS  # no response capsule follows
+        else:
+            cqe = (await io.recv_pdu()).cqe()
+            assert (cqe.status, cqe.cid, cqe.sq_head) == (0, 9, sqhds[2])
 
 
 async def test_a_new_namespaces_event_waits_until_every_worker_has_it(

@@ -852,3 +852,55 @@ def test_transfer_tag_reused_after_wraparound_stays_with_its_new_command() -> No
     assert h.feed(h2c_data(3, ttag, 0, b"\x01" * 1024)) == []
     assert arrived == [reused]
     assert not h.conn.closing
+
+
+# -- hand-over: an established connection continued by another TargetConnection ----------
+
+
+def test_input_pending_says_whether_received_bytes_wait_to_be_handled() -> None:
+    h = io_connection()
+    whole = h.capsule(read_sqe(1, 4096))
+    assert not h.conn.input_pending()
+    h.conn.feed(whole[:10])
+    assert h.conn.input_pending()
+    h.conn.feed(whole[10:])
+    assert not h.conn.input_pending()
+    assert len(h.requests) == 1
+
+
+@pytest.mark.parametrize(("hdgst", "ddgst", "hpda"), [(False, False, 0), (True, True, 3)])
+def test_an_adopting_connection_answers_as_the_one_it_continues(
+    hdgst: bool, ddgst: bool, hpda: int
+) -> None:
+    first = io_connection(hdgst=hdgst, ddgst=ddgst, hpda=hpda)
+    first.feed(first.capsule(read_sqe(1, 4096)))
+    [pending] = first.requests
+    state = first.conn.export_state()
+    assert (state.hpda, state.hdgst, state.ddgst, state.sqhd) == (hpda, hdgst, ddgst, 1)
+    second = Harness()
+    second.conn.adopt(state)
+    second.conn.qid, second.conn.sq_size, second.conn.inline_limit = 1, 32, 4096  # bound
+    assert second.conn.established
+    # The same completion, byte for byte (digests, PDU data offset, SQHD).
+    data = bytes(range(256)) * 16
+    outputs = []
+    for h, req in ((first, pending), (second, Request(pending.sqe))):
+        h.conn.complete(req, Status.SUCCESS, 0, data)
+        outputs.append(b"".join(bytes(b) for b in h.conn.take_output()))
+    assert outputs[0] == outputs[1]
+    [c2h, resp] = parse_pdus(outputs[1], hdgst=hdgst, ddgst=ddgst)
+    assert c2h.data == data and c2h.pdo == P.data_offset(P.DATA_HLEN, hdgst, hpda)
+    assert resp.cqe().sq_head == 1
+    # And it parses what the host sends next as the handshake settled.
+    written = b"\x5a" * 4096
+    assert second.feed(second.capsule(write_sqe(2, 4096, inline=True), written)) == []
+    [req] = second.requests
+    assert bytes(req.data or b"") == written and second.conn.export_state().sqhd == 2
+
+
+def test_only_an_established_connection_exports_and_only_a_fresh_one_adopts() -> None:
+    with pytest.raises(RuntimeError):
+        Harness().conn.export_state()
+    state = io_connection().conn.export_state()
+    with pytest.raises(RuntimeError):
+        io_connection().conn.adopt(state)

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 from pynvmf.block.file import FileDevice
 from pynvmf.block.shared_memory import SharedMemoryDevice
+from pynvmf.spec.command import ConnectCommand, Sqe
 from pynvmf.target.ana import DEFAULT_GROUP
 from pynvmf.target.reservations import ReservationState
 from pynvmf.target.subsystem import Namespace, Subsystem
-from pynvmf.tcp.target import TransportConfig
+from pynvmf.tcp.config import EstablishedState, TransportConfig
 
 # Message kinds, main process -> worker.
 INIT = "init"  # (WorkerInit) + the ANA table's memfd: the first message
@@ -143,11 +144,21 @@ class PortInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class ValidatedConnect:
+    """An I/O queue's Connect as the main process decoded and validated it: the worker
+    binds the queue as `command` asks and sends the completion (`sqe`'s CID, `result`)."""
+
+    sqe: Sqe
+    command: ConnectCommand
+    result: int
+
+
+@dataclass(frozen=True, slots=True)
 class Adoption:
     """A connection handed to a worker after its I/O queue Connect was validated: the
-    worker replays `icreq` (its ICResp already went out) and `connect` (a capsule with
-    the Connect data in it, framed with the negotiated digests), whose completion it
-    sends; from then on the connection is the worker's."""
+    worker continues it from `transport` (the ICResp went out from the main process),
+    binds the queue and sends the Connect's completion; from then on the connection is
+    the worker's."""
 
     token: int
     controller: ControllerInfo
@@ -156,5 +167,5 @@ class Adoption:
     # The row of the ANA table with the statuses of the subsystem on this port.
     ana_row: int
     peer_address: tuple[str, int] | None
-    icreq: bytes
-    connect: bytes
+    transport: EstablishedState
+    connect: ValidatedConnect

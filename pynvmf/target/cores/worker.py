@@ -28,6 +28,7 @@ from pynvmf.block.file import FileDevice
 from pynvmf.block.shared_memory import SharedMemoryDevice
 from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import Status
+from pynvmf.target import fabrics
 from pynvmf.target import io as io_module
 from pynvmf.target.budget import ConnectionLimits, keep_alive_check_ms
 from pynvmf.target.controller import Controller
@@ -54,12 +55,37 @@ _UNLIMITED = 1 << 30
 
 
 class WorkerProtocol(TargetProtocol):
-    """A connection the main process handed over: it reports its end."""
+    """A connection the main process handed over: it continues from where the main
+    process left it, and reports its end."""
 
     def __init__(self, worker: Worker, target: Target, port: Port, token: int) -> None:
         super().__init__(target, port)
         self.worker = worker
         self.token = token
+
+    def adopt(self, adoption: S.Adoption, ctrl: Controller) -> None:
+        """Continue the connection in the transport state the main process left it in,
+        bind its queue to `ctrl` as the Connect asked, and send the Connect's completion
+        (the host is waiting for it and has sent nothing since)."""
+        queue = self.queue
+        assert queue is not None
+        conn = self.conn
+        if conn.established or conn.closing or conn.input_pending():
+            # Bytes came before the Connect's completion (a host may send nothing then),
+            # and this end read them first: there is no state to continue from.
+            self.abort("the host sent more before its Connect completed")
+            return
+        conn.adopt(adoption.transport)
+        # The receive buffer the handshake sized, charged as its first input would.
+        self._charge_receive_buffer()
+        if conn.closing:
+            return
+        if adoption.peer_address:
+            queue.peer_address = adoption.peer_address
+        connect = adoption.connect
+        fabrics.bind(queue, ctrl, connect.command)
+        conn.complete(Request(connect.sqe), Status.SUCCESS, connect.result)
+        self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         queue = self.queue
@@ -301,7 +327,7 @@ class Worker:
             port = self._port(adoption.port)
             if isinstance(subsystem.ana, AnaView):
                 subsystem.ana.rows[port.portid] = adoption.ana_row
-            self._controller(adoption.controller, subsystem, port)
+            ctrl = self._controller(adoption.controller, subsystem, port)
             sock.setblocking(False)
             loop = asyncio.get_running_loop()
             _transport, protocol = await loop.connect_accepted_socket(
@@ -316,25 +342,7 @@ class Worker:
             self._tell_gone(adoption.token)
             return
         self.protocols[adoption.token] = protocol
-        if adoption.peer_address:
-            protocol.queue.peer_address = adoption.peer_address
-        conn = protocol.conn
-        # The ICReq again: the same negotiation, whose ICResp the host already has.
-        conn.feed(adoption.icreq)
-        conn.take_output()
-        if not conn.established:
-            protocol.abort("the handed-over ICReq did not replay")
-            return
-        # The Connect, as if the socket had delivered it (the protocol's own input path,
-        # which also charges the receive buffer and flushes): validated again against
-        # the replica, bound, and answered from here.
-        connect = adoption.connect
-        buf = protocol.get_buffer(len(connect))
-        if len(buf) < len(connect):
-            protocol.abort("no room to replay the handed-over Connect")
-            return
-        buf[: len(connect)] = connect
-        protocol.buffer_updated(len(connect))
+        protocol.adopt(adoption, ctrl)
         self._schedule_report()
 
     def queue_gone(self, token: int, ctrl: Controller | None) -> None:

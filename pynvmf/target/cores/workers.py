@@ -4,9 +4,10 @@ The main process stays the one owner of the target: it accepts every connection,
 runs the admin queues, the controllers (cntlid, features, keep alive, events), the
 subsystems and namespaces, and the reservations. When an I/O queue's Connect has
 been validated against its controller table, the connection goes to a worker
-(SCM_RIGHTS) with what it needs to replay the handshake and answer the Connect
-itself; from then on that queue lives wholly on that worker. docs/cores.md says
-why this routing and not SO_REUSEPORT, and what bounds it.
+(SCM_RIGHTS) with its transport state and the decoded Connect, as data: the worker
+binds the queue and answers the Connect itself, and from then on that queue lives
+wholly on that worker. docs/cores.md says why this routing and not SO_REUSEPORT, and
+what bounds it.
 
 What a worker needs and the main process keeps current (shared_state.py):
 - namespaces: memory namespaces are shared memory (a memfd every worker maps),
@@ -41,8 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from pynvmf.block import range_locks
 from pynvmf.block.shared_memory import SharedMemoryDevice
-from pynvmf.spec import pdu as P
-from pynvmf.spec.command import SGL_DATA_BLOCK_OFFSET, Sqe
+from pynvmf.spec.command import ConnectCommand, Sqe
 from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import DNR, Status
 from pynvmf.target import reservations
@@ -54,7 +54,6 @@ from pynvmf.target.cores.ipc import Channel, RemoteError, socket_pair, wait_all
 from pynvmf.target.limits import MAX_TRANSFER
 from pynvmf.target.port import Port
 from pynvmf.target.target import Target
-from pynvmf.tcp.framing import PduWriter
 from pynvmf.tcp.target import Request
 
 if TYPE_CHECKING:
@@ -293,12 +292,13 @@ class WorkerPool:
 
     # -- routing ----------------------------------------------------------------------
 
-    def hand_off(self, queue: TargetQueue, req: Request) -> bool:
+    def hand_off(self, queue: TargetQueue, req: Request, result: int) -> bool:
         """Give the I/O queue `queue`, whose Connect `req` was validated and bound here,
-        to a worker, which answers the Connect. False: it stays here (no worker can take
-        it, or its subsystem has a namespace only this process can serve)."""
+        to a worker, which answers the Connect (with `result`). False: it stays here (no
+        worker can take it, or its subsystem has a namespace only this process can
+        serve)."""
         ctrl = queue.controller
-        if ctrl is None or req.data is None:
+        if ctrl is None:
             return False
         if queue.auth is not None:
             # DH-HMAC-CHAP: the queue authenticates after its Connect, with the keys and
@@ -313,12 +313,11 @@ class WorkerPool:
         if protocol is None or protocol.transport is None or protocol.transport.is_closing():
             return False
         if protocol.tls is not None:
-            # A TLS connection's record state (user space, or the kernel's, which a
-            # replayed plaintext Connect would not go through) stays with this process.
+            # A TLS connection's record state (user space, or the kernel's) is not in
+            # what a worker adopts: the connection stays with this process.
             return False
         conn = queue.conn
-        reader = conn.reader
-        if getattr(reader, "_end", 0) != getattr(reader, "_start", 0):
+        if conn.input_pending():
             # The host sent more before the Connect completed: served here, in order.
             return False
         sock = protocol.transport.get_extra_info("socket")
@@ -340,8 +339,8 @@ class WorkerPool:
             port=S.PortInfo(port.portid, port.address, port.port, port.transport),
             ana_row=ana_row,
             peer_address=queue.peer_address,
-            icreq=_icreq(conn.hpda, conn.hdgst, conn.ddgst, conn.maxr2t),
-            connect=_connect_capsule(req, conn.hdgst, conn.ddgst, port.transport.cpda),
+            transport=conn.export_state(),
+            connect=S.ValidatedConnect(req.sqe, ConnectCommand.from_sqe(req.sqe), result),
         )
         qid = queue.qid
         rq = RemoteQueue(worker, token, ctrl, qid, port, queue.peer_address, protocol.peer_address)
@@ -580,31 +579,6 @@ class _ForwardedIo:
         raise ConnectionError("no data was forwarded")
 
 
-def _icreq(hpda: int, hdgst: bool, ddgst: bool, maxr2t: int) -> bytes:
-    dgst = (P.DIGEST_HEADER if hdgst else 0) | (P.DIGEST_DATA if ddgst else 0)
-    return P.pack_ic(P.PduType.ICREQ, P.PFV_1_0, hpda, dgst, maxr2t)
-
-
-def _connect_capsule(req: Request, hdgst: bool, ddgst: bool, cpda: int) -> bytes:
-    """The Connect as a capsule with its data in it (however it arrived), framed as the
-    host frames its PDUs on this connection."""
-    assert req.data is not None
-    sqe = req.sqe._replace(sgl_addr=0, sgl_length=len(req.data), sgl_type=SGL_DATA_BLOCK_OFFSET)
-    writer = PduWriter()
-    writer.configure(hdgst=hdgst, ddgst=ddgst, pda=cpda)
-    out: list[Any] = []
-    writer.data(
-        out,
-        P.CAPSULE_CMD,
-        P.PduType.CAPSULE_CMD,
-        0,
-        P.CAPSULE_CMD_HLEN,
-        bytes(req.data),
-        sqe.pack(),
-    )
-    return b"".join(bytes(b) for b in out)
-
-
 class MultiCoreTarget(Target):
     """A Target whose I/O queues worker processes serve (`cores` of them); with the
     same methods, which also keep the workers current."""
@@ -619,8 +593,13 @@ class MultiCoreTarget(Target):
     def memory_device(self, size_bytes: int, block_size: int) -> MemoryDevice:
         return SharedMemoryDevice(size_bytes, block_size)
 
+    def hand_off(self, queue: TargetQueue, req: Request, result: int) -> bool:
+        return self.workers.hand_off(queue, req, result)
+
+    async def controller_changed(self, ctrl: Controller) -> None:
+        await self.workers.controller_changed(ctrl)
+
     async def start(self) -> None:
-        assert self.workers is not None
         for subsystem in self.subsystems.values():
             for ns in subsystem.namespaces.values():
                 ns.reservation.replicate = self.workers.reservation_changed
@@ -633,8 +612,7 @@ class MultiCoreTarget(Target):
 
     async def stop(self) -> None:
         await super().stop()
-        if self.workers is not None:
-            await self.workers.stop()
+        await self.workers.stop()
 
     def add_namespace(self, nqn: str, device: str | NamedDevice, **kwargs: Any) -> Namespace:
         subsystem = self.subsystems.get(nqn)
@@ -651,7 +629,6 @@ class MultiCoreTarget(Target):
             for ctrl in held:
                 ctrl.release_events()
             raise
-        assert self.workers is not None
         answers = self.workers.namespace_added(nqn, ns)
         if held:  # (controllers: the target runs, in a loop)
             task = asyncio.get_running_loop().create_task(_release_when(held, answers))
@@ -668,14 +645,12 @@ class MultiCoreTarget(Target):
         subsystem = self.subsystems.get(nqn)
         if subsystem is None or nsid not in subsystem.namespaces:
             return await super().remove_namespace(nqn, nsid)  # refuses it
-        assert self.workers is not None
         # The workers first: once they answered, none of their commands uses it.
         await self.workers.namespace_removing(nqn, nsid)
         return await super().remove_namespace(nqn, nsid)
 
     async def remove_subsystem(self, nqn: str) -> None:
         await super().remove_subsystem(nqn)
-        assert self.workers is not None
         await self.workers.subsystem_removed(nqn)
 
 
