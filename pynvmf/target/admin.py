@@ -42,6 +42,7 @@ from pynvmf.target.limits import (
     copy_limits,
     reported_nn,
 )
+from pynvmf.target.outcome import Outcome
 
 if TYPE_CHECKING:
     from pynvmf.spec.command import Sqe
@@ -51,8 +52,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# (status, result, data to send to the host or None)
-Outcome = tuple[int, int, bytes | bytearray | None]
 PENDING = None  # an Asynchronous Event Request completes later, not now
 
 FIRMWARE = __version__[:8]

@@ -17,6 +17,7 @@ from pynvmf.auth.controller import ControllerAuth
 from pynvmf.spec.auth import SECP_DHCHAP, SPSP_DHCHAP, auth_cdw10_fields
 from pynvmf.spec.opcodes import FabricsType
 from pynvmf.spec.status import DNR, Status
+from pynvmf.target.outcome import Outcome
 from pynvmf.tcp.psk import generated_tls_psks
 
 if TYPE_CHECKING:
@@ -29,8 +30,6 @@ log = logging.getLogger(__name__)
 # bytes) and Receive allocation answered (Linux and SPDK ask for 4096).
 MAX_SEND = 8192
 MAX_RECEIVE = 65536
-
-Outcome = tuple[int, int, bytes | None]
 
 
 async def execute(queue: TargetQueue, req: Request) -> Outcome:

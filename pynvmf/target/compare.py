@@ -24,9 +24,10 @@ from pynvmf.spec.status import DNR, Status
 from pynvmf.target import reservations
 from pynvmf.target.fused import FUSED_FAIL
 from pynvmf.target.limits import MAX_TRANSFER, VERIFY_MAX_BYTES
+from pynvmf.target.outcome import Outcome
 
 if TYPE_CHECKING:
-    from pynvmf.target.io import IoHandler, Outcome
+    from pynvmf.target.io import IoHandler
     from pynvmf.target.subsystem import Namespace
     from pynvmf.tcp.target import Request
 
@@ -49,7 +50,7 @@ def _error_status(exc: OSError, media_error: int) -> int:
 async def compare(io: IoHandler, req: Request) -> Outcome:
     status, ns, slba, _nlb, length = io.rw_target(req)
     if status or ns is None:
-        return status, None
+        return status, 0, None
     data = req.data if req.data is not None else await io.queue.fetch_data(req)
     try:
         if req.sqe.cdw12 & RW_FUA:
@@ -58,24 +59,24 @@ async def compare(io: IoHandler, req: Request) -> Outcome:
         same = await _matches(ns, slba, data)
     except OSError as exc:
         log.error("read error in Compare on nsid %d: %s", ns.nsid, exc)
-        return _error_status(exc, _READ_ERROR), None
+        return _error_status(exc, _READ_ERROR), 0, None
     _count_read(io, length)
-    return (Status.SUCCESS if same else COMPARE_FAILED), None
+    return (Status.SUCCESS if same else COMPARE_FAILED), 0, None
 
 
 async def verify(io: IoHandler, req: Request) -> Outcome:
     sqe = req.sqe
     ns = io.namespaces.get(sqe.nsid)
     if ns is None:
-        return Status.INVALID_NS | DNR, None
+        return Status.INVALID_NS | DNR, 0, None
     slba = sqe.cdw10 | sqe.cdw11 << 32
     nlb = (sqe.cdw12 & 0xFFFF) + 1
     if slba + nlb > ns.num_blocks:
-        return Status.LBA_OUT_OF_RANGE | DNR, None
+        return Status.LBA_OUT_OF_RANGE | DNR, 0, None
     length = nlb * ns.block_size
     if length > VERIFY_MAX_BYTES:
         # Longer than the Verify Size Limit reported in Identify (CNS 06h).
-        return Status.INVALID_FIELD | DNR, None
+        return Status.INVALID_FIELD | DNR, 0, None
     device = ns.device
     step = _VERIFY_CHUNK // ns.block_size
     await io.queue.hold(req, min(length, _VERIFY_CHUNK))
@@ -88,9 +89,9 @@ async def verify(io: IoHandler, req: Request) -> Outcome:
             await device.read(lba, buf[: n * ns.block_size])
     except OSError as exc:
         log.error("read error in Verify on nsid %d: %s", ns.nsid, exc)
-        return _error_status(exc, _READ_ERROR), None
+        return _error_status(exc, _READ_ERROR), 0, None
     _count_read(io, length)
-    return Status.SUCCESS, None
+    return Status.SUCCESS, 0, None
 
 
 async def compare_and_write(io: IoHandler, first: Request, second: Request) -> None:

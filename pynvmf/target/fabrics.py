@@ -12,6 +12,7 @@ from pynvmf.spec.auth import AUTHREQ_ATR
 from pynvmf.spec.opcodes import FabricsType
 from pynvmf.spec.status import DNR, Status
 from pynvmf.target.controller import CAP, QUEUE_ENTRIES, Controller
+from pynvmf.target.outcome import Outcome
 
 if TYPE_CHECKING:
     from pynvmf.target.queue import TargetQueue
@@ -19,21 +20,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Result = tuple[int, int]  # (status, result DW0/DW1)
-
 _IOSQES = 6
 _IOCQES = 4
 
 
-async def connect(queue: TargetQueue, req: Request) -> Result:
+async def connect(queue: TargetQueue, req: Request) -> Outcome:
     sqe = req.sqe
     if req.length != C.CONNECT_DATA_SIZE:
-        return Status.SGL_INVALID_DATA | DNR, 0
+        return Status.SGL_INVALID_DATA | DNR, 0, None
     data = req.data if req.data is not None else await queue.fetch_data(req)
     cmd = C.ConnectCommand.from_sqe(sqe)
     cdata = C.ConnectData.unpack(data)
     if cmd.recfmt != 0:
-        return Status.CONNECT_INCOMPATIBLE_FORMAT | DNR, 0
+        return Status.CONNECT_INCOMPATIBLE_FORMAT | DNR, 0, None
     target = queue.target
     subsystem = target.find_subsystem(cdata.subnqn, queue.port)
     if subsystem is None:
@@ -41,9 +40,8 @@ async def connect(queue: TargetQueue, req: Request) -> Result:
         return _invalid_data(C.CONNECT_DATA_OFFSET_SUBNQN)
     if not subsystem.host_allowed(cdata.hostnqn):
         log.info("host %r is not allowed on %s", cdata.hostnqn, subsystem.nqn)
-        return Status.CONNECT_INVALID_HOST | DNR, C.connect_invalid_param_result(
-            C.CONNECT_DATA_OFFSET_HOSTNQN, in_data=True
-        )
+        result = C.connect_invalid_param_result(C.CONNECT_DATA_OFFSET_HOSTNQN, in_data=True)
+        return Status.CONNECT_INVALID_HOST | DNR, result, None
     tls_psk = queue.tls_psk
     if tls_psk is not None and (
         tls_psk.hostnqn != cdata.hostnqn
@@ -56,19 +54,17 @@ async def connect(queue: TargetQueue, req: Request) -> Result:
             tls_psk.hostnqn,
             tls_psk.subnqn,
         )
-        return Status.CONNECT_INVALID_HOST | DNR, C.connect_invalid_param_result(
-            C.CONNECT_DATA_OFFSET_HOSTNQN, in_data=True
-        )
+        result = C.connect_invalid_param_result(C.CONNECT_DATA_OFFSET_HOSTNQN, in_data=True)
+        return Status.CONNECT_INVALID_HOST | DNR, result, None
     if cmd.sqsize == 0 or cmd.sqsize >= QUEUE_ENTRIES:
-        return Status.CONNECT_INVALID_PARAM | DNR, C.connect_invalid_param_result(
-            C.CONNECT_SQE_OFFSET_SQSIZE, in_data=False
-        )
+        result = C.connect_invalid_param_result(C.CONNECT_SQE_OFFSET_SQSIZE, in_data=False)
+        return Status.CONNECT_INVALID_PARAM | DNR, result, None
     if cmd.qid == 0:
         if cdata.cntlid != C.CNTLID_DYNAMIC:
             return _invalid_data(C.CONNECT_DATA_OFFSET_CNTLID)
         cntlid = subsystem.allocate_cntlid()
         if cntlid is None:
-            return Status.CONNECT_CTRL_BUSY | DNR, 0
+            return Status.CONNECT_CTRL_BUSY | DNR, 0, None
         ctrl = Controller(
             target, subsystem, cntlid, cdata.hostnqn, cdata.hostid, cmd.kato, queue.port
         )
@@ -92,9 +88,8 @@ async def connect(queue: TargetQueue, req: Request) -> Result:
         if cdata.hostnqn != ctrl.hostnqn:
             return _invalid_data(C.CONNECT_DATA_OFFSET_HOSTNQN)
         if ctrl.is_discovery or cmd.qid > ctrl.io_queues:
-            return Status.CONNECT_INVALID_PARAM | DNR, C.connect_invalid_param_result(
-                C.CONNECT_SQE_OFFSET_QID, in_data=False
-            )
+            result = C.connect_invalid_param_result(C.CONNECT_SQE_OFFSET_QID, in_data=False)
+            return Status.CONNECT_INVALID_PARAM | DNR, result, None
         if not ctrl.admin_authenticated:
             # Its host has a key here and the admin queue has not authenticated: nothing
             # the controller has may be used, an I/O queue first.
@@ -104,11 +99,11 @@ async def connect(queue: TargetQueue, req: Request) -> Result:
                 ctrl.cntlid,
                 subsystem.nqn,
             )
-            return Status.AUTH_REQUIRED | DNR, 0
+            return Status.AUTH_REQUIRED | DNR, 0, None
         if not ctrl.csts & C.CSTS_RDY:
-            return Status.CMD_SEQ_ERROR | DNR, 0
+            return Status.CMD_SEQ_ERROR | DNR, 0, None
         if cmd.qid in ctrl.queues:
-            return Status.CMD_SEQ_ERROR | DNR, 0
+            return Status.CMD_SEQ_ERROR | DNR, 0, None
     concatenated = tls_psk is not None and tls_psk.generated
     authreq = 0
     if not subsystem.is_discovery and cdata.hostnqn in subsystem.host_auth and not concatenated:
@@ -138,7 +133,7 @@ async def connect(queue: TargetQueue, req: Request) -> Result:
         # authenticated: a host cannot send Keep Alive before, and its DH computation may
         # take longer than KATO on a slow machine. The authentication deadline bounds it.
         ctrl.start_keep_alive()
-    return Status.SUCCESS, ctrl.cntlid | authreq
+    return Status.SUCCESS, ctrl.cntlid | authreq, None
 
 
 def bind(queue: TargetQueue, ctrl: Controller, cmd: C.ConnectCommand) -> None:
@@ -166,32 +161,33 @@ def _valid_configuration(ctrl: Controller, cc: int) -> bool:
     return iosqes == _IOSQES and iocqes == _IOCQES
 
 
-def _invalid_data(offset: int) -> Result:
-    return Status.CONNECT_INVALID_PARAM | DNR, C.connect_invalid_param_result(offset, in_data=True)
+def _invalid_data(offset: int) -> Outcome:
+    status = Status.CONNECT_INVALID_PARAM | DNR
+    return status, C.connect_invalid_param_result(offset, in_data=True), None
 
 
-async def execute(queue: TargetQueue, req: Request) -> Result:
+async def execute(queue: TargetQueue, req: Request) -> Outcome:
     """A Fabrics command on a connected queue."""
     sqe = req.sqe
     fctype = sqe.fctype
     ctrl = queue.controller
     assert ctrl is not None
     if fctype == FabricsType.CONNECT:
-        return Status.CMD_SEQ_ERROR | DNR, 0
+        return Status.CMD_SEQ_ERROR | DNR, 0, None
     if queue.qid != 0:
-        return Status.INVALID_OPCODE | DNR, 0
+        return Status.INVALID_OPCODE | DNR, 0, None
     if fctype == FabricsType.PROPERTY_GET:
         return property_get(ctrl, sqe.cdw10 & 0xFF, sqe.cdw11)
     if fctype == FabricsType.PROPERTY_SET:
         return await property_set(ctrl, sqe.cdw10 & 0xFF, sqe.cdw11, sqe.cdw12 | sqe.cdw13 << 32)
-    return Status.INVALID_OPCODE | DNR, 0
+    return Status.INVALID_OPCODE | DNR, 0, None
 
 
-def property_get(ctrl: Controller, attrib: int, offset: int) -> Result:
+def property_get(ctrl: Controller, attrib: int, offset: int) -> Outcome:
     if C.property_size(attrib) == 8:
         if offset == C.PROP_CAP:
-            return Status.SUCCESS, CAP
-        return Status.INVALID_FIELD | DNR, 0
+            return Status.SUCCESS, CAP, None
+        return Status.INVALID_FIELD | DNR, 0, None
     values = {
         C.PROP_VS: ctrl.subsystem.version,
         C.PROP_CC: ctrl.cc,
@@ -201,13 +197,13 @@ def property_get(ctrl: Controller, attrib: int, offset: int) -> Result:
         C.PROP_CAP + 4: CAP >> 32,
     }
     if offset not in values:
-        return Status.INVALID_FIELD | DNR, 0
-    return Status.SUCCESS, values[offset]
+        return Status.INVALID_FIELD | DNR, 0, None
+    return Status.SUCCESS, values[offset], None
 
 
-async def property_set(ctrl: Controller, attrib: int, offset: int, value: int) -> Result:
+async def property_set(ctrl: Controller, attrib: int, offset: int, value: int) -> Outcome:
     if offset != C.PROP_CC or C.property_size(attrib) != 4:
-        return Status.INVALID_FIELD | DNR, 0
+        return Status.INVALID_FIELD | DNR, 0, None
     old, new = ctrl.cc, value & 0xFFFFFFFF
     ctrl.cc = new
     if new & C.CC_EN and not old & C.CC_EN:
@@ -226,4 +222,4 @@ async def property_set(ctrl: Controller, attrib: int, offset: int, value: int) -
         ctrl.csts = (ctrl.csts & ~C.CSTS_SHST_MASK) | C.CSTS_SHST_COMPLETE
     elif not new & C.CC_SHN_MASK:
         ctrl.csts &= ~C.CSTS_SHST_MASK
-    return Status.SUCCESS, 0
+    return Status.SUCCESS, 0, None

@@ -44,6 +44,7 @@ from pynvmf.spec.status import (
 from pynvmf.target import compare, reservations
 from pynvmf.target.budget import READ_CHUNK, UNCHARGED_READ
 from pynvmf.target.limits import COPY_FORMATS, MAX_TRANSFER, copy_limits, reported_nn
+from pynvmf.target.outcome import Outcome
 
 if TYPE_CHECKING:
     from pynvmf.target.controller import Controller
@@ -64,9 +65,6 @@ _WRITE: Final = int(IoOpcode.WRITE)
 _COPY: Final = int(IoOpcode.COPY)
 _UNCHARGED_READ: Final = UNCHARGED_READ
 _READ_CHUNK: Final = READ_CHUNK
-
-
-Outcome = tuple[int, bytes | bytearray | memoryview | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,16 +228,16 @@ class IoHandler:
         try:
             handler = _HANDLERS.get(opcode)
             if handler is None:
-                status, data = Status.INVALID_OPCODE | DNR, None
+                status, result, data = Status.INVALID_OPCODE | DNR, 0, None
             elif self.ana.any_blocked and (blocked := self.path_status(sqe.nsid)):
                 # Refused before anything moves (no R2T, no data read or written).
-                status, data = blocked, None
+                status, result, data = blocked, 0, None
             elif self.registered:
-                status, data = await self._reserved(req, handler)
+                status, result, data = await self._reserved(req, handler)
             else:
-                status, data = await handler(self, req)
+                status, result, data = await handler(self, req)
         except BlockRangeError:
-            status, data = Status.LBA_OUT_OF_RANGE | DNR, None
+            status, result, data = Status.LBA_OUT_OF_RANGE | DNR, 0, None
         except ConnectionError:
             return  # the queue went away while the command waited for data
         except StorageUnavailable as exc:
@@ -249,19 +247,19 @@ class IoHandler:
             log.error(
                 "storage unavailable on %s nsid %d: %s", self.ctrl.subsystem.nqn, sqe.nsid, exc
             )
-            status, data = Status.INTERNAL_PATH_ERROR, None
+            status, result, data = Status.INTERNAL_PATH_ERROR, 0, None
         except OSError as exc:
             log.error("I/O error on %s nsid %d: %s", self.ctrl.subsystem.nqn, sqe.nsid, exc)
             status = (
                 Status.WRITE_FAULT if opcode != IoOpcode.READ else Status.UNRECOVERED_READ_ERROR
             )
-            data = None
+            result, data = 0, None
         except Exception:
             log.exception("I/O command %#x failed", opcode)
-            status, data = Status.INTERNAL_ERROR, None
+            status, result, data = Status.INTERNAL_ERROR, 0, None
         if status:
             self.ctrl.record_error(self.queue.qid, req, status)
-        self.queue.conn.complete(req, status, 0, data)
+        self.queue.conn.complete(req, status, result, data)
 
     def path_status(self, nsid: int) -> int:
         """The ANA path-related status a command to `nsid` gets through this queue's
@@ -301,7 +299,7 @@ class IoHandler:
     async def read(self, req: Request) -> Outcome:
         status, ns, slba, _nlb, length = self.rw_target(req)
         if status or ns is None:
-            return status, None
+            return status, 0, None
         if length > READ_CHUNK:
             return await self._read_in_pieces(req, ns, slba, length)
         if length > UNCHARGED_READ:
@@ -314,7 +312,7 @@ class IoHandler:
         stats = self.stats
         stats.read_cmds += 1
         stats.read_bytes += length
-        return Status.SUCCESS, data
+        return Status.SUCCESS, 0, data
 
     async def _read_in_pieces(self, req: Request, ns: Namespace, slba: int, length: int) -> Outcome:
         """A Read larger than READ_CHUNK from a device that needs a buffer: read and sent
@@ -338,7 +336,7 @@ class IoHandler:
                 stats = self.stats
                 stats.read_cmds += 1
                 stats.read_bytes += length
-                return Status.SUCCESS, buf
+                return Status.SUCCESS, 0, buf
             if conn.closing:
                 raise ConnectionError("the connection closed during a read")
             conn.send_data(req, buf)
@@ -347,7 +345,7 @@ class IoHandler:
     async def write(self, req: Request) -> Outcome:
         status, ns, slba, _nlb, length = self.rw_target(req)
         if status or ns is None:
-            return status, None
+            return status, 0, None
         data = req.data if req.data is not None else await self.queue.fetch_data(req)
         fua = bool(req.sqe.cdw12 & RW_FUA) or not self.ctrl.volatile_write_cache
         # Writes stay out of a fused Compare and Write on the namespace (fused.WriteGate);
@@ -366,7 +364,7 @@ class IoHandler:
         stats = self.stats
         stats.write_cmds += 1
         stats.write_bytes += length
-        return Status.SUCCESS, None
+        return Status.SUCCESS, 0, None
 
     async def flush(self, req: Request) -> Outcome:
         nsid = req.sqe.nsid
@@ -374,22 +372,22 @@ class IoHandler:
             # A copy: the target may remove a namespace while this waits for a flush.
             for each in list(self.namespaces.values()):
                 await each.device.flush()
-            return Status.SUCCESS, None
+            return Status.SUCCESS, 0, None
         ns = self.namespaces.get(nsid)
         if ns is None:
-            return Status.INVALID_NS | DNR, None
+            return Status.INVALID_NS | DNR, 0, None
         await ns.device.flush()
-        return Status.SUCCESS, None
+        return Status.SUCCESS, 0, None
 
     async def write_zeroes(self, req: Request) -> Outcome:
         sqe = req.sqe
         ns = self.namespaces.get(sqe.nsid)
         if ns is None:
-            return Status.INVALID_NS | DNR, None
+            return Status.INVALID_NS | DNR, 0, None
         slba = sqe.cdw10 | sqe.cdw11 << 32
         nlb = (sqe.cdw12 & 0xFFFF) + 1
         if slba + nlb > ns.num_blocks:
-            return Status.LBA_OUT_OF_RANGE | DNR, None
+            return Status.LBA_OUT_OF_RANGE | DNR, 0, None
         device = ns.device
         fua = bool(sqe.cdw12 & RW_FUA) or not self.ctrl.volatile_write_cache
         await ns.gate.enter()
@@ -400,23 +398,23 @@ class IoHandler:
                 await device.write_zeroes(slba, nlb, fua=fua)
         finally:
             ns.gate.leave()
-        return Status.SUCCESS, None
+        return Status.SUCCESS, 0, None
 
     async def dataset_management(self, req: Request) -> Outcome:
         sqe = req.sqe
         ns = self.namespaces.get(sqe.nsid)
         if ns is None:
-            return Status.INVALID_NS | DNR, None
+            return Status.INVALID_NS | DNR, 0, None
         nr = (sqe.cdw10 & 0xFF) + 1
         # The range list may sit in a larger buffer (the Linux host sends a whole page):
         # only a buffer too short for NR ranges is refused, as nvmet does.
         if not nr * DSM_RANGE.size <= req.length <= MAX_TRANSFER:
-            return Status.SGL_INVALID_DATA | DNR, None
+            return Status.SGL_INVALID_DATA | DNR, 0, None
         data = req.data if req.data is not None else await self.queue.fetch_data(req)
         ranges = [DSM_RANGE.unpack_from(data, i * DSM_RANGE.size) for i in range(nr)]
         for _attr, nlb, slba in ranges:
             if slba + nlb > ns.num_blocks:
-                return Status.LBA_OUT_OF_RANGE | DNR, None
+                return Status.LBA_OUT_OF_RANGE | DNR, 0, None
         if sqe.cdw11 & DSM_ATTR_DEALLOCATE and ns.device.capabilities.deallocate:
             await ns.gate.enter()
             try:
@@ -425,7 +423,7 @@ class IoHandler:
                         await ns.device.deallocate(slba, nlb)
             finally:
                 ns.gate.leave()
-        return Status.SUCCESS, None
+        return Status.SUCCESS, 0, None
 
     async def copy(self, req: Request) -> Outcome:
         """Copy (TP 4065 formats 0/1, TP 4130 formats 2/3 with a source NSID per range,
@@ -439,25 +437,25 @@ class IoHandler:
         sqe = req.sqe
         ns = self.namespaces.get(sqe.nsid)
         if ns is None:
-            return Status.INVALID_NS | DNR, None
+            return Status.INVALID_NS | DNR, 0, None
         cdw12 = sqe.cdw12
         nr = (cdw12 & 0xFF) + 1
         desfmt = (cdw12 >> 8) & 0xF
         if desfmt not in COPY_FORMATS:
-            return Status.INVALID_FIELD | DNR, None
+            return Status.INVALID_FIELD | DNR, 0, None
         fmt_bit = 1 << desfmt
         if fmt_bit & COPY_CDFE_FORMATS and not fmt_bit & self.ctrl.copy_formats_enabled:
             # TP 4130: a format with source NSIDs only once the host enabled it (CDFE),
             # checked before the descriptors are fetched.
-            return Status.INVALID_FIELD | DNR, None
+            return Status.INVALID_FIELD | DNR, 0, None
         device = ns.device
         caps = device.capabilities  # once: Namespace.block_size and num_blocks ask it each
         block_size = caps.block_size
         limits = _copy_limits(block_size)
         if nr > limits.max_ranges:
-            return CMD_SIZE_LIMIT_EXCEEDED | DNR, None
+            return CMD_SIZE_LIMIT_EXCEEDED | DNR, 0, None
         if req.length != nr * COPY_DESCRIPTOR_SIZE[desfmt]:
-            return Status.SGL_INVALID_DATA | DNR, None
+            return Status.SGL_INVALID_DATA | DNR, 0, None
         data = req.data if req.data is not None else await self.queue.fetch_data(req)
         sdlba = sqe.cdw10 | sqe.cdw11 << 32
         fua = bool(cdw12 & RW_FUA) or not self.ctrl.volatile_write_cache
@@ -467,10 +465,10 @@ class IoHandler:
             slba, nlb = COPY_DESCRIPTOR[desfmt].unpack_from(data)[1:3]
             nlb += 1
             if nlb > limits.max_range_blocks or nlb > limits.max_blocks:
-                return CMD_SIZE_LIMIT_EXCEEDED | DNR, None
+                return CMD_SIZE_LIMIT_EXCEEDED | DNR, 0, None
             num_blocks = caps.num_blocks
             if slba + nlb > num_blocks or sdlba + nlb > num_blocks:
-                return Status.LBA_OUT_OF_RANGE | DNR, None
+                return Status.LBA_OUT_OF_RANGE | DNR, 0, None
             gate = ns.gate
             if gate.closed:
                 await gate.wait_open()
@@ -486,22 +484,22 @@ class IoHandler:
                 stats = self.stats
                 stats.copy_cmds += 1
                 stats.copy_bytes += nlb * block_size
-                return Status.SUCCESS, None
+                return Status.SUCCESS, 0, None
             # The planner wants a plan for it (staging, emulation): the general path.
         ranges = parse_copy_ranges(data, desfmt, nr)
         total = sum(r.nlb for r in ranges)
         if any(r.nlb > limits.max_range_blocks for r in ranges) or total > limits.max_blocks:
-            return CMD_SIZE_LIMIT_EXCEEDED | DNR, None
+            return CMD_SIZE_LIMIT_EXCEEDED | DNR, 0, None
         sources = []
         srcs = []
         for r in ranges:
             status, src = self._copy_source(ns, r, desfmt)
             if src is None:
-                return status, None
+                return status, 0, None
             srcs.append(src)
             sources.append(block_copy.SourceRange(src.device, r.slba, r.nlb))
         if sdlba + total > ns.num_blocks:
-            return Status.LBA_OUT_OF_RANGE | DNR, None
+            return Status.LBA_OUT_OF_RANGE | DNR, 0, None
         if desfmt in (2, 3) and any(
             src.device is ns.device and s.lba < sdlba + total and sdlba < s.lba + s.nblocks
             for src, s in zip(srcs, sources, strict=True)
@@ -509,7 +507,7 @@ class IoHandler:
             # NVM Command Set 1.2: with formats 2h/3h a source range in the destination
             # namespace must not overlap the destination (formats 0h/1h leave the result
             # to the controller, and get the planner's read-all-sources-first result).
-            return OVERLAPPING_IO_RANGE | DNR, None
+            return OVERLAPPING_IO_RANGE | DNR, 0, None
         budget = self.budget
         try:
             # The plan fits what this connection may ever hold, and the target in all:
@@ -523,7 +521,7 @@ class IoHandler:
         except block_copy.CopyTooLarge:
             # Overlapping ranges that would have to be staged in more memory than the
             # connection's budget: a size limit of this target (docs/limits.md).
-            return CMD_SIZE_LIMIT_EXCEEDED | DNR, None
+            return CMD_SIZE_LIMIT_EXCEEDED | DNR, 0, None
         need = plan.memory
         if need and not budget.try_take(need):
             await budget.take(need)
@@ -538,7 +536,7 @@ class IoHandler:
                 budget.give(need)
         self.stats.copy_cmds += 1
         self.stats.copy_bytes += total * ns.block_size
-        return Status.SUCCESS, None
+        return Status.SUCCESS, 0, None
 
     async def compare(self, req: Request) -> Outcome:
         return await compare.compare(self, req)

@@ -202,7 +202,7 @@ class TargetQueue:
 
     async def _connect(self, req: Request) -> None:
         try:
-            status, result = await fabrics.connect(self, req)
+            status, result, _ = await fabrics.connect(self, req)
         except ConnectionError:
             return
         except Exception:
@@ -215,16 +215,15 @@ class TargetQueue:
     async def _admin(self, req: Request) -> None:
         ctrl = self.controller
         assert ctrl is not None
-        data: bytes | bytearray | memoryview | None = None
         try:
             if req.sqe.opcode == AdminOpcode.FABRICS:
                 if req.sqe.fctype in _AUTH_COMMANDS:
                     status, result, data = await auth_commands.execute(self, req)
                 else:
-                    status, result = await fabrics.execute(self, req)
+                    status, result, data = await fabrics.execute(self, req)
             elif not ctrl.csts & CSTS_RDY:
                 # Only Fabrics commands until the host enables the controller (CC.EN).
-                status, result = Status.CMD_SEQ_ERROR | DNR, 0
+                status, result, data = Status.CMD_SEQ_ERROR | DNR, 0, None
             else:
                 outcome = await admin.execute(ctrl, self, req)
                 if outcome is None:
@@ -238,7 +237,7 @@ class TargetQueue:
             return
         except Exception:
             log.exception("admin command %#x failed", req.sqe.opcode)
-            status, result = Status.INTERNAL_ERROR, 0
+            status, result, data = Status.INTERNAL_ERROR, 0, None
         if status:
             ctrl.record_error(self.qid, req, status)
         self.conn.complete(req, status, result, data)

@@ -42,10 +42,11 @@ from pynvmf.spec.reservations import (
 )
 from pynvmf.spec.status import DNR, Status
 from pynvmf.target.fused import FUSED_FAIL
+from pynvmf.target.outcome import Outcome
 
 if TYPE_CHECKING:
     from pynvmf.target.controller import Controller
-    from pynvmf.target.io import IoHandler, Outcome
+    from pynvmf.target.io import IoHandler
     from pynvmf.target.queue import TargetQueue
     from pynvmf.target.subsystem import Namespace, Subsystem
     from pynvmf.tcp.target import Request
@@ -409,7 +410,7 @@ def load_state(path: Path) -> ReservationState:
 
 # -- per namespace ----------------------------------------------------------------------
 
-Handler = Callable[["IoHandler", "Request"], Awaitable["Outcome"]]
+Handler = Callable[["IoHandler", "Request"], Awaitable[Outcome]]
 Pair = tuple[int | None, int | None]  # statuses of a fused pair's commands (None: completed)
 
 
@@ -514,7 +515,7 @@ class NamespaceReservation:
         host = io.ctrl.hostid
         opcode = req.sqe.opcode
         if opcode in self._refused.get(host, self._refused_other):
-            return CONFLICT, None
+            return CONFLICT, 0, None
         if opcode not in _DATA_COMMANDS:
             return await handler(io, req)
         self._enter(host)
@@ -652,14 +653,14 @@ def _namespace(io: IoHandler, req: Request) -> Namespace | None:
 async def register_command(io: IoHandler, req: Request) -> Outcome:
     ns = _namespace(io, req)
     if ns is None:
-        return Status.INVALID_NS | DNR, None
+        return Status.INVALID_NS | DNR, 0, None
     fields = RegisterFields.from_cdw10(req.sqe.cdw10)
     status = check_register(fields)
     if status:
-        return status, None
+        return status, 0, None
     data = await _keys(io, req, R.REGISTER_DATA.size)
     if isinstance(data, int):
-        return data, None
+        return data, 0, None
     crkey, nrkey = R.REGISTER_DATA.unpack_from(data)
     host = io.ctrl.hostid
     res = ns.reservation
@@ -667,70 +668,68 @@ async def register_command(io: IoHandler, req: Request) -> Outcome:
         io.ctrl.subsystem,
         lambda state: register(state, host, fields, crkey, nrkey, ptpl_capable=res.ptpl_capable),
     )
-    return status, None
+    return status, 0, None
 
 
 async def acquire_command(io: IoHandler, req: Request) -> Outcome:
     ns = _namespace(io, req)
     if ns is None:
-        return Status.INVALID_NS | DNR, None
+        return Status.INVALID_NS | DNR, 0, None
     fields = AcquireReleaseFields.from_cdw10(req.sqe.cdw10)
     status = check_acquire(fields)
     if status:
-        return status, None
+        return status, 0, None
     data = await _keys(io, req, R.ACQUIRE_DATA.size)
     if isinstance(data, int):
-        return data, None
+        return data, 0, None
     crkey, prkey = R.ACQUIRE_DATA.unpack_from(data)
     host = io.ctrl.hostid
     status = await ns.reservation.change(
         io.ctrl.subsystem, lambda state: acquire(state, host, fields, crkey, prkey)
     )
-    return status, None
+    return status, 0, None
 
 
 async def release_command(io: IoHandler, req: Request) -> Outcome:
     ns = _namespace(io, req)
     if ns is None:
-        return Status.INVALID_NS | DNR, None
+        return Status.INVALID_NS | DNR, 0, None
     fields = AcquireReleaseFields.from_cdw10(req.sqe.cdw10)
     status = check_release(fields)
     if status:
-        return status, None
+        return status, 0, None
     data = await _keys(io, req, R.RELEASE_DATA.size)
     if isinstance(data, int):
-        return data, None
+        return data, 0, None
     (crkey,) = R.RELEASE_DATA.unpack_from(data)
     host = io.ctrl.hostid
     status = await ns.reservation.change(
         io.ctrl.subsystem, lambda state: release(state, host, fields, crkey)
     )
-    return status, None
+    return status, 0, None
 
 
 async def report_command(io: IoHandler, req: Request, max_transfer: int) -> Outcome:
     sqe = req.sqe
     ns = _namespace(io, req)
     if ns is None:
-        return Status.INVALID_NS | DNR, None
+        return Status.INVALID_NS | DNR, 0, None
     if not sqe.cdw11 & R.REPORT_EDS:
         # Fabrics hosts have 128-bit host identifiers, which only the extended data
         # structure carries.
-        return Status.HOST_ID_INCONSISTENT | DNR, None
+        return Status.HOST_ID_INCONSISTENT | DNR, 0, None
     length = (sqe.cdw10 + 1) * 4
     if length > max_transfer:
-        return INVALID_FIELD, None
+        return INVALID_FIELD, 0, None
     if req.length < length:
-        return Status.SGL_INVALID_DATA | DNR, None
+        return Status.SGL_INVALID_DATA | DNR, 0, None
     # A buffer too small gets the structure's first NUMD dwords: REGCTL still counts every
     # registrant, so the host learns how large a buffer it needs.
     page = status_report(ns.reservation.state).pack(extended=True)
-    return Status.SUCCESS, page[:length].ljust(length, b"\x00")
+    return Status.SUCCESS, 0, page[:length].ljust(length, b"\x00")
 
 
 # -- admin: features and the log page ---------------------------------------------------------
-
-AdminOutcome = tuple[int, int, bytes | bytearray | None]
 
 
 def _feature_namespace(ctrl: Controller, nsid: int) -> tuple[int, Namespace | None]:
@@ -753,7 +752,7 @@ def _targets(ctrl: Controller, nsid: int) -> tuple[int, list[Namespace]]:
     return Status.SUCCESS, [ns]
 
 
-def get_notification_mask(ctrl: Controller, req: Request, sel: int) -> AdminOutcome:
+def get_notification_mask(ctrl: Controller, req: Request, sel: int) -> Outcome:
     status, ns = _feature_namespace(ctrl, req.sqe.nsid)
     if status or ns is None:
         return status, 0, None
@@ -762,7 +761,7 @@ def get_notification_mask(ctrl: Controller, req: Request, sel: int) -> AdminOutc
     return Status.SUCCESS, ctrl.reservation_log.masks.get(ns.nsid, 0), None
 
 
-async def set_notification_mask(ctrl: Controller, queue: TargetQueue, req: Request) -> AdminOutcome:
+async def set_notification_mask(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
     mask = req.sqe.cdw11
     if mask & ~R.NOTIFICATION_MASK_ALL:
         return INVALID_FIELD, 0, None
@@ -774,7 +773,7 @@ async def set_notification_mask(ctrl: Controller, queue: TargetQueue, req: Reque
     return Status.SUCCESS, 0, None
 
 
-def get_persistence(ctrl: Controller, req: Request, sel: int) -> AdminOutcome:
+def get_persistence(ctrl: Controller, req: Request, sel: int) -> Outcome:
     status, ns = _feature_namespace(ctrl, req.sqe.nsid)
     if status or ns is None:
         return status, 0, None
@@ -783,7 +782,7 @@ def get_persistence(ctrl: Controller, req: Request, sel: int) -> AdminOutcome:
     return Status.SUCCESS, int(ns.reservation.state.ptpl), None
 
 
-async def set_persistence(ctrl: Controller, queue: TargetQueue, req: Request) -> AdminOutcome:
+async def set_persistence(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
     ptpl = bool(req.sqe.cdw11 & R.FEATURE_PTPL)
     status, namespaces = _targets(ctrl, req.sqe.nsid)
     if status:

@@ -7,10 +7,11 @@ import pytest
 
 from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.target import io
+from pynvmf.target.outcome import Outcome
 
 
 def test_only_an_opcode_the_effects_log_lists_can_be_given_a_handler() -> None:
-    async def handler(_io: io.IoHandler, _req: object) -> io.Outcome:
+    async def handler(_io: io.IoHandler, _req: object) -> Outcome:
         raise AssertionError("never run")
 
     # Vendor specific, and not an NVM opcode at all: the Commands Supported and Effects

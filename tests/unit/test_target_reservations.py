@@ -511,7 +511,7 @@ async def test_preempt_and_abort_waits_for_the_commands_under_way() -> None:
     async def slow_write(io: Any, req: Any) -> Any:
         started.set()
         await finish.wait()
-        return 0, None
+        return 0, 0, None
 
     io = type("Io", (), {"ctrl": type("Ctrl", (), {"hostid": A})()})()
     write = asyncio.create_task(res.guard(io, cast(Any, _Req(IoOpcode.WRITE)), slow_write))
@@ -521,7 +521,7 @@ async def test_preempt_and_abort_waits_for_the_commands_under_way() -> None:
     await other
     assert not wait.done()
     finish.set()
-    assert await write == (0, None)
+    assert await write == (0, 0, None)
     await wait
 
 

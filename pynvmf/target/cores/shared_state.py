@@ -31,7 +31,7 @@ EXIT = "exit"  # ()
 # Worker -> main process.
 QUEUE_CLOSED = "queue_closed"  # (queue token)
 ACTIVITY = "activity"  # (controller tokens with traffic, {token: [ErrorLogEntry]}, {nqn: stats})
-FORWARD = "forward"  # (controller token, sqe bytes, data or None): request -> (status, data)
+FORWARD = "forward"  # (controller token, sqe bytes, data or None): request -> its Outcome
 
 
 @dataclass(frozen=True, slots=True)

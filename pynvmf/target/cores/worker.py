@@ -36,6 +36,7 @@ from pynvmf.target.cores import shared_state as S
 from pynvmf.target.cores.ana_table import AnaView
 from pynvmf.target.cores.ipc import Channel
 from pynvmf.target.drain import commands_waiting, drain
+from pynvmf.target.outcome import Outcome
 from pynvmf.target.port import Port
 from pynvmf.target.protocol import TargetProtocol
 from pynvmf.target.reservations import ReservationState
@@ -416,10 +417,10 @@ def _install_forwarding(worker: Worker) -> None:
     """The reservation commands run in the main process: this worker's dispatch table
     sends them there (a process of its own, so its table is its own)."""
 
-    async def forward(io: io_module.IoHandler, req: Request) -> io_module.Outcome:
+    async def forward(io: io_module.IoHandler, req: Request) -> Outcome:
         token = worker.controller_token(io.ctrl)
         if token is None or worker.channel is None:
-            return Status.ABORT_SQ_DELETED, None
+            return Status.ABORT_SQ_DELETED, 0, None
         data = req.data
         wants_data = req.sqe.opcode & 1 and 0 < req.length <= 4096
         if data is None and wants_data:
@@ -427,8 +428,8 @@ def _install_forwarding(worker: Worker) -> None:
         answer = await worker.channel.request(
             S.FORWARD, token, req.sqe.pack(), None if data is None else bytes(data), req.length
         )
-        status, payload = answer
-        return status, payload
+        status, result, payload = answer
+        return status, result, payload
 
     for opcode in (
         IoOpcode.RESERVATION_REGISTER,

@@ -52,6 +52,7 @@ from pynvmf.target.cores import shared_state as S
 from pynvmf.target.cores.ana_table import AnaTable
 from pynvmf.target.cores.ipc import Channel, RemoteError, socket_pair, wait_all
 from pynvmf.target.limits import MAX_TRANSFER
+from pynvmf.target.outcome import Outcome
 from pynvmf.target.port import Port
 from pynvmf.target.target import Target
 from pynvmf.tcp.target import Request
@@ -467,12 +468,12 @@ class WorkerPool:
 
     async def _forwarded(
         self, ctrl_token: int, sqe_bytes: bytes, data: bytes | None, length: int
-    ) -> tuple[int, bytes | None]:
+    ) -> Outcome:
         """A reservation command from a worker's queue: it runs here, against the one
         state, and its change reaches every worker before it completes."""
         ctrl = self._ctrls.get(ctrl_token)
         if ctrl is None or ctrl.destroyed:
-            return Status.ABORT_SQ_DELETED, None
+            return Status.ABORT_SQ_DELETED, 0, None
         sqe = Sqe.unpack(sqe_bytes)
         req = Request(sqe)
         req.length = length
@@ -480,16 +481,16 @@ class WorkerPool:
         io = _ForwardedIo(ctrl)
         opcode = sqe.opcode
         if opcode == IoOpcode.RESERVATION_REGISTER:
-            status, out = await reservations.register_command(io, req)  # type: ignore[arg-type]
+            status, result, out = await reservations.register_command(io, req)  # type: ignore[arg-type]
         elif opcode == IoOpcode.RESERVATION_ACQUIRE:
-            status, out = await reservations.acquire_command(io, req)  # type: ignore[arg-type]
+            status, result, out = await reservations.acquire_command(io, req)  # type: ignore[arg-type]
         elif opcode == IoOpcode.RESERVATION_RELEASE:
-            status, out = await reservations.release_command(io, req)  # type: ignore[arg-type]
+            status, result, out = await reservations.release_command(io, req)  # type: ignore[arg-type]
         elif opcode == IoOpcode.RESERVATION_REPORT:
-            status, out = await reservations.report_command(io, req, MAX_TRANSFER)  # type: ignore[arg-type]
+            status, result, out = await reservations.report_command(io, req, MAX_TRANSFER)  # type: ignore[arg-type]
         else:
-            return Status.INVALID_OPCODE | DNR, None
-        return status, None if out is None else bytes(out)
+            return Status.INVALID_OPCODE | DNR, 0, None
+        return status, result, None if out is None else bytes(out)
 
     # -- what the workers are told -----------------------------------------------------
 
