@@ -1,0 +1,298 @@
+"""The one codec of spec/'s fixed-layout data structures (Identify data, log pages).
+
+What it decides: a structure on the wire is a :class:`Layout`, a size in bytes and a
+table of fields ``(name, byte offset, kind)``. The one table drives both directions, so
+encoding and decoding cannot drift apart:
+
+- encoding writes each field's value at its offset into a zeroed buffer of the layout's
+  size, so reserved and vendor specific areas are zero; the values come from a
+  dataclass's attributes or from a mapping;
+- decoding reads each field back into a ``{name: value}`` dict, from which the
+  structure's dataclass is built; bytes outside the fields are ignored.
+
+The kinds are the ones NVMe structures use: little-endian unsigned integers of 1, 2, 3
+(an IEEE OUI), 4, 8 and 16 bytes; ASCII strings (left justified, space padded, not
+terminated); NQNs (NUL terminated UTF-8 in a fixed field); opaque byte strings of an
+exact length; arrays of a fixed number of entries of one kind; and nested records (a
+layout decoded to its own dataclass). A table is checked when it is built: every field
+inside the size, none overlapping another. A value that does not fit raises ValueError
+naming the structure and the field, and so does a buffer shorter than the layout.
+
+Pages of a variable length (a count field followed by that many entries, descriptor
+lists, the ANA log) are assembled by their own modules from layouts of their fixed parts.
+The PDU headers of the I/O path keep their precompiled ``struct`` formats
+(spec/pdu.py): they are decoded per command, these structures per admin command.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Protocol, Self
+
+Buffer = bytes | bytearray | memoryview
+
+
+class Kind(Protocol):
+    """How one field's value becomes its bytes and back."""
+
+    @property
+    def size(self) -> int: ...
+
+    def put(self, buf: bytearray, offset: int, value: Any) -> None: ...
+
+    def get(self, data: Buffer, offset: int) -> Any: ...
+
+
+class Int:
+    """A little-endian unsigned integer of a size `struct` has a format for."""
+
+    __slots__ = ("_st", "fmt", "size")
+
+    def __init__(self, fmt: str) -> None:
+        self.fmt = fmt
+        self._st = struct.Struct("<" + fmt)
+        self.size = self._st.size
+
+    def put(self, buf: bytearray, offset: int, value: int) -> None:
+        self._st.pack_into(buf, offset, value)
+
+    def get(self, data: Buffer, offset: int) -> int:
+        value: int = self._st.unpack_from(data, offset)[0]
+        return value
+
+
+class _Split:
+    """An integer wider than `struct`'s formats: a low and a high part, low first."""
+
+    __slots__ = ("_bits", "_low_bits", "_low_mask", "_st", "size")
+
+    def __init__(self, fmt: str, low_bits: int) -> None:
+        self._st = struct.Struct("<" + fmt)
+        self.size = self._st.size
+        self._bits = self.size * 8
+        self._low_mask = (1 << low_bits) - 1
+        self._low_bits = low_bits
+
+    def put(self, buf: bytearray, offset: int, value: int) -> None:
+        if not 0 <= value < 1 << self._bits:
+            raise ValueError(f"{value:#x} does not fit in {self._bits} bits")
+        self._st.pack_into(buf, offset, value & self._low_mask, value >> self._low_bits)
+
+    def get(self, data: Buffer, offset: int) -> int:
+        low, high = self._st.unpack_from(data, offset)
+        result: int = low | high << self._low_bits
+        return result
+
+
+U8 = Int("B")
+U16 = Int("H")
+U32 = Int("I")
+U64 = Int("Q")
+U24 = _Split("HB", 16)  # the IEEE OUI
+U128 = _Split("QQ", 64)  # capacities and counters the spec sizes at 128 bits
+
+
+class _Bytes:
+    """A fixed-size byte field; `struct` bounds-checks it against the buffer."""
+
+    __slots__ = ("_st", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._st = struct.Struct(f"{size}s")  # packing pads with NULs
+
+    def _raw(self, data: Buffer, offset: int) -> bytes:
+        raw: bytes = self._st.unpack_from(data, offset)[0]
+        return raw
+
+
+class Ascii(_Bytes):
+    """An NVMe "ASCII string": left justified, space padded, not terminated.
+
+    `empty_is_zero`: an empty string is all zero bytes rather than spaces (the Firmware
+    Slot log's empty slots).
+    """
+
+    __slots__ = ("_empty_is_zero",)
+
+    def __init__(self, size: int, *, empty_is_zero: bool = False) -> None:
+        super().__init__(size)
+        self._empty_is_zero = empty_is_zero
+
+    def put(self, buf: bytearray, offset: int, value: str) -> None:
+        raw = value.encode("ascii")
+        if len(raw) > self.size:
+            raise ValueError(f"{value!r} is longer than {self.size} bytes")
+        if raw or not self._empty_is_zero:
+            raw = raw.ljust(self.size, b" ")
+        self._st.pack_into(buf, offset, raw)
+
+    def get(self, data: Buffer, offset: int) -> str:
+        # Some controllers (and Linux's TRADDR/TRSVCID) NUL-pad these despite the spec.
+        return self._raw(data, offset).rstrip(b" \x00").decode("ascii", errors="replace")
+
+
+class Nqn(_Bytes):
+    """An NQN field: NUL terminated UTF-8 in a fixed-size field."""
+
+    __slots__ = ()
+
+    def __init__(self, size: int = 256) -> None:
+        super().__init__(size)
+
+    def put(self, buf: bytearray, offset: int, value: str) -> None:
+        raw = value.encode("utf-8")
+        # Keep room for the terminator: hosts copy these with C string functions.
+        if len(raw) >= self.size:
+            raise ValueError(f"NQN is {len(raw)} bytes, at most {self.size - 1} fit")
+        self._st.pack_into(buf, offset, raw)
+
+    def get(self, data: Buffer, offset: int) -> str:
+        raw = self._raw(data, offset)
+        return raw.split(b"\x00", 1)[0].decode("utf-8", errors="replace")
+
+
+class Raw(_Bytes):
+    """Opaque bytes (GUIDs, EUI-64, TSAS) that must be exactly `size` long."""
+
+    __slots__ = ()
+
+    def put(self, buf: bytearray, offset: int, value: bytes) -> None:
+        if len(value) != self.size:
+            raise ValueError(f"expected {self.size} bytes, got {len(value)}")
+        self._st.pack_into(buf, offset, bytes(value))
+
+    def get(self, data: Buffer, offset: int) -> bytes:
+        return self._raw(data, offset)
+
+
+class Array:
+    """`count` entries of one kind back to back. Encoding takes up to `count` values
+    (exactly `count` when `exact`) and leaves the entries after them zero; decoding
+    returns all `count` entries, the structure decides which of them are in use."""
+
+    __slots__ = ("_bulk", "_count", "_exact", "_kind", "size")
+
+    def __init__(self, kind: Kind, count: int, *, exact: bool = False) -> None:
+        self._kind = kind
+        self._count = count
+        self._exact = exact
+        self.size = kind.size * count
+        # Integer arrays (NSID lists, command effects) go through struct in one call.
+        self._bulk = struct.Struct(f"<{count}{kind.fmt}") if isinstance(kind, Int) else None
+
+    def put(self, buf: bytearray, offset: int, value: Sequence[Any]) -> None:
+        if len(value) > self._count or (self._exact and len(value) != self._count):
+            wanted = "exactly" if self._exact else "at most"
+            raise ValueError(f"{len(value)} entries, {wanted} {self._count} fit")
+        if self._bulk is not None:
+            padding = [0] * (self._count - len(value))
+            self._bulk.pack_into(buf, offset, *value, *padding)
+            return
+        step = self._kind.size
+        for i, item in enumerate(value):
+            try:
+                self._kind.put(buf, offset + i * step, item)
+            except (struct.error, ValueError, TypeError) as exc:
+                raise ValueError(f"[{i}]: {exc}") from exc
+
+    def get(self, data: Buffer, offset: int) -> list[Any]:
+        if self._bulk is not None:
+            return list(self._bulk.unpack_from(data, offset))
+        step = self._kind.size
+        return [self._kind.get(data, offset + i * step) for i in range(self._count)]
+
+
+class ZeroTerminated(Array):
+    """An Array of identifiers that ends at the first zero entry (the NSID lists): a zero
+    among the values would end the list early, so encoding refuses it."""
+
+    __slots__ = ()
+
+    def put(self, buf: bytearray, offset: int, value: Sequence[Any]) -> None:
+        if 0 in value:
+            raise ValueError("a zero entry would terminate the list early")
+        super().put(buf, offset, value)
+
+    def get(self, data: Buffer, offset: int) -> list[Any]:
+        values = super().get(data, offset)
+        return values[: values.index(0)] if 0 in values else values
+
+
+Field = tuple[str, int, Kind]
+
+
+class Layout:
+    """A structure's size and its table of fields, checked when built."""
+
+    __slots__ = ("fields", "name", "size")
+
+    def __init__(self, name: str, size: int, fields: Sequence[Field]) -> None:
+        self.name = name
+        self.size = size
+        self.fields = tuple(fields)
+        spans = sorted((offset, offset + kind.size, field) for field, offset, kind in fields)
+        for (_, end, field), (start, _, following) in itertools.pairwise(spans):
+            if end > start:
+                raise ValueError(f"{name}: {field} overlaps {following}")
+        if spans and (spans[0][0] < 0 or spans[-1][1] > size):
+            raise ValueError(f"{name}: fields run outside its {size} bytes")
+
+    def encode(self, source: object) -> bytes:
+        """The structure's bytes from `source`'s attributes (or keys, for a mapping)."""
+        buf = bytearray(self.size)
+        self.encode_into(buf, 0, source)
+        return bytes(buf)
+
+    def encode_into(self, buf: bytearray, offset: int, source: object) -> None:
+        value_of: Callable[[str], Any] = (
+            source.__getitem__ if isinstance(source, Mapping) else source.__getattribute__
+        )
+        for field, at, kind in self.fields:
+            try:
+                kind.put(buf, offset + at, value_of(field))
+            except (struct.error, ValueError, TypeError, OverflowError) as exc:
+                raise ValueError(f"{self.name}.{field}: {exc}") from exc
+
+    def decode(self, data: Buffer, offset: int = 0) -> dict[str, Any]:
+        """Every field's value, by name; ValueError when `data` ends before the layout."""
+        if len(data) < offset + self.size:
+            raise ValueError(f"{self.name} needs {self.size} bytes, got {len(data) - offset}")
+        return {field: kind.get(data, offset + at) for field, at, kind in self.fields}
+
+
+class Record:
+    """A nested structure as a field: its layout, decoded to the dataclass `factory`."""
+
+    __slots__ = ("_factory", "_layout", "size")
+
+    def __init__(self, layout: Layout, factory: Callable[..., Any]) -> None:
+        self._layout = layout
+        self._factory = factory
+        self.size = layout.size
+
+    def put(self, buf: bytearray, offset: int, value: object) -> None:
+        self._layout.encode_into(buf, offset, value)
+
+    def get(self, data: Buffer, offset: int) -> Any:
+        return self._factory(**self._layout.decode(data, offset))
+
+
+class Structure:
+    """Base of a dataclass whose every attribute is a field of its LAYOUT: pack and
+    unpack are the layout's encode and decode."""
+
+    __slots__ = ()
+    LAYOUT: ClassVar[Layout]
+
+    def pack(self) -> bytes:
+        return self.LAYOUT.encode(self)
+
+    def pack_into(self, buf: bytearray, offset: int) -> None:
+        self.LAYOUT.encode_into(buf, offset, self)
+
+    @classmethod
+    def unpack(cls, data: Buffer, offset: int = 0) -> Self:
+        return cls(**cls.LAYOUT.decode(data, offset))
