@@ -171,38 +171,47 @@ class Raw(_Bytes):
 class Array:
     """`count` entries of one kind back to back. Encoding takes up to `count` values
     (exactly `count` when `exact`) and leaves the entries after them zero; decoding
-    returns all `count` entries, the structure decides which of them are in use."""
+    returns all `count` entries, or as many as the field `counted_by` says.
 
-    __slots__ = ("_bulk", "_count", "_exact", "_kind", "size")
+    `counted_by` names the structure's 0's based count of the entries in use (NPSS,
+    NLBAF): the structure derives it from the list's length (a property encoding
+    reads), and its layout decodes it into the list's length rather than into a value.
+    """
 
-    def __init__(self, kind: Kind, count: int, *, exact: bool = False) -> None:
-        self._kind = kind
-        self._count = count
-        self._exact = exact
+    __slots__ = ("_bulk", "count", "counted_by", "exact", "kind", "size")
+
+    def __init__(
+        self, kind: Kind, count: int, *, exact: bool = False, counted_by: str | None = None
+    ) -> None:
+        self.kind = kind
+        self.count = count
+        self.exact = exact
+        self.counted_by = counted_by
         self.size = kind.size * count
         # Integer arrays (NSID lists, command effects) go through struct in one call.
         self._bulk = struct.Struct(f"<{count}{kind.fmt}") if isinstance(kind, Int) else None
 
     def put(self, buf: bytearray, offset: int, value: Sequence[Any]) -> None:
-        if len(value) > self._count or (self._exact and len(value) != self._count):
-            wanted = "exactly" if self._exact else "at most"
-            raise ValueError(f"{len(value)} entries, {wanted} {self._count} fit")
+        if len(value) > self.count or (self.exact and len(value) != self.count):
+            wanted = "exactly" if self.exact else "at most"
+            raise ValueError(f"{len(value)} entries, {wanted} {self.count} fit")
         if self._bulk is not None:
-            padding = [0] * (self._count - len(value))
+            padding = [0] * (self.count - len(value))
             self._bulk.pack_into(buf, offset, *value, *padding)
             return
-        step = self._kind.size
+        step = self.kind.size
         for i, item in enumerate(value):
             try:
-                self._kind.put(buf, offset + i * step, item)
+                self.kind.put(buf, offset + i * step, item)
             except (struct.error, ValueError, TypeError) as exc:
                 raise ValueError(f"[{i}]: {exc}") from exc
 
-    def get(self, data: Buffer, offset: int) -> list[Any]:
+    def get(self, data: Buffer, offset: int, used: int | None = None) -> list[Any]:
         if self._bulk is not None:
-            return list(self._bulk.unpack_from(data, offset))
-        step = self._kind.size
-        return [self._kind.get(data, offset + i * step) for i in range(self._count)]
+            return list(self._bulk.unpack_from(data, offset))[:used]
+        step = self.kind.size
+        count = self.count if used is None else min(used, self.count)
+        return [self.kind.get(data, offset + i * step) for i in range(count)]
 
 
 class ZeroTerminated(Array):
@@ -227,7 +236,7 @@ Field = tuple[str, int, Kind]
 class Layout:
     """A structure's size and its table of fields, checked when built."""
 
-    __slots__ = ("fields", "name", "size")
+    __slots__ = ("_counted", "_int_names", "_ints", "_plain", "fields", "name", "size")
 
     def __init__(self, name: str, size: int, fields: Sequence[Field]) -> None:
         self.name = name
@@ -239,6 +248,29 @@ class Layout:
                 raise ValueError(f"{name}: {field} overlaps {following}")
         if spans and (spans[0][0] < 0 or spans[-1][1] > size):
             raise ValueError(f"{name}: fields run outside its {size} bytes")
+        # (array field, its offset, the array, its count's offset and kind)
+        self._counted: list[tuple[str, int, Array, int, Kind]] = []
+        by_name = {field: (offset, kind) for field, offset, kind in self.fields}
+        for field, offset, kind in self.fields:
+            if isinstance(kind, Array) and kind.counted_by is not None:
+                if kind.counted_by not in by_name:
+                    raise ValueError(f"{name}: {field} is counted by a field it does not have")
+                self._counted.append((field, offset, kind, *by_name[kind.counted_by]))
+        skipped = {f[0] for f in self._counted} | {f[2].counted_by for f in self._counted}
+        self._plain = tuple(f for f in self.fields if f[0] not in skipped)
+        # A layout of integers only (descriptors, entries, headers) is also one struct
+        # format: Identify decodes arrays of 32 and 64 of them with each page.
+        self._ints: struct.Struct | None = None
+        self._int_names: tuple[str, ...] = ()
+        by_offset = sorted(self.fields, key=lambda f: f[1])
+        formats = [kind.fmt for _, _, kind in by_offset if isinstance(kind, Int)]
+        if len(formats) == len(by_offset):
+            fmt, end = "<", 0
+            for (_, offset, kind), piece in zip(by_offset, formats, strict=True):
+                fmt += f"{offset - end}x{piece}" if offset > end else piece
+                end = offset + kind.size
+            self._ints = struct.Struct(fmt)
+            self._int_names = tuple(field for field, _, _ in by_offset)
 
     def encode(self, source: object) -> bytes:
         """The structure's bytes from `source`'s attributes (or keys, for a mapping)."""
@@ -250,6 +282,12 @@ class Layout:
         value_of: Callable[[str], Any] = (
             source.__getitem__ if isinstance(source, Mapping) else source.__getattribute__
         )
+        if self._ints is not None:
+            try:
+                self._ints.pack_into(buf, offset, *map(value_of, self._int_names))
+                return
+            except struct.error:
+                pass  # encoded field by field below, to name the field that does not fit
         for field, at, kind in self.fields:
             try:
                 kind.put(buf, offset + at, value_of(field))
@@ -260,24 +298,30 @@ class Layout:
         """Every field's value, by name; ValueError when `data` ends before the layout."""
         if len(data) < offset + self.size:
             raise ValueError(f"{self.name} needs {self.size} bytes, got {len(data) - offset}")
-        return {field: kind.get(data, offset + at) for field, at, kind in self.fields}
+        if self._ints is not None:
+            return dict(zip(self._int_names, self._ints.unpack_from(data, offset), strict=True))
+        values = {field: kind.get(data, offset + at) for field, at, kind in self._plain}
+        for field, at, array, count_at, count_kind in self._counted:
+            used = count_kind.get(data, offset + count_at) + 1  # a 0's based count
+            values[field] = array.get(data, offset + at, used)
+        return values
 
 
 class Record:
     """A nested structure as a field: its layout, decoded to the dataclass `factory`."""
 
-    __slots__ = ("_factory", "_layout", "size")
+    __slots__ = ("factory", "layout", "size")
 
     def __init__(self, layout: Layout, factory: Callable[..., Any]) -> None:
-        self._layout = layout
-        self._factory = factory
+        self.layout = layout
+        self.factory = factory
         self.size = layout.size
 
     def put(self, buf: bytearray, offset: int, value: object) -> None:
-        self._layout.encode_into(buf, offset, value)
+        self.layout.encode_into(buf, offset, value)
 
     def get(self, data: Buffer, offset: int) -> Any:
-        return self._factory(**self._layout.decode(data, offset))
+        return self.factory(**self.layout.decode(data, offset))
 
 
 class Structure:

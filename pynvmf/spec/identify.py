@@ -268,6 +268,7 @@ class PowerStateDescriptor(Structure):
     active_power: int = 0  # ACTP
     active_work_scale: int = 0  # APW in bits 2:0, APS in bits 7:6
 
+    SIZE = PSD_SIZE
     LAYOUT: ClassVar[Layout] = Layout(
         "PowerStateDescriptor",
         PSD_SIZE,
@@ -322,7 +323,7 @@ _CTRL_LAYOUT = Layout(
         ("frmw", 260, U8),
         ("lpa", 261, U8),
         ("elpe", 262, U8),
-        ("npss", 263, U8),  # a property: derived from len(psd)
+        ("npss", 263, U8),  # len(psd) - 1: a property, decoded into the length of psd
         ("avscc", 264, U8),
         ("apsta", 265, U8),
         ("wctemp", 266, U16),
@@ -382,7 +383,11 @@ _CTRL_LAYOUT = Layout(
         (
             "psd",
             PSD_OFFSET,
-            Array(Record(PowerStateDescriptor.LAYOUT, PowerStateDescriptor), PSD_MAX),
+            Array(
+                Record(PowerStateDescriptor.LAYOUT, PowerStateDescriptor),
+                PSD_MAX,
+                counted_by="npss",
+            ),
         ),
     ),
 )
@@ -501,13 +506,6 @@ class IdentifyController(Structure):
             raise ValueError(f"IdentifyController.psd needs 1..{PSD_MAX} entries")
         return self.LAYOUT.encode(self)
 
-    @classmethod
-    def unpack(cls, data: Buffer, offset: int = 0) -> Self:
-        values = cls.LAYOUT.decode(data, offset)
-        # NPSS is an 8-bit field but only 32 descriptors exist.
-        del values["psd"][values.pop("npss") + 1 :]
-        return cls(**values)
-
 
 # ---------------------------------------------------------------------------------------
 # Identify Namespace (CNS 00h), NVM command set
@@ -525,6 +523,7 @@ class LbaFormat(Structure):
     lbads: int = 9  # log2 of the LBA data size; 9 = 512 bytes
     rp: int = 0  # relative performance, bits 1:0 (0 best .. 3 degraded)
 
+    SIZE = LBAF_SIZE
     LAYOUT: ClassVar[Layout] = Layout(
         "LbaFormat", LBAF_SIZE, (("ms", 0, U16), ("lbads", 2, U8), ("rp", 3, U8))
     )
@@ -542,7 +541,7 @@ _NS_LAYOUT = Layout(
         ("ncap", 8, U64),
         ("nuse", 16, U64),
         ("nsfeat", 24, U8),
-        ("nlbaf", 25, U8),  # a property: derived from len(lbaf)
+        ("nlbaf", 25, U8),  # len(lbaf) - 1: a property, decoded into the length of lbaf
         ("flbas", 26, U8),
         ("mc", 27, U8),
         ("dpc", 28, U8),
@@ -574,7 +573,11 @@ _NS_LAYOUT = Layout(
         ("endgid", 102, U16),
         ("nguid", 104, Raw(16)),
         ("eui64", 120, Raw(8)),
-        ("lbaf", LBAF_OFFSET, Array(Record(LbaFormat.LAYOUT, LbaFormat), LBAF_MAX)),
+        (
+            "lbaf",
+            LBAF_OFFSET,
+            Array(Record(LbaFormat.LAYOUT, LbaFormat), LBAF_MAX, counted_by="nlbaf"),
+        ),
     ),
 )
 
@@ -672,12 +675,6 @@ class IdentifyNamespace(Structure):
         if not 1 <= len(self.lbaf) <= LBAF_MAX:
             raise ValueError(f"IdentifyNamespace.lbaf needs 1..{LBAF_MAX} entries")
         return self.LAYOUT.encode(self)
-
-    @classmethod
-    def unpack(cls, data: Buffer, offset: int = 0) -> Self:
-        values = cls.LAYOUT.decode(data, offset)
-        del values["lbaf"][values.pop("nlbaf") + 1 :]
-        return cls(**values)
 
 
 # ---------------------------------------------------------------------------------------
