@@ -8,28 +8,35 @@ encoding and decoding cannot drift apart:
   size, so reserved and vendor specific areas are zero; the values come from a
   dataclass's attributes or from a mapping;
 - decoding reads each field back into a ``{name: value}`` dict, from which the
-  structure's dataclass is built; bytes outside the fields are ignored.
+  structure's dataclass is built; bytes outside the fields are ignored, and a buffer
+  shorter than the layout raises ValueError.
+
+A structure declares each field once, as a dataclass attribute with its offset and
+kind (:func:`at`); :func:`structure` builds the class's LAYOUT from them and
+:class:`Structure` gives it ``pack``, ``pack_into`` and ``unpack``.
 
 The kinds are the ones NVMe structures use: little-endian unsigned integers of 1, 2, 3
 (an IEEE OUI), 4, 8 and 16 bytes; ASCII strings (left justified, space padded, not
 terminated); NQNs (NUL terminated UTF-8 in a fixed field); opaque byte strings of an
-exact length; arrays of a fixed number of entries of one kind; and nested records (a
-layout decoded to its own dataclass). A table is checked when it is built: every field
+exact length; arrays of a fixed number of entries of one kind, whose entries in use a
+0's based count field may give (NPSS, NLBAF), or that end at their first zero entry
+(NSID lists); and nested structures. A table is checked when it is built: every field
 inside the size, none overlapping another. A value that does not fit raises ValueError
-naming the structure and the field, and so does a buffer shorter than the layout.
+naming the structure and the field.
 
-Pages of a variable length (a count field followed by that many entries, descriptor
-lists, the ANA log) are assembled by their own modules from layouts of their fixed parts.
-The PDU headers of the I/O path keep their precompiled ``struct`` formats
-(spec/pdu.py): they are decoded per command, these structures per admin command.
+Pages of a variable length (descriptor lists, the ANA log, the Error Information and
+Discovery logs' runs of entries) are assembled by their own modules from layouts of
+their fixed parts. The PDU headers of the I/O path keep their precompiled ``struct``
+formats (spec/pdu.py): they are decoded per command, these structures per admin command.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Protocol, Self
+from typing import Any, ClassVar, Protocol, Self, TypeVar
 
 Buffer = bytes | bytearray | memoryview
 
@@ -49,6 +56,7 @@ class Int:
     """A little-endian unsigned integer of a size `struct` has a format for."""
 
     __slots__ = ("_st", "fmt", "size")
+    default = 0
 
     def __init__(self, fmt: str) -> None:
         self.fmt = fmt
@@ -67,6 +75,7 @@ class _Split:
     """An integer wider than `struct`'s formats: a low and a high part, low first."""
 
     __slots__ = ("_bits", "_low_bits", "_low_mask", "_st", "size")
+    default = 0
 
     def __init__(self, fmt: str, low_bits: int) -> None:
         self._st = struct.Struct("<" + fmt)
@@ -116,6 +125,7 @@ class Ascii(_Bytes):
     """
 
     __slots__ = ("_empty_is_zero",)
+    default = ""
 
     def __init__(self, size: int, *, empty_is_zero: bool = False) -> None:
         super().__init__(size)
@@ -138,6 +148,7 @@ class Nqn(_Bytes):
     """An NQN field: NUL terminated UTF-8 in a fixed-size field."""
 
     __slots__ = ()
+    default = ""
 
     def __init__(self, size: int = 256) -> None:
         super().__init__(size)
@@ -158,6 +169,10 @@ class Raw(_Bytes):
     """Opaque bytes (GUIDs, EUI-64, TSAS) that must be exactly `size` long."""
 
     __slots__ = ()
+
+    @property
+    def default(self) -> bytes:
+        return bytes(self.size)
 
     def put(self, buf: bytearray, offset: int, value: bytes) -> None:
         if len(value) != self.size:
@@ -308,14 +323,14 @@ class Layout:
 
 
 class Record:
-    """A nested structure as a field: its layout, decoded to the dataclass `factory`."""
+    """A nested structure as a field: a Structure class, encoded and decoded by its layout."""
 
     __slots__ = ("factory", "layout", "size")
 
-    def __init__(self, layout: Layout, factory: Callable[..., Any]) -> None:
-        self.layout = layout
+    def __init__(self, factory: type[Structure]) -> None:
+        self.layout = factory.LAYOUT
         self.factory = factory
-        self.size = layout.size
+        self.size = self.layout.size
 
     def put(self, buf: bytearray, offset: int, value: object) -> None:
         self.layout.encode_into(buf, offset, value)
@@ -330,6 +345,7 @@ class Structure:
 
     __slots__ = ()
     LAYOUT: ClassVar[Layout]
+    SIZE: ClassVar[int]
 
     def pack(self) -> bytes:
         return self.LAYOUT.encode(self)
@@ -340,3 +356,42 @@ class Structure:
     @classmethod
     def unpack(cls, data: Buffer, offset: int = 0) -> Self:
         return cls(**cls.LAYOUT.decode(data, offset))
+
+
+T = TypeVar("T", bound=Structure)
+_AT = "pynvmf.spec.fields.at"  # where at() keeps a field's offset and kind
+_KIND_DEFAULT: Any = object()
+
+
+def at(
+    offset: int,
+    kind: Kind,
+    default: Any = _KIND_DEFAULT,
+    *,
+    factory: Callable[[], Any] | None = None,
+) -> Any:
+    """A dataclass attribute that is a field of the structure: its byte offset and kind.
+
+    The default is the kind's zero (0, "", all-zero bytes) unless `default` is given;
+    an array's default is built by `factory`.
+    """
+    metadata = {_AT: (offset, kind)}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    if default is _KIND_DEFAULT:
+        default = kind.default  # type: ignore[attr-defined]
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def structure(size: int, *derived: Field) -> Callable[[type[T]], type[T]]:
+    """Class decorator, placed above ``@dataclass``: the class's LAYOUT, `size` bytes,
+    from its attributes declared with :func:`at` and the `derived` fields (counts the
+    class computes as properties from its lists' lengths), and its SIZE."""
+
+    def build(cls: type[T]) -> type[T]:
+        table = [(f.name, *f.metadata[_AT]) for f in dataclasses.fields(cls) if _AT in f.metadata]
+        cls.LAYOUT = Layout(cls.__name__, size, (*table, *derived))
+        cls.SIZE = size
+        return cls
+
+    return build

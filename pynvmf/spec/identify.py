@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum, IntFlag
-from typing import ClassVar, Self
+from typing import Self
 
 from pynvmf.spec.fields import (
     U8,
@@ -28,6 +28,8 @@ from pynvmf.spec.fields import (
     Record,
     Structure,
     ZeroTerminated,
+    at,
+    structure,
 )
 
 IDENTIFY_DATA_SIZE = 4096
@@ -251,152 +253,30 @@ PSD_OFFSET = 2048
 PSD_MAX = 32
 
 
+@structure(PSD_SIZE)
 @dataclass(slots=True)
 class PowerStateDescriptor(Structure):
     """One 32-byte power state descriptor. Powers are in units set by the scale bits."""
 
-    max_power: int = 0  # MP, centiwatts (or 0.0001 W when flags bit 0, MXPS, is set)
-    flags: int = 0  # bit 0 MXPS, bit 1 NOPS (non-operational state)
-    entry_lat: int = 0  # ENLAT, microseconds
-    exit_lat: int = 0  # EXLAT, microseconds
-    read_tput: int = 0  # RRT
-    read_lat: int = 0  # RRL
-    write_tput: int = 0  # RWT
-    write_lat: int = 0  # RWL
-    idle_power: int = 0  # IDLP
-    idle_scale: int = 0  # IPS in bits 7:6
-    active_power: int = 0  # ACTP
-    active_work_scale: int = 0  # APW in bits 2:0, APS in bits 7:6
-
-    SIZE = PSD_SIZE
-    LAYOUT: ClassVar[Layout] = Layout(
-        "PowerStateDescriptor",
-        PSD_SIZE,
-        (
-            ("max_power", 0, U16),
-            ("flags", 3, U8),
-            ("entry_lat", 4, U32),
-            ("exit_lat", 8, U32),
-            ("read_tput", 12, U8),
-            ("read_lat", 13, U8),
-            ("write_tput", 14, U8),
-            ("write_lat", 15, U8),
-            ("idle_power", 16, U16),
-            ("idle_scale", 18, U8),
-            ("active_power", 20, U16),
-            ("active_work_scale", 22, U8),
-        ),
-    )
-
-
-_CTRL_LAYOUT = Layout(
-    "IdentifyController",
-    IDENTIFY_DATA_SIZE,
-    (
-        ("vid", 0, U16),
-        ("ssvid", 2, U16),
-        ("sn", 4, Ascii(20)),
-        ("mn", 24, Ascii(40)),
-        ("fr", 64, Ascii(8)),
-        ("rab", 72, U8),
-        ("ieee", 73, U24),
-        ("cmic", 76, U8),
-        ("mdts", 77, U8),
-        ("cntlid", 78, U16),
-        ("ver", 80, U32),
-        ("rtd3r", 84, U32),
-        ("rtd3e", 88, U32),
-        ("oaes", 92, U32),
-        ("ctratt", 96, U32),
-        ("rrls", 100, U16),
-        ("cntrltype", 111, U8),
-        ("fguid", 112, Raw(16)),
-        ("crdt1", 128, U16),
-        ("crdt2", 130, U16),
-        ("crdt3", 132, U16),
-        ("nvmsr", 253, U8),
-        ("vwci", 254, U8),
-        ("mec", 255, U8),
-        ("oacs", 256, U16),
-        ("acl", 258, U8),
-        ("aerl", 259, U8),
-        ("frmw", 260, U8),
-        ("lpa", 261, U8),
-        ("elpe", 262, U8),
-        ("npss", 263, U8),  # len(psd) - 1: a property, decoded into the length of psd
-        ("avscc", 264, U8),
-        ("apsta", 265, U8),
-        ("wctemp", 266, U16),
-        ("cctemp", 268, U16),
-        ("mtfa", 270, U16),
-        ("hmpre", 272, U32),
-        ("hmmin", 276, U32),
-        ("tnvmcap", 280, U128),
-        ("unvmcap", 296, U128),
-        ("rpmbs", 312, U32),
-        ("edstt", 316, U16),
-        ("dsto", 318, U8),
-        ("fwug", 319, U8),
-        ("kas", 320, U16),
-        ("hctma", 322, U16),
-        ("mntmt", 324, U16),
-        ("mxtmt", 326, U16),
-        ("sanicap", 328, U32),
-        ("hmminds", 332, U32),
-        ("hmmaxd", 336, U16),
-        ("nsetidmax", 338, U16),
-        ("endgidmax", 340, U16),
-        ("anatt", 342, U8),
-        ("anacap", 343, U8),
-        ("anagrpmax", 344, U32),
-        ("nanagrpid", 348, U32),
-        ("pels", 352, U32),
-        ("domainid", 356, U16),
-        ("megcap", 368, U128),
-        ("sqes", 512, U8),
-        ("cqes", 513, U8),
-        ("maxcmd", 514, U16),
-        ("nn", 516, U32),
-        ("oncs", 520, U16),
-        ("fuses", 522, U16),
-        ("fna", 524, U8),
-        ("vwc", 525, U8),
-        ("awun", 526, U16),
-        ("awupf", 528, U16),
-        ("icsvscc", 530, U8),
-        ("nwpc", 531, U8),
-        ("acwu", 532, U16),
-        ("ocfs", 534, U16),
-        ("sgls", 536, U32),
-        ("mnan", 540, U32),
-        ("maxdna", 544, U128),
-        ("maxcna", 560, U32),
-        ("subnqn", 768, Nqn(256)),
-        # NVMe over Fabrics area (1792..2047)
-        ("ioccsz", 1792, U32),
-        ("iorcsz", 1796, U32),
-        ("icdoff", 1800, U16),
-        ("fcatt", 1802, U8),
-        ("msdbd", 1803, U8),
-        ("ofcs", 1804, U16),
-        ("dctype", 1806, U8),
-        (
-            "psd",
-            PSD_OFFSET,
-            Array(
-                Record(PowerStateDescriptor.LAYOUT, PowerStateDescriptor),
-                PSD_MAX,
-                counted_by="npss",
-            ),
-        ),
-    ),
-)
+    max_power: int = at(0, U16)  # MP, centiwatts (or 0.0001 W when flags bit 0, MXPS, is set)
+    flags: int = at(3, U8)  # bit 0 MXPS, bit 1 NOPS (non-operational state)
+    entry_lat: int = at(4, U32)  # ENLAT, microseconds
+    exit_lat: int = at(8, U32)  # EXLAT, microseconds
+    read_tput: int = at(12, U8)  # RRT
+    read_lat: int = at(13, U8)  # RRL
+    write_tput: int = at(14, U8)  # RWT
+    write_lat: int = at(15, U8)  # RWL
+    idle_power: int = at(16, U16)  # IDLP
+    idle_scale: int = at(18, U8)  # IPS in bits 7:6
+    active_power: int = at(20, U16)  # ACTP
+    active_work_scale: int = at(22, U8)  # APW in bits 2:0, APS in bits 7:6
 
 
 def _one_psd() -> list[PowerStateDescriptor]:
     return [PowerStateDescriptor()]
 
 
+@structure(IDENTIFY_DATA_SIZE, ("npss", 263, U8))
 @dataclass(slots=True)
 class IdentifyController(Structure):
     """Identify Controller data structure (4096 bytes).
@@ -406,95 +286,97 @@ class IdentifyController(Structure):
     returns NPSS + 1 descriptors.
     """
 
-    vid: int = 0
-    ssvid: int = 0
-    sn: str = ""
-    mn: str = ""
-    fr: str = ""
-    rab: int = 0
-    ieee: int = 0  # 24-bit OUI
-    cmic: int = 0
-    mdts: int = 0  # log2 of max transfer in units of CAP.MPSMIN; 0 = no limit
-    cntlid: int = 0
-    ver: int = 0  # (major << 16) | (minor << 8) | tertiary
-    rtd3r: int = 0
-    rtd3e: int = 0
-    oaes: int = 0
-    ctratt: int = 0
-    rrls: int = 0
-    cntrltype: int = 0
-    fguid: bytes = bytes(16)
-    crdt1: int = 0
-    crdt2: int = 0
-    crdt3: int = 0
-    nvmsr: int = 0
-    vwci: int = 0
-    mec: int = 0
-    oacs: int = 0
-    acl: int = 0
-    aerl: int = 0
-    frmw: int = 0
-    lpa: int = 0
-    elpe: int = 0
-    avscc: int = 0
-    apsta: int = 0
-    wctemp: int = 0
-    cctemp: int = 0
-    mtfa: int = 0
-    hmpre: int = 0
-    hmmin: int = 0
-    tnvmcap: int = 0
-    unvmcap: int = 0
-    rpmbs: int = 0
-    edstt: int = 0
-    dsto: int = 0
-    fwug: int = 0
-    kas: int = 0  # keep alive granularity, 100 ms units
-    hctma: int = 0
-    mntmt: int = 0
-    mxtmt: int = 0
-    sanicap: int = 0
-    hmminds: int = 0
-    hmmaxd: int = 0
-    nsetidmax: int = 0
-    endgidmax: int = 0
-    anatt: int = 0
-    anacap: int = 0
-    anagrpmax: int = 0
-    nanagrpid: int = 0
-    pels: int = 0
-    domainid: int = 0
-    megcap: int = 0
-    sqes: int = 0
-    cqes: int = 0
-    maxcmd: int = 0
-    nn: int = 0
-    oncs: int = 0
-    fuses: int = 0
-    fna: int = 0
-    vwc: int = 0
-    awun: int = 0
-    awupf: int = 0
-    icsvscc: int = 0
-    nwpc: int = 0
-    acwu: int = 0
-    ocfs: int = 0
-    sgls: int = 0
-    mnan: int = 0
-    maxdna: int = 0
-    maxcna: int = 0
-    subnqn: str = ""
-    ioccsz: int = 0  # 16-byte units, SQE included
-    iorcsz: int = 0  # 16-byte units
-    icdoff: int = 0  # 16-byte units
-    fcatt: int = 0
-    msdbd: int = 0
-    ofcs: int = 0
-    dctype: int = 0
-    psd: list[PowerStateDescriptor] = field(default_factory=_one_psd)
-
-    SIZE = IDENTIFY_DATA_SIZE
-    LAYOUT: ClassVar[Layout] = _CTRL_LAYOUT
+    vid: int = at(0, U16)
+    ssvid: int = at(2, U16)
+    sn: str = at(4, Ascii(20))
+    mn: str = at(24, Ascii(40))
+    fr: str = at(64, Ascii(8))
+    rab: int = at(72, U8)
+    ieee: int = at(73, U24)  # 24-bit OUI
+    cmic: int = at(76, U8)
+    mdts: int = at(77, U8)  # log2 of max transfer in units of CAP.MPSMIN; 0 = no limit
+    cntlid: int = at(78, U16)
+    ver: int = at(80, U32)  # (major << 16) | (minor << 8) | tertiary
+    rtd3r: int = at(84, U32)
+    rtd3e: int = at(88, U32)
+    oaes: int = at(92, U32)
+    ctratt: int = at(96, U32)
+    rrls: int = at(100, U16)
+    cntrltype: int = at(111, U8)
+    fguid: bytes = at(112, Raw(16))
+    crdt1: int = at(128, U16)
+    crdt2: int = at(130, U16)
+    crdt3: int = at(132, U16)
+    nvmsr: int = at(253, U8)
+    vwci: int = at(254, U8)
+    mec: int = at(255, U8)
+    oacs: int = at(256, U16)
+    acl: int = at(258, U8)
+    aerl: int = at(259, U8)
+    frmw: int = at(260, U8)
+    lpa: int = at(261, U8)
+    elpe: int = at(262, U8)
+    avscc: int = at(264, U8)
+    apsta: int = at(265, U8)
+    wctemp: int = at(266, U16)
+    cctemp: int = at(268, U16)
+    mtfa: int = at(270, U16)
+    hmpre: int = at(272, U32)
+    hmmin: int = at(276, U32)
+    tnvmcap: int = at(280, U128)
+    unvmcap: int = at(296, U128)
+    rpmbs: int = at(312, U32)
+    edstt: int = at(316, U16)
+    dsto: int = at(318, U8)
+    fwug: int = at(319, U8)
+    kas: int = at(320, U16)  # keep alive granularity, 100 ms units
+    hctma: int = at(322, U16)
+    mntmt: int = at(324, U16)
+    mxtmt: int = at(326, U16)
+    sanicap: int = at(328, U32)
+    hmminds: int = at(332, U32)
+    hmmaxd: int = at(336, U16)
+    nsetidmax: int = at(338, U16)
+    endgidmax: int = at(340, U16)
+    anatt: int = at(342, U8)
+    anacap: int = at(343, U8)
+    anagrpmax: int = at(344, U32)
+    nanagrpid: int = at(348, U32)
+    pels: int = at(352, U32)
+    domainid: int = at(356, U16)
+    megcap: int = at(368, U128)
+    sqes: int = at(512, U8)
+    cqes: int = at(513, U8)
+    maxcmd: int = at(514, U16)
+    nn: int = at(516, U32)
+    oncs: int = at(520, U16)
+    fuses: int = at(522, U16)
+    fna: int = at(524, U8)
+    vwc: int = at(525, U8)
+    awun: int = at(526, U16)
+    awupf: int = at(528, U16)
+    icsvscc: int = at(530, U8)
+    nwpc: int = at(531, U8)
+    acwu: int = at(532, U16)
+    ocfs: int = at(534, U16)
+    sgls: int = at(536, U32)
+    mnan: int = at(540, U32)
+    maxdna: int = at(544, U128)
+    maxcna: int = at(560, U32)
+    subnqn: str = at(768, Nqn(256))
+    # NVMe over Fabrics area (1792..2047)
+    ioccsz: int = at(1792, U32)  # 16-byte units, SQE included
+    iorcsz: int = at(1796, U32)  # 16-byte units
+    icdoff: int = at(1800, U16)  # 16-byte units
+    fcatt: int = at(1802, U8)
+    msdbd: int = at(1803, U8)
+    ofcs: int = at(1804, U16)
+    dctype: int = at(1806, U8)
+    psd: list[PowerStateDescriptor] = at(
+        PSD_OFFSET,
+        Array(Record(PowerStateDescriptor), PSD_MAX, counted_by="npss"),
+        factory=_one_psd,
+    )
 
     @property
     def npss(self) -> int:
@@ -515,71 +397,18 @@ LBAF_SIZE = 4
 LBAF_MAX = 64
 
 
+@structure(LBAF_SIZE)
 @dataclass(slots=True)
 class LbaFormat(Structure):
     """One LBA Format entry."""
 
-    ms: int = 0  # metadata bytes per LBA
-    lbads: int = 9  # log2 of the LBA data size; 9 = 512 bytes
-    rp: int = 0  # relative performance, bits 1:0 (0 best .. 3 degraded)
-
-    SIZE = LBAF_SIZE
-    LAYOUT: ClassVar[Layout] = Layout(
-        "LbaFormat", LBAF_SIZE, (("ms", 0, U16), ("lbads", 2, U8), ("rp", 3, U8))
-    )
+    ms: int = at(0, U16)  # metadata bytes per LBA
+    lbads: int = at(2, U8, 9)  # log2 of the LBA data size; 9 = 512 bytes
+    rp: int = at(3, U8)  # relative performance, bits 1:0 (0 best .. 3 degraded)
 
     @property
     def block_size(self) -> int:
         return 1 << self.lbads
-
-
-_NS_LAYOUT = Layout(
-    "IdentifyNamespace",
-    IDENTIFY_DATA_SIZE,
-    (
-        ("nsze", 0, U64),
-        ("ncap", 8, U64),
-        ("nuse", 16, U64),
-        ("nsfeat", 24, U8),
-        ("nlbaf", 25, U8),  # len(lbaf) - 1: a property, decoded into the length of lbaf
-        ("flbas", 26, U8),
-        ("mc", 27, U8),
-        ("dpc", 28, U8),
-        ("dps", 29, U8),
-        ("nmic", 30, U8),
-        ("rescap", 31, U8),
-        ("fpi", 32, U8),
-        ("dlfeat", 33, U8),
-        ("nawun", 34, U16),
-        ("nawupf", 36, U16),
-        ("nacwu", 38, U16),
-        ("nabsn", 40, U16),
-        ("nabo", 42, U16),
-        ("nabspf", 44, U16),
-        ("noiob", 46, U16),
-        ("nvmcap", 48, U128),
-        ("npwg", 64, U16),
-        ("npwa", 66, U16),
-        ("npdg", 68, U16),
-        ("npda", 70, U16),
-        ("nows", 72, U16),
-        ("mssrl", 74, U16),
-        ("mcl", 76, U32),
-        ("msrc", 80, U8),
-        ("nulbaf", 82, U8),
-        ("anagrpid", 92, U32),
-        ("nsattr", 99, U8),
-        ("nvmsetid", 100, U16),
-        ("endgid", 102, U16),
-        ("nguid", 104, Raw(16)),
-        ("eui64", 120, Raw(8)),
-        (
-            "lbaf",
-            LBAF_OFFSET,
-            Array(Record(LbaFormat.LAYOUT, LbaFormat), LBAF_MAX, counted_by="nlbaf"),
-        ),
-    ),
-)
 
 
 def _one_lbaf() -> list[LbaFormat]:
@@ -596,6 +425,7 @@ def flbas_for_index(index: int, *, extended_metadata: bool = False) -> int:
     return value
 
 
+@structure(IDENTIFY_DATA_SIZE, ("nlbaf", 25, U8))
 @dataclass(slots=True)
 class IdentifyNamespace(Structure):
     """Identify Namespace data structure for the NVM command set (4096 bytes).
@@ -605,45 +435,44 @@ class IdentifyNamespace(Structure):
     rather than with this structure.
     """
 
-    nsze: int = 0
-    ncap: int = 0
-    nuse: int = 0
-    nsfeat: int = 0
-    flbas: int = 0
-    mc: int = 0
-    dpc: int = 0
-    dps: int = 0
-    nmic: int = 0
-    rescap: int = 0
-    fpi: int = 0
-    dlfeat: int = 0
-    nawun: int = 0
-    nawupf: int = 0
-    nacwu: int = 0
-    nabsn: int = 0
-    nabo: int = 0
-    nabspf: int = 0
-    noiob: int = 0
-    nvmcap: int = 0
-    npwg: int = 0
-    npwa: int = 0
-    npdg: int = 0
-    npda: int = 0
-    nows: int = 0
-    mssrl: int = 0
-    mcl: int = 0
-    msrc: int = 0
-    nulbaf: int = 0
-    anagrpid: int = 0
-    nsattr: int = 0
-    nvmsetid: int = 0
-    endgid: int = 0
-    nguid: bytes = bytes(16)
-    eui64: bytes = bytes(8)
-    lbaf: list[LbaFormat] = field(default_factory=_one_lbaf)
-
-    SIZE = IDENTIFY_DATA_SIZE
-    LAYOUT: ClassVar[Layout] = _NS_LAYOUT
+    nsze: int = at(0, U64)
+    ncap: int = at(8, U64)
+    nuse: int = at(16, U64)
+    nsfeat: int = at(24, U8)
+    flbas: int = at(26, U8)
+    mc: int = at(27, U8)
+    dpc: int = at(28, U8)
+    dps: int = at(29, U8)
+    nmic: int = at(30, U8)
+    rescap: int = at(31, U8)
+    fpi: int = at(32, U8)
+    dlfeat: int = at(33, U8)
+    nawun: int = at(34, U16)
+    nawupf: int = at(36, U16)
+    nacwu: int = at(38, U16)
+    nabsn: int = at(40, U16)
+    nabo: int = at(42, U16)
+    nabspf: int = at(44, U16)
+    noiob: int = at(46, U16)
+    nvmcap: int = at(48, U128)
+    npwg: int = at(64, U16)
+    npwa: int = at(66, U16)
+    npdg: int = at(68, U16)
+    npda: int = at(70, U16)
+    nows: int = at(72, U16)
+    mssrl: int = at(74, U16)
+    mcl: int = at(76, U32)
+    msrc: int = at(80, U8)
+    nulbaf: int = at(82, U8)
+    anagrpid: int = at(92, U32)
+    nsattr: int = at(99, U8)
+    nvmsetid: int = at(100, U16)
+    endgid: int = at(102, U16)
+    nguid: bytes = at(104, Raw(16))
+    eui64: bytes = at(120, Raw(8))
+    lbaf: list[LbaFormat] = at(
+        LBAF_OFFSET, Array(Record(LbaFormat), LBAF_MAX, counted_by="nlbaf"), factory=_one_lbaf
+    )
 
     @property
     def nlbaf(self) -> int:
@@ -764,16 +593,12 @@ class NsIdDescriptorList:
 NSID_LIST_MAX = IDENTIFY_DATA_SIZE // 4
 
 
+@structure(IDENTIFY_DATA_SIZE)
 @dataclass(slots=True)
 class NsIdList(Structure):
     """A list of up to 1024 NSIDs in increasing order, zero filled (CNS 02h and kin)."""
 
-    nsids: list[int] = field(default_factory=list)
-
-    SIZE = IDENTIFY_DATA_SIZE
-    LAYOUT: ClassVar[Layout] = Layout(
-        "NsIdList", IDENTIFY_DATA_SIZE, (("nsids", 0, ZeroTerminated(U32, NSID_LIST_MAX)),)
-    )
+    nsids: list[int] = at(0, ZeroTerminated(U32, NSID_LIST_MAX), factory=list)
 
     @classmethod
     def active(cls, nsids: Iterable[int], start_nsid: int = 0) -> Self:
@@ -796,38 +621,23 @@ class Nstat(IntFlag):
     READY = 1 << 0
 
 
+@structure(IDENTIFY_DATA_SIZE)
 @dataclass(slots=True)
 class IdentifyNamespaceIndependent(Structure):
     """I/O Command Set Independent Identify Namespace (CNS 08h)."""
 
-    nsfeat: int = 0
-    nmic: int = 0
-    rescap: int = 0
-    fpi: int = 0
-    anagrpid: int = 0
-    nsattr: int = 0
-    nvmsetid: int = 0
-    endgid: int = 0
-    nstat: int = 0
-
-    SIZE = IDENTIFY_DATA_SIZE
-    LAYOUT: ClassVar[Layout] = Layout(
-        "IdentifyNamespaceIndependent",
-        IDENTIFY_DATA_SIZE,
-        (
-            ("nsfeat", 0, U8),
-            ("nmic", 1, U8),
-            ("rescap", 2, U8),
-            ("fpi", 3, U8),
-            ("anagrpid", 4, U32),
-            ("nsattr", 8, U8),
-            ("nvmsetid", 10, U16),
-            ("endgid", 12, U16),
-            ("nstat", 14, U8),
-        ),
-    )
+    nsfeat: int = at(0, U8)
+    nmic: int = at(1, U8)
+    rescap: int = at(2, U8)
+    fpi: int = at(3, U8)
+    anagrpid: int = at(4, U32)
+    nsattr: int = at(8, U8)
+    nvmsetid: int = at(10, U16)
+    endgid: int = at(12, U16)
+    nstat: int = at(14, U8)
 
 
+@structure(IDENTIFY_DATA_SIZE)
 @dataclass(slots=True)
 class IdentifyControllerNvm(Structure):
     """The NVM command set's I/O Command Set specific Identify Controller (CNS 06h, CSI 0).
@@ -836,52 +646,29 @@ class IdentifyControllerNvm(Structure):
     beyond the command's own fields; DMRL is a count of ranges, DMRSL and DMSL blocks.
     """
 
-    vsl: int = 0
-    wzsl: int = 0
-    wusl: int = 0
-    dmrl: int = 0
-    dmrsl: int = 0
-    dmsl: int = 0
-
-    SIZE = IDENTIFY_DATA_SIZE
-    LAYOUT: ClassVar[Layout] = Layout(
-        "IdentifyControllerNvm",
-        IDENTIFY_DATA_SIZE,
-        (
-            ("vsl", 0, U8),
-            ("wzsl", 1, U8),
-            ("wusl", 2, U8),
-            ("dmrl", 3, U8),
-            ("dmrsl", 4, U32),
-            ("dmsl", 8, U64),
-        ),
-    )
+    vsl: int = at(0, U8)
+    wzsl: int = at(1, U8)
+    wusl: int = at(2, U8)
+    dmrl: int = at(3, U8)
+    dmrsl: int = at(4, U32)
+    dmsl: int = at(8, U64)
 
 
+@structure(IDENTIFY_DATA_SIZE)
 @dataclass(slots=True)
-class IdentifyNamespaceNvm:
+class IdentifyNamespaceNvm(Structure):
     """The NVM command set's I/O Command Set specific Identify Namespace (CNS 05h, CSI 0):
     the storage tag mask, protection information capabilities and one extended LBA format
     (storage tag size bits 6:0, protection information format bits 8:7) per LBA format."""
 
-    lbstm: int = 0
-    pic: int = 0
-    elbaf: list[int] = field(default_factory=list)
-
-    SIZE = IDENTIFY_DATA_SIZE
-    LAYOUT: ClassVar[Layout] = Layout(
-        "IdentifyNamespaceNvm",
-        IDENTIFY_DATA_SIZE,
-        (("lbstm", 0, U64), ("pic", 8, U8), ("elbaf", 12, Array(U32, LBAF_MAX))),
-    )
-
-    def pack(self) -> bytes:
-        return self.LAYOUT.encode(self)
+    lbstm: int = at(0, U64)
+    pic: int = at(8, U8)
+    elbaf: list[int] = at(12, Array(U32, LBAF_MAX), factory=list)
 
     @classmethod
-    def unpack(cls, data: Buffer, formats: int = LBAF_MAX) -> Self:
+    def unpack(cls, data: Buffer, offset: int = 0, *, formats: int = LBAF_MAX) -> Self:
         """`formats`: how many ELBAF entries to read (the namespace's NLBAF + 1)."""
-        values = cls.LAYOUT.decode(data)
+        values = cls.LAYOUT.decode(data, offset)
         del values["elbaf"][max(formats, 0) :]
         return cls(**values)
 
@@ -897,17 +684,13 @@ class IocsVector(IntFlag):
     ZNS = 1 << Csi.ZNS
 
 
+@structure(IDENTIFY_DATA_SIZE)
 @dataclass(slots=True)
 class IoCommandSetList(Structure):
     """I/O Command Set data structure (CNS 1Ch): the combinations a host may select with
     the I/O Command Set Profile feature, by index; zero vectors after the last."""
 
-    vectors: list[int] = field(default_factory=list)
-
-    SIZE = IDENTIFY_DATA_SIZE
-    LAYOUT: ClassVar[Layout] = Layout(
-        "IoCommandSetList", IDENTIFY_DATA_SIZE, (("vectors", 0, Array(U64, IOCS_VECTORS)),)
-    )
+    vectors: list[int] = at(0, Array(U64, IOCS_VECTORS), factory=list)
 
     @classmethod
     def unpack(cls, data: Buffer, offset: int = 0) -> Self:

@@ -10,7 +10,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import IntEnum, IntFlag
-from typing import ClassVar, Self
+from typing import Self
 
 from pynvmf.spec.fields import (
     U8,
@@ -26,6 +26,8 @@ from pynvmf.spec.fields import (
     Raw,
     Structure,
     ZeroTerminated,
+    at,
+    structure,
 )
 
 
@@ -66,44 +68,23 @@ def log_window(page: Buffer, offset: int, length: int) -> bytes:
 ERROR_ENTRY_SIZE = 64
 
 
+@structure(ERROR_ENTRY_SIZE)
 @dataclass(slots=True)
 class ErrorLogEntry(Structure):
-    error_count: int = 0  # 0 marks an unused entry
-    sqid: int = 0
-    cid: int = 0
-    status: int = 0  # status field as in CQE DW3 bits 31:16, phase tag included
-    param_error_location: int = 0  # byte in bits 7:0, bit in bits 10:8
-    lba: int = 0
-    nsid: int = 0
-    vs: int = 0
-    trtype: int = 0
-    csi: int = 0
-    opcode: int = 0
-    cs: int = 0
-    trtype_specific: int = 0
-    log_page_version: int = 0
-
-    SIZE = ERROR_ENTRY_SIZE
-    LAYOUT: ClassVar[Layout] = Layout(
-        "ErrorLogEntry",
-        ERROR_ENTRY_SIZE,
-        (
-            ("error_count", 0, U64),
-            ("sqid", 8, U16),
-            ("cid", 10, U16),
-            ("status", 12, U16),
-            ("param_error_location", 14, U16),
-            ("lba", 16, U64),
-            ("nsid", 24, U32),
-            ("vs", 28, U8),
-            ("trtype", 29, U8),
-            ("csi", 30, U8),
-            ("opcode", 31, U8),
-            ("cs", 32, U64),
-            ("trtype_specific", 40, U16),
-            ("log_page_version", 63, U8),
-        ),
-    )
+    error_count: int = at(0, U64)  # 0 marks an unused entry
+    sqid: int = at(8, U16)
+    cid: int = at(10, U16)
+    status: int = at(12, U16)  # status field as in CQE DW3 bits 31:16, phase tag included
+    param_error_location: int = at(14, U16)  # byte in bits 7:0, bit in bits 10:8
+    lba: int = at(16, U64)
+    nsid: int = at(24, U32)
+    vs: int = at(28, U8)
+    trtype: int = at(29, U8)
+    csi: int = at(30, U8)
+    opcode: int = at(31, U8)
+    cs: int = at(32, U64)
+    trtype_specific: int = at(40, U16)
+    log_page_version: int = at(63, U8)
 
 
 @dataclass(slots=True)
@@ -150,64 +131,34 @@ def _eight_zeros() -> list[int]:
     return [0] * 8
 
 
+@structure(SMART_LOG_SIZE)
 @dataclass(slots=True)
 class SmartLog(Structure):
     """SMART / Health Information. Temperatures are in Kelvin, 0 = not reported."""
 
-    critical_warning: int = 0
-    composite_temp: int = 0
-    avail_spare: int = 0  # percent
-    spare_thresh: int = 0  # percent
-    percent_used: int = 0
-    eg_crit_warning_summary: int = 0
-    data_units_read: int = 0  # thousands of 512-byte units, rounded up
-    data_units_written: int = 0
-    host_read_cmds: int = 0
-    host_write_cmds: int = 0
-    ctrl_busy_time: int = 0  # minutes
-    power_cycles: int = 0
-    power_on_hours: int = 0
-    unsafe_shutdowns: int = 0
-    media_errors: int = 0
-    num_err_log_entries: int = 0
-    warning_temp_time: int = 0  # minutes
-    critical_temp_time: int = 0  # minutes
-    temp_sensors: list[int] = field(default_factory=_eight_zeros)
-    thm_temp1_trans_count: int = 0
-    thm_temp2_trans_count: int = 0
-    thm_temp1_total_time: int = 0
-    thm_temp2_total_time: int = 0
-
-    SIZE = SMART_LOG_SIZE
-    LAYOUT: ClassVar[Layout] = Layout(
-        "SmartLog",
-        SMART_LOG_SIZE,
-        (
-            ("critical_warning", 0, U8),
-            ("composite_temp", 1, U16),
-            ("avail_spare", 3, U8),
-            ("spare_thresh", 4, U8),
-            ("percent_used", 5, U8),
-            ("eg_crit_warning_summary", 6, U8),
-            ("data_units_read", 32, U128),
-            ("data_units_written", 48, U128),
-            ("host_read_cmds", 64, U128),
-            ("host_write_cmds", 80, U128),
-            ("ctrl_busy_time", 96, U128),
-            ("power_cycles", 112, U128),
-            ("power_on_hours", 128, U128),
-            ("unsafe_shutdowns", 144, U128),
-            ("media_errors", 160, U128),
-            ("num_err_log_entries", 176, U128),
-            ("warning_temp_time", 192, U32),
-            ("critical_temp_time", 196, U32),
-            ("temp_sensors", 200, Array(U16, 8, exact=True)),
-            ("thm_temp1_trans_count", 216, U32),
-            ("thm_temp2_trans_count", 220, U32),
-            ("thm_temp1_total_time", 224, U32),
-            ("thm_temp2_total_time", 228, U32),
-        ),
-    )
+    critical_warning: int = at(0, U8)
+    composite_temp: int = at(1, U16)
+    avail_spare: int = at(3, U8)  # percent
+    spare_thresh: int = at(4, U8)  # percent
+    percent_used: int = at(5, U8)
+    eg_crit_warning_summary: int = at(6, U8)
+    data_units_read: int = at(32, U128)  # thousands of 512-byte units, rounded up
+    data_units_written: int = at(48, U128)
+    host_read_cmds: int = at(64, U128)
+    host_write_cmds: int = at(80, U128)
+    ctrl_busy_time: int = at(96, U128)  # minutes
+    power_cycles: int = at(112, U128)
+    power_on_hours: int = at(128, U128)
+    unsafe_shutdowns: int = at(144, U128)
+    media_errors: int = at(160, U128)
+    num_err_log_entries: int = at(176, U128)
+    warning_temp_time: int = at(192, U32)  # minutes
+    critical_temp_time: int = at(196, U32)  # minutes
+    temp_sensors: list[int] = at(200, Array(U16, 8, exact=True), factory=_eight_zeros)
+    thm_temp1_trans_count: int = at(216, U32)
+    thm_temp2_trans_count: int = at(220, U32)
+    thm_temp1_total_time: int = at(224, U32)
+    thm_temp2_total_time: int = at(228, U32)
 
 
 # ---------------------------------------------------------------------------------------
@@ -221,20 +172,13 @@ def _seven_empty() -> list[str]:
     return [""] * FW_SLOTS
 
 
+@structure(FW_SLOT_LOG_SIZE)
 @dataclass(slots=True)
 class FwSlotLog(Structure):
     """Firmware Slot Information. ``frs[0]`` is slot 1; "" means no image (all zeros)."""
 
-    afi: int = 0  # active slot in bits 2:0, slot activated at next reset in bits 6:4
-    frs: list[str] = field(default_factory=_seven_empty)
-
-    SIZE = FW_SLOT_LOG_SIZE
-    LAYOUT: ClassVar[Layout] = Layout(
-        "FwSlotLog",
-        FW_SLOT_LOG_SIZE,
-        # An empty slot is all zeros rather than eight spaces.
-        (("afi", 0, U8), ("frs", 8, Array(Ascii(8, empty_is_zero=True), FW_SLOTS))),
-    )
+    afi: int = at(0, U8)  # active slot in bits 2:0, slot activated at next reset in bits 6:4
+    frs: list[str] = at(8, Array(Ascii(8, empty_is_zero=True), FW_SLOTS), factory=_seven_empty)
 
     @property
     def active_slot(self) -> int:
@@ -253,6 +197,7 @@ CHANGED_NS_MAX = CHANGED_NS_LOG_SIZE // 4
 CHANGED_NS_OVERFLOW = 0xFFFFFFFF
 
 
+@structure(CHANGED_NS_LOG_SIZE)
 @dataclass(slots=True)
 class ChangedNsList(Structure):
     """NSIDs whose Identify data changed since the log was last read.
@@ -261,14 +206,7 @@ class ChangedNsList(Structure):
     ``ChangedNsList([CHANGED_NS_OVERFLOW])`` with ``overflow`` true.
     """
 
-    nsids: list[int] = field(default_factory=list)
-
-    SIZE = CHANGED_NS_LOG_SIZE
-    LAYOUT: ClassVar[Layout] = Layout(
-        "ChangedNsList",
-        CHANGED_NS_LOG_SIZE,
-        (("nsids", 0, ZeroTerminated(U32, CHANGED_NS_MAX)),),
-    )
+    nsids: list[int] = at(0, ZeroTerminated(U32, CHANGED_NS_MAX), factory=list)
 
     @property
     def overflow(self) -> bool:
@@ -382,19 +320,13 @@ def _zeros_256() -> list[int]:
     return [0] * 256
 
 
+@structure(CMD_EFFECTS_LOG_SIZE)
 @dataclass(slots=True)
 class CmdEffectsLog(Structure):
     """Effects of each admin (``acs``) and I/O (``iocs``) opcode, 256 entries each."""
 
-    acs: list[int] = field(default_factory=_zeros_256)
-    iocs: list[int] = field(default_factory=_zeros_256)
-
-    SIZE = CMD_EFFECTS_LOG_SIZE
-    LAYOUT: ClassVar[Layout] = Layout(
-        "CmdEffectsLog",
-        CMD_EFFECTS_LOG_SIZE,
-        (("acs", 0, Array(U32, 256, exact=True)), ("iocs", 1024, Array(U32, 256, exact=True))),
-    )
+    acs: list[int] = at(0, Array(U32, 256, exact=True), factory=_zeros_256)
+    iocs: list[int] = at(1024, Array(U32, 256, exact=True), factory=_zeros_256)
 
     @classmethod
     def from_opcodes(cls, admin: Mapping[int, int], io: Mapping[int, int]) -> Self:
@@ -461,6 +393,7 @@ DISC_HEADER_SIZE = 1024
 DISC_ENTRY_SIZE = 1024
 
 
+@structure(DISC_ENTRY_SIZE)
 @dataclass(slots=True)
 class DiscoveryLogEntry(Structure):
     """One 1024-byte Discovery Log Page Entry.
@@ -469,38 +402,18 @@ class DiscoveryLogEntry(Structure):
     zero padded; for TCP byte 0 is the SECTYPE (see :class:`TcpSecType`).
     """
 
-    trtype: int = TrType.TCP
-    adrfam: int = AdrFam.IPV4
-    subtype: int = SubType.NVME
-    treq: int = Treq.NOT_SPECIFIED
-    portid: int = 0
-    cntlid: int = 0xFFFF  # dynamic controller model: any controller may be allocated
-    asqsz: int = 32  # the spec's minimum admin submission queue size
-    eflags: int = 0
-    trsvcid: str = ""
-    subnqn: str = ""
-    traddr: str = ""
-    tsas: bytes = bytes(256)
-
-    SIZE = DISC_ENTRY_SIZE
-    LAYOUT: ClassVar[Layout] = Layout(
-        "DiscoveryLogEntry",
-        DISC_ENTRY_SIZE,
-        (
-            ("trtype", 0, U8),
-            ("adrfam", 1, U8),
-            ("subtype", 2, U8),
-            ("treq", 3, U8),
-            ("portid", 4, U16),
-            ("cntlid", 6, U16),
-            ("asqsz", 8, U16),
-            ("eflags", 10, U16),
-            ("trsvcid", 32, Ascii(32)),
-            ("subnqn", 256, Nqn(256)),
-            ("traddr", 512, Ascii(256)),
-            ("tsas", 768, Raw(256)),
-        ),
-    )
+    trtype: int = at(0, U8, TrType.TCP)
+    adrfam: int = at(1, U8, AdrFam.IPV4)
+    subtype: int = at(2, U8, SubType.NVME)
+    treq: int = at(3, U8, Treq.NOT_SPECIFIED)
+    portid: int = at(4, U16)
+    cntlid: int = at(6, U16, 0xFFFF)  # dynamic controller model: any controller may be allocated
+    asqsz: int = at(8, U16, 32)  # the spec's minimum admin submission queue size
+    eflags: int = at(10, U16)
+    trsvcid: str = at(32, Ascii(32))
+    subnqn: str = at(256, Nqn(256))
+    traddr: str = at(512, Ascii(256))
+    tsas: bytes = at(768, Raw(256))
 
     def __post_init__(self) -> None:
         # Compare equal after a round trip: the wire always carries all 256 TSAS bytes.
@@ -526,20 +439,14 @@ class DiscoveryLogEntry(Structure):
         return f"DiscoveryLogEntry({shown}, tsas={tsas})"
 
 
+@structure(DISC_HEADER_SIZE)
 @dataclass(slots=True)
 class DiscoveryLogHeader(Structure):
     """The first 1024 bytes, enough for a host to learn NUMREC before the full read."""
 
-    genctr: int = 0
-    numrec: int = 0
-    recfmt: int = 0
-
-    SIZE = DISC_HEADER_SIZE
-    LAYOUT: ClassVar[Layout] = Layout(
-        "DiscoveryLogHeader",
-        DISC_HEADER_SIZE,
-        (("genctr", 0, U64), ("numrec", 8, U64), ("recfmt", 16, U16)),
-    )
+    genctr: int = at(0, U64)
+    numrec: int = at(8, U64)
+    recfmt: int = at(16, U16)
 
 
 @dataclass(slots=True)

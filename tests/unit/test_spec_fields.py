@@ -50,22 +50,22 @@ SPEC_SIZES: dict[type, int] = {
 # The first half of the sha256 of each sample's bytes as the hand-written struct formats
 # packed them before the structures moved onto the codec: the move changed no byte.
 PACKED_SHA256: dict[type, str] = {
-    identify.PowerStateDescriptor: "3181ced041d05645db15150f72019b4a",
-    identify.IdentifyController: "3c0c17e0e85c3283112fc046606ce265",
-    identify.LbaFormat: "27158134bd4f91a007cc45a27ff42f8c",
-    identify.IdentifyNamespace: "ed4f50121fddd5210453816332200c12",
+    identify.PowerStateDescriptor: "e97ec98cddf523d470cd1f5b92467fd0",
+    identify.IdentifyController: "6c1208c3c86db832d7556a8afa295f94",
+    identify.LbaFormat: "a3198b806abb79e9f1ba659e7ff06ed3",
+    identify.IdentifyNamespace: "74dd9f75fcbbd989ec864822613bfb0e",
     identify.NsIdList: "49ba7f852b950820bbe7714de62d3868",
-    identify.IdentifyNamespaceIndependent: "259ca484c750c54b10bf9b590ba43f3e",
-    identify.IdentifyControllerNvm: "9fcc115ba06c6f97d1afdd4f1965b932",
-    identify.IdentifyNamespaceNvm: "fc9a385d876a89f7e762ec7d3b46951d",
+    identify.IdentifyNamespaceIndependent: "7006507bc30b36c0414e3c9778a484f9",
+    identify.IdentifyControllerNvm: "e8464834e0c7b7a62b7b9831dfe1e700",
+    identify.IdentifyNamespaceNvm: "c488e5f888ba3e53c32352736195163a",
     identify.IoCommandSetList: "68dc71e5c6cda5b11d4834a4c9a873a8",
-    logpages.ErrorLogEntry: "34295fba3b61001baa54f3e331f51746",
-    logpages.SmartLog: "671977719bb19481eccf7e7b934f2662",
-    logpages.FwSlotLog: "b8c666cb9b5dd20d7ac05857cd3ffa30",
+    logpages.ErrorLogEntry: "86d5dedc24c4d298c54fdf40da816b9e",
+    logpages.SmartLog: "b3b02197bff34262e7101ecac0e39aaa",
+    logpages.FwSlotLog: "cead46f6704f8f469df4d713a3a5712e",
     logpages.ChangedNsList: "49ba7f852b950820bbe7714de62d3868",
-    logpages.CmdEffectsLog: "cc09c01d7a3b6c17045c3f98fb10177c",
-    logpages.DiscoveryLogHeader: "82515b7e22decbc8857ac0a577db1871",
-    logpages.DiscoveryLogEntry: "60f21a06518b9f77113d28a2b2d6253c",
+    logpages.CmdEffectsLog: "fb2007b267397cecb641c6c44bd22681",
+    logpages.DiscoveryLogHeader: "3a85d8a523fd7477293a747b1c1dc829",
+    logpages.DiscoveryLogEntry: "0952ae454fcd77cf7ae7f9463a3a2180",
 }
 
 
@@ -107,9 +107,10 @@ def value_for(kind: Any, seed: int) -> Any:
 def sample_values(cls: type, layout: Layout, seed: int = 1) -> dict[str, Any]:
     attributes = {f.name for f in dataclasses.fields(cls)}
     # Fields that are not attributes (NPSS, NLBAF) are properties derived from a list.
+    # Each value is seeded by its offset: the same sample whatever the table's order.
     return {
-        name: value_for(kind, seed + i)
-        for i, (name, _, kind) in enumerate(layout.fields)
+        name: value_for(kind, seed + offset)
+        for name, offset, kind in layout.fields
         if name in attributes
     }
 
