@@ -1,6 +1,6 @@
 """spec/fields.py, the one codec of Identify data and log pages: its kinds, its layout
-checks, and every structure of identify.py and logpages.py through it (sizes as the
-spec gives them, round trips with every field set, bytes pinned)."""
+checks, and every structure of identify.py, logpages.py and reservations.py through it
+(sizes as the spec gives them, round trips with every field set, bytes pinned)."""
 
 import dataclasses
 import hashlib
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pynvmf.spec import identify, logpages
+from pynvmf.spec import identify, logpages, reservations
 from pynvmf.spec.fields import (
     U8,
     U16,
@@ -45,6 +45,7 @@ SPEC_SIZES: dict[type, int] = {
     logpages.CmdEffectsLog: 4096,
     logpages.DiscoveryLogHeader: 1024,
     logpages.DiscoveryLogEntry: 1024,
+    reservations.ReservationNotification: 64,
 }
 
 # The first half of the sha256 of each sample's bytes as the hand-written struct formats
@@ -66,6 +67,7 @@ PACKED_SHA256: dict[type, str] = {
     logpages.CmdEffectsLog: "fb2007b267397cecb641c6c44bd22681",
     logpages.DiscoveryLogHeader: "3a85d8a523fd7477293a747b1c1dc829",
     logpages.DiscoveryLogEntry: "0952ae454fcd77cf7ae7f9463a3a2180",
+    reservations.ReservationNotification: "ae90e5b8858bc912a2f1ab9a1fbe47e4",
 }
 
 
@@ -78,7 +80,7 @@ def structures(module: ModuleType) -> list[type]:
 
 
 def test_every_structure_has_the_spec_size() -> None:
-    found = structures(identify) + structures(logpages)
+    found = structures(identify) + structures(logpages) + structures(reservations)
     assert set(found) == set(SPEC_SIZES), "a structure was added: give its spec size here"
     for cls, size in SPEC_SIZES.items():
         assert cls.LAYOUT.size == size, cls.__name__
