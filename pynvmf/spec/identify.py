@@ -7,13 +7,30 @@ Reserved and vendor specific areas pack as zeros and are ignored on unpack.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum, IntFlag
-from typing import Any, ClassVar, Protocol, Self
+from typing import Self
 
-Buffer = bytes | bytearray | memoryview
+from pynvmf.spec.fields import (
+    U8,
+    U16,
+    U24,
+    U32,
+    U64,
+    U128,
+    Array,
+    Ascii,
+    Buffer,
+    Layout,
+    Nqn,
+    Raw,
+    Record,
+    Structure,
+    ZeroTerminated,
+    at,
+    structure,
+)
 
 IDENTIFY_DATA_SIZE = 4096
 
@@ -229,305 +246,39 @@ NIDT_LENGTHS: dict[int, int] = {Nidt.EUI64: 8, Nidt.NGUID: 16, Nidt.UUID: 16, Ni
 
 
 # ---------------------------------------------------------------------------------------
-# Field codecs. Layouts are tables of (attribute, byte offset, codec) so that a single
-# table drives both pack and unpack and cannot drift between the two directions.
-
-
-class _Codec(Protocol):
-    size: int
-
-    def put(self, buf: bytearray, offset: int, value: Any) -> None: ...
-
-    def get(self, data: Buffer, offset: int) -> Any: ...
-
-
-class _Int:
-    __slots__ = ("_st", "size")
-
-    def __init__(self, fmt: str) -> None:
-        self._st = struct.Struct("<" + fmt)
-        self.size = self._st.size
-
-    def put(self, buf: bytearray, offset: int, value: int) -> None:
-        self._st.pack_into(buf, offset, value)
-
-    def get(self, data: Buffer, offset: int) -> int:
-        value: int = self._st.unpack_from(data, offset)[0]
-        return value
-
-
-class _U24:
-    """The IEEE OUI: a 24-bit value stored least significant byte first."""
-
-    size = 3
-    _st = struct.Struct("<HB")
-
-    def put(self, buf: bytearray, offset: int, value: int) -> None:
-        if not 0 <= value < 1 << 24:
-            raise ValueError(f"{value:#x} does not fit in 24 bits")
-        self._st.pack_into(buf, offset, value & 0xFFFF, value >> 16)
-
-    def get(self, data: Buffer, offset: int) -> int:
-        lo, hi = self._st.unpack_from(data, offset)
-        return lo | hi << 16
-
-
-class _U128:
-    """Capacities and counters the spec sizes at 128 bits; struct has no such format."""
-
-    size = 16
-    _st = struct.Struct("<QQ")
-
-    def put(self, buf: bytearray, offset: int, value: int) -> None:
-        if not 0 <= value < 1 << 128:
-            raise ValueError(f"{value} does not fit in 128 bits")
-        self._st.pack_into(buf, offset, value & 0xFFFF_FFFF_FFFF_FFFF, value >> 64)
-
-    def get(self, data: Buffer, offset: int) -> int:
-        lo, hi = self._st.unpack_from(data, offset)
-        return lo | hi << 64
-
-
-class _Ascii:
-    """An NVMe "ASCII string": left justified, space padded, not terminated."""
-
-    __slots__ = ("_st", "size")
-
-    def __init__(self, size: int) -> None:
-        self._st = struct.Struct(f"{size}s")
-        self.size = size
-
-    def put(self, buf: bytearray, offset: int, value: str) -> None:
-        raw = value.encode("ascii")
-        if len(raw) > self.size:
-            raise ValueError(f"{value!r} is longer than {self.size} bytes")
-        self._st.pack_into(buf, offset, raw.ljust(self.size, b" "))
-
-    def get(self, data: Buffer, offset: int) -> str:
-        raw: bytes = self._st.unpack_from(data, offset)[0]
-        # Some controllers NUL-pad these despite the spec; accept either padding.
-        return raw.rstrip(b" \x00").decode("ascii", errors="replace")
-
-
-class _Nqn:
-    """An NQN field: NUL terminated UTF-8 in a fixed-size field."""
-
-    __slots__ = ("_st", "size")
-
-    def __init__(self, size: int = 256) -> None:
-        self._st = struct.Struct(f"{size}s")
-        self.size = size
-
-    def put(self, buf: bytearray, offset: int, value: str) -> None:
-        raw = value.encode("utf-8")
-        # Keep room for the terminator: hosts copy these with C string functions.
-        if len(raw) >= self.size:
-            raise ValueError(f"NQN is {len(raw)} bytes, at most {self.size - 1} fit")
-        self._st.pack_into(buf, offset, raw)
-
-    def get(self, data: Buffer, offset: int) -> str:
-        raw: bytes = self._st.unpack_from(data, offset)[0]
-        return raw.split(b"\x00", 1)[0].decode("utf-8", errors="replace")
-
-
-class _Raw:
-    """Opaque identifiers (GUIDs, EUI-64) that must be exactly `size` bytes."""
-
-    __slots__ = ("_st", "size")
-
-    def __init__(self, size: int) -> None:
-        self._st = struct.Struct(f"{size}s")
-        self.size = size
-
-    def put(self, buf: bytearray, offset: int, value: bytes) -> None:
-        if len(value) != self.size:
-            raise ValueError(f"expected {self.size} bytes, got {len(value)}")
-        self._st.pack_into(buf, offset, bytes(value))
-
-    def get(self, data: Buffer, offset: int) -> bytes:
-        raw: bytes = self._st.unpack_from(data, offset)[0]
-        return raw
-
-
-_U8 = _Int("B")
-_U16 = _Int("H")
-_U32 = _Int("I")
-_U64 = _Int("Q")
-_U24_CODEC = _U24()
-_U128_CODEC = _U128()
-
-_Layout = tuple[tuple[str, int, _Codec], ...]
-
-
-def _put_fields(obj: object, buf: bytearray, layout: _Layout) -> None:
-    for name, offset, codec in layout:
-        try:
-            codec.put(buf, offset, getattr(obj, name))
-        except (struct.error, ValueError, TypeError) as exc:
-            raise ValueError(f"{type(obj).__name__}.{name}: {exc}") from exc
-
-
-def _get_fields(data: Buffer, layout: _Layout) -> dict[str, Any]:
-    return {name: codec.get(data, offset) for name, offset, codec in layout}
-
-
-def _require(data: Buffer, size: int, what: str) -> None:
-    if len(data) < size:
-        raise ValueError(f"{what} needs {size} bytes, got {len(data)}")
-
-
-# ---------------------------------------------------------------------------------------
 # Identify Controller (CNS 01h)
 
-_PSD = struct.Struct("<HxBIIBBBBHBxHB9x")
 PSD_SIZE = 32
 PSD_OFFSET = 2048
 PSD_MAX = 32
 
 
+@structure(PSD_SIZE)
 @dataclass(slots=True)
-class PowerStateDescriptor:
+class PowerStateDescriptor(Structure):
     """One 32-byte power state descriptor. Powers are in units set by the scale bits."""
 
-    max_power: int = 0  # MP, centiwatts (or 0.0001 W when flags bit 0, MXPS, is set)
-    flags: int = 0  # bit 0 MXPS, bit 1 NOPS (non-operational state)
-    entry_lat: int = 0  # ENLAT, microseconds
-    exit_lat: int = 0  # EXLAT, microseconds
-    read_tput: int = 0  # RRT
-    read_lat: int = 0  # RRL
-    write_tput: int = 0  # RWT
-    write_lat: int = 0  # RWL
-    idle_power: int = 0  # IDLP
-    idle_scale: int = 0  # IPS in bits 7:6
-    active_power: int = 0  # ACTP
-    active_work_scale: int = 0  # APW in bits 2:0, APS in bits 7:6
-
-    def pack(self) -> bytes:
-        buf = bytearray(PSD_SIZE)
-        self.pack_into(buf, 0)
-        return bytes(buf)
-
-    def pack_into(self, buf: bytearray, offset: int) -> None:
-        _PSD.pack_into(
-            buf,
-            offset,
-            self.max_power,
-            self.flags,
-            self.entry_lat,
-            self.exit_lat,
-            self.read_tput,
-            self.read_lat,
-            self.write_tput,
-            self.write_lat,
-            self.idle_power,
-            self.idle_scale,
-            self.active_power,
-            self.active_work_scale,
-        )
-
-    @classmethod
-    def unpack(cls, data: Buffer, offset: int = 0) -> Self:
-        return cls(*_PSD.unpack_from(data, offset))
-
-
-_CTRL_LAYOUT: _Layout = (
-    ("vid", 0, _U16),
-    ("ssvid", 2, _U16),
-    ("sn", 4, _Ascii(20)),
-    ("mn", 24, _Ascii(40)),
-    ("fr", 64, _Ascii(8)),
-    ("rab", 72, _U8),
-    ("ieee", 73, _U24_CODEC),
-    ("cmic", 76, _U8),
-    ("mdts", 77, _U8),
-    ("cntlid", 78, _U16),
-    ("ver", 80, _U32),
-    ("rtd3r", 84, _U32),
-    ("rtd3e", 88, _U32),
-    ("oaes", 92, _U32),
-    ("ctratt", 96, _U32),
-    ("rrls", 100, _U16),
-    ("cntrltype", 111, _U8),
-    ("fguid", 112, _Raw(16)),
-    ("crdt1", 128, _U16),
-    ("crdt2", 130, _U16),
-    ("crdt3", 132, _U16),
-    ("nvmsr", 253, _U8),
-    ("vwci", 254, _U8),
-    ("mec", 255, _U8),
-    ("oacs", 256, _U16),
-    ("acl", 258, _U8),
-    ("aerl", 259, _U8),
-    ("frmw", 260, _U8),
-    ("lpa", 261, _U8),
-    ("elpe", 262, _U8),
-    # NPSS (263) is derived from len(psd) and written by pack().
-    ("avscc", 264, _U8),
-    ("apsta", 265, _U8),
-    ("wctemp", 266, _U16),
-    ("cctemp", 268, _U16),
-    ("mtfa", 270, _U16),
-    ("hmpre", 272, _U32),
-    ("hmmin", 276, _U32),
-    ("tnvmcap", 280, _U128_CODEC),
-    ("unvmcap", 296, _U128_CODEC),
-    ("rpmbs", 312, _U32),
-    ("edstt", 316, _U16),
-    ("dsto", 318, _U8),
-    ("fwug", 319, _U8),
-    ("kas", 320, _U16),
-    ("hctma", 322, _U16),
-    ("mntmt", 324, _U16),
-    ("mxtmt", 326, _U16),
-    ("sanicap", 328, _U32),
-    ("hmminds", 332, _U32),
-    ("hmmaxd", 336, _U16),
-    ("nsetidmax", 338, _U16),
-    ("endgidmax", 340, _U16),
-    ("anatt", 342, _U8),
-    ("anacap", 343, _U8),
-    ("anagrpmax", 344, _U32),
-    ("nanagrpid", 348, _U32),
-    ("pels", 352, _U32),
-    ("domainid", 356, _U16),
-    ("megcap", 368, _U128_CODEC),
-    ("sqes", 512, _U8),
-    ("cqes", 513, _U8),
-    ("maxcmd", 514, _U16),
-    ("nn", 516, _U32),
-    ("oncs", 520, _U16),
-    ("fuses", 522, _U16),
-    ("fna", 524, _U8),
-    ("vwc", 525, _U8),
-    ("awun", 526, _U16),
-    ("awupf", 528, _U16),
-    ("icsvscc", 530, _U8),
-    ("nwpc", 531, _U8),
-    ("acwu", 532, _U16),
-    ("ocfs", 534, _U16),
-    ("sgls", 536, _U32),
-    ("mnan", 540, _U32),
-    ("maxdna", 544, _U128_CODEC),
-    ("maxcna", 560, _U32),
-    ("subnqn", 768, _Nqn(256)),
-    # NVMe over Fabrics area (1792..2047)
-    ("ioccsz", 1792, _U32),
-    ("iorcsz", 1796, _U32),
-    ("icdoff", 1800, _U16),
-    ("fcatt", 1802, _U8),
-    ("msdbd", 1803, _U8),
-    ("ofcs", 1804, _U16),
-    ("dctype", 1806, _U8),
-)
-_NPSS_OFFSET = 263
+    max_power: int = at(0, U16)  # MP, centiwatts (or 0.0001 W when flags bit 0, MXPS, is set)
+    flags: int = at(3, U8)  # bit 0 MXPS, bit 1 NOPS (non-operational state)
+    entry_lat: int = at(4, U32)  # ENLAT, microseconds
+    exit_lat: int = at(8, U32)  # EXLAT, microseconds
+    read_tput: int = at(12, U8)  # RRT
+    read_lat: int = at(13, U8)  # RRL
+    write_tput: int = at(14, U8)  # RWT
+    write_lat: int = at(15, U8)  # RWL
+    idle_power: int = at(16, U16)  # IDLP
+    idle_scale: int = at(18, U8)  # IPS in bits 7:6
+    active_power: int = at(20, U16)  # ACTP
+    active_work_scale: int = at(22, U8)  # APW in bits 2:0, APS in bits 7:6
 
 
 def _one_psd() -> list[PowerStateDescriptor]:
     return [PowerStateDescriptor()]
 
 
+@structure(IDENTIFY_DATA_SIZE, ("npss", 263, U8))
 @dataclass(slots=True)
-class IdentifyController:
+class IdentifyController(Structure):
     """Identify Controller data structure (4096 bytes).
 
     Every field defaults to zero/empty so a target fills in only what it supports.
@@ -535,94 +286,97 @@ class IdentifyController:
     returns NPSS + 1 descriptors.
     """
 
-    vid: int = 0
-    ssvid: int = 0
-    sn: str = ""
-    mn: str = ""
-    fr: str = ""
-    rab: int = 0
-    ieee: int = 0  # 24-bit OUI
-    cmic: int = 0
-    mdts: int = 0  # log2 of max transfer in units of CAP.MPSMIN; 0 = no limit
-    cntlid: int = 0
-    ver: int = 0  # (major << 16) | (minor << 8) | tertiary
-    rtd3r: int = 0
-    rtd3e: int = 0
-    oaes: int = 0
-    ctratt: int = 0
-    rrls: int = 0
-    cntrltype: int = 0
-    fguid: bytes = bytes(16)
-    crdt1: int = 0
-    crdt2: int = 0
-    crdt3: int = 0
-    nvmsr: int = 0
-    vwci: int = 0
-    mec: int = 0
-    oacs: int = 0
-    acl: int = 0
-    aerl: int = 0
-    frmw: int = 0
-    lpa: int = 0
-    elpe: int = 0
-    avscc: int = 0
-    apsta: int = 0
-    wctemp: int = 0
-    cctemp: int = 0
-    mtfa: int = 0
-    hmpre: int = 0
-    hmmin: int = 0
-    tnvmcap: int = 0
-    unvmcap: int = 0
-    rpmbs: int = 0
-    edstt: int = 0
-    dsto: int = 0
-    fwug: int = 0
-    kas: int = 0  # keep alive granularity, 100 ms units
-    hctma: int = 0
-    mntmt: int = 0
-    mxtmt: int = 0
-    sanicap: int = 0
-    hmminds: int = 0
-    hmmaxd: int = 0
-    nsetidmax: int = 0
-    endgidmax: int = 0
-    anatt: int = 0
-    anacap: int = 0
-    anagrpmax: int = 0
-    nanagrpid: int = 0
-    pels: int = 0
-    domainid: int = 0
-    megcap: int = 0
-    sqes: int = 0
-    cqes: int = 0
-    maxcmd: int = 0
-    nn: int = 0
-    oncs: int = 0
-    fuses: int = 0
-    fna: int = 0
-    vwc: int = 0
-    awun: int = 0
-    awupf: int = 0
-    icsvscc: int = 0
-    nwpc: int = 0
-    acwu: int = 0
-    ocfs: int = 0
-    sgls: int = 0
-    mnan: int = 0
-    maxdna: int = 0
-    maxcna: int = 0
-    subnqn: str = ""
-    ioccsz: int = 0  # 16-byte units, SQE included
-    iorcsz: int = 0  # 16-byte units
-    icdoff: int = 0  # 16-byte units
-    fcatt: int = 0
-    msdbd: int = 0
-    ofcs: int = 0
-    dctype: int = 0
-    psd: list[PowerStateDescriptor] = field(default_factory=_one_psd)
-
-    SIZE = IDENTIFY_DATA_SIZE
+    vid: int = at(0, U16)
+    ssvid: int = at(2, U16)
+    sn: str = at(4, Ascii(20))
+    mn: str = at(24, Ascii(40))
+    fr: str = at(64, Ascii(8))
+    rab: int = at(72, U8)
+    ieee: int = at(73, U24)  # 24-bit OUI
+    cmic: int = at(76, U8)
+    mdts: int = at(77, U8)  # log2 of max transfer in units of CAP.MPSMIN; 0 = no limit
+    cntlid: int = at(78, U16)
+    ver: int = at(80, U32)  # (major << 16) | (minor << 8) | tertiary
+    rtd3r: int = at(84, U32)
+    rtd3e: int = at(88, U32)
+    oaes: int = at(92, U32)
+    ctratt: int = at(96, U32)
+    rrls: int = at(100, U16)
+    cntrltype: int = at(111, U8)
+    fguid: bytes = at(112, Raw(16))
+    crdt1: int = at(128, U16)
+    crdt2: int = at(130, U16)
+    crdt3: int = at(132, U16)
+    nvmsr: int = at(253, U8)
+    vwci: int = at(254, U8)
+    mec: int = at(255, U8)
+    oacs: int = at(256, U16)
+    acl: int = at(258, U8)
+    aerl: int = at(259, U8)
+    frmw: int = at(260, U8)
+    lpa: int = at(261, U8)
+    elpe: int = at(262, U8)
+    avscc: int = at(264, U8)
+    apsta: int = at(265, U8)
+    wctemp: int = at(266, U16)
+    cctemp: int = at(268, U16)
+    mtfa: int = at(270, U16)
+    hmpre: int = at(272, U32)
+    hmmin: int = at(276, U32)
+    tnvmcap: int = at(280, U128)
+    unvmcap: int = at(296, U128)
+    rpmbs: int = at(312, U32)
+    edstt: int = at(316, U16)
+    dsto: int = at(318, U8)
+    fwug: int = at(319, U8)
+    kas: int = at(320, U16)  # keep alive granularity, 100 ms units
+    hctma: int = at(322, U16)
+    mntmt: int = at(324, U16)
+    mxtmt: int = at(326, U16)
+    sanicap: int = at(328, U32)
+    hmminds: int = at(332, U32)
+    hmmaxd: int = at(336, U16)
+    nsetidmax: int = at(338, U16)
+    endgidmax: int = at(340, U16)
+    anatt: int = at(342, U8)
+    anacap: int = at(343, U8)
+    anagrpmax: int = at(344, U32)
+    nanagrpid: int = at(348, U32)
+    pels: int = at(352, U32)
+    domainid: int = at(356, U16)
+    megcap: int = at(368, U128)
+    sqes: int = at(512, U8)
+    cqes: int = at(513, U8)
+    maxcmd: int = at(514, U16)
+    nn: int = at(516, U32)
+    oncs: int = at(520, U16)
+    fuses: int = at(522, U16)
+    fna: int = at(524, U8)
+    vwc: int = at(525, U8)
+    awun: int = at(526, U16)
+    awupf: int = at(528, U16)
+    icsvscc: int = at(530, U8)
+    nwpc: int = at(531, U8)
+    acwu: int = at(532, U16)
+    ocfs: int = at(534, U16)
+    sgls: int = at(536, U32)
+    mnan: int = at(540, U32)
+    maxdna: int = at(544, U128)
+    maxcna: int = at(560, U32)
+    subnqn: str = at(768, Nqn(256))
+    # NVMe over Fabrics area (1792..2047)
+    ioccsz: int = at(1792, U32)  # 16-byte units, SQE included
+    iorcsz: int = at(1796, U32)  # 16-byte units
+    icdoff: int = at(1800, U16)  # 16-byte units
+    fcatt: int = at(1802, U8)
+    msdbd: int = at(1803, U8)
+    ofcs: int = at(1804, U16)
+    dctype: int = at(1806, U8)
+    psd: list[PowerStateDescriptor] = at(
+        PSD_OFFSET,
+        Array(Record(PowerStateDescriptor), PSD_MAX, counted_by="npss"),
+        factory=_one_psd,
+    )
 
     @property
     def npss(self) -> int:
@@ -632,100 +386,29 @@ class IdentifyController:
     def pack(self) -> bytes:
         if not 1 <= len(self.psd) <= PSD_MAX:
             raise ValueError(f"IdentifyController.psd needs 1..{PSD_MAX} entries")
-        buf = bytearray(IDENTIFY_DATA_SIZE)
-        _put_fields(self, buf, _CTRL_LAYOUT)
-        _U8.put(buf, _NPSS_OFFSET, len(self.psd) - 1)
-        for i, desc in enumerate(self.psd):
-            try:
-                desc.pack_into(buf, PSD_OFFSET + i * PSD_SIZE)
-            except struct.error as exc:
-                raise ValueError(f"IdentifyController.psd[{i}]: {exc}") from exc
-        return bytes(buf)
-
-    @classmethod
-    def unpack(cls, data: Buffer) -> Self:
-        _require(data, IDENTIFY_DATA_SIZE, "Identify Controller")
-        values = _get_fields(data, _CTRL_LAYOUT)
-        npss = _U8.get(data, _NPSS_OFFSET)
-        # NPSS is an 8-bit field but only 32 descriptors exist.
-        count = min(npss + 1, PSD_MAX)
-        values["psd"] = [
-            PowerStateDescriptor.unpack(data, PSD_OFFSET + i * PSD_SIZE) for i in range(count)
-        ]
-        return cls(**values)
+        return self.LAYOUT.encode(self)
 
 
 # ---------------------------------------------------------------------------------------
 # Identify Namespace (CNS 00h), NVM command set
 
-_LBAF = struct.Struct("<HBB")
 LBAF_OFFSET = 128
 LBAF_SIZE = 4
 LBAF_MAX = 64
-_NLBAF_OFFSET = 25
 
 
+@structure(LBAF_SIZE)
 @dataclass(slots=True)
-class LbaFormat:
+class LbaFormat(Structure):
     """One LBA Format entry."""
 
-    ms: int = 0  # metadata bytes per LBA
-    lbads: int = 9  # log2 of the LBA data size; 9 = 512 bytes
-    rp: int = 0  # relative performance, bits 1:0 (0 best .. 3 degraded)
+    ms: int = at(0, U16)  # metadata bytes per LBA
+    lbads: int = at(2, U8, 9)  # log2 of the LBA data size; 9 = 512 bytes
+    rp: int = at(3, U8)  # relative performance, bits 1:0 (0 best .. 3 degraded)
 
     @property
     def block_size(self) -> int:
         return 1 << self.lbads
-
-    def pack(self) -> bytes:
-        return _LBAF.pack(self.ms, self.lbads, self.rp)
-
-    def pack_into(self, buf: bytearray, offset: int) -> None:
-        _LBAF.pack_into(buf, offset, self.ms, self.lbads, self.rp)
-
-    @classmethod
-    def unpack(cls, data: Buffer, offset: int = 0) -> Self:
-        return cls(*_LBAF.unpack_from(data, offset))
-
-
-_NS_LAYOUT: _Layout = (
-    ("nsze", 0, _U64),
-    ("ncap", 8, _U64),
-    ("nuse", 16, _U64),
-    ("nsfeat", 24, _U8),
-    # NLBAF (25) is derived from len(lbaf) and written by pack().
-    ("flbas", 26, _U8),
-    ("mc", 27, _U8),
-    ("dpc", 28, _U8),
-    ("dps", 29, _U8),
-    ("nmic", 30, _U8),
-    ("rescap", 31, _U8),
-    ("fpi", 32, _U8),
-    ("dlfeat", 33, _U8),
-    ("nawun", 34, _U16),
-    ("nawupf", 36, _U16),
-    ("nacwu", 38, _U16),
-    ("nabsn", 40, _U16),
-    ("nabo", 42, _U16),
-    ("nabspf", 44, _U16),
-    ("noiob", 46, _U16),
-    ("nvmcap", 48, _U128_CODEC),
-    ("npwg", 64, _U16),
-    ("npwa", 66, _U16),
-    ("npdg", 68, _U16),
-    ("npda", 70, _U16),
-    ("nows", 72, _U16),
-    ("mssrl", 74, _U16),
-    ("mcl", 76, _U32),
-    ("msrc", 80, _U8),
-    ("nulbaf", 82, _U8),
-    ("anagrpid", 92, _U32),
-    ("nsattr", 99, _U8),
-    ("nvmsetid", 100, _U16),
-    ("endgid", 102, _U16),
-    ("nguid", 104, _Raw(16)),
-    ("eui64", 120, _Raw(8)),
-)
 
 
 def _one_lbaf() -> list[LbaFormat]:
@@ -742,8 +425,9 @@ def flbas_for_index(index: int, *, extended_metadata: bool = False) -> int:
     return value
 
 
+@structure(IDENTIFY_DATA_SIZE, ("nlbaf", 25, U8))
 @dataclass(slots=True)
-class IdentifyNamespace:
+class IdentifyNamespace(Structure):
     """Identify Namespace data structure for the NVM command set (4096 bytes).
 
     NLBAF is not a field: it is derived from ``lbaf`` (1..64 formats), and unpack returns
@@ -751,44 +435,44 @@ class IdentifyNamespace:
     rather than with this structure.
     """
 
-    nsze: int = 0
-    ncap: int = 0
-    nuse: int = 0
-    nsfeat: int = 0
-    flbas: int = 0
-    mc: int = 0
-    dpc: int = 0
-    dps: int = 0
-    nmic: int = 0
-    rescap: int = 0
-    fpi: int = 0
-    dlfeat: int = 0
-    nawun: int = 0
-    nawupf: int = 0
-    nacwu: int = 0
-    nabsn: int = 0
-    nabo: int = 0
-    nabspf: int = 0
-    noiob: int = 0
-    nvmcap: int = 0
-    npwg: int = 0
-    npwa: int = 0
-    npdg: int = 0
-    npda: int = 0
-    nows: int = 0
-    mssrl: int = 0
-    mcl: int = 0
-    msrc: int = 0
-    nulbaf: int = 0
-    anagrpid: int = 0
-    nsattr: int = 0
-    nvmsetid: int = 0
-    endgid: int = 0
-    nguid: bytes = bytes(16)
-    eui64: bytes = bytes(8)
-    lbaf: list[LbaFormat] = field(default_factory=_one_lbaf)
-
-    SIZE = IDENTIFY_DATA_SIZE
+    nsze: int = at(0, U64)
+    ncap: int = at(8, U64)
+    nuse: int = at(16, U64)
+    nsfeat: int = at(24, U8)
+    flbas: int = at(26, U8)
+    mc: int = at(27, U8)
+    dpc: int = at(28, U8)
+    dps: int = at(29, U8)
+    nmic: int = at(30, U8)
+    rescap: int = at(31, U8)
+    fpi: int = at(32, U8)
+    dlfeat: int = at(33, U8)
+    nawun: int = at(34, U16)
+    nawupf: int = at(36, U16)
+    nacwu: int = at(38, U16)
+    nabsn: int = at(40, U16)
+    nabo: int = at(42, U16)
+    nabspf: int = at(44, U16)
+    noiob: int = at(46, U16)
+    nvmcap: int = at(48, U128)
+    npwg: int = at(64, U16)
+    npwa: int = at(66, U16)
+    npdg: int = at(68, U16)
+    npda: int = at(70, U16)
+    nows: int = at(72, U16)
+    mssrl: int = at(74, U16)
+    mcl: int = at(76, U32)
+    msrc: int = at(80, U8)
+    nulbaf: int = at(82, U8)
+    anagrpid: int = at(92, U32)
+    nsattr: int = at(99, U8)
+    nvmsetid: int = at(100, U16)
+    endgid: int = at(102, U16)
+    nguid: bytes = at(104, Raw(16))
+    eui64: bytes = at(120, Raw(8))
+    lbaf: list[LbaFormat] = at(
+        LBAF_OFFSET, Array(Record(LbaFormat), LBAF_MAX, counted_by="nlbaf"), factory=_one_lbaf
+    )
 
     @property
     def nlbaf(self) -> int:
@@ -819,29 +503,13 @@ class IdentifyNamespace:
     def pack(self) -> bytes:
         if not 1 <= len(self.lbaf) <= LBAF_MAX:
             raise ValueError(f"IdentifyNamespace.lbaf needs 1..{LBAF_MAX} entries")
-        buf = bytearray(IDENTIFY_DATA_SIZE)
-        _put_fields(self, buf, _NS_LAYOUT)
-        _U8.put(buf, _NLBAF_OFFSET, len(self.lbaf) - 1)
-        for i, fmt in enumerate(self.lbaf):
-            try:
-                fmt.pack_into(buf, LBAF_OFFSET + i * LBAF_SIZE)
-            except struct.error as exc:
-                raise ValueError(f"IdentifyNamespace.lbaf[{i}]: {exc}") from exc
-        return bytes(buf)
-
-    @classmethod
-    def unpack(cls, data: Buffer) -> Self:
-        _require(data, IDENTIFY_DATA_SIZE, "Identify Namespace")
-        values = _get_fields(data, _NS_LAYOUT)
-        count = min(_U8.get(data, _NLBAF_OFFSET) + 1, LBAF_MAX)
-        values["lbaf"] = [LbaFormat.unpack(data, LBAF_OFFSET + i * LBAF_SIZE) for i in range(count)]
-        return cls(**values)
+        return self.LAYOUT.encode(self)
 
 
 # ---------------------------------------------------------------------------------------
 # Namespace Identification Descriptor list (CNS 03h)
 
-_DESC_HEADER = struct.Struct("<BBxx")  # NIDT, NIDL, reserved
+_DESC_HEADER = Layout("NsIdDescriptor header", 4, (("nidt", 0, U8), ("nidl", 1, U8)))
 
 
 @dataclass(slots=True)
@@ -889,7 +557,7 @@ class NsIdDescriptorList:
             end = pos + _DESC_HEADER.size + nidl
             if end > IDENTIFY_DATA_SIZE:
                 raise ValueError("namespace identification descriptors exceed 4096 bytes")
-            _DESC_HEADER.pack_into(buf, pos, desc.nidt, nidl)
+            _DESC_HEADER.encode_into(buf, pos, {"nidt": desc.nidt, "nidl": nidl})
             buf[pos + _DESC_HEADER.size : end] = desc.nid
             pos = end
         return bytes(buf)
@@ -900,7 +568,8 @@ class NsIdDescriptorList:
         descriptors: list[NsIdDescriptor] = []
         pos = 0
         while pos + _DESC_HEADER.size <= size:
-            nidt, nidl = _DESC_HEADER.unpack_from(data, pos)
+            header = _DESC_HEADER.decode(data, pos)
+            nidt, nidl = header["nidt"], header["nidl"]
             if nidl == 0:
                 break
             start = pos + _DESC_HEADER.size
@@ -922,16 +591,14 @@ class NsIdDescriptorList:
 # Active Namespace ID list (CNS 02h)
 
 NSID_LIST_MAX = IDENTIFY_DATA_SIZE // 4
-_NSID_LIST = struct.Struct(f"<{NSID_LIST_MAX}I")
 
 
+@structure(IDENTIFY_DATA_SIZE)
 @dataclass(slots=True)
-class NsIdList:
+class NsIdList(Structure):
     """A list of up to 1024 NSIDs in increasing order, zero filled (CNS 02h and kin)."""
 
-    nsids: list[int] = field(default_factory=list)
-
-    SIZE = IDENTIFY_DATA_SIZE
+    nsids: list[int] = at(0, ZeroTerminated(U32, NSID_LIST_MAX), factory=list)
 
     @classmethod
     def active(cls, nsids: Iterable[int], start_nsid: int = 0) -> Self:
@@ -942,49 +609,10 @@ class NsIdList:
         selected = sorted({n for n in nsids if n > start_nsid})
         return cls(selected[:NSID_LIST_MAX])
 
-    def pack(self) -> bytes:
-        count = len(self.nsids)
-        if count > NSID_LIST_MAX:
-            raise ValueError(f"{count} NSIDs do not fit in one list of {NSID_LIST_MAX}")
-        if 0 in self.nsids:
-            raise ValueError("NSID 0 would terminate the list early")
-        try:
-            return _NSID_LIST.pack(*self.nsids, *([0] * (NSID_LIST_MAX - count)))
-        except struct.error as exc:
-            raise ValueError(f"NsIdList: {exc}") from exc
-
-    @classmethod
-    def unpack(cls, data: Buffer) -> Self:
-        _require(data, IDENTIFY_DATA_SIZE, "Namespace ID list")
-        nsids: list[int] = []
-        for nsid in _NSID_LIST.unpack_from(data, 0):
-            if nsid == 0:
-                break
-            nsids.append(nsid)
-        return cls(nsids)
-
 
 # ---------------------------------------------------------------------------------------
 # NVMe 2.0's I/O command set model: structures a host reads once it selected every
 # supported I/O command set (CC.CSS = 110b), and that any NVMe 2.0 host may ask for.
-
-
-class _FixedLayout:
-    """A 4096-byte Identify structure made of fixed fields only (one layout table)."""
-
-    __slots__ = ()
-    LAYOUT: ClassVar[_Layout] = ()
-    SIZE = IDENTIFY_DATA_SIZE
-
-    def pack(self) -> bytes:
-        buf = bytearray(IDENTIFY_DATA_SIZE)
-        _put_fields(self, buf, self.LAYOUT)
-        return bytes(buf)
-
-    @classmethod
-    def unpack(cls, data: Buffer) -> Self:
-        _require(data, IDENTIFY_DATA_SIZE, cls.__name__)
-        return cls(**_get_fields(data, cls.LAYOUT))
 
 
 class Nstat(IntFlag):
@@ -993,96 +621,59 @@ class Nstat(IntFlag):
     READY = 1 << 0
 
 
+@structure(IDENTIFY_DATA_SIZE)
 @dataclass(slots=True)
-class IdentifyNamespaceIndependent(_FixedLayout):
+class IdentifyNamespaceIndependent(Structure):
     """I/O Command Set Independent Identify Namespace (CNS 08h)."""
 
-    nsfeat: int = 0
-    nmic: int = 0
-    rescap: int = 0
-    fpi: int = 0
-    anagrpid: int = 0
-    nsattr: int = 0
-    nvmsetid: int = 0
-    endgid: int = 0
-    nstat: int = 0
-
-    LAYOUT: ClassVar[_Layout] = (
-        ("nsfeat", 0, _U8),
-        ("nmic", 1, _U8),
-        ("rescap", 2, _U8),
-        ("fpi", 3, _U8),
-        ("anagrpid", 4, _U32),
-        ("nsattr", 8, _U8),
-        ("nvmsetid", 10, _U16),
-        ("endgid", 12, _U16),
-        ("nstat", 14, _U8),
-    )
+    nsfeat: int = at(0, U8)
+    nmic: int = at(1, U8)
+    rescap: int = at(2, U8)
+    fpi: int = at(3, U8)
+    anagrpid: int = at(4, U32)
+    nsattr: int = at(8, U8)
+    nvmsetid: int = at(10, U16)
+    endgid: int = at(12, U16)
+    nstat: int = at(14, U8)
 
 
+@structure(IDENTIFY_DATA_SIZE)
 @dataclass(slots=True)
-class IdentifyControllerNvm(_FixedLayout):
+class IdentifyControllerNvm(Structure):
     """The NVM command set's I/O Command Set specific Identify Controller (CNS 06h, CSI 0).
 
     Size limits are log2 of units of the minimum memory page size (4 KiB), 0 = no limit
     beyond the command's own fields; DMRL is a count of ranges, DMRSL and DMSL blocks.
     """
 
-    vsl: int = 0
-    wzsl: int = 0
-    wusl: int = 0
-    dmrl: int = 0
-    dmrsl: int = 0
-    dmsl: int = 0
-
-    LAYOUT: ClassVar[_Layout] = (
-        ("vsl", 0, _U8),
-        ("wzsl", 1, _U8),
-        ("wusl", 2, _U8),
-        ("dmrl", 3, _U8),
-        ("dmrsl", 4, _U32),
-        ("dmsl", 8, _U64),
-    )
+    vsl: int = at(0, U8)
+    wzsl: int = at(1, U8)
+    wusl: int = at(2, U8)
+    dmrl: int = at(3, U8)
+    dmrsl: int = at(4, U32)
+    dmsl: int = at(8, U64)
 
 
-_ELBAF_OFFSET = 12
-_ELBAF = struct.Struct("<I")
-
-
+@structure(IDENTIFY_DATA_SIZE)
 @dataclass(slots=True)
-class IdentifyNamespaceNvm:
+class IdentifyNamespaceNvm(Structure):
     """The NVM command set's I/O Command Set specific Identify Namespace (CNS 05h, CSI 0):
     the storage tag mask, protection information capabilities and one extended LBA format
     (storage tag size bits 6:0, protection information format bits 8:7) per LBA format."""
 
-    lbstm: int = 0
-    pic: int = 0
-    elbaf: list[int] = field(default_factory=list)
-
-    SIZE = IDENTIFY_DATA_SIZE
-    _HEAD = struct.Struct("<QB")
-
-    def pack(self) -> bytes:
-        if len(self.elbaf) > LBAF_MAX:
-            raise ValueError(f"IdentifyNamespaceNvm.elbaf holds at most {LBAF_MAX} formats")
-        buf = bytearray(IDENTIFY_DATA_SIZE)
-        self._HEAD.pack_into(buf, 0, self.lbstm, self.pic)
-        for i, value in enumerate(self.elbaf):
-            _ELBAF.pack_into(buf, _ELBAF_OFFSET + 4 * i, value)
-        return bytes(buf)
+    lbstm: int = at(0, U64)
+    pic: int = at(8, U8)
+    elbaf: list[int] = at(12, Array(U32, LBAF_MAX), factory=list)
 
     @classmethod
-    def unpack(cls, data: Buffer, formats: int = LBAF_MAX) -> Self:
+    def unpack(cls, data: Buffer, offset: int = 0, *, formats: int = LBAF_MAX) -> Self:
         """`formats`: how many ELBAF entries to read (the namespace's NLBAF + 1)."""
-        _require(data, IDENTIFY_DATA_SIZE, "Identify Namespace (NVM command set)")
-        lbstm, pic = cls._HEAD.unpack_from(data, 0)
-        count = min(formats, LBAF_MAX)
-        elbaf = [_ELBAF.unpack_from(data, _ELBAF_OFFSET + 4 * i)[0] for i in range(count)]
-        return cls(lbstm, pic, elbaf)
+        values = cls.LAYOUT.decode(data, offset)
+        del values["elbaf"][max(formats, 0) :]
+        return cls(**values)
 
 
 IOCS_VECTORS = 512
-_IOCS_VECTOR = struct.Struct("<Q")
 
 
 class IocsVector(IntFlag):
@@ -1093,27 +684,17 @@ class IocsVector(IntFlag):
     ZNS = 1 << Csi.ZNS
 
 
+@structure(IDENTIFY_DATA_SIZE)
 @dataclass(slots=True)
-class IoCommandSetList:
+class IoCommandSetList(Structure):
     """I/O Command Set data structure (CNS 1Ch): the combinations a host may select with
     the I/O Command Set Profile feature, by index; zero vectors after the last."""
 
-    vectors: list[int] = field(default_factory=list)
-
-    SIZE = IDENTIFY_DATA_SIZE
-
-    def pack(self) -> bytes:
-        if len(self.vectors) > IOCS_VECTORS:
-            raise ValueError(f"at most {IOCS_VECTORS} I/O command set combinations fit")
-        buf = bytearray(IDENTIFY_DATA_SIZE)
-        for i, vector in enumerate(self.vectors):
-            _IOCS_VECTOR.pack_into(buf, 8 * i, vector)
-        return bytes(buf)
+    vectors: list[int] = at(0, Array(U64, IOCS_VECTORS), factory=list)
 
     @classmethod
-    def unpack(cls, data: Buffer) -> Self:
-        _require(data, IDENTIFY_DATA_SIZE, "I/O Command Set data structure")
-        vectors = [_IOCS_VECTOR.unpack_from(data, 8 * i)[0] for i in range(IOCS_VECTORS)]
+    def unpack(cls, data: Buffer, offset: int = 0) -> Self:
+        vectors: list[int] = cls.LAYOUT.decode(data, offset)["vectors"]
         while vectors and not vectors[-1]:
             vectors.pop()
         return cls(vectors)

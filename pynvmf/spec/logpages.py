@@ -12,7 +12,23 @@ from dataclasses import dataclass, field, fields
 from enum import IntEnum, IntFlag
 from typing import Self
 
-Buffer = bytes | bytearray | memoryview
+from pynvmf.spec.fields import (
+    U8,
+    U16,
+    U32,
+    U64,
+    U128,
+    Array,
+    Ascii,
+    Buffer,
+    Layout,
+    Nqn,
+    Raw,
+    Structure,
+    ZeroTerminated,
+    at,
+    structure,
+)
 
 
 class LogPageId(IntEnum):
@@ -46,105 +62,29 @@ def log_window(page: Buffer, offset: int, length: int) -> bytes:
     return chunk.ljust(length, b"\x00")
 
 
-def _require(data: Buffer, size: int, what: str) -> None:
-    if len(data) < size:
-        raise ValueError(f"{what} needs {size} bytes, got {len(data)}")
-
-
-def _ascii(value: str, size: int, what: str) -> bytes:
-    """An NVMe "ASCII string": left justified and space padded to the field size."""
-    raw = value.encode("ascii")
-    if len(raw) > size:
-        raise ValueError(f"{what} {value!r} is longer than {size} bytes")
-    return raw.ljust(size, b" ")
-
-
-def _from_ascii(raw: bytes) -> str:
-    # Linux pads TRADDR/TRSVCID with NULs where the spec says spaces; accept both.
-    return raw.rstrip(b" \x00").decode("ascii", errors="replace")
-
-
-def _nqn(value: str, size: int = 256) -> bytes:
-    raw = value.encode("utf-8")
-    # Keep the NUL terminator: hosts copy these with C string functions.
-    if len(raw) >= size:
-        raise ValueError(f"NQN is {len(raw)} bytes, at most {size - 1} fit")
-    return raw
-
-
-def _from_nqn(raw: bytes) -> str:
-    return raw.split(b"\x00", 1)[0].decode("utf-8", errors="replace")
-
-
-_U128 = struct.Struct("<QQ")
-_U64_MASK = 0xFFFF_FFFF_FFFF_FFFF
-
-
-def _put_u128(buf: bytearray, offset: int, value: int, what: str) -> None:
-    if not 0 <= value < 1 << 128:
-        raise ValueError(f"{what} {value} does not fit in 128 bits")
-    _U128.pack_into(buf, offset, value & _U64_MASK, value >> 64)
-
-
-def _get_u128(data: Buffer, offset: int) -> int:
-    lo, hi = _U128.unpack_from(data, offset)
-    return lo | hi << 64
-
-
 # ---------------------------------------------------------------------------------------
 # Error Information (LID 01h): an array of 64-byte entries, newest first.
 
 ERROR_ENTRY_SIZE = 64
-# error count, SQID, CID, status (phase tag in bit 0), parameter error location, LBA,
-# NSID, vendor specific info, TRTYPE, CSI, opcode, command specific info,
-# transport type specific info, reserved, log page version
-_ERROR_ENTRY = struct.Struct("<QHHHHQIBBBBQH21xB")
 
 
+@structure(ERROR_ENTRY_SIZE)
 @dataclass(slots=True)
-class ErrorLogEntry:
-    error_count: int = 0  # 0 marks an unused entry
-    sqid: int = 0
-    cid: int = 0
-    status: int = 0  # status field as in CQE DW3 bits 31:16, phase tag included
-    param_error_location: int = 0  # byte in bits 7:0, bit in bits 10:8
-    lba: int = 0
-    nsid: int = 0
-    vs: int = 0
-    trtype: int = 0
-    csi: int = 0
-    opcode: int = 0
-    cs: int = 0
-    trtype_specific: int = 0
-    log_page_version: int = 0
-
-    SIZE = ERROR_ENTRY_SIZE
-
-    def pack(self) -> bytes:
-        try:
-            return _ERROR_ENTRY.pack(
-                self.error_count,
-                self.sqid,
-                self.cid,
-                self.status,
-                self.param_error_location,
-                self.lba,
-                self.nsid,
-                self.vs,
-                self.trtype,
-                self.csi,
-                self.opcode,
-                self.cs,
-                self.trtype_specific,
-                self.log_page_version,
-            )
-        except struct.error as exc:
-            raise ValueError(f"ErrorLogEntry: {exc}") from exc
-
-    @classmethod
-    def unpack(cls, data: Buffer, offset: int = 0) -> Self:
-        _require(data, offset + ERROR_ENTRY_SIZE, "Error Information entry")
-        return cls(*_ERROR_ENTRY.unpack_from(data, offset))
+class ErrorLogEntry(Structure):
+    error_count: int = at(0, U64)  # 0 marks an unused entry
+    sqid: int = at(8, U16)
+    cid: int = at(10, U16)
+    status: int = at(12, U16)  # status field as in CQE DW3 bits 31:16, phase tag included
+    param_error_location: int = at(14, U16)  # byte in bits 7:0, bit in bits 10:8
+    lba: int = at(16, U64)
+    nsid: int = at(24, U32)
+    vs: int = at(28, U8)
+    trtype: int = at(29, U8)
+    csi: int = at(30, U8)
+    opcode: int = at(31, U8)
+    cs: int = at(32, U64)
+    trtype_specific: int = at(40, U16)
+    log_page_version: int = at(63, U8)
 
 
 @dataclass(slots=True)
@@ -161,8 +101,7 @@ class ErrorLog:
         count = max(self.slots, len(self.entries))
         buf = bytearray(count * ERROR_ENTRY_SIZE)
         for i, entry in enumerate(self.entries):
-            offset = i * ERROR_ENTRY_SIZE
-            buf[offset : offset + ERROR_ENTRY_SIZE] = entry.pack()
+            entry.pack_into(buf, i * ERROR_ENTRY_SIZE)
         return bytes(buf)
 
     @classmethod
@@ -178,27 +117,6 @@ class ErrorLog:
 SMART_LOG_SIZE = 512
 KELVIN_OFFSET = 273  # the spec's own conversion: 0 degrees C is reported as 273 K
 
-# critical warning, composite temperature, available spare, threshold, percentage used,
-# endurance group critical warning summary
-_SMART_HEAD = struct.Struct("<BHBBBB")
-# warning/critical temperature time, 8 sensors, thermal management transition counts
-# and total times
-_SMART_TAIL = struct.Struct("<II8HIIII")
-_SMART_TAIL_OFFSET = 192
-_SMART_COUNTERS = (
-    "data_units_read",
-    "data_units_written",
-    "host_read_cmds",
-    "host_write_cmds",
-    "ctrl_busy_time",
-    "power_cycles",
-    "power_on_hours",
-    "unsafe_shutdowns",
-    "media_errors",
-    "num_err_log_entries",
-)
-_SMART_COUNTERS_OFFSET = 32  # ten 128-bit counters back to back
-
 
 class CriticalWarning(IntFlag):
     SPARE = 1 << 0
@@ -213,88 +131,34 @@ def _eight_zeros() -> list[int]:
     return [0] * 8
 
 
+@structure(SMART_LOG_SIZE)
 @dataclass(slots=True)
-class SmartLog:
+class SmartLog(Structure):
     """SMART / Health Information. Temperatures are in Kelvin, 0 = not reported."""
 
-    critical_warning: int = 0
-    composite_temp: int = 0
-    avail_spare: int = 0  # percent
-    spare_thresh: int = 0  # percent
-    percent_used: int = 0
-    eg_crit_warning_summary: int = 0
-    data_units_read: int = 0  # thousands of 512-byte units, rounded up
-    data_units_written: int = 0
-    host_read_cmds: int = 0
-    host_write_cmds: int = 0
-    ctrl_busy_time: int = 0  # minutes
-    power_cycles: int = 0
-    power_on_hours: int = 0
-    unsafe_shutdowns: int = 0
-    media_errors: int = 0
-    num_err_log_entries: int = 0
-    warning_temp_time: int = 0  # minutes
-    critical_temp_time: int = 0  # minutes
-    temp_sensors: list[int] = field(default_factory=_eight_zeros)
-    thm_temp1_trans_count: int = 0
-    thm_temp2_trans_count: int = 0
-    thm_temp1_total_time: int = 0
-    thm_temp2_total_time: int = 0
-
-    SIZE = SMART_LOG_SIZE
-
-    def pack(self) -> bytes:
-        if len(self.temp_sensors) != 8:
-            raise ValueError("SmartLog.temp_sensors needs exactly 8 values")
-        buf = bytearray(SMART_LOG_SIZE)
-        try:
-            _SMART_HEAD.pack_into(
-                buf,
-                0,
-                self.critical_warning,
-                self.composite_temp,
-                self.avail_spare,
-                self.spare_thresh,
-                self.percent_used,
-                self.eg_crit_warning_summary,
-            )
-            _SMART_TAIL.pack_into(
-                buf,
-                _SMART_TAIL_OFFSET,
-                self.warning_temp_time,
-                self.critical_temp_time,
-                *self.temp_sensors,
-                self.thm_temp1_trans_count,
-                self.thm_temp2_trans_count,
-                self.thm_temp1_total_time,
-                self.thm_temp2_total_time,
-            )
-        except struct.error as exc:
-            raise ValueError(f"SmartLog: {exc}") from exc
-        for i, name in enumerate(_SMART_COUNTERS):
-            _put_u128(buf, _SMART_COUNTERS_OFFSET + 16 * i, getattr(self, name), name)
-        return bytes(buf)
-
-    @classmethod
-    def unpack(cls, data: Buffer) -> Self:
-        _require(data, SMART_LOG_SIZE, "SMART / Health Information")
-        head = _SMART_HEAD.unpack_from(data, 0)
-        tail = _SMART_TAIL.unpack_from(data, _SMART_TAIL_OFFSET)
-        counters = {
-            name: _get_u128(data, _SMART_COUNTERS_OFFSET + 16 * i)
-            for i, name in enumerate(_SMART_COUNTERS)
-        }
-        return cls(
-            *head,
-            **counters,
-            warning_temp_time=tail[0],
-            critical_temp_time=tail[1],
-            temp_sensors=list(tail[2:10]),
-            thm_temp1_trans_count=tail[10],
-            thm_temp2_trans_count=tail[11],
-            thm_temp1_total_time=tail[12],
-            thm_temp2_total_time=tail[13],
-        )
+    critical_warning: int = at(0, U8)
+    composite_temp: int = at(1, U16)
+    avail_spare: int = at(3, U8)  # percent
+    spare_thresh: int = at(4, U8)  # percent
+    percent_used: int = at(5, U8)
+    eg_crit_warning_summary: int = at(6, U8)
+    data_units_read: int = at(32, U128)  # thousands of 512-byte units, rounded up
+    data_units_written: int = at(48, U128)
+    host_read_cmds: int = at(64, U128)
+    host_write_cmds: int = at(80, U128)
+    ctrl_busy_time: int = at(96, U128)  # minutes
+    power_cycles: int = at(112, U128)
+    power_on_hours: int = at(128, U128)
+    unsafe_shutdowns: int = at(144, U128)
+    media_errors: int = at(160, U128)
+    num_err_log_entries: int = at(176, U128)
+    warning_temp_time: int = at(192, U32)  # minutes
+    critical_temp_time: int = at(196, U32)  # minutes
+    temp_sensors: list[int] = at(200, Array(U16, 8, exact=True), factory=_eight_zeros)
+    thm_temp1_trans_count: int = at(216, U32)
+    thm_temp2_trans_count: int = at(220, U32)
+    thm_temp1_total_time: int = at(224, U32)
+    thm_temp2_total_time: int = at(228, U32)
 
 
 # ---------------------------------------------------------------------------------------
@@ -302,21 +166,19 @@ class SmartLog:
 
 FW_SLOT_LOG_SIZE = 512
 FW_SLOTS = 7
-_FW_SLOT = struct.Struct("<B7x" + "8s" * FW_SLOTS)
 
 
 def _seven_empty() -> list[str]:
     return [""] * FW_SLOTS
 
 
+@structure(FW_SLOT_LOG_SIZE)
 @dataclass(slots=True)
-class FwSlotLog:
+class FwSlotLog(Structure):
     """Firmware Slot Information. ``frs[0]`` is slot 1; "" means no image (all zeros)."""
 
-    afi: int = 0  # active slot in bits 2:0, slot activated at next reset in bits 6:4
-    frs: list[str] = field(default_factory=_seven_empty)
-
-    SIZE = FW_SLOT_LOG_SIZE
+    afi: int = at(0, U8)  # active slot in bits 2:0, slot activated at next reset in bits 6:4
+    frs: list[str] = at(8, Array(Ascii(8, empty_is_zero=True), FW_SLOTS), factory=_seven_empty)
 
     @property
     def active_slot(self) -> int:
@@ -326,27 +188,6 @@ class FwSlotLog:
     def next_slot(self) -> int:
         return (self.afi >> 4) & 0x7
 
-    def pack(self) -> bytes:
-        if len(self.frs) > FW_SLOTS:
-            raise ValueError(f"FwSlotLog.frs holds at most {FW_SLOTS} revisions")
-        # An empty slot is all zeros rather than eight spaces.
-        revisions = [
-            _ascii(rev, 8, f"frs{i + 1}") if rev else bytes(8) for i, rev in enumerate(self.frs)
-        ]
-        revisions += [bytes(8)] * (FW_SLOTS - len(revisions))
-        buf = bytearray(FW_SLOT_LOG_SIZE)
-        try:
-            _FW_SLOT.pack_into(buf, 0, self.afi, *revisions)
-        except struct.error as exc:
-            raise ValueError(f"FwSlotLog: {exc}") from exc
-        return bytes(buf)
-
-    @classmethod
-    def unpack(cls, data: Buffer) -> Self:
-        _require(data, _FW_SLOT.size, "Firmware Slot Information")
-        afi, *revisions = _FW_SLOT.unpack_from(data, 0)
-        return cls(afi, [_from_ascii(r) for r in revisions])
-
 
 # ---------------------------------------------------------------------------------------
 # Changed Namespace List (LID 04h)
@@ -354,20 +195,18 @@ class FwSlotLog:
 CHANGED_NS_LOG_SIZE = 4096
 CHANGED_NS_MAX = CHANGED_NS_LOG_SIZE // 4
 CHANGED_NS_OVERFLOW = 0xFFFFFFFF
-_CHANGED_NS = struct.Struct(f"<{CHANGED_NS_MAX}I")
 
 
+@structure(CHANGED_NS_LOG_SIZE)
 @dataclass(slots=True)
-class ChangedNsList:
+class ChangedNsList(Structure):
     """NSIDs whose Identify data changed since the log was last read.
 
     Over 1024 changes pack as the single entry FFFFFFFFh, which unpacks as
     ``ChangedNsList([CHANGED_NS_OVERFLOW])`` with ``overflow`` true.
     """
 
-    nsids: list[int] = field(default_factory=list)
-
-    SIZE = CHANGED_NS_LOG_SIZE
+    nsids: list[int] = at(0, ZeroTerminated(U32, CHANGED_NS_MAX), factory=list)
 
     @property
     def overflow(self) -> bool:
@@ -376,24 +215,15 @@ class ChangedNsList:
         )
 
     def pack(self) -> bytes:
-        nsids = [CHANGED_NS_OVERFLOW] if self.overflow else self.nsids
-        if 0 in nsids:
-            raise ValueError("NSID 0 would terminate the list early")
-        try:
-            return _CHANGED_NS.pack(*nsids, *([0] * (CHANGED_NS_MAX - len(nsids))))
-        except struct.error as exc:
-            raise ValueError(f"ChangedNsList: {exc}") from exc
+        if self.overflow:
+            return self.LAYOUT.encode({"nsids": [CHANGED_NS_OVERFLOW]})
+        return self.LAYOUT.encode(self)
 
     @classmethod
-    def unpack(cls, data: Buffer) -> Self:
-        _require(data, CHANGED_NS_LOG_SIZE, "Changed Namespace List")
-        nsids: list[int] = []
-        for nsid in _CHANGED_NS.unpack_from(data, 0):
-            if nsid == 0:
-                break
-            nsids.append(nsid)
-            if nsid == CHANGED_NS_OVERFLOW:
-                break
+    def unpack(cls, data: Buffer, offset: int = 0) -> Self:
+        nsids: list[int] = cls.LAYOUT.decode(data, offset)["nsids"]
+        if CHANGED_NS_OVERFLOW in nsids:
+            del nsids[nsids.index(CHANGED_NS_OVERFLOW) + 1 :]
         return cls(nsids)
 
 
@@ -415,8 +245,12 @@ class AnaState(IntEnum):
 ANA_LSP_RGO = 1 << 0
 ANA_HEADER_SIZE = 16
 ANA_DESC_SIZE = 32
-_ANA_HEADER = struct.Struct("<QH6x")
-_ANA_DESC = struct.Struct("<IIQB15x")
+_ANA_HEADER = Layout("ANA log header", ANA_HEADER_SIZE, (("chgcnt", 0, U64), ("ngrps", 8, U16)))
+_ANA_DESC = Layout(
+    "ANA group descriptor",
+    ANA_DESC_SIZE,
+    (("grpid", 0, U32), ("nnsids", 4, U32), ("chgcnt", 8, U64), ("state", 16, U8)),
+)
 
 
 @dataclass(slots=True)
@@ -436,35 +270,35 @@ class AnaLog:
     groups: list[AnaGroupDescriptor] = field(default_factory=list)
 
     def pack(self, *, groups_only: bool = False) -> bytes:
-        out = bytearray(_ANA_HEADER.pack(self.chgcnt, len(self.groups)))
+        out = bytearray(_ANA_HEADER.encode({"chgcnt": self.chgcnt, "ngrps": len(self.groups)}))
         for g in self.groups:
             nsids = [] if groups_only else g.nsids
-            out += _ANA_DESC.pack(g.grpid, len(nsids), g.chgcnt, g.state)
+            desc = {"grpid": g.grpid, "nnsids": len(nsids), "chgcnt": g.chgcnt, "state": g.state}
+            out += _ANA_DESC.encode(desc)
             out += struct.pack(f"<{len(nsids)}I", *nsids)
         return bytes(out)
 
     @classmethod
     def unpack(cls, data: Buffer) -> Self:
-        _require(data, ANA_HEADER_SIZE, "ANA log header")
-        chgcnt, ngrps = _ANA_HEADER.unpack_from(data, 0)
+        header = _ANA_HEADER.decode(data)
         offset = ANA_HEADER_SIZE
         groups = []
-        for _ in range(ngrps):
-            _require(data, offset + ANA_DESC_SIZE, "ANA group descriptor")
-            grpid, nnsids, gchg, state = _ANA_DESC.unpack_from(data, offset)
+        for _ in range(header["ngrps"]):
+            desc = _ANA_DESC.decode(data, offset)
             offset += ANA_DESC_SIZE
-            _require(data, offset + 4 * nnsids, "ANA group NSID list")
+            nnsids = desc["nnsids"]
+            if len(data) < offset + 4 * nnsids:
+                raise ValueError(f"ANA group NSID list needs {4 * nnsids} bytes")
             nsids = list(struct.unpack_from(f"<{nnsids}I", data, offset))
             offset += 4 * nnsids
-            groups.append(AnaGroupDescriptor(grpid, state, gchg, nsids))
-        return cls(chgcnt, groups)
+            groups.append(AnaGroupDescriptor(desc["grpid"], desc["state"], desc["chgcnt"], nsids))
+        return cls(header["chgcnt"], groups)
 
 
 # ---------------------------------------------------------------------------------------
 # Commands Supported and Effects (LID 05h)
 
 CMD_EFFECTS_LOG_SIZE = 4096
-_EFFECTS = struct.Struct("<256I256I")
 
 
 class CmdEffects(IntFlag):
@@ -486,14 +320,13 @@ def _zeros_256() -> list[int]:
     return [0] * 256
 
 
+@structure(CMD_EFFECTS_LOG_SIZE)
 @dataclass(slots=True)
-class CmdEffectsLog:
+class CmdEffectsLog(Structure):
     """Effects of each admin (``acs``) and I/O (``iocs``) opcode, 256 entries each."""
 
-    acs: list[int] = field(default_factory=_zeros_256)
-    iocs: list[int] = field(default_factory=_zeros_256)
-
-    SIZE = CMD_EFFECTS_LOG_SIZE
+    acs: list[int] = at(0, Array(U32, 256, exact=True), factory=_zeros_256)
+    iocs: list[int] = at(1024, Array(U32, 256, exact=True), factory=_zeros_256)
 
     @classmethod
     def from_opcodes(cls, admin: Mapping[int, int], io: Mapping[int, int]) -> Self:
@@ -504,22 +337,6 @@ class CmdEffectsLog:
         for opcode, effects in io.items():
             log.iocs[opcode] = effects
         return log
-
-    def pack(self) -> bytes:
-        if len(self.acs) != 256 or len(self.iocs) != 256:
-            raise ValueError("CmdEffectsLog.acs and .iocs need exactly 256 entries each")
-        buf = bytearray(CMD_EFFECTS_LOG_SIZE)
-        try:
-            _EFFECTS.pack_into(buf, 0, *self.acs, *self.iocs)
-        except struct.error as exc:
-            raise ValueError(f"CmdEffectsLog: {exc}") from exc
-        return bytes(buf)
-
-    @classmethod
-    def unpack(cls, data: Buffer) -> Self:
-        _require(data, _EFFECTS.size, "Commands Supported and Effects")
-        values = _EFFECTS.unpack_from(data, 0)
-        return cls(list(values[:256]), list(values[256:]))
 
 
 # ---------------------------------------------------------------------------------------
@@ -574,34 +391,29 @@ class TcpSecType(IntEnum):
 
 DISC_HEADER_SIZE = 1024
 DISC_ENTRY_SIZE = 1024
-_DISC_HEADER = struct.Struct("<QQH1006x")  # GENCTR, NUMREC, RECFMT
-# TRTYPE, ADRFAM, SUBTYPE, TREQ, PORTID, CNTLID, ASQSZ, EFLAGS, reserved, TRSVCID,
-# reserved, SUBNQN, TRADDR, TSAS
-_DISC_ENTRY = struct.Struct("<BBBBHHHH20x32s192x256s256s256s")
 
 
+@structure(DISC_ENTRY_SIZE)
 @dataclass(slots=True)
-class DiscoveryLogEntry:
+class DiscoveryLogEntry(Structure):
     """One 1024-byte Discovery Log Page Entry.
 
     ``tsas`` is the raw 256-byte Transport Specific Address Subtype, shorter values are
     zero padded; for TCP byte 0 is the SECTYPE (see :class:`TcpSecType`).
     """
 
-    trtype: int = TrType.TCP
-    adrfam: int = AdrFam.IPV4
-    subtype: int = SubType.NVME
-    treq: int = Treq.NOT_SPECIFIED
-    portid: int = 0
-    cntlid: int = 0xFFFF  # dynamic controller model: any controller may be allocated
-    asqsz: int = 32  # the spec's minimum admin submission queue size
-    eflags: int = 0
-    trsvcid: str = ""
-    subnqn: str = ""
-    traddr: str = ""
-    tsas: bytes = bytes(256)
-
-    SIZE = DISC_ENTRY_SIZE
+    trtype: int = at(0, U8, TrType.TCP)
+    adrfam: int = at(1, U8, AdrFam.IPV4)
+    subtype: int = at(2, U8, SubType.NVME)
+    treq: int = at(3, U8, Treq.NOT_SPECIFIED)
+    portid: int = at(4, U16)
+    cntlid: int = at(6, U16, 0xFFFF)  # dynamic controller model: any controller may be allocated
+    asqsz: int = at(8, U16, 32)  # the spec's minimum admin submission queue size
+    eflags: int = at(10, U16)
+    trsvcid: str = at(32, Ascii(32))
+    subnqn: str = at(256, Nqn(256))
+    traddr: str = at(512, Ascii(256))
+    tsas: bytes = at(768, Raw(256))
 
     def __post_init__(self) -> None:
         # Compare equal after a round trip: the wire always carries all 256 TSAS bytes.
@@ -626,67 +438,15 @@ class DiscoveryLogEntry:
         )
         return f"DiscoveryLogEntry({shown}, tsas={tsas})"
 
-    def pack_into(self, buf: bytearray, offset: int) -> None:
-        if len(self.tsas) > 256:
-            raise ValueError("DiscoveryLogEntry.tsas is at most 256 bytes")
-        try:
-            _DISC_ENTRY.pack_into(
-                buf,
-                offset,
-                self.trtype,
-                self.adrfam,
-                self.subtype,
-                self.treq,
-                self.portid,
-                self.cntlid,
-                self.asqsz,
-                self.eflags,
-                _ascii(self.trsvcid, 32, "trsvcid"),
-                _nqn(self.subnqn),
-                _ascii(self.traddr, 256, "traddr"),
-                bytes(self.tsas),
-            )
-        except struct.error as exc:
-            raise ValueError(f"DiscoveryLogEntry: {exc}") from exc
 
-    def pack(self) -> bytes:
-        buf = bytearray(DISC_ENTRY_SIZE)
-        self.pack_into(buf, 0)
-        return bytes(buf)
-
-    @classmethod
-    def unpack(cls, data: Buffer, offset: int = 0) -> Self:
-        _require(data, offset + DISC_ENTRY_SIZE, "Discovery Log Page Entry")
-        *numbers, trsvcid, subnqn, traddr, tsas = _DISC_ENTRY.unpack_from(data, offset)
-        return cls(
-            *numbers,
-            trsvcid=_from_ascii(trsvcid),
-            subnqn=_from_nqn(subnqn),
-            traddr=_from_ascii(traddr),
-            tsas=tsas,
-        )
-
-
+@structure(DISC_HEADER_SIZE)
 @dataclass(slots=True)
-class DiscoveryLogHeader:
+class DiscoveryLogHeader(Structure):
     """The first 1024 bytes, enough for a host to learn NUMREC before the full read."""
 
-    genctr: int = 0
-    numrec: int = 0
-    recfmt: int = 0
-
-    SIZE = DISC_HEADER_SIZE
-
-    def pack(self) -> bytes:
-        try:
-            return _DISC_HEADER.pack(self.genctr, self.numrec, self.recfmt)
-        except struct.error as exc:
-            raise ValueError(f"DiscoveryLogHeader: {exc}") from exc
-
-    @classmethod
-    def unpack(cls, data: Buffer) -> Self:
-        _require(data, DISC_HEADER_SIZE, "Discovery log header")
-        return cls(*_DISC_HEADER.unpack_from(data, 0))
+    genctr: int = at(0, U64)
+    numrec: int = at(8, U64)
+    recfmt: int = at(16, U16)
 
 
 @dataclass(slots=True)
@@ -713,7 +473,9 @@ class DiscoveryLogPage:
     def unpack(cls, data: Buffer) -> Self:
         """Parse a complete page; a page shorter than NUMREC entries raises ValueError."""
         header = DiscoveryLogHeader.unpack(data)
-        _require(data, DISC_HEADER_SIZE + header.numrec * DISC_ENTRY_SIZE, "Discovery log")
+        size = DISC_HEADER_SIZE + header.numrec * DISC_ENTRY_SIZE
+        if len(data) < size:
+            raise ValueError(f"Discovery log needs {size} bytes, got {len(data)}")
         entries = [
             DiscoveryLogEntry.unpack(data, DISC_HEADER_SIZE + i * DISC_ENTRY_SIZE)
             for i in range(header.numrec)

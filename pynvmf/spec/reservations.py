@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum, IntFlag
 from typing import Self
 
+from pynvmf.spec.fields import U8, U16, U32, U64, Buffer, Layout, Raw, Structure, at, structure
 from pynvmf.spec.opcodes import IoOpcode
-
-Buffer = bytes | bytearray | memoryview
 
 _U64_MASK = 0xFFFF_FFFF_FFFF_FFFF
 
@@ -187,17 +186,25 @@ def report_numd(length: int) -> int:
 
 # -- Reservation Status data structure ----------------------------------------------------
 
-# GEN, RTYPE, REGCTL, reserved, PTPLS, reserved to byte 23.
-_STATUS_HEADER = struct.Struct("<IBH2xB14x")
 STATUS_HEADER_SIZE = 24
 STATUS_HEADER_EXTENDED_SIZE = 64  # bytes 24..63 reserved
-# Registered Controller data structure: CNTLID, RCSTS, reserved, HOSTID (64-bit), RKEY.
-_REGCTL = struct.Struct("<HB5xQQ")
+_STATUS_HEADER = Layout(
+    "Reservation Status header",
+    STATUS_HEADER_SIZE,
+    (("gen", 0, U32), ("rtype", 4, U8), ("regctl", 5, U16), ("ptpls", 9, U8)),
+)
 REGCTL_SIZE = 24
-# Registered Controller Extended data structure: CNTLID, RCSTS, reserved, RKEY, HOSTID
-# (128-bit), reserved to byte 63.
-_REGCTL_EXT = struct.Struct("<HB5xQ16s32x")
+_REGCTL = Layout(
+    "Registered Controller",
+    REGCTL_SIZE,
+    (("cntlid", 0, U16), ("rcsts", 2, U8), ("hostid", 8, Raw(8)), ("rkey", 16, U64)),
+)
 REGCTL_EXT_SIZE = 64
+_REGCTL_EXT = Layout(
+    "Registered Controller Extended",
+    REGCTL_EXT_SIZE,
+    (("cntlid", 0, U16), ("rcsts", 2, U8), ("rkey", 8, U64), ("hostid", 16, Raw(16))),
+)
 RCSTS_HOLDS = 1 << 0  # the host holds the reservation
 CNTLID_DYNAMIC = 0xFFFF  # a subsystem with dynamic controllers reports no CNTLID
 
@@ -229,76 +236,70 @@ class ReservationStatus:
         return len(self.registrants) if self.regctl is None else self.regctl
 
     def pack(self, *, extended: bool = True) -> bytes:
-        head = _STATUS_HEADER.pack(
-            self.generation & 0xFFFFFFFF, self.rtype, self.count & 0xFFFF, int(self.ptpls)
-        )
-        if extended:
-            parts = [head, bytes(STATUS_HEADER_EXTENDED_SIZE - STATUS_HEADER_SIZE)]
-            for r in self.registrants:
-                if len(r.hostid) != 16:
-                    raise ValueError("the extended data structure has 128-bit host IDs")
-                rcsts = RCSTS_HOLDS if r.holds else 0
-                parts.append(_REGCTL_EXT.pack(r.cntlid, rcsts, r.rkey & _U64_MASK, r.hostid))
-        else:
-            parts = [head]
-            for r in self.registrants:
-                if len(r.hostid) != 8:
-                    raise ValueError("the data structure has 64-bit host IDs")
-                rcsts = RCSTS_HOLDS if r.holds else 0
-                hostid = int.from_bytes(r.hostid, "little")
-                parts.append(_REGCTL.pack(r.cntlid, rcsts, hostid, r.rkey & _U64_MASK))
-        return b"".join(parts)
+        start, entry = _layouts(extended)
+        buf = bytearray(start + entry.size * len(self.registrants))
+        header = {
+            "gen": self.generation & 0xFFFFFFFF,
+            "rtype": self.rtype,
+            "regctl": self.count & 0xFFFF,
+            "ptpls": int(self.ptpls),
+        }
+        _STATUS_HEADER.encode_into(buf, 0, header)
+        for i, r in enumerate(self.registrants):
+            # The 64-bit host identifier of the data structure, or the extended one's 128.
+            values = {
+                "cntlid": r.cntlid,
+                "rcsts": RCSTS_HOLDS if r.holds else 0,
+                "hostid": r.hostid,
+                "rkey": r.rkey & _U64_MASK,
+            }
+            entry.encode_into(buf, start + i * entry.size, values)
+        return bytes(buf)
 
     @classmethod
     def unpack(cls, data: Buffer, *, extended: bool = True) -> Self:
         """Parse a (possibly truncated) structure: as many registrants as fit in `data`."""
-        if len(data) < STATUS_HEADER_SIZE:
-            raise ValueError(f"a Reservation Status needs {STATUS_HEADER_SIZE} bytes")
-        gen, rtype, regctl, ptpls = _STATUS_HEADER.unpack_from(data, 0)
+        header = _STATUS_HEADER.decode(data)
+        start, entry = _layouts(extended)
+        fits = max(0, (len(data) - start) // entry.size)
         registrants = []
-        if extended:
-            start, size = STATUS_HEADER_EXTENDED_SIZE, REGCTL_EXT_SIZE
-        else:
-            start, size = STATUS_HEADER_SIZE, REGCTL_SIZE
-        fits = max(0, (len(data) - start) // size)
-        for i in range(min(regctl, fits)):
-            offset = start + i * size
-            if extended:
-                cntlid, rcsts, rkey, hostid = _REGCTL_EXT.unpack_from(data, offset)
-            else:
-                cntlid, rcsts, host64, rkey = _REGCTL.unpack_from(data, offset)
-                hostid = host64.to_bytes(8, "little")
-            registrants.append(
-                RegisteredController(bytes(hostid), rkey, bool(rcsts & RCSTS_HOLDS), cntlid)
-            )
-        return cls(gen, rtype, bool(ptpls & 1), registrants, regctl)
+        for i in range(min(header["regctl"], fits)):
+            r = entry.decode(data, start + i * entry.size)
+            holds = bool(r["rcsts"] & RCSTS_HOLDS)
+            registrants.append(RegisteredController(r["hostid"], r["rkey"], holds, r["cntlid"]))
+        ptpls = bool(header["ptpls"] & 1)
+        return cls(header["gen"], header["rtype"], ptpls, registrants, header["regctl"])
+
+
+def _layouts(extended: bool) -> tuple[int, Layout]:
+    """Where the registrants start, and their layout."""
+    if extended:
+        return STATUS_HEADER_EXTENDED_SIZE, _REGCTL_EXT
+    return STATUS_HEADER_SIZE, _REGCTL
 
 
 # -- Reservation Notification log page ----------------------------------------------------
 
 RESERVATION_LOG_SIZE = 64
-# Log Page Count, type, number of available log pages, reserved, NSID, reserved to 63.
-_NOTIFICATION = struct.Struct("<QBB2xI48x")
 AVAILABLE_MAX = 0xFF  # the field saturates
 
 
+@structure(RESERVATION_LOG_SIZE)
 @dataclass(frozen=True, slots=True)
-class ReservationNotification:
-    count: int = 0  # 0: the empty log page
-    type: int = NotificationType.EMPTY
-    available: int = 0  # further log pages available after this one
-    nsid: int = 0
+class ReservationNotification(Structure):
+    count: int = at(0, U64)  # Log Page Count; 0: the empty log page
+    type: int = at(8, U8, NotificationType.EMPTY)
+    available: int = at(9, U8)  # further log pages available after this one
+    nsid: int = at(12, U32)
 
     def pack(self) -> bytes:
-        return _NOTIFICATION.pack(
-            self.count & _U64_MASK, self.type, min(self.available, AVAILABLE_MAX), self.nsid
-        )
-
-    @classmethod
-    def unpack(cls, data: Buffer) -> Self:
-        if len(data) < RESERVATION_LOG_SIZE:
-            raise ValueError(f"a Reservation Notification page is {RESERVATION_LOG_SIZE} bytes")
-        return cls(*_NOTIFICATION.unpack_from(data, 0))
+        values = {
+            "count": self.count & _U64_MASK,
+            "type": self.type,
+            "available": min(self.available, AVAILABLE_MAX),
+            "nsid": self.nsid,
+        }
+        return self.LAYOUT.encode(values)
 
 
 # -- Command behavior in the presence of a reservation -------------------------------------
