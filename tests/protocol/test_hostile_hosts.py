@@ -39,7 +39,7 @@ from tests.protocol.conftest import (
     RawTarget,
     RawTargetFactory,
 )
-from tests.protocol.raw import RawQueue, capsule, h2c_data, icreq, rw_sqe
+from tests.support.raw import RawQueue, capsule, h2c_data, icreq, rw_sqe
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -42,9 +42,9 @@ from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
 from tests.protocol.conftest import RawTarget
-from tests.protocol.raw import HOSTID as RAW_HOSTID
-from tests.protocol.raw import HOSTNQN as RAW_HOSTNQN
-from tests.protocol.raw import RawQueue
+from tests.support.raw import HOSTID as RAW_HOSTID
+from tests.support.raw import HOSTNQN as RAW_HOSTNQN
+from tests.support.raw import RawQueue
 
 NQN = "nqn.2024-01.org.pynvmf:reservations"
 BLOCK = 512
