@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian packages the test suite needs (QEMU guest peers, NVMe tools).
 # The Linux 6.12 and 7 peers' own packages (trixie's and sid's nvme-cli, fio,
-# ktls-utils...) are not installed here: tests/interop/guest_debootstrap.py debootstraps
+# ktls-utils...) are not installed here: tests/support/guest_debootstrap.py debootstraps
 # them into the guests' images.
 #
 # Idempotent: when everything is already installed it only asks dpkg, so it is
@@ -9,7 +9,7 @@
 set -euo pipefail
 
 PACKAGES=(
-    qemu-system-x86   # runs Debian's kernel as an NVMe/TCP peer (tests/interop/guest.py)
+    qemu-system-x86   # runs Debian's kernel as an NVMe/TCP peer (tests/support/guest.py)
     busybox-static    # the guest's userland
     nvme-cli          # copied into the guest initramfs
     fio               # copied into the guest initramfs

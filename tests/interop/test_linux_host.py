@@ -3,7 +3,7 @@ under QEMU, discovers, connects to, identifies, writes and reads pynvmf's target
 its own tools (nvme-cli, dd, fio), and nothing written is lost.
 
 Every test runs on the oldest and the newest kernel peer (Linux 6.1 with nvme-cli 2.3, Linux
-7 with Debian unstable's nvme-cli; 6.12 behaves as 7 here: tests/interop/guest.py): one
+7 with Debian unstable's nvme-cli; 6.12 behaves as 7 here: tests/support/guest.py): one
 guest boot per peer, and one target process shared by them. The checks that exercise a
 namespace's data are check_* functions taking the subsystem (`Subsys`):
 test_linux_host_rbd.py runs them on namespaces on Ceph RBD.
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.interop.guest import OLDEST_AND_NEWEST, CommandResult, Guest, Peer, free_tcp_port
 from tests.interop.target_process import TargetProcess
+from tests.support.guest import OLDEST_AND_NEWEST, CommandResult, Guest, Peer, free_tcp_port
 
 pytestmark = OLDEST_AND_NEWEST.mark()
 

@@ -34,7 +34,9 @@ from pynvmf.spec.status import Status
 from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
-from tests.interop.guest import (
+from tests.protocol import test_reservations as protocol
+from tests.protocol.test_reservations import HOST_A, HOST_B, HOST_C, KA, KB
+from tests.support.guest import (
     NVMET_RESERVATIONS,
     PEERS,
     Guest,
@@ -43,8 +45,6 @@ from tests.interop.guest import (
     setup_kernel_target,
     teardown_kernel_target,
 )
-from tests.protocol import test_reservations as protocol
-from tests.protocol.test_reservations import HOST_A, HOST_B, HOST_C, KA, KB
 
 NQN = "nqn.2014-08.org.pynvmf:host-reservations"
 MIB = 1 << 20

@@ -30,7 +30,6 @@ from pynvmf.target.queue import TargetQueue
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.tcp.framing import PduReader
 from pynvmf.tcp.target import TargetConnection
-from tests.interop.guest import free_tcp_port
 from tests.interop.target_process import TargetProcess
 from tests.protocol.conftest import (
     RAW_NS1_BLOCK,
@@ -39,6 +38,7 @@ from tests.protocol.conftest import (
     RawTarget,
     RawTargetFactory,
 )
+from tests.support.guest import free_tcp_port
 from tests.support.raw import RawQueue, capsule, h2c_data, icreq, rw_sqe
 
 pytestmark = pytest.mark.timeout(120)

@@ -27,7 +27,6 @@ from pynvmf.spec.identify import Oaes
 from pynvmf.spec.opcodes import DISCOVERY_NQN, AdminOpcode, FeatureId, IoOpcode
 from pynvmf.spec.status import Status
 from pynvmf.target import drain
-from tests.interop.guest import free_tcp_port
 from tests.protocol.conftest import (
     RAW_ALLOWED_HOSTNQN,
     RAW_NS1_BLOCK,
@@ -37,6 +36,7 @@ from tests.protocol.conftest import (
     RawTargetFactory,
 )
 from tests.support import raw as R
+from tests.support.guest import free_tcp_port
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -134,8 +134,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from tests.interop import guest_assets, guest_bookworm, guest_debootstrap
-from tests.interop.guest_assets import (
+from tests.support import guest_assets, guest_bookworm, guest_debootstrap
+from tests.support.guest_assets import (
     COMMAND_PORT,
     GUEST_ADDRESS,
     HOST_ADDRESS,
