@@ -42,9 +42,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tests.blktests.guest import PEERS
-from tests.interop.target_process import TargetProcess
 from tests.support.guest import Guest, free_tcp_port
 from tests.support.guest_assets import TLSHD_CONF
+from tests.support.target_process import TargetProcess
 
 log = logging.getLogger("blktests")
 

@@ -23,9 +23,9 @@ import pytest
 
 from pynvmf.rpc.client import RpcClient
 from pynvmf.spec.opcodes import DISCOVERY_NQN
-from tests.interop.target_process import TargetProcess
 from tests.interop.test_linux_host import DEV_FOR
 from tests.support.guest import Guest, free_tcp_port
+from tests.support.target_process import TargetProcess
 
 MIB = 1 << 20
 NQN = "nqn.2024-11.dev.pynvmf:control-plane"

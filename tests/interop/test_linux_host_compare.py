@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.interop.target_process import TargetProcess
 from tests.support.guest import OLDEST_AND_NEWEST, Guest, Peer, free_tcp_port
+from tests.support.target_process import TargetProcess
 
 pytestmark = OLDEST_AND_NEWEST.mark()
 

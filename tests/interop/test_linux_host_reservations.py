@@ -32,9 +32,9 @@ from pynvmf.spec.reservations import (
     ReservationType,
 )
 from pynvmf.spec.status import Status
-from tests.interop.target_process import TargetProcess
 from tests.interop.test_linux_host import DEV_FOR
 from tests.support.guest import OLDEST_AND_NEWEST, Guest, Peer, free_tcp_port
+from tests.support.target_process import TargetProcess
 
 pytestmark = OLDEST_AND_NEWEST.mark()
 

@@ -40,7 +40,6 @@ import pytest
 
 from pynvmf.ha.lease import OBJECT_PREFIX
 from tests.ceph.cluster import CephCluster
-from tests.interop.target_process import TargetProcess
 from tests.interop.test_linux_multipath import (
     EUI64,
     NGUID,
@@ -57,6 +56,7 @@ from tests.interop.test_linux_multipath import (
     writes_done,
 )
 from tests.support.guest import OLDEST_AND_NEWEST, Guest, Peer, free_tcp_port
+from tests.support.target_process import TargetProcess
 
 pytestmark = OLDEST_AND_NEWEST.mark()
 

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from pynvmf.rpc.client import RpcClient
-from tests.interop.target_process import TargetProcess
 from tests.interop.test_linux_host import DEV_FOR
 from tests.support.guest import Guest, free_tcp_port, setup_kernel_target
+from tests.support.target_process import TargetProcess
 
 NQN = "nqn.2024-11.dev.pynvmf:from-nvmet"
 HOST_ID = "0f01fb42-9f7f-4856-b0b3-51e60b8de349"

@@ -20,8 +20,8 @@ from pynvmf.auth import DhchapKey
 from pynvmf.host import NvmeAuthenticationError, connect
 from pynvmf.rpc.server import method_table
 from tests.ceph.cluster import CephCluster
-from tests.interop.target_process import TargetProcess
 from tests.support.guest import free_tcp_port
+from tests.support.target_process import TargetProcess
 
 SPDK_RPC = Path(sys.executable).parent / "spdk-rpc"
 NQN = "nqn.2016-06.io.spdk:cnode1"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from pynvmf.config.native import DEFAULT_NQN
 from pynvmf.host import connect
-from tests.interop.target_process import TargetProcess
 from tests.support.guest import free_tcp_port
+from tests.support.target_process import TargetProcess
 
 
 def test_banner_prints_the_commands_a_linux_host_types(tmp_path: Path) -> None:

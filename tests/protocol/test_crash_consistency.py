@@ -25,8 +25,8 @@ import pytest
 from pynvmf.host import connect
 from pynvmf.host.errors import NvmeError
 from pynvmf.host.namespace import RemoteNamespace
-from tests.interop.target_process import TargetProcess
 from tests.support.guest import free_tcp_port
+from tests.support.target_process import TargetProcess
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -30,7 +30,6 @@ from pynvmf.target.queue import TargetQueue
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.tcp.framing import PduReader
 from pynvmf.tcp.target import TargetConnection
-from tests.interop.target_process import TargetProcess
 from tests.protocol.conftest import (
     RAW_NS1_BLOCK,
     RAW_NS1_BLOCKS,
@@ -40,6 +39,7 @@ from tests.protocol.conftest import (
 )
 from tests.support.guest import free_tcp_port
 from tests.support.raw import RawQueue, capsule, h2c_data, icreq, rw_sqe
+from tests.support.target_process import TargetProcess
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from pynvmf.host import connect
-from tests.interop.target_process import TargetProcess
 from tests.support.guest import free_tcp_port
+from tests.support.target_process import TargetProcess
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,4 +1,4 @@
-"""Run `pynvmf target` as a separate process for interoperability tests."""
+"""Run `pynvmf target` as a separate process, as a user or a service manager does."""
 
 from __future__ import annotations
 
