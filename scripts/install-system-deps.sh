@@ -30,7 +30,7 @@ PACKAGES=(
     openssl           # its named FFDHE groups check pynvmf's RFC 7919 primes (tests/unit/test_auth.py);
                       # s_server/s_client are TLS 1.3 PSK peers (tests/unit/test_tls_engine.py)
     ceph-mon          # the RBD backend's tests start a one-monitor, one-OSD cluster
-    ceph-osd          #   (tests/ceph/cluster.py), without systemd
+    ceph-osd          #   (tests/support/ceph_cluster.py), without systemd
     ceph-common       # the ceph CLI, ceph-authtool, monmaptool
     python3-rados     # the rados/rbd bindings (no PyPI wheels), linked into the venv
     python3-rbd       #   by scripts/link-ceph-bindings.py (make setup)

@@ -30,7 +30,7 @@ blkdiscard, Write Zeroes and the shutdown's flush leave in the image, and `pynvm
 Not repeated here, because no backend takes part in them: the discovery log's listing,
 a host that is not allowed, IPv6.
 
-The target runs against the session's test cluster (tests/ceph/cluster.py).
+The target runs against the session's test cluster (tests/support/ceph_cluster.py).
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ from pathlib import Path
 import pytest
 
 from pynvmf.host import Controller
-from tests.ceph.cluster import CephCluster
 from tests.interop import test_linux_host as host
 from tests.interop import test_linux_host_compare as compare
 from tests.interop import test_linux_host_reservations as resv
 from tests.interop.test_linux_host import DEV_FOR, Subsys
+from tests.support.ceph_cluster import CephCluster
 from tests.support.guest import OLDEST_AND_NEWEST, Guest, Peer, free_tcp_port
 from tests.support.target_process import TargetProcess
 

@@ -3,7 +3,7 @@ host's native multipath as the judge.
 
 Two `pynvmf target --config` processes with a "gateway" section (pynvmf.ha.gateway)
 serve the same subsystem from one RBD image on the session's test cluster
-(tests/ceph/cluster.py); their RADOS leases (pynvmf.ha.lease, 3 s) decide which one has
+(tests/support/ceph_cluster.py); their RADOS leases (pynvmf.ha.lease, 3 s) decide which one has
 ANA group 1 optimized, with no RPC from the test: A prefers the group and takes it at
 start, B stands by. The guest (nvme_core.multipath=Y) connects to both through
 discovery and runs fio with verification while
@@ -39,7 +39,6 @@ from typing import Any
 import pytest
 
 from pynvmf.ha.lease import OBJECT_PREFIX
-from tests.ceph.cluster import CephCluster
 from tests.interop.test_linux_multipath import (
     EUI64,
     NGUID,
@@ -55,6 +54,7 @@ from tests.interop.test_linux_multipath import (
     wait_for,
     writes_done,
 )
+from tests.support.ceph_cluster import CephCluster
 from tests.support.guest import OLDEST_AND_NEWEST, Guest, Peer, free_tcp_port
 from tests.support.target_process import TargetProcess
 

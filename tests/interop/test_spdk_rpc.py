@@ -19,7 +19,7 @@ import pytest
 from pynvmf.auth import DhchapKey
 from pynvmf.host import NvmeAuthenticationError, connect
 from pynvmf.rpc.server import method_table
-from tests.ceph.cluster import CephCluster
+from tests.support.ceph_cluster import CephCluster
 from tests.support.guest import free_tcp_port
 from tests.support.target_process import TargetProcess
 
@@ -106,7 +106,7 @@ def test_rpc_py_drives_the_rbd_methods(
     served: tuple[TargetProcess, Spdk], ceph_cluster: CephCluster, rbd_image: Any
 ) -> None:
     """SPDK's bdev_rbd_* calls, as rpc.py sends them, on an image of the tests' Ceph
-    cluster (tests/ceph/cluster.py); pynvmf's host writes and reads the namespace.
+    cluster (tests/support/ceph_cluster.py); pynvmf's host writes and reads the namespace.
     Before the test below, which checks that every SPDK method was called."""
     _proc, spdk = served
     image = rbd_image(8 << 20)
