@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.support.ceph_cluster import CephCluster  # noqa: E402
-from tests.support.guest import free_tcp_port  # noqa: E402
+from tests.support.ports import free_tcp_port  # noqa: E402
 from tests.support.target_process import TargetProcess  # noqa: E402
 
 NQN = "nqn.2024-11.dev.pynvmf:rbd-bench"

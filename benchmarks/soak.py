@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from pynvmf.host import connect  # noqa: E402
-from tests.support.guest import free_tcp_port  # noqa: E402
+from tests.support.ports import free_tcp_port  # noqa: E402
 from tests.support.target_process import TargetProcess  # noqa: E402
 
 NQN = "nqn.2024-11.dev.pynvmf:soak"

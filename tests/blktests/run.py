@@ -42,8 +42,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tests.blktests.guest import PEERS
-from tests.support.guest import Guest, free_tcp_port
+from tests.support.guest import Guest
 from tests.support.guest_assets import TLSHD_CONF
+from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
 
 log = logging.getLogger("blktests")

@@ -29,12 +29,12 @@ from tests.support.guest import (
     GuestPrerequisiteError,
     GuestTimeoutError,
     Peer,
-    free_tcp_port,
     require_guest_prerequisites,
     selected_peers,
     setup_kernel_target,
     teardown_kernel_target,
 )
+from tests.support.ports import free_tcp_port
 
 NQN = "nqn.2014-08.org.pynvmf:guest-smoke"
 

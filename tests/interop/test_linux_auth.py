@@ -34,7 +34,8 @@ from pynvmf.host import NvmeAuthenticationError, NvmeConnectionError, connect
 from pynvmf.rpc.client import RpcClient
 from pynvmf.spec.auth import FailureExplanation
 from tests.interop.test_linux_host import DEV_FOR
-from tests.support.guest import SECURE_CHANNEL, Guest, Peer, free_tcp_port, setup_kernel_target
+from tests.support.guest import SECURE_CHANNEL, Guest, Peer, setup_kernel_target
+from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
 
 pytestmark = SECURE_CHANNEL.mark()

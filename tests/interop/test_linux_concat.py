@@ -38,7 +38,8 @@ from pynvmf.host.errors import NvmeConnectionError
 from pynvmf.rpc.client import RpcClient
 from tests.interop.test_linux_host import DEV_FOR
 from tests.interop.test_linux_tls import TLSHD_CONF
-from tests.support.guest import CONCATENATION, Guest, Peer, free_tcp_port
+from tests.support.guest import CONCATENATION, Guest, Peer
+from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
 
 pytestmark = CONCATENATION.mark()

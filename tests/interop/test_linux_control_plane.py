@@ -24,7 +24,8 @@ import pytest
 from pynvmf.rpc.client import RpcClient
 from pynvmf.spec.opcodes import DISCOVERY_NQN
 from tests.interop.test_linux_host import DEV_FOR
-from tests.support.guest import Guest, free_tcp_port
+from tests.support.guest import Guest
+from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
 
 MIB = 1 << 20

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.guest import OLDEST_AND_NEWEST, CommandResult, Guest, Peer, free_tcp_port
+from tests.support.guest import OLDEST_AND_NEWEST, CommandResult, Guest, Peer
+from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
 
 pytestmark = OLDEST_AND_NEWEST.mark()

@@ -49,7 +49,8 @@ from tests.interop import test_linux_host_compare as compare
 from tests.interop import test_linux_host_reservations as resv
 from tests.interop.test_linux_host import DEV_FOR, Subsys
 from tests.support.ceph_cluster import CephCluster
-from tests.support.guest import OLDEST_AND_NEWEST, Guest, Peer, free_tcp_port
+from tests.support.guest import OLDEST_AND_NEWEST, Guest, Peer
+from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
 
 pytestmark = OLDEST_AND_NEWEST.mark()

@@ -33,7 +33,8 @@ from pynvmf.spec.reservations import (
 )
 from pynvmf.spec.status import Status
 from tests.interop.test_linux_host import DEV_FOR
-from tests.support.guest import OLDEST_AND_NEWEST, Guest, Peer, free_tcp_port
+from tests.support.guest import OLDEST_AND_NEWEST, Guest, Peer
+from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
 
 pytestmark = OLDEST_AND_NEWEST.mark()

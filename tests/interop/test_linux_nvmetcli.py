@@ -22,7 +22,8 @@ import pytest
 
 from pynvmf.rpc.client import RpcClient
 from tests.interop.test_linux_host import DEV_FOR
-from tests.support.guest import Guest, free_tcp_port, setup_kernel_target
+from tests.support.guest import Guest, setup_kernel_target
+from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
 
 NQN = "nqn.2024-11.dev.pynvmf:from-nvmet"

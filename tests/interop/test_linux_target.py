@@ -49,10 +49,10 @@ from tests.support.guest import (
     PEERS,
     Guest,
     KernelTarget,
-    free_tcp_port,
     require_guest_prerequisites,
     setup_kernel_target,
 )
+from tests.support.ports import free_tcp_port
 
 KIB = 1024
 MIB = 1024 * KIB

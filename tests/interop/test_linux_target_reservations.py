@@ -40,11 +40,11 @@ from tests.support.guest import (
     NVMET_RESERVATIONS,
     PEERS,
     Guest,
-    free_tcp_port,
     require_guest_prerequisites,
     setup_kernel_target,
     teardown_kernel_target,
 )
+from tests.support.ports import free_tcp_port
 
 NQN = "nqn.2014-08.org.pynvmf:host-reservations"
 MIB = 1 << 20

@@ -40,8 +40,9 @@ import pytest
 from pynvmf.host import connect
 from pynvmf.host.errors import NvmeConnectionError
 from pynvmf.tcp.psk import HASH_SHA256, HASH_SHA384, ConfiguredPsk, PskError, tls_psk
-from tests.support.guest import SECURE_CHANNEL, Guest, Peer, free_tcp_port
+from tests.support.guest import SECURE_CHANNEL, Guest, Peer
 from tests.support.guest_assets import TLSHD_CONF
+from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
 
 pytestmark = SECURE_CHANNEL.mark()

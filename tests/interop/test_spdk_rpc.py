@@ -20,7 +20,7 @@ from pynvmf.auth import DhchapKey
 from pynvmf.host import NvmeAuthenticationError, connect
 from pynvmf.rpc.server import method_table
 from tests.support.ceph_cluster import CephCluster
-from tests.support.guest import free_tcp_port
+from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
 
 SPDK_RPC = Path(sys.executable).parent / "spdk-rpc"

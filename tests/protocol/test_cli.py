@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pynvmf.config.native import DEFAULT_NQN
 from pynvmf.host import connect
-from tests.support.guest import free_tcp_port
+from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
 
 

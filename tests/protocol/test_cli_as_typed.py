@@ -30,7 +30,7 @@ from pynvmf.block.memory import MemoryDevice
 from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
-from tests.support.guest import free_tcp_port
+from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
 
 pytestmark = pytest.mark.timeout(180)

@@ -25,7 +25,7 @@ import pytest
 from pynvmf.host import connect
 from pynvmf.host.errors import NvmeError
 from pynvmf.host.namespace import RemoteNamespace
-from tests.support.guest import free_tcp_port
+from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
 
 pytestmark = pytest.mark.timeout(600)

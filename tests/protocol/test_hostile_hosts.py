@@ -37,7 +37,7 @@ from tests.protocol.conftest import (
     RawTarget,
     RawTargetFactory,
 )
-from tests.support.guest import free_tcp_port
+from tests.support.ports import free_tcp_port
 from tests.support.raw import RawQueue, capsule, h2c_data, icreq, rw_sqe
 from tests.support.target_process import TargetProcess
 

@@ -36,7 +36,7 @@ from tests.protocol.conftest import (
     RawTargetFactory,
 )
 from tests.support import raw as R
-from tests.support.guest import free_tcp_port
+from tests.support.ports import free_tcp_port
 
 pytestmark = pytest.mark.timeout(120)
 

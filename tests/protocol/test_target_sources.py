@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pynvmf.host import connect
-from tests.support.guest import free_tcp_port
+from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
 
 pytestmark = pytest.mark.timeout(120)
