@@ -169,7 +169,7 @@ def main() -> None:
                     flush=True,
                 )
         finally:
-            target.stop()
+            target.stop(expect=None)
     print()
     print("| case | RBD (memstore) IOPS | RBD MiB/s | memory IOPS | memory MiB/s | RBD / memory |")
     print("|---|---:|---:|---:|---:|---:|")

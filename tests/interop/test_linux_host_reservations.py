@@ -133,8 +133,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     proc = TargetProcess(config, workdir)
     proc.start()
     yield Setup(proc, io_port, image)
-    status = proc.stop()
-    assert status == 0, f"target exited with {status}:\n{proc.stderr()}"
+    proc.stop()
 
 
 def build_prtool(workdir: Path) -> Path:

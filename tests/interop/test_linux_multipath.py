@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -147,7 +148,7 @@ def gateways(tmp_path_factory: pytest.TempPathFactory, linux_peer: Peer) -> Iter
     finally:
         for gw in made:
             if gw.process.alive:
-                gw.process.stop()
+                gw.process.stop(expect=None)
 
 
 @pytest.fixture(scope="module")
@@ -376,7 +377,7 @@ def test_fio_verify_survives_sigkill_of_the_optimized_gateway(
     start_fio(guest, head, runtime=14, extra="--write_lat_log=/tmp/ha --log_avg_msec=0")
     before = writes_done(guest, head)
     wait_for("fio to be well under way", lambda: writes_done(guest, head) > before + 2000)
-    a.process.stop(sig=9)
+    a.process.stop(sig=signal.SIGKILL, expect=-signal.SIGKILL)
     killed = time.monotonic()
     # What the standby's lease holder does once it owns the group: turn its path optimized.
     b.set_state("optimized")

@@ -229,7 +229,7 @@ def test_a_linux_target_moves_to_pynvmf_and_back(guest: Guest, tmp_path: Path) -
         with RpcClient(socket) as rpc:
             written = rpc.call("pynvmf_get_config", format="nvmetcli")
     finally:
-        assert proc.stop() == 0, proc.stderr()
+        proc.stop()
 
     # And back: what pynvmf wrote, with the guest's device and port again.
     written["subsystems"][0]["namespaces"][0]["device"]["path"] = ns["device"]["path"]

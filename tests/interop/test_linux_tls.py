@@ -102,7 +102,7 @@ def target(tmp_path_factory: pytest.TempPathFactory, linux_peer: Peer) -> Iterat
     process = TargetProcess(config, workdir)
     process.start()
     yield Setup(process, required, optional, discovery, key1, key2)
-    process.stop()
+    process.stop(expect=None)
     assert not any(k in process.stderr() for k in (key1.encode(), key2.encode()))
 
 
