@@ -24,7 +24,6 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any
 
 READY_LINE = "pynvmf target ready"
@@ -96,35 +95,13 @@ class TargetProcess:
         for reader in self._readers:
             reader.start()
         try:
-            while True:
-                try:
-                    line = self._lines.get(timeout=timeout)
-                except queue.Empty:
-                    raise RuntimeError(f"target did not become ready:\n{self.stderr()}") from None
-                if line is None:
-                    raise RuntimeError(f"target exited before it was ready:\n{self.stderr()}")
-                if line.strip() == READY_LINE:
-                    return
-                if found := _LISTENING.match(line.strip()):
+            while (line := self._next_stdout(timeout, "its ready line").strip()) != READY_LINE:
+                if found := _LISTENING.match(line):
                     kind, address, port = found.groups()
                     self.listeners.append(Listener(kind, address, int(port)))
         except BaseException:
             self._end(signal.SIGKILL, timeout=_DRAIN_S)
             raise
-
-    def __enter__(self) -> TargetProcess:
-        if self._proc is None:
-            self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        # Leaving on an exception: stop it, but let that exception be the one reported.
-        self.stop(expect=0 if exc_type is None else None)
 
     # -- where it listens ---------------------------------------------------------------------
 
@@ -170,16 +147,22 @@ class TargetProcess:
             self._log_ended = True
             self._log_changed.notify_all()
 
+    def _next_stdout(self, timeout: float, waiting_for: str) -> str:
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            raise RuntimeError(
+                f"target printed no {waiting_for} within {timeout} s:\n{self.stderr()}"
+            ) from None
+        if line is None:
+            raise RuntimeError(f"target exited before printing {waiting_for}:\n{self.stderr()}")
+        return line
+
     def wait_stdout(self, text: str, timeout: float = 30) -> str:
         """Everything printed so far, once `text` is in it (the banner goes on after the
         ready line)."""
         while text not in "".join(self.stdout_lines):
-            try:
-                line = self._lines.get(timeout=timeout)
-            except queue.Empty:
-                raise RuntimeError(f"target never printed {text!r}") from None
-            if line is None:
-                raise RuntimeError(f"target exited before printing {text!r}:\n{self.stderr()}")
+            self._next_stdout(timeout, repr(text))
         return "".join(self.stdout_lines)
 
     def stderr(self) -> str:
