@@ -34,7 +34,7 @@ lint: setup
 # kernel target's modules again with the hot modules compiled (docs/performance.md,
 # "Compiled hot modules"). The compiled pass meets one peer, the newest: what can differ
 # between the builds is the code's (mypyc's semantics), not the peer's, and the peers
-# already ran their modules in the pure pass (tests/interop/guest.py says which peer runs
+# already ran their modules in the pure pass (tests/support/guest.py says which peer runs
 # which module). `make test` has to stay under 40 minutes on these 2-CPU machines.
 COMPILED_TESTS := tests/unit tests/protocol tests/interop/test_linux_host.py \
 	tests/interop/test_linux_target.py tests/interop/test_linux_target_copy.py

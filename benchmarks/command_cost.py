@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pynvmf.spec.opcodes import IoOpcode
-from tests.protocol.raw import capsule, rw_sqe
+from tests.support.raw import capsule, rw_sqe
 from tests.unit.test_target_fused import Rig
 
 

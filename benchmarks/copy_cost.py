@@ -39,54 +39,32 @@ sys.path.insert(0, str(REPO))
 from pynvmf.aio import install_uvloop  # noqa: E402
 from pynvmf.block.copy import SourceRange, copy  # noqa: E402
 from pynvmf.host import connect  # noqa: E402
+from tests.support.target_process import TargetProcess  # noqa: E402
 
 NQN = "nqn.2024-11.dev.pynvmf:copy-cost"
 BLOCK = 4096
 WORKLOADS = ("read 4 KiB", "copy 8 KiB x 1", "copy 8 KiB x 1 (planner)")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
-def _target(port: int, backend: list[str], callgrind: str | None) -> Iterator[int]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "pynvmf",
-        "target",
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--discovery-port",
-        "0",
-        "--nqn",
-        NQN,
-        "--block-size",
-        str(BLOCK),
-        *backend,
-    ]
+def _target(workdir: Path, backend: list[str], callgrind: str | None) -> Iterator[TargetProcess]:
+    """The target on CPU 0 (under callgrind, writing to `callgrind`), on a port it picks."""
+    wrapper = ["taskset", "-c", "0"]
     if callgrind:
-        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={callgrind}", *cmd]
-    cmd = ["taskset", "-c", "0", *cmd]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO
+        wrapper += ["valgrind", "--tool=callgrind", f"--callgrind-out-file={callgrind}"]
+    args = ["--listen", "127.0.0.1:0", "--discovery-port", "0", "--nqn", NQN]
+    target = TargetProcess(
+        None,
+        workdir,
+        [*args, "--block-size", str(BLOCK), *backend],
+        wrapper=wrapper,
+        verbose=False,
     )
+    target.start(timeout=600)  # valgrind takes its time
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.strip() == "pynvmf target ready":
-                break
-        else:
-            raise RuntimeError("target exited before it was ready")
-        yield proc.pid
+        yield target
     finally:
-        proc.terminate()
-        proc.wait(120)
+        target.stop(timeout=120, expect=None)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -232,12 +210,17 @@ def main() -> None:
             for workload in args.workload or WORKLOADS:
                 for count in (0, args.count):
                     out = f"{tmp}/cg.{len(base)}"
-                    port = _free_port()
                     on_target = out if args.callgrind == "target" else None
                     on_host = out if args.callgrind == "host" else None
-                    with _target(port, backend, on_target):
+                    with _target(Path(scratch), backend, on_target) as target:
                         _host_run(
-                            port, 0, workload, 0, args.depth, count or args.depth, callgrind=on_host
+                            target.port,
+                            0,
+                            workload,
+                            0,
+                            args.depth,
+                            count or args.depth,
+                            callgrind=on_host,
                         )
                     base[f"{workload}:{count}"] = _instructions(out)
                 per = (base[f"{workload}:{args.count}"] - base[f"{workload}:0"]) / (
@@ -246,11 +229,11 @@ def main() -> None:
                 print(f"{workload:28s} {args.callgrind} instructions per command: {per:,.0f}")
         return
     results: dict[str, list[dict[str, float]]] = {w: [] for w in args.workload or WORKLOADS}
-    port = _free_port()
-    with _target(port, backend, None) as pid:
+    with tempfile.TemporaryDirectory() as scratch, _target(Path(scratch), backend, None) as target:
         for _ in range(args.repeat):
             for workload in results:
-                results[workload].append(_host_run(port, pid, workload, args.seconds, args.depth))
+                run = _host_run(target.port, target.pid, workload, args.seconds, args.depth)
+                results[workload].append(run)
     print(f"{'workload':28s} {'commands/s':>11s} {'host µs/cmd':>12s} {'target µs/cmd':>14s}")
     for workload, rs in results.items():
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}

@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 from pynvmf.malloc import tune_for_io_buffers  # noqa: E402
 from pynvmf.spec import pdu as P  # noqa: E402
 from pynvmf.spec.opcodes import IoOpcode  # noqa: E402
-from tests.protocol.raw import capsule, icreq, rw_sqe  # noqa: E402
+from tests.support.raw import capsule, icreq, rw_sqe  # noqa: E402
 
 KiB = 1024
 BLOCK = 512

@@ -1,6 +1,6 @@
 """An RBD namespace against a memory namespace, over loopback, on one machine.
 
-Starts the tests' throwaway Ceph cluster (tests/ceph/cluster.py: one monitor, one
+Starts the tests' throwaway Ceph cluster (tests/support/ceph_cluster.py: one monitor, one
 memstore OSD, so the storage is RAM on the OSD's side too), one `pynvmf target` with
 namespace 1 in memory and namespace 2 on an RBD image, and runs `pynvmf bench`
 against each in turn (A/B alternated, medians of --reps runs):
@@ -31,9 +31,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.ceph.cluster import CephCluster  # noqa: E402
-from tests.interop.guest import free_tcp_port  # noqa: E402
-from tests.interop.target_process import TargetProcess  # noqa: E402
+from tests.support.ceph_cluster import CephCluster  # noqa: E402
+from tests.support.ports import free_tcp_port  # noqa: E402
+from tests.support.target_process import TargetProcess  # noqa: E402
 
 NQN = "nqn.2024-11.dev.pynvmf:rbd-bench"
 # `pynvmf target` numbers --memory namespaces before --rbd ones.
@@ -169,7 +169,7 @@ def main() -> None:
                     flush=True,
                 )
         finally:
-            target.stop()
+            target.stop(expect=None)
     print()
     print("| case | RBD (memstore) IOPS | RBD MiB/s | memory IOPS | memory MiB/s | RBD / memory |")
     print("|---|---:|---:|---:|---:|---:|")

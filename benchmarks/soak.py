@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from pynvmf.host import connect  # noqa: E402
-from tests.interop.guest import free_tcp_port  # noqa: E402
-from tests.interop.target_process import TargetProcess  # noqa: E402
+from tests.support.ports import free_tcp_port  # noqa: E402
+from tests.support.target_process import TargetProcess  # noqa: E402
 
 NQN = "nqn.2024-11.dev.pynvmf:soak"
 
@@ -70,7 +70,7 @@ async def soak(duration: float, jobs: int, iodepth: int, workdir: Path) -> dict[
         ["--listen", f"127.0.0.1:{port}", "--discovery-port", "0", "--nqn", NQN, "--memory", "1G"],
     )
     proc.start()
-    pid = proc._proc.pid
+    pid = proc.pid
     bench = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -107,7 +107,7 @@ async def soak(duration: float, jobs: int, iodepth: int, workdir: Path) -> dict[
     stop.set()
     samples = await sampler
     cycles = await churn
-    status = proc.stop()
+    status = proc.stop(expect=None)
     report = json.loads(out)
     job = report["jobs"][0]
     warm = next((rss for t, rss in samples if t >= 60), samples[-1][1])

@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from pynvmf.bench import report as R  # noqa: E402
 from pynvmf.tcp.psk import HASH_SHA256, ConfiguredPsk  # noqa: E402
-from tests.interop.guest import LINUX_6_12, Guest  # noqa: E402
+from tests.support.guest import LINUX_6_12, Guest  # noqa: E402
 
 NQN = "nqn.2014-08.org.pynvmf:tls-bench"
 HOST = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000b7e6"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian packages the test suite needs (QEMU guest peers, NVMe tools).
 # The Linux 6.12 and 7 peers' own packages (trixie's and sid's nvme-cli, fio,
-# ktls-utils...) are not installed here: tests/interop/guest_debootstrap.py debootstraps
+# ktls-utils...) are not installed here: tests/support/guest_debootstrap.py debootstraps
 # them into the guests' images.
 #
 # Idempotent: when everything is already installed it only asks dpkg, so it is
@@ -9,7 +9,7 @@
 set -euo pipefail
 
 PACKAGES=(
-    qemu-system-x86   # runs Debian's kernel as an NVMe/TCP peer (tests/interop/guest.py)
+    qemu-system-x86   # runs Debian's kernel as an NVMe/TCP peer (tests/support/guest.py)
     busybox-static    # the guest's userland
     nvme-cli          # copied into the guest initramfs
     fio               # copied into the guest initramfs
@@ -30,7 +30,7 @@ PACKAGES=(
     openssl           # its named FFDHE groups check pynvmf's RFC 7919 primes (tests/unit/test_auth.py);
                       # s_server/s_client are TLS 1.3 PSK peers (tests/unit/test_tls_engine.py)
     ceph-mon          # the RBD backend's tests start a one-monitor, one-OSD cluster
-    ceph-osd          #   (tests/ceph/cluster.py), without systemd
+    ceph-osd          #   (tests/support/ceph_cluster.py), without systemd
     ceph-common       # the ceph CLI, ceph-authtool, monmaptool
     python3-rados     # the rados/rbd bindings (no PyPI wheels), linked into the venv
     python3-rbd       #   by scripts/link-ceph-bindings.py (make setup)

@@ -11,7 +11,7 @@ import pytest
 
 from pynvmf.cli.identity import CONFIG_DIR_ENV, HOSTID_ENV, HOSTNQN_ENV
 from pynvmf.compiled import HOT_MODULES, compiled_modules, stale_modules
-from tests.ceph.cluster import CephCluster, have_ceph
+from tests.support.ceph_cluster import CephCluster, have_ceph
 
 _images = itertools.count()
 
@@ -68,7 +68,7 @@ def _host_identity_of_the_tests(tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.fixture(scope="session")
 def ceph_cluster() -> Iterator[CephCluster]:
-    """One throwaway Ceph cluster (a monitor, a memstore OSD; tests/ceph/cluster.py) for
+    """One throwaway Ceph cluster (a monitor, a memstore OSD; tests/support/ceph_cluster.py) for
     the whole session, started by the first test that needs it. The packages are a
     prerequisite that scripts/install-system-deps.sh installs, so a missing one fails
     the test rather than skipping it."""

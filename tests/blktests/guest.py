@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from tests.interop import guest_debootstrap
-from tests.interop.guest import LINUX_6_12, LINUX_7, Peer
+from tests.support import guest_debootstrap
+from tests.support.guest import LINUX_6_12, LINUX_7, Peer
 
 VARIANT = "blktests"
 

@@ -42,9 +42,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tests.blktests.guest import PEERS
-from tests.interop.guest import Guest, free_tcp_port
-from tests.interop.guest_assets import TLSHD_CONF
-from tests.interop.target_process import TargetProcess
+from tests.support.guest import Guest
+from tests.support.guest_assets import TLSHD_CONF
+from tests.support.ports import free_tcp_port
+from tests.support.target_process import TargetProcess
 
 log = logging.getLogger("blktests")
 
@@ -426,8 +427,8 @@ def main(argv: list[str] | None = None) -> int:
                     )
         finally:
             if target is not None:
+                target.stop(expect=None)
                 (out / "pynvmf-target.log").write_text(target.stderr())
-                target.stop()
     text = _report(meta, runs, notes)
     (out / "blktests.md").write_text(text)
     print(text)

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.ceph.cluster import CephCluster
+from tests.support.ceph_cluster import CephCluster
 
 
 @pytest.hookimpl(hookwrapper=True)

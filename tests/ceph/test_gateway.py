@@ -20,7 +20,7 @@ from pynvmf.spec.logpages import AnaState as S
 from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import Status
 from pynvmf.target.cores.workers import MultiCoreTarget
-from tests.ceph.cluster import CephCluster
+from tests.support.ceph_cluster import CephCluster
 
 NQN = "nqn.2024-11.dev.pynvmf:gateway"
 MiB = 1 << 20

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.ceph.cluster import CephCluster
+from tests.support.ceph_cluster import CephCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE = 3  # seconds: renewals every second, an owner's margin 1 s (LeaseConfig defaults)

@@ -1,4 +1,4 @@
-"""RbdDevice (pynvmf.block.rbd) against a real Ceph cluster (tests/ceph/cluster.py)."""
+"""RbdDevice (pynvmf.block.rbd) against a real Ceph cluster (tests/support/ceph_cluster.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from pynvmf.block import copy as block_copy
 from pynvmf.block.device import BlockDevice, BlockRangeError, StorageUnavailable
 from pynvmf.block.rbd import ClusterSpec, DeviceState, RadosConnection, RbdDevice
-from tests.ceph.cluster import CephCluster
+from tests.support.ceph_cluster import CephCluster
 
 MiB = 1 << 20
 

@@ -21,7 +21,7 @@ from pynvmf.rpc.server import control_plane
 from pynvmf.spec.status import Status
 from pynvmf.target.devices import RBD
 from pynvmf.target.target import Target
-from tests.ceph.cluster import CephCluster
+from tests.support.ceph_cluster import CephCluster
 
 NQN = "nqn.2024-01.io.pynvmf.test:rbd"
 MiB = 1 << 20

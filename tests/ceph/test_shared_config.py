@@ -30,7 +30,7 @@ from pynvmf.rpc.methods import ControlPlane
 from pynvmf.rpc.server import RpcServer, control_plane
 from pynvmf.spec.logpages import AnaState as S
 from pynvmf.target.target import Target
-from tests.ceph.cluster import CephCluster
+from tests.support.ceph_cluster import CephCluster
 
 MiB = 1 << 20
 NQN1 = "nqn.2024-11.dev.pynvmf:shared-one"

@@ -24,7 +24,7 @@ with atheris.instrument_imports(include=["pynvmf"]):
     from pynvmf.spec.opcodes import IoOpcode
     from pynvmf.tcp.host import HostCommand, HostConnection
     from tests.fuzz.streams import chunked, drive_target
-    from tests.protocol.raw import parse_pdus
+    from tests.support.raw import parse_pdus
 
 
 def _cuts(first: int, length: int) -> list[int]:

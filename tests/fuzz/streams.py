@@ -17,7 +17,7 @@ from pynvmf.spec import command as C
 from pynvmf.spec import pdu as P
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType, IoOpcode
 from pynvmf.tcp.target import QueueParams, Request, TargetConnection, TransportConfig
-from tests.protocol.raw import capsule, h2c_data, icreq
+from tests.support.raw import capsule, h2c_data, icreq
 
 OPCODES = [
     IoOpcode.READ,

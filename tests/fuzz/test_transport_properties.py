@@ -15,7 +15,7 @@ from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.tcp.framing import PduReader
 from pynvmf.tcp.host import HostCommand, HostConnection
 from tests.fuzz.streams import Shape, chunked, cut_lists, drive_target, host_streams
-from tests.protocol.raw import data_pdu, parse_pdus
+from tests.support.raw import data_pdu, parse_pdus
 
 TARGET_TO_HOST = frozenset(
     (P.PduType.ICRESP, P.PduType.CAPSULE_RESP, P.PduType.C2H_DATA, P.PduType.R2T)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.interop.guest import BOOTED, EVERY_PEER, Peer
+from tests.support.guest import BOOTED, EVERY_PEER, Peer
 
 
 @pytest.fixture(scope="module", params=EVERY_PEER.params())
 def linux_peer(request: pytest.FixtureRequest) -> Peer:
-    """The Linux peer a module's guest boots, once per peer (tests/interop/guest.py tells
+    """The Linux peer a module's guest boots, once per peer (tests/support/guest.py tells
     which modules run on which peers, and how)."""
     peer: Peer = request.param
     return peer

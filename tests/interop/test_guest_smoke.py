@@ -1,4 +1,4 @@
-"""Smoke tests of the QEMU guest harness (tests/interop/guest.py) itself, on every peer.
+"""Smoke tests of the QEMU guest harness (tests/support/guest.py) itself, on every peer.
 
 One guest per peer boots for the whole module (~5-10 s under TCG). The tests do not depend
 on each other's order: each kernel target they set up has its own port and NQN.
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.interop import guest_assets, guest_debootstrap
-from tests.interop.guest import (
+from tests.support import guest_assets, guest_debootstrap
+from tests.support.guest import (
     BOOTED,
     LINUX_6_1,
     Guest,
@@ -29,12 +29,12 @@ from tests.interop.guest import (
     GuestPrerequisiteError,
     GuestTimeoutError,
     Peer,
-    free_tcp_port,
     require_guest_prerequisites,
     selected_peers,
     setup_kernel_target,
     teardown_kernel_target,
 )
+from tests.support.ports import free_tcp_port
 
 NQN = "nqn.2014-08.org.pynvmf:guest-smoke"
 

@@ -3,7 +3,7 @@ under QEMU, discovers, connects to, identifies, writes and reads pynvmf's target
 its own tools (nvme-cli, dd, fio), and nothing written is lost.
 
 Every test runs on the oldest and the newest kernel peer (Linux 6.1 with nvme-cli 2.3, Linux
-7 with Debian unstable's nvme-cli; 6.12 behaves as 7 here: tests/interop/guest.py): one
+7 with Debian unstable's nvme-cli; 6.12 behaves as 7 here: tests/support/guest.py): one
 guest boot per peer, and one target process shared by them. The checks that exercise a
 namespace's data are check_* functions taking the subsystem (`Subsys`):
 test_linux_host_rbd.py runs them on namespaces on Ceph RBD.
@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.interop.guest import OLDEST_AND_NEWEST, CommandResult, Guest, Peer, free_tcp_port
-from tests.interop.target_process import TargetProcess
+from tests.support.guest import OLDEST_AND_NEWEST, CommandResult, Guest, Peer
+from tests.support.ports import free_tcp_port
+from tests.support.target_process import TargetProcess
 
 pytestmark = OLDEST_AND_NEWEST.mark()
 
@@ -147,8 +148,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     proc = TargetProcess(config, workdir)
     proc.start()
     yield Setup(proc, io_port, io_port6, io_port_4k, disc_port, backing)
-    status = proc.stop()
-    assert status == 0, f"target exited with {status}:\n{proc.stderr()}"
+    proc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -32,9 +32,10 @@ from pynvmf.spec.reservations import (
     ReservationType,
 )
 from pynvmf.spec.status import Status
-from tests.interop.guest import OLDEST_AND_NEWEST, Guest, Peer, free_tcp_port
-from tests.interop.target_process import TargetProcess
 from tests.interop.test_linux_host import DEV_FOR
+from tests.support.guest import OLDEST_AND_NEWEST, Guest, Peer
+from tests.support.ports import free_tcp_port
+from tests.support.target_process import TargetProcess
 
 pytestmark = OLDEST_AND_NEWEST.mark()
 
@@ -132,8 +133,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     proc = TargetProcess(config, workdir)
     proc.start()
     yield Setup(proc, io_port, image)
-    status = proc.stop()
-    assert status == 0, f"target exited with {status}:\n{proc.stderr()}"
+    proc.stop()
 
 
 def build_prtool(workdir: Path) -> Path:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,8 +29,9 @@ from typing import Any
 import pytest
 
 from pynvmf.rpc.client import RpcClient
-from tests.interop.guest import OLDEST_AND_NEWEST, Guest, Peer, free_tcp_port
-from tests.interop.target_process import TargetProcess
+from tests.support.guest import OLDEST_AND_NEWEST, Guest, Peer
+from tests.support.ports import free_tcp_port
+from tests.support.target_process import TargetProcess
 
 pytestmark = OLDEST_AND_NEWEST.mark()
 
@@ -146,7 +148,7 @@ def gateways(tmp_path_factory: pytest.TempPathFactory, linux_peer: Peer) -> Iter
     finally:
         for gw in made:
             if gw.process.alive:
-                gw.process.stop()
+                gw.process.stop(expect=None)
 
 
 @pytest.fixture(scope="module")
@@ -375,7 +377,7 @@ def test_fio_verify_survives_sigkill_of_the_optimized_gateway(
     start_fio(guest, head, runtime=14, extra="--write_lat_log=/tmp/ha --log_avg_msec=0")
     before = writes_done(guest, head)
     wait_for("fio to be well under way", lambda: writes_done(guest, head) > before + 2000)
-    a.process.stop(sig=9)
+    a.process.stop(sig=signal.SIGKILL, expect=-signal.SIGKILL)
     killed = time.monotonic()
     # What the standby's lease holder does once it owns the group: turn its path optimized.
     b.set_state("optimized")

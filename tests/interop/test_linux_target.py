@@ -2,7 +2,7 @@
 target (nvmet-tcp, configured through configfs in a QEMU guest), and the same assertions
 against pynvmf's own target started in-process.
 
-The kernel target runs on the oldest and the newest kernel peer (tests/interop/guest.py):
+The kernel target runs on the oldest and the newest kernel peer (tests/support/guest.py):
 Linux 6.1 and 7, one guest boot each; ``target_kind`` (module-scoped, so pytest runs each
 kind's tests together) is ``linux-6.1``, ``linux-7`` or ``pynvmf``. The kernel exports
 three null_blk namespaces through two ports forwarded from the machine's 127.0.0.1:
@@ -44,15 +44,15 @@ from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
 from pynvmf.tcp.target import TransportConfig
-from tests.interop.guest import (
+from tests.support.guest import (
     OLDEST_AND_NEWEST,
     PEERS,
     Guest,
     KernelTarget,
-    free_tcp_port,
     require_guest_prerequisites,
     setup_kernel_target,
 )
+from tests.support.ports import free_tcp_port
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -232,7 +232,7 @@ OUT_OF_RANGE_STATUS = {
     "linux-6.12": Status.INTERNAL_ERROR,
     "linux-7": Status.INTERNAL_ERROR,
 }
-# 6.12's nvmet answers this module as 7's does (tests/interop/guest.py: which peers run what).
+# 6.12's nvmet answers this module as 7's does (tests/support/guest.py: which peers run what).
 TARGET_KINDS = [p.name for p in OLDEST_AND_NEWEST.peers()] + ["pynvmf"]
 
 

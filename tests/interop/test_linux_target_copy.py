@@ -1,5 +1,5 @@
 """The copy planner through pynvmf's host on the Linux kernel's nvmet-tcp (in a QEMU guest:
-the oldest and the newest peer, 6.1 and 7, tests/interop/guest.py), which has no Copy
+the oldest and the newest peer, 6.1 and 7, tests/support/guest.py), which has no Copy
 command (ONCS bit 8 clear), and on pynvmf's own target (in-process), which has. The same
 16-range copy runs against each: the planner emulates it on a kernel target (the data
 crosses the connection twice, read and write) and offloads it to pynvmf's (one Copy
@@ -26,14 +26,14 @@ from pynvmf.spec import identify as I
 from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
-from tests.interop.guest import (
+from tests.support.guest import (
     OLDEST_AND_NEWEST,
     PEERS,
     Guest,
-    free_tcp_port,
     require_guest_prerequisites,
     setup_kernel_target,
 )
+from tests.support.ports import free_tcp_port
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -1,10 +1,11 @@
 """Reservations through pynvmf's host library against the Linux kernel's nvmet (6.13+, the
 peers whose ``Peer.nvmet_reservations`` is set: linux-7) and against pynvmf's own target:
-the protocol tests' two- and three-host checks (tests/protocol/test_reservations.py's
-check_* functions) run on both. Hosts with their own Host Identifiers register, acquire,
-conflict (a conflicting 64 KiB write refused before any R2T), report, preempt (with the
-AEN and the log page), release and clear, share one registration across two controllers
-of a host, set the notification mask per namespace, and send bad input.
+the two- and three-host checks of tests/support/reservation_checks.py (which
+tests/protocol/test_reservations.py runs too) run on both. Hosts with their own Host
+Identifiers register, acquire, conflict (a conflicting 64 KiB write refused before any
+R2T), report, preempt (with the AEN and the log page), release and clear, share one
+registration across two controllers of a host, set the notification mask per namespace,
+and send bad input.
 
 The kernel target is a guest booted once for the module; each test gets a subsystem of
 its own (two null_blk namespaces with ``resv_enable``), so no registration, generation or
@@ -34,17 +35,17 @@ from pynvmf.spec.status import Status
 from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
-from tests.interop.guest import (
+from tests.support import reservation_checks as checks
+from tests.support.guest import (
     NVMET_RESERVATIONS,
     PEERS,
     Guest,
-    free_tcp_port,
     require_guest_prerequisites,
     setup_kernel_target,
     teardown_kernel_target,
 )
-from tests.protocol import test_reservations as protocol
-from tests.protocol.test_reservations import HOST_A, HOST_B, HOST_C, KA, KB
+from tests.support.ports import free_tcp_port
+from tests.support.reservation_checks import HOST_A, HOST_B, HOST_C, KA, KB
 
 NQN = "nqn.2014-08.org.pynvmf:host-reservations"
 MIB = 1 << 20
@@ -66,7 +67,7 @@ class ResvTarget:
     persistence_feature: bool = True
     # Get Features of the notification mask (82h) for an inactive NSID.
     no_namespace: int = Status.INVALID_NS
-    # protocol.check_bad_input's cases this target answers otherwise than pynvmf's.
+    # checks.check_bad_input's cases this target answers otherwise than pynvmf's.
     bad_input: Mapping[str, int] = field(default_factory=dict)
 
 
@@ -201,36 +202,36 @@ async def test_identify_advertises_reservations(target: ResvTarget, hosts: Hosts
 
 
 async def test_write_exclusive(target: ResvTarget, hosts: Hosts) -> None:
-    await protocol.check_write_exclusive(*await _two_registered(hosts))
+    await checks.check_write_exclusive(*await _two_registered(hosts))
 
 
 async def test_exclusive_access_and_registrants_only(target: ResvTarget, hosts: Hosts) -> None:
     a, b = await _two_registered(hosts)
-    await protocol.check_exclusive_access(a, b, await hosts(HOST_C))
+    await checks.check_exclusive_access(a, b, await hosts(HOST_C))
 
 
 async def test_report(target: ResvTarget, hosts: Hosts) -> None:
-    await protocol.check_report(*await _two_registered(hosts))
+    await checks.check_report(*await _two_registered(hosts))
 
 
 async def test_preempt(target: ResvTarget, hosts: Hosts) -> None:
-    await protocol.check_preempt(*await _two_registered(hosts))
+    await checks.check_preempt(*await _two_registered(hosts))
 
 
 async def test_release_and_clear(target: ResvTarget, hosts: Hosts) -> None:
-    await protocol.check_release_and_clear(*await _two_registered(hosts))
+    await checks.check_release_and_clear(*await _two_registered(hosts))
 
 
 async def test_the_mask(target: ResvTarget, hosts: Hosts) -> None:
-    await protocol.check_mask(await hosts(HOST_A), await hosts(HOST_B), target.no_namespace)
+    await checks.check_mask(await hosts(HOST_A), await hosts(HOST_B), target.no_namespace)
 
 
 async def test_one_host_two_controllers(target: ResvTarget, hosts: Hosts) -> None:
-    await protocol.check_one_host_two_controllers(
+    await checks.check_one_host_two_controllers(
         await hosts(HOST_A), await hosts(HOST_A), await hosts(HOST_B)
     )
 
 
 async def test_bad_input(target: ResvTarget, hosts: Hosts) -> None:
     a, b = await _two_registered(hosts)
-    await protocol.check_bad_input(a, b, target.bad_input)
+    await checks.check_bad_input(a, b, target.bad_input)

@@ -40,9 +40,10 @@ import pytest
 from pynvmf.host import connect
 from pynvmf.host.errors import NvmeConnectionError
 from pynvmf.tcp.psk import HASH_SHA256, HASH_SHA384, ConfiguredPsk, PskError, tls_psk
-from tests.interop.guest import SECURE_CHANNEL, Guest, Peer, free_tcp_port
-from tests.interop.guest_assets import TLSHD_CONF
-from tests.interop.target_process import TargetProcess
+from tests.support.guest import SECURE_CHANNEL, Guest, Peer
+from tests.support.guest_assets import TLSHD_CONF
+from tests.support.ports import free_tcp_port
+from tests.support.target_process import TargetProcess
 
 pytestmark = SECURE_CHANNEL.mark()
 
@@ -101,7 +102,7 @@ def target(tmp_path_factory: pytest.TempPathFactory, linux_peer: Peer) -> Iterat
     process = TargetProcess(config, workdir)
     process.start()
     yield Setup(process, required, optional, discovery, key1, key2)
-    process.stop()
+    process.stop(expect=None)
     assert not any(k in process.stderr() for k in (key1.encode(), key2.encode()))
 
 

@@ -17,7 +17,7 @@ from pynvmf.target.budget import ConnectionLimits
 from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
-from tests.protocol.raw import HOSTID, HOSTNQN, RawHost, RawQueue
+from tests.support.raw import HOSTID, HOSTNQN, RawHost, RawQueue
 
 RAW_SUBNQN = "nqn.2024-01.io.pynvmf.test:raw"
 RAW_RESTRICTED_NQN = "nqn.2024-01.io.pynvmf.test:restricted"

@@ -23,7 +23,7 @@ from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
 from tests.protocol.conftest import RawTarget, RawTargetFactory
-from tests.protocol.raw import HOSTNQN, Completion, RawQueue
+from tests.support.raw import HOSTNQN, Completion, RawQueue
 
 NQN = "nqn.2024-01.io.pynvmf.test:auth"
 OPEN_NQN = "nqn.2024-01.io.pynvmf.test:auth-open"

@@ -22,7 +22,7 @@ from pynvmf.host import NvmeAuthenticationError, NvmeError, connect
 from pynvmf.rpc.server import RpcServer, control_plane
 from pynvmf.target.target import Target
 from pynvmf.tcp.psk import ConfiguredPsk
-from tests.interop.guest import free_tcp_port
+from tests.support.ports import free_tcp_port
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,10 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pynvmf.config.native import DEFAULT_NQN
 from pynvmf.host import connect
-from tests.interop.guest import free_tcp_port
-from tests.interop.target_process import TargetProcess
+from tests.support.ports import free_tcp_port
+from tests.support.target_process import TargetProcess
 
 
 def test_banner_prints_the_commands_a_linux_host_types(tmp_path: Path) -> None:
@@ -27,7 +29,30 @@ def test_banner_prints_the_commands_a_linux_host_types(tmp_path: Path) -> None:
         assert f"nvme discover -t tcp -a 127.0.0.1 -s {disc_port}\n" in out
         assert f"nvme connect -t tcp -a 127.0.0.1 -s {io_port} -n {DEFAULT_NQN}\n" in out
     finally:
-        assert proc.stop(sig=signal.SIGINT) == 0
+        proc.stop(sig=signal.SIGINT)
+
+
+def test_the_banner_names_the_port_0_bound_and_the_log_follows(tmp_path: Path) -> None:
+    # What tests.support.target_process relies on: the banner's "listening" lines name the
+    # port bound (one the kernel chose for port 0), and the log tells of each connection.
+    proc = TargetProcess(None, tmp_path, ["--listen", "127.0.0.1:0", "--discovery-port", "0"])
+    proc.start()
+    try:
+        assert proc.address == "127.0.0.1" and proc.port > 0
+        assert [listener.kind for listener in proc.listeners] == ["nvme"]
+
+        async def connect_and_close() -> None:
+            async with await connect(proc.address, proc.port, DEFAULT_NQN):
+                pass
+
+        asyncio.run(connect_and_close())
+        closed = proc.wait_log(r"qid=0 .* reason=(host closed)", 1, timeout=30)
+        assert closed == ["host closed"]
+    finally:
+        status = proc.stop(sig=signal.SIGKILL, expect=None)
+    assert status == -signal.SIGKILL
+    with pytest.raises(AssertionError, match=r"(?s)exited with -9, not 0:\n.*qid=0 "):
+        proc.stop()  # a target that did not stop cleanly fails with its log
 
 
 def test_file_namespace_data_is_flushed_on_sigterm(tmp_path: Path) -> None:
@@ -58,7 +83,7 @@ def test_file_namespace_data_is_flushed_on_sigterm(tmp_path: Path) -> None:
             await ns.write(10, pattern)  # no FUA, no flush: only the shutdown makes it durable
 
     asyncio.run(write())
-    assert proc.stop() == 0
+    proc.stop()
     with backing.open("rb") as f:
         f.seek(10 * 4096)
         assert f.read(len(pattern)) == pattern
@@ -104,4 +129,4 @@ def test_port_in_use_exits_with_a_message(tmp_path: Path) -> None:
         assert result.returncode == 2
         assert "address already in use" in result.stderr.lower()
     finally:
-        assert first.stop() == 0
+        first.stop()

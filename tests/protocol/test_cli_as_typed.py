@@ -30,8 +30,8 @@ from pynvmf.block.memory import MemoryDevice
 from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
-from tests.interop.guest import free_tcp_port
-from tests.interop.target_process import TargetProcess
+from tests.support.ports import free_tcp_port
+from tests.support.target_process import TargetProcess
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -77,7 +77,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TargetCommand]:
     started = TargetCommand(tmp_path_factory.mktemp("typed-target"))
     started.process.start()
     yield started
-    assert started.process.stop() == 0
+    started.process.stop()
 
 
 @pytest.fixture

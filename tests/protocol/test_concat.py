@@ -38,7 +38,7 @@ from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
 from pynvmf.tcp.psk import generated_tls_psks
-from tests.protocol.raw import RawQueue
+from tests.support.raw import RawQueue
 
 NQN = "nqn.2024-01.io.pynvmf.test:concat"
 HOST = "nqn.2014-08.org.nvmexpress:uuid:0c0c0c0c-1111-2222-3333-00000000000a"

@@ -41,7 +41,7 @@ from pynvmf.target.devices import NamedDevice
 from pynvmf.target.port import Port
 from pynvmf.target.target import Target
 from tests.protocol.conftest import RawTarget
-from tests.protocol.raw import HOSTID, HOSTNQN, RawQueue
+from tests.support.raw import HOSTID, HOSTNQN, RawQueue
 
 NQN = "nqn.2024-01.io.pynvmf.test:cores"
 BLOCK = 512

@@ -2,7 +2,7 @@
 process sets, from the moment `set_ana_state` returns.
 
 A MultiCoreTarget with two real worker processes, one subsystem on two listeners,
-namespace 1 in ANA group 1 and namespace 2 in group 2; raw queues (tests/protocol/raw.py)
+namespace 1 in ANA group 1 and namespace 2 in group 2; raw queues (tests/support/raw.py)
 on both listeners, each I/O queue handed to a worker. What is checked: every path-related
 status (302h, 301h, 303h) per listener and group on the workers, before any R2T and with
 nothing written, fused pairs included; the ANA Change event and the log page from the
@@ -25,9 +25,9 @@ from pynvmf.target.cores.workers import MultiCoreTarget, RemoteQueue
 from pynvmf.target.devices import NamedDevice
 from pynvmf.target.port import Port
 from tests.protocol.conftest import RawTarget
-from tests.protocol.raw import RawQueue
 from tests.protocol.test_target_ana import ANA_EVENT, ana_log, enable_ana_events, states
 from tests.protocol.test_target_compare import cmp_and_write
+from tests.support.raw import RawQueue
 
 NQN = "nqn.2024-01.io.pynvmf.test:cores-ana"
 BLOCK = 512

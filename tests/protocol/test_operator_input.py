@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.interop.guest import free_tcp_port
+from tests.support.ports import free_tcp_port
 
 
 def run_target(*args: str) -> subprocess.CompletedProcess[str]:

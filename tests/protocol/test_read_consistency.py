@@ -24,7 +24,7 @@ from pynvmf.target.cores.workers import MultiCoreTarget
 from pynvmf.target.devices import NamedDevice
 from pynvmf.target.port import Port
 from tests.protocol.conftest import RAW_NS1_BLOCK, RAW_SUBNQN, RawTarget
-from tests.protocol.raw import RawQueue, rw_sqe
+from tests.support.raw import RawQueue, rw_sqe
 
 BLOCK = RAW_NS1_BLOCK
 STAMP = struct.Struct("<QQ")  # (writer, sequence): a block is this, repeated

@@ -27,8 +27,6 @@ from pynvmf.spec.identify import Oaes
 from pynvmf.spec.opcodes import DISCOVERY_NQN, AdminOpcode, FeatureId, IoOpcode
 from pynvmf.spec.status import Status
 from pynvmf.target import drain
-from tests.interop.guest import free_tcp_port
-from tests.protocol import raw as R
 from tests.protocol.conftest import (
     RAW_ALLOWED_HOSTNQN,
     RAW_NS1_BLOCK,
@@ -37,6 +35,8 @@ from tests.protocol.conftest import (
     RawTarget,
     RawTargetFactory,
 )
+from tests.support import raw as R
+from tests.support.ports import free_tcp_port
 
 pytestmark = pytest.mark.timeout(120)
 

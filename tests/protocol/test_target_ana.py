@@ -27,8 +27,8 @@ from tests.protocol.conftest import (
     RawTargetFactory,
     raw_memory_subsystem,
 )
-from tests.protocol.raw import RawQueue
 from tests.protocol.test_target_compare import cmp_and_write
+from tests.support.raw import RawQueue
 
 ANA_EVENT = 0x2 | NOTICE_ANA_CHANGE << 8 | L.LogPageId.ANA << 16
 ANA_LOG_MAX = 4096

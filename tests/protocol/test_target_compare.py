@@ -34,7 +34,7 @@ from pynvmf.target.queue import TargetQueue
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
 from tests.protocol.conftest import RAW_NS1_BLOCK, RAW_NS1_BLOCKS, RAW_SUBNQN, RawTarget
-from tests.protocol.raw import Completion, RawQueue
+from tests.support.raw import Completion, RawQueue
 
 B = RAW_NS1_BLOCK
 OLD = b"\x11" * B

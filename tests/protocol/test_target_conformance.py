@@ -40,7 +40,7 @@ from tests.protocol.conftest import (
     RawTargetFactory,
     raw_default_subsystems,
 )
-from tests.protocol.raw import (
+from tests.support.raw import (
     CC_ENABLE,
     HOSTID,
     HOSTNQN,

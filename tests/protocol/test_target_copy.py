@@ -34,7 +34,7 @@ from pynvmf.target import admin as target_admin
 from pynvmf.target.limits import copy_limits
 from pynvmf.target.subsystem import Namespace, Subsystem
 from tests.protocol.conftest import RAW_SUBNQN, RawTarget, RawTargetFactory
-from tests.protocol.raw import Completion, RawQueue
+from tests.support.raw import Completion, RawQueue
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -25,7 +25,7 @@ from tests.protocol.conftest import (
     RawTargetFactory,
     raw_memory_subsystem,
 )
-from tests.protocol.raw import CC_ENABLE
+from tests.support.raw import CC_ENABLE
 
 pytestmark = pytest.mark.timeout(60)
 

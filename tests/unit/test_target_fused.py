@@ -32,7 +32,7 @@ from pynvmf.target.queue import TargetQueue
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
 from pynvmf.tcp.target import TargetConnection, TransportConfig
-from tests.protocol.raw import HOSTID, HOSTNQN, Pdu, capsule, h2c_data, icreq, parse_pdus
+from tests.support.raw import HOSTID, HOSTNQN, Pdu, capsule, h2c_data, icreq, parse_pdus
 
 NQN = "nqn.2024-01.io.pynvmf.test:fused"
 BLOCK = 512

@@ -14,7 +14,7 @@ from pynvmf.spec import pdu as P
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType, IoOpcode
 from pynvmf.spec.status import DNR, Status
 from pynvmf.tcp.target import QueueParams, Request, TargetConnection, TransportConfig
-from tests.protocol.raw import Pdu, capsule, data_pdu, h2c_data, icreq, parse_pdus, rw_sqe
+from tests.support.raw import Pdu, capsule, data_pdu, h2c_data, icreq, parse_pdus, rw_sqe
 
 FES = P.FatalError
 

@@ -24,7 +24,7 @@ Each is built once and cached (guest_assets.py has what they share). ``Guest.run
 ``write_file``, ``read_file`` and the kernel target helpers behave the same on all; the
 guest's ``/tmp`` is in RAM on all.
 
-Typical use::
+Typical use (``free_tcp_port``: tests.support.ports)::
 
     port = free_tcp_port()
     with Guest(hostfwd=[port], peer=LINUX_6_12) as guest:
@@ -118,7 +118,6 @@ import functools
 import hashlib
 import math
 import os
-import random
 import re
 import secrets
 import shlex
@@ -134,8 +133,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from tests.interop import guest_assets, guest_bookworm, guest_debootstrap
-from tests.interop.guest_assets import (
+from tests.support import guest_assets, guest_bookworm, guest_debootstrap
+from tests.support.guest_assets import (
     COMMAND_PORT,
     GUEST_ADDRESS,
     HOST_ADDRESS,
@@ -172,7 +171,6 @@ __all__ = [
     "PeerSet",
     "build_overlay_cpio",
     "cache_dir",
-    "free_tcp_port",
     "prepare_assets",
     "require_guest_prerequisites",
     "selected_peers",
@@ -408,42 +406,6 @@ def require_guest_prerequisites(peer: Peer | str | None = None) -> None:
 def prepare_assets(peer: Peer | str = LINUX_6_1) -> GuestAssets:
     """Build (once, cached) and return what ``peer``'s guest boots."""
     return _peer(peer).prepare()
-
-
-_HANDED_OUT: set[int] = set()
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-def free_tcp_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now (for hostfwd and test servers).
-
-    Chosen below the kernel's ephemeral range: a port the kernel hands out for bind(0) is
-    also what it gives outgoing connections, so one picked that way can be taken by a
-    client socket (a Ceph client opens many) before the test server binds it. Each port
-    is handed out once per process."""
-    low, _high = _ephemeral_range()
-    first = max(1024, low - 12000)
-    for _ in range(1000):
-        port = random.randrange(first, low)
-        if port in _HANDED_OUT:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _HANDED_OUT.add(port)
-        return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --------------------------------------------------------------------------------------------

@@ -22,8 +22,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.interop import guest_assets as A
-from tests.interop.guest_assets import GuestAssets, GuestError, log
+from tests.support import guest_assets as A
+from tests.support.guest_assets import GuestAssets, GuestError, log
 
 PEER = "linux-6.1"
 

@@ -16,7 +16,7 @@ than the `ceph` CLI: each CLI call is a Python start-up of its own.
 
 Run by hand for benchmarks or experiments::
 
-    .venv/bin/python -m tests.ceph.cluster        # prints the ceph.conf path; Ctrl-C stops it
+    .venv/bin/python -m tests.support.ceph_cluster  # prints the ceph.conf path; Ctrl-C stops it
 """
 
 from __future__ import annotations
