@@ -10,7 +10,8 @@
 - `pynvmf bench`'s parts (the command itself is pynvmf.cli.bench): `jobs` (the plan, the
   read/write and copy jobs, the prefill), `job_device` (the queue each job drives),
   `verify` (--verify's expected data), `job_result` (what a job measured, and their
-  sum), `fio_report` (fio's JSON and text report).
+  sum), `fio_report` (fio's JSON and text report), `fio_logs` (fio's per-interval log
+  files).
 """
 
 from pynvmf.bench.loadgen import (

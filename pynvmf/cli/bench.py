@@ -53,7 +53,7 @@ gone, the time left, and the IOPS and MB/s of the last quarter second.
 --status-interval prints the report so far, as fio's, from each job's live histograms
 (loadgen.Measurement; the per-interval bw/iops lines only come with the final report).
 --write_bw_log, --write_iops_log and --write_lat_log write fio's log files
-(pynvmf.cli.bench_logs).
+(pynvmf.bench.fio_logs).
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from pynvmf.aio import uvloop_factory
+from pynvmf.bench.fio_logs import DEFAULT_LOG_AVG_MSEC, IntervalLogs, LogNames
 from pynvmf.bench.fio_report import fio_json, human_report, job_options
 from pynvmf.bench.job_device import Counter, JobDevice, job_namespace
 from pynvmf.bench.job_result import JobResult
@@ -91,7 +92,6 @@ from pynvmf.bench.loadgen import (
 )
 from pynvmf.bench.verify import Verifier
 from pynvmf.block.device import BlockDevice
-from pynvmf.cli.bench_logs import DEFAULT_LOG_AVG_MSEC, IntervalLogs, LogNames
 from pynvmf.cli.common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -225,7 +225,7 @@ def add_bench_command(subparsers: Any) -> None:
             metavar="NAME",
             help=f"log the {what} of each --log_avg_msec window to NAME_{kind}.N.log"
             + (" and NAME_clat.N.log" if kind == "lat" else "")
-            + ", fio's format (pynvmf.cli.bench_logs)",
+            + ", fio's format (pynvmf.bench.fio_logs)",
         )
     p.add_argument(
         "--log_avg_msec",
