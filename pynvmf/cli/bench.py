@@ -28,7 +28,6 @@ from pynvmf.bench.fio_logs import DEFAULT_LOG_AVG_MSEC, LogNames
 from pynvmf.bench.fio_report import fio_json, human_report, job_options
 from pynvmf.bench.job_result import JobResult
 from pynvmf.bench.jobs import AVG_TIME_MS, JobError, Plan, set_inline_limit
-from pynvmf.bench.loadgen import describe
 from pynvmf.bench.run import StatusReports, run_jobs
 from pynvmf.cli.common import (
     EXIT_FAILURE,
@@ -37,6 +36,7 @@ from pynvmf.cli.common import (
     active_namespace,
     connect_arguments,
     connection_options,
+    error_text,
     host_identity,
     int_at_least,
     namespace_option,
@@ -177,18 +177,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
             return runner.run(_bench(args, identity, sys.stdout, sys.stderr))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except OSError as exc:
-        print(f"pynvmf bench: {_os_error_text(exc)}", file=sys.stderr)
+    except (CommandError, JobError, NvmeError, OSError, ValueError) as exc:
+        print(f"pynvmf bench: {error_text(exc)}", file=sys.stderr)
         return EXIT_FAILURE
-    except (CommandError, JobError, NvmeError, ValueError) as exc:
-        print(f"pynvmf bench: {describe(exc)}", file=sys.stderr)
-        return EXIT_FAILURE
-
-
-def _os_error_text(exc: OSError) -> str:
-    if exc.strerror and exc.filename is not None:
-        return f"{exc.filename}: {exc.strerror}"  # not "[Errno 2] ..." with a repr
-    return describe(exc)
 
 
 # -- running -----------------------------------------------------------------------------------
