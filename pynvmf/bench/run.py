@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from pynvmf.bench.fio_logs import IntervalLogs, LogNames
+from pynvmf.bench.fio_logs import DEFAULT_LOG_AVG_MSEC, IntervalLogs, LogNames
 from pynvmf.bench.interrupt import Interrupt
 from pynvmf.bench.job_device import Counter, JobDevice, job_namespace
 from pynvmf.bench.job_result import JobResult
@@ -61,7 +61,7 @@ async def run_jobs(
     progress: bool,
     status: StatusReports | None = None,
     logs: LogNames | None = None,
-    log_avg_msec: int = 0,
+    log_avg_msec: int = DEFAULT_LOG_AVG_MSEC,
 ) -> Outcome:
     """Run `plan` on `numjobs` jobs over `ctrl`'s I/O queues to namespace `ns`. `progress`
     shows the progress line on `err`; `logs` names fio's log files, of `log_avg_msec`
