@@ -1,4 +1,4 @@
-"""Load generation and measurement: the engine of benchmarks/ and of a future
+"""Load generation and measurement: the engine of benchmarks/ and of the
 `pynvmf bench` command (fio-like).
 
 - `loadgen`: `Workload`, `run_workload(device, workload)` for any BlockDevice,
@@ -7,10 +7,12 @@
 - `target_process`: `start_target(...)`, a target in a child process pinned to a CPU.
 - `microbench`: per-call timing of small functions (CRC32C).
 - `report`: the command, machine and software a result came from; Markdown tables.
-- `pynvmf bench`'s parts (the command itself is pynvmf.cli.bench): `jobs` (the plan, the
-  read/write and copy jobs, the prefill), `job_device` (the queue each job drives),
-  `verify` (--verify's expected data), `job_result` (what a job measured, and their
-  sum), `fio_report` (fio's JSON and text report).
+- `pynvmf bench`'s parts (the command itself, its options and exit status, is
+  pynvmf.cli.bench): `run` (one run: the jobs on their queues, and what runs beside them),
+  `jobs` (the plan, the read/write and copy jobs, the prefill), `job_device` (the queue
+  each job drives), `verify` (--verify's expected data), `job_result` (what a job
+  measured, and their sum), `fio_report` (fio's JSON and text report), `fio_logs` (fio's
+  per-interval log files), `progress` (the progress line), `interrupt` (Ctrl-C).
 """
 
 from pynvmf.bench.loadgen import (

@@ -1,5 +1,41 @@
 """`pynvmf bench`'s report in fio's shapes: fio 3.x's JSON (`--output-format json`) and its
 human-readable text.
+
+Results are per job (fio's default) or one entry with --group-reporting (fio's semantics:
+I/Os and bandwidth add up, the runtime is the longest job's); the human report always
+ends with the "all jobs" entry. Copy mode (--rw copy) reports its copies in the write
+direction (bw: bytes copied, iops: copies) and what the copy planner did.
+
+The JSON follows the key names of fio 3.x's JSON output for what it reports; lat_ns and
+clat_ns are the same figure (submission to completion as the host library's caller sees
+it, there is no separate submission latency), and stddev is computed from the latency
+histogram, so it is approximate like the percentiles (within half a bucket, 0.4%). The
+cpu figures (usr_cpu, sys_cpu, ctx, majf, minf) are the whole process's over each job's
+measured time: all jobs run in one thread, so every job reports (nearly) the same
+process-wide usage.
+
+Bandwidth and IOPS are sampled per job every --bwavgtime / --iopsavgtime ms (500, fio's
+default) of the measured time (pynvmf.bench.loadgen.RateSampler) and reported per
+direction as fio does: in JSON bw_min, bw_max, bw_agg (the job's mean bandwidth in
+percent of the group's aggregate bandwidth, at most 100), bw_mean, bw_dev, bw_samples
+(KiB/s), iops_min, iops_max, iops_mean, iops_stddev, iops_samples; in the human report
+the `   bw (  KiB/s):` and `   iops        :` lines after the latency lines (none for a
+direction without samples; MiB/s above 1 GiB/s). As fio's: a sample is what completed
+since the previous one over the time actually elapsed, truncated to a whole number; an
+interval in which a direction completed nothing gives that direction no sample (a stall
+shows as fewer samples, not as a zero); standard deviations divide by n - 1; a run
+shorter than one interval has no samples and reports zeros; and the group entry
+(--group-reporting, and the human report's "all jobs") adds the jobs' statistics up: its
+mean is the group's, but its min and max are the sums of the jobs' minima and maxima and
+its samples the jobs' total, fio's arithmetic rather than a sum per interval. What
+differs from fio: samples fall on a grid from the start of the measurement, taken by the
+coroutine that waits for its end, so they all lie wholly within it (the ramp and the
+last, unfinished interval give none) and a run stopped by Ctrl-C keeps the whole
+intervals it measured.
+
+--status-interval's reports (pynvmf.bench.run) are these reports of the figures so far,
+from each job's live histograms (loadgen.Measurement): without the per-interval bw/iops
+lines, which only come with the final report.
 """
 
 from __future__ import annotations

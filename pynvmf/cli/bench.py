@@ -3,57 +3,13 @@
     pynvmf bench -a 10.0.0.1 -s 4420 --nqn NQN --rw randread --bs 4k --iodepth 32 \\
         --numjobs 2 --runtime 10 [--size 1G] [--rwmixread 70] [--verify] \\
         [--inline-data-size BYTES] [-o json] [--group-reporting] \\
-        [--bwavgtime MS] [--iopsavgtime MS]
+        [--bwavgtime MS] [--iopsavgtime MS] [--status-interval S] [--write_bw_log NAME]
     pynvmf bench ... --rw copy --bs 64k --copy-ranges 4 --copy-mode offload|emulate|auto
 
-Each of the `--numjobs` jobs owns one I/O queue of the connection and keeps
-`--iodepth` I/Os in flight on it; the jobs run concurrently in one event loop and
-their results are reported per job (fio's default) or as one entry with
-`--group-reporting` (fio's semantics: I/Os and bandwidth add up, the runtime is
-the longest job's). Read/write workloads run on the load generator engine
-(pynvmf.bench.loadgen); `--rw copy` issues copies through the copy planner
-(pynvmf.block.copy), one copy of `--copy-ranges` ranges of `--bs` each per I/O. This
-module is the command (its options, the run, progress and Ctrl-C); the jobs and the
-report are pynvmf.bench's (jobs, job_device, verify, job_result, fio_report).
-
-`--output-format json` follows the key names of fio 3.x's JSON output for what
-it reports; lat_ns and clat_ns are the same figure (submission to completion as
-the host library's caller sees it, there is no separate submission latency), and
-stddev is computed from the latency histogram, so it is approximate like the
-percentiles (within half a bucket, 0.4%). The cpu figures (usr_cpu, sys_cpu, ctx,
-majf, minf) are the whole process's over each job's measured time: all jobs run in
-one thread, so every job reports (nearly) the same process-wide usage.
-
-Bandwidth and IOPS are sampled per job every --bwavgtime / --iopsavgtime ms (500,
-fio's default) of the measured time and reported per direction as fio does: in JSON
-bw_min, bw_max, bw_agg (the job's mean bandwidth in percent of the group's aggregate
-bandwidth, at most 100), bw_mean, bw_dev, bw_samples (KiB/s), iops_min, iops_max,
-iops_mean, iops_stddev, iops_samples; in the human report the `   bw (  KiB/s):` and
-`   iops        :` lines after the latency lines (none for a direction without
-samples; MiB/s above 1 GiB/s). As fio's: a sample is what completed since the
-previous one over the time actually elapsed, truncated to a whole number; an
-interval in which a direction completed nothing gives that direction no sample (a
-stall shows as fewer samples, not as a zero); standard deviations divide by n - 1;
-a run shorter than one interval has no samples and reports zeros; and the group
-entry (--group-reporting, and the human report's "all jobs") adds the jobs'
-statistics up: its mean is the group's, but its min and max are the sums of the
-jobs' minima and maxima and its samples the jobs' total, fio's arithmetic rather
-than a sum per interval. What differs from fio: samples fall on a grid from the
-start of the measurement, taken by the coroutine that waits for its end, so they
-all lie wholly within it (the ramp and the last, unfinished interval give none) and
-a run stopped by Ctrl-C keeps the whole intervals it measured; copy mode samples
-its copies in the write direction (bw: bytes copied, iops: copies), as it reports
-them.
-
-Ctrl-C during the measurement stops the jobs as the end of --runtime does and
-reports the time measured so far (exit status 130); a second Ctrl-C aborts at once.
-
-On a terminal, stderr shows a progress line: the percentage of --ramp-time + --runtime
-gone, the time left, and the IOPS and MB/s of the last quarter second.
---status-interval prints the report so far, as fio's, from each job's live histograms
-(loadgen.Measurement; the per-interval bw/iops lines only come with the final report).
---write_bw_log, --write_iops_log and --write_lat_log write fio's log files
-(pynvmf.cli.bench_logs).
+This module is the command: its options, the connection, the report on stdout and the
+exit status (docs/bench.md). The run and what goes beside it (progress line, status
+reports, log files, Ctrl-C) are pynvmf.bench.run's; the jobs pynvmf.bench.jobs'; the
+report's formats, fio's, pynvmf.bench.fio_report's and pynvmf.bench.fio_logs'.
 """
 
 from __future__ import annotations
@@ -63,34 +19,16 @@ import asyncio
 import functools
 import json
 import math
-import signal
 import sys
-import time
-from collections.abc import Awaitable, Callable, Sequence
-from types import FrameType
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from pynvmf.aio import uvloop_factory
+from pynvmf.bench.fio_logs import DEFAULT_LOG_AVG_MSEC, LogNames
 from pynvmf.bench.fio_report import fio_json, human_report, job_options
-from pynvmf.bench.job_device import Counter, JobDevice, job_namespace
 from pynvmf.bench.job_result import JobResult
-from pynvmf.bench.jobs import (
-    AVG_TIME_MS,
-    JobError,
-    Plan,
-    copy_job,
-    prefill,
-    region,
-    rw_job,
-    snapshot,
-)
-from pynvmf.bench.loadgen import (
-    Measurement,
-    describe,
-)
-from pynvmf.bench.verify import Verifier
-from pynvmf.block.device import BlockDevice
-from pynvmf.cli.bench_logs import DEFAULT_LOG_AVG_MSEC, IntervalLogs, LogNames
+from pynvmf.bench.jobs import AVG_TIME_MS, JobError, Plan
+from pynvmf.bench.run import StatusReports, run_jobs
 from pynvmf.cli.common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -98,6 +36,7 @@ from pynvmf.cli.common import (
     active_namespace,
     connect_arguments,
     connection_options,
+    error_text,
     host_identity,
     int_at_least,
     namespace_option,
@@ -111,7 +50,6 @@ from pynvmf.spec.ports import NVME_TCP_PORT
 
 BENCH_RW_MODES = ("randread", "randwrite", "read", "write", "randrw", "copy")
 COPY_MODES = ("auto", "offload", "emulate")
-_PROGRESS_INTERVAL = 0.25  # at most 4 refreshes a second
 
 # -- argument parsing --------------------------------------------------------------------------
 
@@ -196,20 +134,14 @@ def add_bench_command(subparsers: Any) -> None:
     p.add_argument(
         "--group-reporting", action="store_true", help="report all jobs as one, as fio's"
     )
-    p.add_argument(
-        "--bwavgtime",
-        type=int_at_least(1),
-        default=AVG_TIME_MS,
-        metavar="MS",
-        help="bandwidth sampling interval",
-    )
-    p.add_argument(
-        "--iopsavgtime",
-        type=int_at_least(1),
-        default=AVG_TIME_MS,
-        metavar="MS",
-        help="IOPS sampling interval",
-    )
+    for option, what in (("--bwavgtime", "bandwidth"), ("--iopsavgtime", "IOPS")):
+        p.add_argument(
+            option,
+            type=int_at_least(1),
+            default=AVG_TIME_MS,
+            metavar="MS",
+            help=f"{what} sampling interval",
+        )
     p.add_argument(
         "--status-interval",
         type=_seconds,
@@ -224,7 +156,7 @@ def add_bench_command(subparsers: Any) -> None:
             metavar="NAME",
             help=f"log the {what} of each --log_avg_msec window to NAME_{kind}.N.log"
             + (" and NAME_clat.N.log" if kind == "lat" else "")
-            + ", fio's format (pynvmf.cli.bench_logs)",
+            + ", fio's format (pynvmf.bench.fio_logs)",
         )
     p.add_argument(
         "--log_avg_msec",
@@ -245,18 +177,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
             return runner.run(_bench(args, identity, sys.stdout, sys.stderr))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except OSError as exc:
-        print(f"pynvmf bench: {_os_error_text(exc)}", file=sys.stderr)
+    except (CommandError, JobError, NvmeError, OSError, ValueError) as exc:
+        print(f"pynvmf bench: {error_text(exc)}", file=sys.stderr)
         return EXIT_FAILURE
-    except (CommandError, JobError, NvmeError, ValueError) as exc:
-        print(f"pynvmf bench: {describe(exc)}", file=sys.stderr)
-        return EXIT_FAILURE
-
-
-def _os_error_text(exc: OSError) -> str:
-    if exc.strerror and exc.filename is not None:
-        return f"{exc.filename}: {exc.strerror}"  # not "[Errno 2] ..." with a repr
-    return describe(exc)
 
 
 # -- running -----------------------------------------------------------------------------------
@@ -303,201 +226,44 @@ async def _bench(
         )
     except NvmeError as exc:
         raise connect_failure(Attempt(args.traddr, args.trsvcid, identity), exc) from exc
+    render = _renderer(args, plan)
     async with ctrl:
         ns = active_namespace(ctrl, args)
         if args.inline_data_size is not None:
             ctrl.limit_inline_data(args.inline_data_size)
-        queues = ctrl.io_queues
-        if len(queues) < args.numjobs:
+        if len(ctrl.io_queues) < args.numjobs:
             print(
-                f"pynvmf bench: the target granted {len(queues)} I/O queues for "
+                f"pynvmf bench: the target granted {len(ctrl.io_queues)} I/O queues for "
                 f"{args.numjobs} jobs; jobs share them",
                 file=err,
             )
-        region(plan, ns.capabilities)  # refuse a bad region before anything is written
-        show_progress = err.isatty()
-        verifier = Verifier(ns.capabilities.block_size, plan.seed) if plan.verify else None
-        if verifier is not None and plan.rw in ("read", "randread"):
-            first, end = region(plan, ns.capabilities)
-            await prefill(JobDevice(ns, None, verifier), first, end, verifier.block_size)
-        jobs: list[Callable[[], Awaitable[JobResult]]] = []
-        counters: list[Counter] = []
-        live: list[Measurement | None] = [None] * args.numjobs
-        stop = asyncio.Event()
-        for j in range(args.numjobs):
-            queue = queues[j % len(queues)]
-            job_ns = job_namespace(ctrl, ns, queue)
-            counter = Counter() if show_progress else None
-            if counter is not None:
-                counters.append(counter)
-            name = f"job{j}"
-            if plan.rw == "copy":
-                jobs.append(
-                    functools.partial(copy_job, name, job_ns, queue, plan, j, counter, stop, live)
-                )
-                continue
-            # The wrapper costs a coroutine per I/O: only when something needs it.
-            wrapped = counter is not None or verifier is not None
-            device: BlockDevice = JobDevice(job_ns, counter, verifier) if wrapped else job_ns
-            jobs.append(functools.partial(rw_job, name, device, plan, j, stop, live))
-
-        helpers: list[asyncio.Task[None]] = []
-        logs = _interval_logs(args, plan)
-        if logs is not None:
-            helpers.append(asyncio.create_task(logs.run(live, plan.runtime, stop)))
-        if args.status_interval:
-            helpers.append(
-                asyncio.create_task(_status_reports(args, plan, live, out, args.status_interval))
-            )
-        if show_progress and counters:
-            helpers.append(asyncio.create_task(_progress(counters, err, plan)))
-        interrupt = _Interrupt(stop, err, show_progress)
-        try:
-            interrupt.install()
-            results: list[JobResult] = await asyncio.gather(*(job() for job in jobs))
-        finally:
-            interrupt.uninstall()
-            for task in helpers:
-                task.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
-            if logs is not None:
-                logs.close()
-            if show_progress and counters:
-                err.write("\r\x1b[K")
-                err.flush()
-
-    if verifier is not None and verifier.failure is not None:
-        for r in results:
-            if r.error and verifier.failure in r.error:
-                r.verify_failed = True
-                r.error = verifier.failure
-    options = job_options(args)
-    if args.output_format == "json":
-        print(
-            json.dumps(fio_json(results, options, group=args.group_reporting), indent=2), file=out
+        status = StatusReports(args.status_interval, render, out) if args.status_interval else None
+        outcome = await run_jobs(
+            ctrl,
+            ns,
+            plan,
+            args.numjobs,
+            err=err,
+            progress=err.isatty(),
+            status=status,
+            logs=LogNames(args.write_bw_log, args.write_iops_log, args.write_lat_log),
+            log_avg_msec=args.log_avg_msec,
         )
-    else:
-        out.write(human_report(results, plan))
-    failed = [r for r in results if r.error]
+    out.write(render(outcome.results))
+    failed = [r for r in outcome.results if r.error]
     if failed:
         print(f"pynvmf bench: {failed[0].name}: {failed[0].error}", file=err)
         return EXIT_FAILURE
-    return EXIT_INTERRUPTED if interrupt.interrupted else 0
+    return EXIT_INTERRUPTED if outcome.interrupted else 0
 
 
-def _interval_logs(args: argparse.Namespace, plan: Plan) -> IntervalLogs | None:
-    names = LogNames(args.write_bw_log, args.write_iops_log, args.write_lat_log)
-    if not names.any():
-        return None
-    per_io = (0, plan.copy_ranges * plan.bs) if plan.rw == "copy" else (plan.bs, plan.bs)
-    return IntervalLogs(names, args.numjobs, per_io, args.log_avg_msec)
-
-
-async def _status_reports(
-    args: argparse.Namespace,
-    plan: Plan,
-    live: Sequence[Measurement | None],
-    out: TextIO,
-    interval: float,
-) -> None:
-    """fio's --status-interval: the report so far, every `interval` seconds."""
+def _renderer(args: argparse.Namespace, plan: Plan) -> Callable[[Sequence[JobResult]], str]:
+    """The report as -o asks, of the final figures or of --status-interval's."""
+    if args.output_format != "json":
+        return functools.partial(human_report, plan=plan)
     options = job_options(args)
-    while True:
-        await asyncio.sleep(interval)
-        now = time.perf_counter()
-        results = [snapshot(f"job{j}", m, plan, now) for j, m in enumerate(live) if m]
-        if not results:
-            continue  # still ramping up
-        if args.output_format == "json":
-            text = json.dumps(fio_json(results, options, group=args.group_reporting), indent=2)
-            out.write(text + "\n")
-        else:
-            out.write(human_report(results, plan))
-        out.flush()
 
+    def render(results: Sequence[JobResult]) -> str:
+        return json.dumps(fio_json(results, options, group=args.group_reporting), indent=2) + "\n"
 
-class _Interrupt:
-    """Ctrl-C during the measurement: the first sets `stop`, which ends the jobs as the
-    end of --runtime does (the report then covers the time measured); a second one does
-    what the handler before ours does (asyncio.Runner's cancels the main task: the run
-    aborts without a report). The second is handled in the loop too, not by handing
-    SIGINT back to a Python-level handler: that one runs only when the main thread next
-    runs bytecode, and a loop waiting on a target that stopped answering, with the
-    transport compiled (make compiled), may not do so for a long time."""
-
-    def __init__(self, stop: asyncio.Event, err: TextIO, progress_line: bool) -> None:
-        self._stop = stop
-        self._err = err
-        self._progress_line = progress_line
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._previous: Callable[[int, FrameType | None], Any] | int | None = None
-        self.interrupted = False
-
-    def install(self) -> None:
-        loop = asyncio.get_running_loop()
-        previous = signal.getsignal(signal.SIGINT)
-        if previous == signal.SIG_IGN:
-            # Started with Ctrl-C ignored (a background job of a script, nohup): keep it so.
-            return
-        try:
-            loop.add_signal_handler(signal.SIGINT, self._on_sigint)
-        except (NotImplementedError, RuntimeError, ValueError):
-            # Not the main thread (or no signals here): Ctrl-C keeps aborting the run.
-            return
-        self._loop, self._previous = loop, previous
-
-    def uninstall(self) -> None:
-        loop, self._loop = self._loop, None
-        if loop is None:
-            return
-        loop.remove_signal_handler(signal.SIGINT)
-        # remove_signal_handler installs Python's default handler; the one before ours
-        # (asyncio.Runner's, which cancels the main task) lets the run clean up.
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-
-    def _on_sigint(self) -> None:
-        if self.interrupted:
-            previous = self._previous
-            self.uninstall()
-            if callable(previous):
-                previous(signal.SIGINT, None)
-                return
-            raise KeyboardInterrupt
-        self.interrupted = True
-        self._stop.set()
-        # Said now rather than after the report: the jobs may take a while to drain
-        # their I/Os, and the user should know that a second Ctrl-C is what aborts.
-        clear = "\r\x1b[K" if self._progress_line else ""
-        self._err.write(
-            f"{clear}pynvmf bench: interrupted, reporting the time measured so far "
-            "(Ctrl-C again to abort)\n"
-        )
-        self._err.flush()
-
-
-async def _progress(counters: Sequence[Counter], err: TextIO, plan: Plan) -> None:
-    start = last_t = time.perf_counter()
-    last_ios = last_bytes = 0
-    total = plan.ramp_time + plan.runtime
-    while True:
-        await asyncio.sleep(_PROGRESS_INTERVAL)
-        now = time.perf_counter()
-        ios = sum(c.ios for c in counters)
-        nbytes = sum(c.bytes for c in counters)
-        span = now - last_t
-        iops, rate = (ios - last_ios) / span, (nbytes - last_bytes) / span
-        err.write("\r" + format_progress(now - start, total, iops, rate))
-        err.flush()
-        last_t, last_ios, last_bytes = now, ios, nbytes
-
-
-def format_progress(elapsed: float, total: float, iops: float, bytes_per_second: float) -> str:
-    """One progress line: how far into --ramp-time + --runtime, the time left, and the
-    rates of the last refresh."""
-    fraction = min(1.0, elapsed / total) if total > 0 else 1.0
-    left = max(0.0, total - elapsed)
-    return (
-        f"[{fraction:6.1%}] {elapsed:6.1f}s ETA {left:5.1f}s {iops:10.0f} IOPS  "
-        f"{bytes_per_second / 1e6:9.1f} MB/s"
-    )
+    return render

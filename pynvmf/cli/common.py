@@ -40,6 +40,14 @@ class CommandError(Exception):
     """A failure worth exactly one line on stderr: the message says it all."""
 
 
+def error_text(exc: BaseException) -> str:
+    """An exception as a command's one line on stderr says it: its message, and for a
+    file's OSError the file and the error (not "[Errno 2] ..." with a repr)."""
+    if isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc) or type(exc).__name__
+
+
 # -- option types: each raises ArgumentTypeError, which argparse reports as a usage error
 
 

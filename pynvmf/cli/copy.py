@@ -60,6 +60,7 @@ from pynvmf.cli.common import (
     CommandError,
     connect_arguments,
     connect_options,
+    error_text,
     host_identity,
     host_identity_options,
     int_at_least,
@@ -353,14 +354,8 @@ def run_copy_command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except (CommandError, NvmeError, OSError, ValueError) as exc:
-        print(f"pynvmf copy: {_error_text(exc)}", file=sys.stderr)
+        print(f"pynvmf copy: {error_text(exc)}", file=sys.stderr)
         return EXIT_FAILURE
-
-
-def _error_text(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
-        return f"{exc.filename}: {exc.strerror}"  # not "[Errno 2] ..." with a repr
-    return str(exc) or type(exc).__name__
 
 
 class _Devices:
@@ -656,7 +651,7 @@ def summary(
         "seconds": round(status.seconds, 6),
         "bytes_per_second": round(status.bytes_per_second, 1),
         **report,
-        "error": _error_text(status.error) if status.error is not None else None,
+        "error": error_text(status.error) if status.error is not None else None,
         # A destination file cut back to the data copied without a gap (module docstring).
         "destination_size": cut[1] if cut is not None else None,
     }
@@ -692,7 +687,7 @@ def _report(
     if status.state is JobState.FAILED:
         assert status.error is not None
         where = "" if cut is None else f" ({cut[0]} cut to {cut[1]} bytes)"
-        print(f"pynvmf copy: {_error_text(status.error)}{where}", file=sys.stderr)
+        print(f"pynvmf copy: {error_text(status.error)}{where}", file=sys.stderr)
         return EXIT_FAILURE
     if status.state is JobState.CANCELLED:
         return EXIT_INTERRUPTED

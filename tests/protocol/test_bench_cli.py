@@ -19,11 +19,12 @@ from typing import Any
 
 import pytest
 
+from pynvmf.bench.progress import format_progress
 from pynvmf.block.device import Buffer, Capabilities
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.cli import bench as bench_cli
 from pynvmf.cli import build_parser
-from pynvmf.cli.bench import format_progress, run_bench_command
+from pynvmf.cli.bench import run_bench_command
 from pynvmf.cli.common import host_identity
 from pynvmf.host import Controller
 from pynvmf.target.port import Port

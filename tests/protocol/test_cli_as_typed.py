@@ -434,7 +434,7 @@ def test_bench_status_interval_and_fios_logs(target: TargetCommand, tmp_path: Pa
             directions = {m.group(3) for m in parsed if m}
             assert directions == {"0", "1"}, (kind, rows)
             times = [int(m.group(1)) for m in parsed if m]
-            # Windows of the measured 2 s only (cli.bench_logs stops half a window after).
+            # Windows of the measured 2 s only (bench.fio_logs stops half a window after).
             assert times == sorted(times) and times[-1] <= 2125
 
 

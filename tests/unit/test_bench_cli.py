@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from pynvmf.bench import fio_report
+from pynvmf.bench import run as bench_run
 from pynvmf.bench.fio_report import fio_json, human_report
 from pynvmf.bench.job_result import JobResult
 from pynvmf.bench.loadgen import CpuUsage, LatencyHistogram, SampleStats
@@ -242,7 +243,7 @@ async def test_cpu_usage_excludes_the_verify_prefill(
     served: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     burned = 0.8
-    real_prefill = bench_cli.prefill
+    real_prefill = bench_run.prefill
 
     async def costly_prefill(*args: Any) -> None:
         # CPU time outside the measured run: it must not show in the usage reported.
@@ -251,7 +252,7 @@ async def test_cpu_usage_excludes_the_verify_prefill(
             pass
         await real_prefill(*args)
 
-    monkeypatch.setattr(bench_cli, "prefill", costly_prefill)
+    monkeypatch.setattr(bench_run, "prefill", costly_prefill)
     status, out, err = await bench(
         served, "--runtime", "0.2", "--rw", "randread", "--verify", "--size", "64k", "-o", "json"
     )
