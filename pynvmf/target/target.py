@@ -82,10 +82,16 @@ MAX_SUBSYSTEMS = 1024  # SPDK's default, and plenty for one process
 
 @dataclass
 class TargetCounters:
-    """Cumulative counts for statistics (SPDK's nvmf_get_stats)."""
+    """Cumulative counts for statistics (SPDK's nvmf_get_stats, the metrics endpoint),
+    each bumped where a rare event happens, never per command."""
 
     admin_queues: int = 0
     io_queues: int = 0
+    keep_alive_expiries: int = 0
+    # What the connections this process served counted, added when each closes (the
+    # metrics add the open ones' own counts to these).
+    data_digest_errors: int = 0
+    term_reqs_sent: int = 0
 
 
 class Target:

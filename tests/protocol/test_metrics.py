@@ -1,0 +1,164 @@
+"""The Prometheus endpoint of an in-process target, scraped over HTTP after known work
+done with the host library: exact values, bounded host labels, HTTP's answers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from pynvmf.block.memory import MemoryDevice
+from pynvmf.host import connect
+from pynvmf.metrics.endpoint import MetricsEndpoint, MetricsListenError
+from pynvmf.metrics.labels import OTHER
+from pynvmf.target.budget import DataBudget, MemoryPool
+from pynvmf.target.port import Port
+from pynvmf.target.subsystem import Namespace, Subsystem
+from pynvmf.target.target import Target
+from tests.support.scrape import http_get, scrape, series, value
+
+NQN = "nqn.2024-01.org.pynvmf:metrics"
+HOST_A = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000000a"
+HOST_B = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000000b"
+
+
+def _subsystem() -> Subsystem:
+    subsystem = Subsystem(NQN)
+    device = MemoryDevice(8 << 20, 512)
+    subsystem.add_namespace(Namespace.create(NQN, 1, device, "memory:1"))
+    return subsystem
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[Target, Port, MetricsEndpoint]]:
+    port = Port("127.0.0.1", 0)
+    target = Target([_subsystem()], [port])
+    endpoint = MetricsEndpoint(target, host_limit=3)
+    await endpoint.listen("127.0.0.1", 0)
+    await target.start()
+    yield target, port, endpoint
+    await endpoint.close()
+    await target.stop()
+
+
+async def test_a_scrape_after_known_work_matches_it(
+    served: tuple[Target, Port, MetricsEndpoint],
+) -> None:
+    _target, port, endpoint = served
+    assert endpoint.address is not None
+    where = str(port)
+    a = await connect("127.0.0.1", port.port, NQN, hostnqn=HOST_A, queues=2)
+    b = await connect("127.0.0.1", port.port, NQN, hostnqn=HOST_B, queues=1)
+    try:
+        for lba in range(3):
+            await a.namespace(1).write(lba * 8, bytes(4096))
+        for _ in range(2):
+            await b.namespace(1).read(0, memoryview(bytearray(8192)))
+        m = await scrape(*endpoint.address)
+    finally:
+        await a.close()
+        await b.close()
+    assert value(m, "pynvmf_connections", port=where, host=HOST_A) == 3  # admin + 2 I/O
+    assert value(m, "pynvmf_connections", port=where, host=HOST_B) == 2
+    assert value(m, "pynvmf_tcp_connections") == 5
+    assert value(m, "pynvmf_controllers", subsystem=NQN) == 2
+    assert value(m, "pynvmf_queues", subsystem=NQN, type="io") == 3
+    assert value(m, "pynvmf_queues", subsystem=NQN, type="admin") == 2
+    assert value(m, "pynvmf_queues_created_total", type="io") == 3
+    assert value(m, "pynvmf_subsystem_commands_total", subsystem=NQN, opcode="write") == 3
+    assert value(m, "pynvmf_subsystem_commands_total", subsystem=NQN, opcode="read") == 2
+    assert value(m, "pynvmf_subsystem_bytes_total", subsystem=NQN, direction="write") == 12288
+    assert value(m, "pynvmf_subsystem_bytes_total", subsystem=NQN, direction="read") == 16384
+    assert value(m, "pynvmf_namespaces", subsystem=NQN) == 1
+    ana = {"subsystem": NQN, "group": "1", "listener": where}
+    assert value(m, "pynvmf_ana_state", state="optimized", **ana) == 1
+    assert value(m, "pynvmf_ana_state", state="inaccessible", **ana) == 0
+    assert value(m, "pynvmf_metrics_hosts_folded") == 0
+
+
+async def test_ana_transitions_and_queues_after_the_hosts_left(
+    served: tuple[Target, Port, MetricsEndpoint],
+) -> None:
+    target, port, endpoint = served
+    assert endpoint.address is not None
+    ctrl = await connect("127.0.0.1", port.port, NQN, hostnqn=HOST_A)
+    await ctrl.close()
+    before = await scrape(*endpoint.address)
+    target.set_ana_state(NQN, 1, "inaccessible", "127.0.0.1", port.port)
+    # The host's queues are gone once the target saw the connections close.
+    async with asyncio.timeout(10):
+        while target.connection_budget.total:
+            await asyncio.sleep(0.01)
+    m = await scrape(*endpoint.address)
+    ana = {"subsystem": NQN, "group": "1", "listener": str(port)}
+    assert value(m, "pynvmf_ana_state", state="inaccessible", **ana) == 1
+    assert value(m, "pynvmf_ana_state", state="optimized", **ana) == 0
+    changes = value(m, "pynvmf_ana_changes_total", subsystem=NQN)
+    assert changes == (value(before, "pynvmf_ana_changes_total", subsystem=NQN) or 0) + 1
+    assert series(m, "pynvmf_connections") == {}
+    assert value(m, "pynvmf_queues_created_total", type="admin") == 1
+    assert value(m, "pynvmf_queues_created_total", type="io") == 1
+
+
+async def test_hosts_past_the_limit_fold_and_hostile_nqns_are_escaped(
+    served: tuple[Target, Port, MetricsEndpoint],
+) -> None:
+    _target, port, endpoint = served
+    assert endpoint.address is not None
+    hostile = 'nqn.2024-01.evil:"}\nnvme_up 1\\'
+    hosts = [f"nqn.2024-01.org.pynvmf:host{i}" for i in range(4)] + [hostile]
+    ctrls = [await connect("127.0.0.1", port.port, NQN, hostnqn=h, queues=1) for h in hosts]
+    try:
+        status, body = await http_get(*endpoint.address, "/metrics")
+        m = await scrape(*endpoint.address)
+    finally:
+        for ctrl in ctrls:
+            await ctrl.close()
+    assert status == 200
+    assert b"\nnvme_up 1" not in body  # the newline was not written raw
+    got = series(m, "pynvmf_connections")
+    # Three places (host_limit=3), in sorted order: the hostile NQN sorts first.
+    kept = {dict(labels)["host"]: n for labels, n in got.items()}
+    assert kept == {
+        'nqn.2024-01.evil:"}?nvme_up 1\\': 2,
+        "nqn.2024-01.org.pynvmf:host0": 2,
+        "nqn.2024-01.org.pynvmf:host1": 2,
+        OTHER: 4,
+    }
+    assert value(m, "pynvmf_metrics_hosts_folded") == 2
+
+
+async def test_unknown_path_is_404_and_other_methods_405(
+    served: tuple[Target, Port, MetricsEndpoint],
+) -> None:
+    _target, _port, endpoint = served
+    assert endpoint.address is not None
+    assert (await http_get(*endpoint.address, "/"))[0] == 404
+    assert (await http_get(*endpoint.address, "/metrics/x"))[0] == 404
+    assert (await http_get(*endpoint.address, "/metrics", method="POST"))[0] == 405
+    status, body = await http_get(*endpoint.address, "/metrics?name[]=x", method="HEAD")
+    assert (status, body) == (200, b"")
+
+
+async def test_a_port_in_use_is_refused_and_the_old_endpoint_keeps_serving(
+    served: tuple[Target, Port, MetricsEndpoint],
+) -> None:
+    _target, port, endpoint = served
+    assert endpoint.address is not None
+    with pytest.raises(MetricsListenError, match=r"127\.0\.0\.1:\d+: Address already in use"):
+        await endpoint.listen("127.0.0.1", port.port)  # the NVMe port holds it
+    assert (await http_get(*endpoint.address, "/metrics"))[0] == 200
+
+
+async def test_a_request_for_buffers_that_must_wait_is_counted() -> None:
+    pool = MemoryPool(4096)
+    budget = DataBudget(pool, capacity=8192)
+    await budget.take(4096)
+    assert pool.waits == 0
+    waiter = asyncio.ensure_future(budget.take(4096))
+    await asyncio.sleep(0)
+    assert pool.waits == 1 and not waiter.done()
+    budget.give(4096)
+    await waiter
+    budget.give(4096)
