@@ -12,11 +12,16 @@ from pynvmf.block.memory import MemoryDevice
 from pynvmf.host import connect
 from pynvmf.metrics.endpoint import MetricsEndpoint, MetricsListenError
 from pynvmf.metrics.labels import OTHER
+from pynvmf.spec import pdu as P
+from pynvmf.spec.opcodes import IoOpcode
+from pynvmf.spec.status import Status
 from pynvmf.target.budget import DataBudget, MemoryPool
 from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
-from tests.support.scrape import http_get, scrape, series, value
+from tests.protocol.conftest import RAW_NS1_BLOCK, RAW_SUBNQN, RawTarget
+from tests.support.raw import rw_sqe
+from tests.support.scrape import Samples, http_get, samples_of, scrape, series, value
 
 NQN = "nqn.2024-01.org.pynvmf:metrics"
 HOST_A = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000000a"
@@ -162,3 +167,48 @@ async def test_a_request_for_buffers_that_must_wait_is_counted() -> None:
     budget.give(4096)
     await waiter
     budget.give(4096)
+
+
+def _collected(target: Target) -> Samples:
+    return samples_of(MetricsEndpoint(target).exposition().decode())
+
+
+async def test_digest_errors_and_term_reqs_count_on_open_and_closed_connections(
+    raw_target: RawTarget,
+) -> None:
+    admin = await raw_target.admin()
+    io = await raw_target.open()
+    await io.handshake(hdgst=True, ddgst=True)
+    assert (await io.connect(RAW_SUBNQN, qid=1, cntlid=admin.cntlid)).status == 0
+    # A data digest that does not match: the command fails, the connection stays.
+    data = b"\x55" * RAW_NS1_BLOCK
+    sqe = rw_sqe(IoOpcode.WRITE, io.next_cid(), 1, 10, 1, RAW_NS1_BLOCK, inline=True)
+    bad = bytearray(io.capsule(sqe, data))
+    bad[-1] ^= 0xFF
+    failed = await io.submit_nowait(sqe, data, wire=bytes(bad))
+    assert failed.status == Status.TRANSIENT_TRANSPORT_ERROR
+    m = _collected(raw_target.target)
+    assert value(m, "pynvmf_data_digest_errors_total") == 1
+    assert value(m, "pynvmf_term_reqs_sent_total") == 0
+    # A header digest that does not match, on another connection: a TermReq, and that
+    # connection ends.
+    victim = await raw_target.open()
+    await victim.handshake(hdgst=True, ddgst=True)
+    wire = bytearray(victim.capsule(rw_sqe(IoOpcode.READ, 1, 1, 0, 1, RAW_NS1_BLOCK)))
+    wire[P.CAPSULE_CMD_HLEN] ^= 0x01
+    victim.send(bytes(wire))
+    await victim.expect_term()
+    async with asyncio.timeout(10):
+        while len(raw_target.port.connections) > 2:  # the admin and I/O queues' stay
+            await asyncio.sleep(0.01)
+    # Its counts moved to the target's as it closed: each counted once.
+    m = _collected(raw_target.target)
+    assert value(m, "pynvmf_data_digest_errors_total") == 1
+    assert value(m, "pynvmf_term_reqs_sent_total") == 1
+
+
+async def test_a_keep_alive_expiry_is_counted(raw_target: RawTarget) -> None:
+    assert value(_collected(raw_target.target), "pynvmf_keep_alive_expiries_total") == 0
+    admin = await raw_target.admin(kato=500)
+    await admin.expect_eof(timeout=10)
+    assert value(_collected(raw_target.target), "pynvmf_keep_alive_expiries_total") == 1
