@@ -208,6 +208,23 @@ def _tls(s: Scrape) -> Iterator[Metric]:
     yield fallbacks
 
 
+def _auth(s: Scrape) -> Iterator[Metric]:
+    counters = s.target.counters
+    yield CounterMetricFamily(
+        "pynvmf_auth_successes",
+        "DH-HMAC-CHAP transactions (authentications and re-authentications) that succeeded",
+        value=counters.auth_successes,
+    )
+    failures = CounterMetricFamily(
+        "pynvmf_auth_failures",
+        "DH-HMAC-CHAP transactions that failed, by the failure reason explanation",
+        labels=["reason"],
+    )
+    for reason, n in sorted(counters.auth_failures.items()):
+        failures.add_metric([reason], n)
+    yield failures
+
+
 def _transport(s: Scrape) -> Iterator[Metric]:
     target = s.target
     counters = target.counters
@@ -258,6 +275,7 @@ SOURCES: tuple[Source, ...] = (
     _io,
     _ana,
     _tls,
+    _auth,
     _transport,
     _budgets,
 )

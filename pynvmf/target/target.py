@@ -19,7 +19,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -92,6 +92,10 @@ class TargetCounters:
     # metrics add the open ones' own counts to these).
     data_digest_errors: int = 0
     term_reqs_sent: int = 0
+    # DH-HMAC-CHAP transactions ended in this process: successes, failures by reason
+    # (the names of the spec's failure reason explanations: a bounded set).
+    auth_successes: int = 0
+    auth_failures: dict[str, int] = field(default_factory=dict)
 
 
 class Target:
