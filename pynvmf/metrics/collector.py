@@ -237,13 +237,12 @@ def _transport(s: Scrape) -> Iterator[Metric]:
             term_reqs += stats.term_reqs_sent
     yield CounterMetricFamily(
         "pynvmf_data_digest_errors",
-        "Data PDUs whose data digest (CRC32C) did not match, on connections this process served",
+        "Data PDUs whose data digest (CRC32C) did not match",
         value=digest_errors,
     )
     yield CounterMetricFamily(
         "pynvmf_term_reqs_sent",
-        "Connections ended by a C2HTermReq (a malformed PDU, a header digest error), on "
-        "connections this process served",
+        "Connections ended by a C2HTermReq (a malformed PDU, a header digest error)",
         value=term_reqs,
     )
 
@@ -263,7 +262,7 @@ def _budgets(s: Scrape) -> Iterator[Metric]:
     yield CounterMetricFamily(
         "pynvmf_budget_waits",
         "Requests for data buffers that waited for others to be given back",
-        value=pool.waits,
+        value=pool.waits + s.target.counters.worker_budget_waits,
     )
 
 

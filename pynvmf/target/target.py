@@ -89,9 +89,13 @@ class TargetCounters:
     io_queues: int = 0
     keep_alive_expiries: int = 0
     # What the connections this process served counted, added when each closes (the
-    # metrics add the open ones' own counts to these).
+    # metrics add the open ones' own counts to these), and what the workers of --cores
+    # reported of theirs.
     data_digest_errors: int = 0
     term_reqs_sent: int = 0
+    # Requests for data buffers that waited, in the workers (this process's own are its
+    # memory pool's).
+    worker_budget_waits: int = 0
     # DH-HMAC-CHAP transactions ended in this process: successes, failures by reason
     # (the names of the spec's failure reason explanations: a bounded set).
     auth_successes: int = 0
