@@ -51,7 +51,8 @@ class MetricsEndpoint:
         self.collector = TargetCollector(target, host_limit=host_limit)
         self.registry.register(self.collector)
         self._server: asyncio.base_events.Server | None = None
-        self._clients: set[asyncio.Task[None]] = set()
+        # Each scraper's connection, by the task that answers it.
+        self._clients: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         # Where it listens (the port a request for port 0 got); None: it does not.
         self.address: tuple[str, int] | None = None
 
@@ -81,12 +82,19 @@ class MetricsEndpoint:
         self.address = None
         if server is not None:
             server.close()
-        for task in list(self._clients):
-            task.cancel()
+        # Their connections end (a cancelled task would be logged as an error by the
+        # stream machinery); each task then finishes as with a scraper that went away.
+        for writer in self._clients.values():
+            writer.transport.abort()
         if self._clients:
             await asyncio.gather(*self._clients, return_exceptions=True)
         if server is not None:
             await server.wait_closed()
+
+    @property
+    def clients(self) -> int:
+        """Scrapers connected now."""
+        return len(self._clients)
 
     def exposition(self) -> bytes:
         """The text exposition, as a scrape gets it."""
@@ -115,7 +123,7 @@ class MetricsEndpoint:
         if len(self._clients) >= MAX_CLIENTS or task is None:
             writer.close()
             return
-        self._clients.add(task)
+        self._clients[task] = writer
         try:
             async with asyncio.timeout(REQUEST_DEADLINE_S):
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -131,7 +139,7 @@ class MetricsEndpoint:
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, OSError):
             pass  # a client that went away or sent too much: nothing to answer
         finally:
-            self._clients.discard(task)
+            self._clients.pop(task, None)
             writer.close()
 
 

@@ -4,13 +4,14 @@ done with the host library: exact values, bounded host labels, HTTP's answers.""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 
 import pytest
 
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.host import connect
-from pynvmf.metrics.endpoint import MetricsEndpoint, MetricsListenError
+from pynvmf.metrics.endpoint import MAX_CLIENTS, MAX_HEAD, MetricsEndpoint, MetricsListenError
 from pynvmf.metrics.labels import OTHER
 from pynvmf.spec import pdu as P
 from pynvmf.spec.opcodes import IoOpcode
@@ -144,6 +145,58 @@ async def test_unknown_path_is_404_and_other_methods_405(
     assert (await http_get(*endpoint.address, "/metrics", method="POST"))[0] == 405
     status, body = await http_get(*endpoint.address, "/metrics?name[]=x", method="HEAD")
     assert (status, body) == (200, b"")
+
+
+async def _unanswered(reader: asyncio.StreamReader) -> bool:
+    """The connection ended with no answer (closed, or reset with our bytes unread)."""
+    try:
+        return await asyncio.wait_for(reader.read(), 10) == b""
+    except ConnectionResetError:
+        return True
+
+
+async def test_scrapers_that_send_too_much_or_hold_connections_cost_nothing_lasting(
+    served: tuple[Target, Port, MetricsEndpoint],
+) -> None:
+    _target, _port, endpoint = served
+    assert endpoint.address is not None
+    # A request head past the limit: the connection closes, unanswered.
+    reader, writer = await asyncio.open_connection(*endpoint.address)
+    writer.write(b"GET /metrics HTTP/1.1\r\nX: " + b"a" * MAX_HEAD)
+    assert await _unanswered(reader)
+    writer.close()
+    # Connections held open without a request: past the limit, the next one is closed
+    # at once; once they go, scrapes are answered again.
+    idle = [await asyncio.open_connection(*endpoint.address) for _ in range(MAX_CLIENTS)]
+    async with asyncio.timeout(10):
+        while endpoint.clients < MAX_CLIENTS:
+            await asyncio.sleep(0.01)
+    reader, writer = await asyncio.open_connection(*endpoint.address)
+    writer.write(b"GET /metrics HTTP/1.1\r\n\r\n")
+    assert await _unanswered(reader)
+    writer.close()
+    for _reader, held in idle:
+        held.close()
+    async with asyncio.timeout(10):
+        while endpoint.clients:
+            await asyncio.sleep(0.01)
+    assert (await http_get(*endpoint.address, "/metrics"))[0] == 200
+
+
+async def test_closing_ends_the_scrapers_connections_quietly(
+    served: tuple[Target, Port, MetricsEndpoint], caplog: pytest.LogCaptureFixture
+) -> None:
+    _target, _port, endpoint = served
+    assert endpoint.address is not None
+    reader, writer = await asyncio.open_connection(*endpoint.address)
+    async with asyncio.timeout(10):
+        while not endpoint.clients:
+            await asyncio.sleep(0.01)
+    await endpoint.close()
+    assert await _unanswered(reader)
+    writer.close()
+    assert endpoint.clients == 0 and endpoint.address is None
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 async def test_a_port_in_use_is_refused_and_the_old_endpoint_keeps_serving(
