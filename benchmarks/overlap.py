@@ -45,29 +45,15 @@ sys.path.insert(0, str(REPO))
 
 from pynvmf.host import connect  # noqa: E402
 from pynvmf.host.errors import NvmeError  # noqa: E402
+from pynvmf.units import parse_size  # noqa: E402
+from tests.support.ports import free_tcp_port  # noqa: E402
 
 NQN = "nqn.2024-11.dev.pynvmf:overlap"
 BLOCK = 512
 IO = 4096
 STAMP = struct.Struct("<QQ")
-_SIZE = re.compile(r"^(\d+)([KMG]?)$")
 _DIGEST_ERROR = re.compile(r"data digest error", re.I)
 _TOTAL = re.compile(r"^Total\s*:\s*([\d.]+)", re.M)
-
-
-def parse_size(text: str) -> int:
-    m = _SIZE.match(text.upper())
-    if not m:
-        raise argparse.ArgumentTypeError(f"bad size {text!r}")
-    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -199,7 +185,7 @@ def main() -> int:
     bad = False
     for label, tree in trees:
         for cores in (int(c) for c in args.cores.split(",")):
-            port = free_port()
+            port = free_tcp_port()
             with target(tree, args.size, cores, port), busy_loops(args.busy):
                 iops, errors, tail = 0.0, -1, ""
                 if args.spdk is not None:

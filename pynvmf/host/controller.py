@@ -398,43 +398,22 @@ class Controller:
         self._rr = i + 1 if i + 1 < len(queues) else 0
         return queues[i]
 
+    # The NSID and CDW10-CDW15 are HostQueue.execute's, forwarded as they come (as many
+    # as the command uses): the submission's fields are spelled out on the queue alone.
+
     async def admin_command(
-        self,
-        opcode: int,
-        nsid: int = 0,
-        cdw10: int = 0,
-        cdw11: int = 0,
-        cdw12: int = 0,
-        cdw13: int = 0,
-        cdw14: int = 0,
-        cdw15: int = 0,
-        *,
-        data: Buffer | None = None,
-        into: memoryview | None = None,
+        self, opcode: int, *fields: int, data: Buffer | None = None, into: memoryview | None = None
     ) -> int:
-        """Any admin command; returns the completion's DW0 | DW1 << 32."""
-        return await self._admin().execute(
-            opcode, nsid, cdw10, cdw11, cdw12, cdw13, cdw14, cdw15, data=data, into=into
-        )
+        """Any admin command (`fields`: NSID, CDW10, ..., CDW15); returns the completion's
+        DW0 | DW1 << 32."""
+        return await self._admin().execute(opcode, *fields, data=data, into=into)
 
     async def io_command(
-        self,
-        opcode: int,
-        nsid: int = 0,
-        cdw10: int = 0,
-        cdw11: int = 0,
-        cdw12: int = 0,
-        cdw13: int = 0,
-        cdw14: int = 0,
-        cdw15: int = 0,
-        *,
-        data: Buffer | None = None,
-        into: memoryview | None = None,
+        self, opcode: int, *fields: int, data: Buffer | None = None, into: memoryview | None = None
     ) -> int:
-        """Any I/O command, with no local checks; returns DW0 | DW1 << 32."""
-        return await self.next_queue().execute(
-            opcode, nsid, cdw10, cdw11, cdw12, cdw13, cdw14, cdw15, data=data, into=into
-        )
+        """Any I/O command (`fields`: NSID, CDW10, ..., CDW15), with no local checks;
+        returns DW0 | DW1 << 32."""
+        return await self.next_queue().execute(opcode, *fields, data=data, into=into)
 
     async def _identify(self, cns: int, nsid: int = 0) -> bytearray:
         buf = bytearray(I.IDENTIFY_DATA_SIZE)

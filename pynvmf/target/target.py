@@ -57,6 +57,12 @@ from pynvmf.target.devices import NamedDevice, close_device
 from pynvmf.target.drain import commands_waiting, drain
 from pynvmf.target.generated_psks import GeneratedPsks
 from pynvmf.target.keyring import KeyringEntry, parse_key, psk_lookup, read_key_file
+from pynvmf.target.notifications import (
+    BDEV_REGISTER,
+    BDEV_TYPES,
+    BDEV_UNREGISTER,
+    NotificationLog,
+)
 from pynvmf.target.port import SECURE_CHANNELS, Port, check_port, listen, normal_address
 from pynvmf.target.protocol import BusyPoller, TargetProtocol
 from pynvmf.target.subsystem import (
@@ -119,6 +125,8 @@ class Target:
         self.dhchap_hashes: tuple[HashId, ...] = ALL_HASHES
         self.dhchap_dhgroups: tuple[DhGroupId, ...] = ALL_DHGROUPS
         self.block_devices: dict[str, NamedDevice] = {}
+        # What happened to the block devices, for a client that polls (SPDK's notify).
+        self.notifications = NotificationLog(BDEV_TYPES)
         self.discovery = Subsystem(DISCOVERY_NQN, model="pynvmf discovery")
         self.ports: list[Port] = []
         # The transport options of listeners added with add_listener (SPDK creates a
@@ -251,8 +259,18 @@ class Target:
             for other in self.block_devices.values():
                 if other.uuid == entry.uuid:
                     raise ChangeError("uuid", f"{entry.uuid} is block device {other.name!r}'s")
-        self.block_devices[entry.name] = entry
+        self._place_device(entry)
         return entry
+
+    def _place_device(self, entry: NamedDevice) -> None:
+        """The one way a block device joins the target, whoever adds it."""
+        self.block_devices[entry.name] = entry
+        self.notifications.send(BDEV_REGISTER, entry.name)
+
+    def _drop_device(self, entry: NamedDevice) -> None:
+        """The one way a block device leaves the target (it is closed after)."""
+        del self.block_devices[entry.name]
+        self.notifications.send(BDEV_UNREGISTER, entry.name)
 
     def device_users(self, name: str) -> list[tuple[Subsystem, Namespace]]:
         return [
@@ -269,7 +287,7 @@ class Target:
         for subsystem, ns in self.device_users(name):
             await self.remove_namespace(subsystem.nqn, ns.nsid)
         if self.block_devices.get(name) is entry:
-            del self.block_devices[name]
+            self._drop_device(entry)
             await close_device(entry)
 
     def _block_device(self, name: str, field: str = "name") -> NamedDevice:
@@ -387,7 +405,7 @@ class Target:
             entries.append(NamedDevice.wrap(name, ns.device, owned=True))
             ns.device_name = name
         for entry in entries:
-            self.block_devices[entry.name] = entry
+            self._place_device(entry)
         self.subsystems[subsystem.nqn] = subsystem
 
     def _subsystem(self, nqn: str, field: str = "nqn") -> Subsystem:
@@ -503,7 +521,7 @@ class Target:
                 if mine == theirs and any(mine):
                     raise ChangeError(what, f"namespace {other.nsid} of {nqn} has it")
         if isinstance(device, NamedDevice):
-            self.block_devices[device_name] = entry
+            self._place_device(entry)
         subsystem.namespaces[nsid] = ns
         ns.reservation.attach(subsystem.registered, nsid)
         log.info("namespace %d of %s added on %s", nsid, nqn, device_name)
@@ -557,7 +575,7 @@ class Target:
         if entry is None or entry.device is not ns.device:
             return
         if entry.owned:
-            del self.block_devices[entry.name]
+            self._drop_device(entry)
             shared = any(e.device is entry.device for e in self.block_devices.values())
             if not shared:
                 await close_device(entry)

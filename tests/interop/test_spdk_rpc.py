@@ -169,6 +169,43 @@ def test_rpc_py_drives_the_rbd_methods(
     )
 
 
+def test_rpc_py_reads_bdev_notifications(
+    served: tuple[TargetProcess, Spdk], tmp_path: Path
+) -> None:
+    """SPDK's notify_get_types and notify_get_notifications through rpc.py's command line:
+    the bdevs created and deleted over RPC, then those a target started from a saved
+    configuration (--json) created. Before the test below, which checks that every SPDK
+    method was called."""
+    _proc, spdk = served
+    assert spdk.json("notify_get_types") == ["bdev_register", "bdev_unregister", "bdev_resize"]
+    assert spdk.json("notify_get_notifications") == []
+    spdk.run("bdev_malloc_create", "-b", "Malloc0", "8", "512")
+    spdk.run("bdev_malloc_create", "-b", "Malloc1", "8", "512")
+    spdk.run("bdev_malloc_delete", "Malloc0")
+    assert spdk.json("notify_get_notifications") == [
+        {"type": "bdev_register", "ctx": "Malloc0", "id": 0},
+        {"type": "bdev_register", "ctx": "Malloc1", "id": 1},
+        {"type": "bdev_unregister", "ctx": "Malloc0", "id": 2},
+    ]
+    # A client that polls asks from the id after the last it saw, a few at a time.
+    assert spdk.json("notify_get_notifications", "-i", "1", "-n", "1") == [
+        {"type": "bdev_register", "ctx": "Malloc1", "id": 1}
+    ]
+    assert [n["id"] for n in spdk.json("notify_get_notifications", "-n", "2")] == [0, 1]
+    assert spdk.json("notify_get_notifications", "-i", "3") == []
+    called.update({"notify_get_types", "notify_get_notifications"})
+
+    config = tmp_path / "saved.json"
+    config.write_text(spdk.run("save_config").stdout)
+    second, spdk2 = start(tmp_path / "second", "--json", str(config))
+    try:
+        assert spdk2.json("notify_get_notifications") == [
+            {"type": "bdev_register", "ctx": "Malloc1", "id": 0}
+        ]
+    finally:
+        second.stop()
+
+
 def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
     served: tuple[TargetProcess, Spdk], tmp_path: Path
 ) -> None:

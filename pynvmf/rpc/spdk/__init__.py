@@ -19,12 +19,22 @@ from pynvmf.rpc.spdk import (
     bdev_rbd,
     framework,
     keyring,
+    notify,
     nvmf_stats,
     nvmf_subsystem,
     nvmf_transport,
 )
 
-FAMILIES = (framework, bdev, bdev_rbd, nvmf_transport, nvmf_subsystem, keyring, nvmf_stats)
+FAMILIES = (
+    framework,
+    bdev,
+    bdev_rbd,
+    nvmf_transport,
+    nvmf_subsystem,
+    keyring,
+    nvmf_stats,
+    notify,
+)
 
 table = MethodTable()
 for _family in FAMILIES:
