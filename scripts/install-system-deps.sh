@@ -34,6 +34,7 @@ PACKAGES=(
     ceph-common       # the ceph CLI, ceph-authtool, monmaptool
     python3-rados     # the rados/rbd bindings (no PyPI wheels), linked into the venv
     python3-rbd       #   by scripts/link-ceph-bindings.py (make setup)
+    prometheus        # a real Prometheus scrapes the metrics endpoint (tests/protocol/test_prometheus.py)
 )
 
 # `--python`: only what `make setup` needs to create a virtual environment.

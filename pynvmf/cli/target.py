@@ -24,11 +24,14 @@ from pynvmf.config.native import (
     apply_config,
     config_from_options,
     load_config,
+    metrics_listen_of,
     parse_listen,
+    parse_metrics_listen,
 )
 from pynvmf.config.nvmetcli import load_nvmetcli
 from pynvmf.config.spdk import load_spdk_config
 from pynvmf.ha.gateway import Gateway, GatewayConfig
+from pynvmf.metrics.endpoint import MetricsEndpoint
 from pynvmf.rpc.jsonrpc import RpcError
 from pynvmf.rpc.server import DEFAULT_SOCKET, RpcServer, control_plane
 from pynvmf.spec.logpages import AnaState
@@ -84,6 +87,12 @@ def add_target_command(sub: Any) -> None:
         "--rpc-listen",
         metavar="ADDR:PORT",
         help="also serve JSON-RPC on TCP (no authentication: a trusted network only)",
+    )
+    p.add_argument(
+        "--metrics-listen",
+        metavar="ADDR:PORT",
+        help="serve Prometheus metrics at http://ADDR:PORT/metrics (docs/metrics.md; "
+        "overrides the configuration file's metrics.listen)",
     )
     p.add_argument(
         "--listen",
@@ -213,7 +222,9 @@ def _positive(text: str) -> int:
     return value
 
 
-def _print_banner(target: Target, rpc: RpcServer | None, socket_path: str | None) -> None:
+def _print_banner(
+    target: Target, rpc: RpcServer | None, socket_path: str | None, metrics: MetricsEndpoint
+) -> None:
     io_ports = [p for p in target.ports if not p.discovery_only]
     for port in target.ports:
         kind = "discovery" if port.discovery_only else "nvme"
@@ -223,6 +234,9 @@ def _print_banner(target: Target, rpc: RpcServer | None, socket_path: str | None
     if rpc is not None and rpc.tcp_address is not None:
         host, port_number = rpc.tcp_address
         print(f"rpc tcp {f'[{host}]' if ':' in host else host}:{port_number}")
+    if metrics.address is not None:
+        host, port_number = metrics.address
+        print(f"metrics http://{f'[{host}]' if ':' in host else host}:{port_number}/metrics")
     for port in target.ports:
         if port.discovery_only:
             print(f"  nvme discover -t tcp -a {port.address} -s {port.port}")
@@ -256,15 +270,22 @@ def check_options(args: argparse.Namespace) -> None:
             parse_listen(args.rpc_listen)
         except ConfigError as exc:
             raise ConfigError(f"--rpc-listen: {exc}") from None
+    if args.metrics_listen:
+        try:
+            parse_metrics_listen(args.metrics_listen)
+        except ConfigError as exc:
+            raise ConfigError(f"--metrics-listen: {exc}") from None
 
 
 async def _load(
-    target: Target, args: argparse.Namespace, stop: asyncio.Event
-) -> tuple[Any, GatewayConfig | None]:
-    """Build the target from the chosen source; the control plane (also used for --json)
-    and the configuration file's gateway section, if any."""
-    cp = control_plane(target, shutdown=stop.set)
+    target: Target, args: argparse.Namespace, stop: asyncio.Event, metrics: MetricsEndpoint
+) -> tuple[Any, GatewayConfig | None, tuple[str, int] | None]:
+    """Build the target from the chosen source; the control plane (also used for --json),
+    the configuration file's gateway section, if any, and where the metrics are served
+    (--metrics-listen, else the file's metrics.listen), if anywhere."""
+    cp = control_plane(target, shutdown=stop.set, metrics=metrics)
     gateway = None
+    metrics_listen = parse_metrics_listen(args.metrics_listen) if args.metrics_listen else None
     if args.json:
         await load_spdk_config(cp, _read_json(args.json), args.json)
     elif args.nvmetcli_config:
@@ -273,6 +294,7 @@ async def _load(
         config = load_config(args.config)
         if "gateway" in config:  # checked before anything is built
             gateway = GatewayConfig.parse(config["gateway"])
+        metrics_listen = metrics_listen or metrics_listen_of(config)
         await apply_config(target, config)
     elif not args.empty:
         await apply_config(
@@ -291,7 +313,7 @@ async def _load(
                 discovery_port=args.discovery_port,
             ),
         )
-    return cp, gateway
+    return cp, gateway, metrics_listen
 
 
 def _announce(grpid: int, state: AnaState) -> None:
@@ -313,10 +335,14 @@ async def _run_target(args: argparse.Namespace) -> int:
     )
     rpc: RpcServer | None = None
     gateway: Gateway | None = None
+    metrics = MetricsEndpoint(target)
     try:
-        cp, gateway_config = await _load(target, args, stop)
+        cp, gateway_config, metrics_listen = await _load(target, args, stop, metrics)
         if not target.ports and not (args.rpc_socket or args.rpc_listen):
             raise ConfigError("the configuration has no ports (and there is no RPC to add some)")
+        if metrics_listen is not None:
+            # First of all that listens: a port it cannot have leaves nothing started.
+            await metrics.listen(*metrics_listen)
         if gateway_config is not None:
             # Before the ports listen: no host sees a group optimized that is not owned.
             gateway = Gateway(target, gateway_config, announce=_announce)
@@ -344,10 +370,11 @@ async def _run_target(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        _print_banner(target, rpc, args.rpc_socket)
+        _print_banner(target, rpc, args.rpc_socket, metrics)
         await stop.wait()
         log.info("shutting down")
     finally:
+        await metrics.close()
         if rpc is not None:
             await rpc.close()
         if gateway is not None:

@@ -41,6 +41,7 @@ DEFAULT_BLOCK_SIZE = 512
 _DEFAULT_TRANSPORT = TransportConfig()
 
 # "gateway" is read by the CLI (pynvmf.ha.gateway): leases need a running loop and a cluster.
+# "metrics" too (metrics_listen_of): the endpoint is the process's, not the Target's.
 _TOP_KEYS = {
     "ports",
     "discovery_ports",
@@ -49,7 +50,9 @@ _TOP_KEYS = {
     "transport",
     "keyring",
     "gateway",
+    "metrics",
 }
+_METRICS_KEYS = {"listen"}
 _KEY_KEYS = {"name", "path"}
 # A host entry as an object: its NQN, DH-HMAC-CHAP keys (keyring names), hashes, groups,
 # and its TLS PSK (a keyring name, or the key itself in the interchange format).
@@ -109,6 +112,29 @@ PTPL_SUFFIX = ".ptpl.json"
 
 class ConfigError(ValueError):
     pass
+
+
+def parse_metrics_listen(text: str) -> tuple[str, int]:
+    """Where the metrics endpoint listens: parse_listen's ADDR:PORT, the port required
+    (NVMe/TCP's default port is no default for HTTP)."""
+    address, port = parse_listen(text)
+    if not re.search(r":\d+$", text):
+        raise ConfigError(f"{text!r}: the metrics endpoint needs a port (ADDR:PORT)")
+    return address, port
+
+
+def metrics_listen_of(config: dict[str, Any]) -> tuple[str, int] | None:
+    """The configuration's "metrics": {"listen": "ADDR:PORT"}, if any."""
+    if "metrics" not in config:
+        return None
+    r = Reader(config["metrics"], "config.metrics", _METRICS_KEYS)
+    listen = r.get("listen", str)
+    if listen is None:
+        return None
+    try:
+        return parse_metrics_listen(listen)
+    except ConfigError as exc:
+        raise ConfigError(f"config.metrics.listen: {exc}") from None
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -880,5 +906,7 @@ __all__ = [
     "config_from_options",
     "config_of",
     "load_config",
+    "metrics_listen_of",
     "parse_listen",
+    "parse_metrics_listen",
 ]

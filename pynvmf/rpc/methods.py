@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pynvmf.metrics.endpoint import MetricsEndpoint
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, RpcError
 from pynvmf.target.changes import ChangeError
 from pynvmf.target.target import Target
@@ -176,6 +177,8 @@ class ControlPlane:
     # (pynvmf.ha.shared) writes what the method changed, so that the method returns once
     # its change is shared with the other gateways. None: nothing to wait for.
     settle: Callable[[], Awaitable[None]] | None = None
+    # The Prometheus endpoint (pynvmf_metrics_listen); None: the methods are refused.
+    metrics: MetricsEndpoint | None = None
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         handler = self.table.methods.get(method)

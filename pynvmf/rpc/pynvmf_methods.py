@@ -17,16 +17,22 @@
   (SPDK's keyring reads files, which a controller on another machine cannot write: blktests'
   control script runs on the host under test). Hosts then name it as any keyring key;
   keyring_get_keys shows it with an empty path.
+- pynvmf_metrics_listen {address, port}: serve the Prometheus metrics at
+  http://address:port/metrics (moving the endpoint if it listens already; port 0 picks
+  one); returns where it listens. pynvmf_metrics_stop {}: stop serving them.
+  pynvmf_metrics_get_listen {}: where they are served, or null.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 from pynvmf.config.files import json_bytes, write_atomically
 from pynvmf.config.native import ConfigError, config_of
 from pynvmf.config.nvmetcli import nvmetcli_config
 from pynvmf.config.spdk import spdk_config
+from pynvmf.metrics.endpoint import MetricsEndpoint, MetricsListenError
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane, MethodTable, Params, change_error
 from pynvmf.target.changes import ChangeError
@@ -181,3 +187,41 @@ async def pynvmf_keyring_add_key(cp: ControlPlane, p: Params) -> bool:
     except ChangeError as exc:
         raise change_error(exc, {}) from exc
     return True
+
+
+def _metrics(cp: ControlPlane) -> MetricsEndpoint:
+    if cp.metrics is None:
+        raise RpcError(INVALID_PARAMS, "this target has no metrics endpoint")
+    return cp.metrics
+
+
+def _listen_result(address: tuple[str, int] | None) -> dict[str, Any] | None:
+    return None if address is None else {"address": address[0], "port": address[1]}
+
+
+@method("pynvmf_metrics_listen")
+async def pynvmf_metrics_listen(cp: ControlPlane, p: Params) -> dict[str, Any] | None:
+    address = p.string("address")
+    port = p.integer("port", high=0xFFFF)
+    p.done()
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        raise RpcError(INVALID_PARAMS, f"address: {address!r} is not an IP address") from None
+    try:
+        return _listen_result(await _metrics(cp).listen(address, port))
+    except MetricsListenError as exc:
+        raise RpcError(INVALID_PARAMS, f"address: {exc.strerror}") from exc
+
+
+@method("pynvmf_metrics_stop")
+async def pynvmf_metrics_stop(cp: ControlPlane, p: Params) -> bool:
+    p.done()
+    await _metrics(cp).close()
+    return True
+
+
+@method("pynvmf_metrics_get_listen")
+async def pynvmf_metrics_get_listen(cp: ControlPlane, p: Params) -> dict[str, Any] | None:
+    p.done()
+    return _listen_result(_metrics(cp).address)

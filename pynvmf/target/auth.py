@@ -14,7 +14,13 @@ import logging
 from typing import TYPE_CHECKING
 
 from pynvmf.auth.controller import ControllerAuth
-from pynvmf.spec.auth import SECP_DHCHAP, SPSP_DHCHAP, auth_cdw10_fields
+from pynvmf.spec.auth import (
+    SECP_DHCHAP,
+    SPSP_DHCHAP,
+    FailureExplanation,
+    auth_cdw10_fields,
+    explanation_name,
+)
 from pynvmf.spec.opcodes import FabricsType
 from pynvmf.spec.status import DNR, Status
 from pynvmf.target.outcome import Outcome
@@ -68,20 +74,39 @@ async def execute(queue: TargetQueue, req: Request) -> Outcome:
         return Status.SGL_INVALID_DATA | DNR, 0, None
     if send:
         data = req.data if req.data is not None else await queue.fetch_data(req)
+        was = auth.in_progress, auth.closing
         auth.send(bytes(data))
+        _count_outcome(queue, auth, *was)
         _keep_generated_psk(queue, auth)
         queue.auth_progressed()
         return Status.SUCCESS, 0, None
     await queue.hold(req, length)
+    was = auth.in_progress, auth.closing
     message = auth.receive()
-    _keep_generated_psk(queue, auth)
-    queue.auth_progressed()
     if len(message) > length:
         # The message does not fit what the host allocated: the transaction cannot go on.
         auth.closing = auth.closing or "Authentication Receive allocation too small"
+    _count_outcome(queue, auth, *was)
+    _keep_generated_psk(queue, auth)
+    queue.auth_progressed()
+    if len(message) > length:
         return Status.INVALID_FIELD | DNR, 0, None
     # Padded to AL, as nvmet answers (the host's buffer is the allocation).
     return Status.SUCCESS, 0, message.ljust(length, b"\0")
+
+
+def _count_outcome(
+    queue: TargetQueue, auth: ControllerAuth, in_progress: bool, closing: str | None
+) -> None:
+    """Count a transaction that has just ended (the metrics endpoint shows the counts): a
+    success, or a failure by the reason it names (the connection closes)."""
+    counters = queue.target.counters
+    if auth.closing and not closing:
+        reason = explanation_name(auth.failure or FailureExplanation.FAILED)
+        failures = counters.auth_failures
+        failures[reason] = failures.get(reason, 0) + 1
+    elif in_progress and not auth.in_progress and auth.authenticated:
+        counters.auth_successes += 1
 
 
 def _keep_generated_psk(queue: TargetQueue, auth: ControllerAuth) -> None:

@@ -163,6 +163,8 @@ class MemoryPool:
         self.capacity = capacity
         self.used = 0
         self.peak = 0
+        # Requests that could not be granted at once and waited (DataBudget.take).
+        self.waits = 0
         self._waiting: deque[DataBudget] = deque()
 
     def fits(self, n: int) -> bool:
@@ -238,6 +240,7 @@ class DataBudget:
             return
         if self.closed:
             raise ConnectionError("the connection is closed")
+        self.pool.waits += 1
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.append((n, fut))
         self.serve()

@@ -171,6 +171,7 @@ class Controller:
                 self.hostnqn,
                 self._kato_ms,
             )
+            self.target.counters.keep_alive_expiries += 1
             self.destroy("keep-alive timeout")
             return
         self._schedule_check()

@@ -254,6 +254,11 @@ class TargetProtocol(ConnectionGlue[TargetConnection]):
             self.admitted = False
             self.target.connection_budget.release(self.peer_address)
         conn.close("connection lost")
+        # Its counts move to the target's in the same step as it leaves the port's
+        # connections: a scrape between two callbacks sees each once.
+        counters = self.target.counters
+        counters.data_digest_errors += conn.stats.data_digest_errors
+        counters.term_reqs_sent += conn.stats.term_reqs_sent
         self.port.connections.discard(self)
         if self.queue is not None:
             self.queue.connection_lost()

@@ -19,7 +19,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -88,10 +88,24 @@ MAX_SUBSYSTEMS = 1024  # SPDK's default, and plenty for one process
 
 @dataclass
 class TargetCounters:
-    """Cumulative counts for statistics (SPDK's nvmf_get_stats)."""
+    """Cumulative counts for statistics (SPDK's nvmf_get_stats, the metrics endpoint),
+    each bumped where a rare event happens, never per command."""
 
     admin_queues: int = 0
     io_queues: int = 0
+    keep_alive_expiries: int = 0
+    # What the connections this process served counted, added when each closes (the
+    # metrics add the open ones' own counts to these), and what the workers of --cores
+    # reported of theirs.
+    data_digest_errors: int = 0
+    term_reqs_sent: int = 0
+    # Requests for data buffers that waited, in the workers (this process's own are its
+    # memory pool's).
+    worker_budget_waits: int = 0
+    # DH-HMAC-CHAP transactions ended in this process: successes, failures by reason
+    # (the names of the spec's failure reason explanations: a bounded set).
+    auth_successes: int = 0
+    auth_failures: dict[str, int] = field(default_factory=dict)
 
 
 class Target:

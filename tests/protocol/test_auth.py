@@ -15,6 +15,7 @@ from pynvmf.auth import DhchapKey, HostAuth
 from pynvmf.auth.controller import HostAuthConfig
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.host import Controller, NvmeAuthenticationError, connect
+from pynvmf.metrics.endpoint import MetricsEndpoint
 from pynvmf.spec import auth as A
 from pynvmf.spec.auth import DhGroupId, FailureExplanation, HashId
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType
@@ -24,6 +25,7 @@ from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
 from tests.protocol.conftest import RawTarget, RawTargetFactory
 from tests.support.raw import HOSTNQN, Completion, RawQueue
+from tests.support.scrape import samples_of, series, value
 
 NQN = "nqn.2024-01.io.pynvmf.test:auth"
 OPEN_NQN = "nqn.2024-01.io.pynvmf.test:auth-open"
@@ -404,3 +406,16 @@ async def test_a_key_added_while_connected_lets_the_host_authenticate(
         await _other_still_works(ctrl, b"\x51")
         with pytest.raises(NvmeAuthenticationError):
             await ctrl.reauthenticate(DhchapKey.generate(32))
+
+
+async def test_outcomes_are_counted_for_the_metrics(auth_target: RawTarget) -> None:
+    """Every transaction that ends is counted once: the successes (re-authentications
+    too), the failures by their reason."""
+    port = auth_target.port
+    async with await _lib(port, NQN, queues=2, dhchap_secret=HOST_KEY) as ctrl:
+        await ctrl.reauthenticate()
+    with pytest.raises(NvmeAuthenticationError):
+        await _lib(port, NQN, dhchap_secret=DhchapKey.generate(32))
+    m = samples_of(MetricsEndpoint(auth_target.target).exposition().decode())
+    assert value(m, "pynvmf_auth_successes_total") == 6  # 3 queues, twice
+    assert series(m, "pynvmf_auth_failures_total") == {frozenset({("reason", "FAILED")}): 1}

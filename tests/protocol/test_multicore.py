@@ -28,6 +28,7 @@ import pytest
 from pynvmf.block.file import FileDevice
 from pynvmf.host import Controller, NvmeStatusError, connect
 from pynvmf.host.queue import HostQueue
+from pynvmf.metrics.endpoint import MetricsEndpoint
 from pynvmf.spec import command as C
 from pynvmf.spec import logpages as L
 from pynvmf.spec import pdu as P
@@ -41,7 +42,8 @@ from pynvmf.target.devices import NamedDevice
 from pynvmf.target.port import Port
 from pynvmf.target.target import Target
 from tests.protocol.conftest import RawTarget
-from tests.support.raw import HOSTID, HOSTNQN, RawQueue
+from tests.support.raw import HOSTID, HOSTNQN, RawQueue, rw_sqe
+from tests.support.scrape import samples_of, value
 
 NQN = "nqn.2024-01.io.pynvmf.test:cores"
 BLOCK = 512
@@ -476,3 +478,36 @@ async def test_a_new_namespaces_event_waits_until_every_worker_has_it(
         assert done.status == 0, done
         done = await queue.read(2, 0, 1, BLOCK)
         assert done.status == 0 and done.data == b"\x33" * BLOCK
+
+
+async def test_a_data_digest_error_on_a_worker_reaches_the_metrics(
+    start: Start, raw_target_port: Callable[[Target], RawTarget]
+) -> None:
+    target = await start()
+    raw = raw_target_port(target)
+    admin = await raw.admin(NQN)
+    io = await raw.open()
+    await io.handshake(hdgst=True, ddgst=True)
+    assert (await io.connect(NQN, qid=1, cntlid=admin.cntlid)).status == 0
+    assert sum(_placement(target)) == 1  # the queue is a worker's
+    data = b"\x66" * BLOCK
+    sqe = rw_sqe(IoOpcode.WRITE, io.next_cid(), 1, 10, 1, BLOCK, inline=True)
+    bad = bytearray(io.capsule(sqe, data))
+    bad[-1] ^= 0xFF
+    failed = await io.submit_nowait(sqe, data, wire=bytes(bad))
+    assert failed.status == Status.TRANSIENT_TRANSPORT_ERROR
+    endpoint = MetricsEndpoint(target)
+    # The worker reports it within half a second; asked until then, within a deadline.
+    async with asyncio.timeout(10):
+        while (
+            value(samples_of(endpoint.exposition().decode()), "pynvmf_data_digest_errors_total")
+            != 1
+        ):
+            await asyncio.sleep(0.05)
+    await io.close()
+    # Its connection closed in the worker: still counted once.
+    async with asyncio.timeout(10):
+        while sum(_placement(target)):
+            await asyncio.sleep(0.05)
+    m = samples_of(endpoint.exposition().decode())
+    assert value(m, "pynvmf_data_digest_errors_total") == 1

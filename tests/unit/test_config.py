@@ -16,6 +16,7 @@ from pynvmf.config.native import (
     config_from_options,
     config_of,
     load_config,
+    metrics_listen_of,
     parse_listen,
 )
 
@@ -197,3 +198,34 @@ async def test_a_persistence_file_that_cannot_be_restored_stops_the_target(
     config = _one_subsystem({"nsid": 1, "memory": "1M", "ptpl_file": str(state)})
     with pytest.raises(ConfigError, match=r"ptpl_file: .*bad\.json"):
         await build_target(config)
+
+
+@pytest.mark.parametrize(
+    ("metrics", "expected"),
+    [
+        ({"listen": "127.0.0.1:9464"}, ("127.0.0.1", 9464)),
+        ({"listen": "[::1]:0"}, ("::1", 0)),
+        ({}, None),
+    ],
+)
+def test_metrics_listen_of_the_configuration(
+    metrics: dict[str, str], expected: tuple[str, int] | None
+) -> None:
+    assert metrics_listen_of({"metrics": metrics}) == expected
+    assert metrics_listen_of({}) is None
+
+
+@pytest.mark.parametrize(
+    ("metrics", "error"),
+    [
+        ({"listen": "127.0.0.1"}, "config.metrics.listen: .* needs a port"),
+        ({"listen": "localhost:9464"}, "config.metrics.listen: .* not an IP address"),
+        ({"listen": 9464}, "config.metrics.listen: 9464 has the wrong type"),
+        ({"port": 9464}, "config.metrics.port: unknown key"),
+    ],
+)
+def test_metrics_listen_of_a_wrong_configuration_names_the_key(
+    metrics: dict[str, object], error: str
+) -> None:
+    with pytest.raises(ConfigError, match=error):
+        metrics_listen_of({"metrics": metrics})

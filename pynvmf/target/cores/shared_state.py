@@ -30,8 +30,26 @@ RESERVATION = "reservation"  # (nqn, nsid, seq, state, preempted host IDs): requ
 EXIT = "exit"  # ()
 # Worker -> main process.
 QUEUE_CLOSED = "queue_closed"  # (queue token)
-ACTIVITY = "activity"  # (controller tokens with traffic, {token: [ErrorLogEntry]}, {nqn: stats})
+# (controller tokens with traffic, {token: [ErrorLogEntry]}, {nqn: stats}, TransportCounts)
+ACTIVITY = "activity"
 FORWARD = "forward"  # (controller token, sqe bytes, data or None): request -> its Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class TransportCounts:
+    """What a worker's connections counted since its last report (ACTIVITY): data
+    digest errors, TermReqs sent, requests for data buffers that waited."""
+
+    data_digest_errors: int = 0
+    term_reqs_sent: int = 0
+    budget_waits: int = 0
+
+    def __sub__(self, other: TransportCounts) -> TransportCounts:
+        return TransportCounts(
+            self.data_digest_errors - other.data_digest_errors,
+            self.term_reqs_sent - other.term_reqs_sent,
+            self.budget_waits - other.budget_waits,
+        )
 
 
 @dataclass(frozen=True, slots=True)

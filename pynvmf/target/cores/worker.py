@@ -55,6 +55,9 @@ REPORT_MAX_S = 0.5
 _UNLIMITED = 1 << 30
 
 
+_NOTHING = S.TransportCounts()
+
+
 class WorkerProtocol(TargetProtocol):
     """A connection the main process handed over: it continues from where the main
     process left it, and reports its end."""
@@ -112,6 +115,7 @@ class Worker:
         # maps its page of it.
         self.ana_table = -1
         self._reported_errors: dict[int, int] = {}
+        self._reported_transport = S.TransportCounts()
         self._report_handle: asyncio.TimerHandle | None = None
 
     async def run(self) -> None:
@@ -404,10 +408,26 @@ class Worker:
                 counts = subsystem.stats.take()
                 if any(counts):
                     stats[nqn] = counts
-        if (traffic or errors or stats) and self.channel is not None:
-            self.channel.send(S.ACTIVITY, traffic, errors, stats)
+        transport = self._transport_counts()
+        fresh = transport - self._reported_transport
+        self._reported_transport = transport
+        if (traffic or errors or stats or fresh != _NOTHING) and self.channel is not None:
+            self.channel.send(S.ACTIVITY, traffic, errors, stats, fresh)
         if not self.done.is_set():
             self._schedule_report()
+
+    def _transport_counts(self) -> S.TransportCounts:
+        """What this worker's connections counted so far: the closed ones' (which
+        TargetProtocol adds to the target's counters as each closes) and the open ones'."""
+        if self.target is None:
+            return _NOTHING
+        counters = self.target.counters
+        digest_errors, term_reqs = counters.data_digest_errors, counters.term_reqs_sent
+        for port in self.ports.values():
+            for protocol in port.connections:
+                digest_errors += protocol.conn.stats.data_digest_errors
+                term_reqs += protocol.conn.stats.term_reqs_sent
+        return S.TransportCounts(digest_errors, term_reqs, self.target.memory_pool.waits)
 
     def controller_token(self, ctrl: Controller) -> int | None:
         return self.tokens.get(id(ctrl))

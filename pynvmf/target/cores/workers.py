@@ -440,6 +440,7 @@ class WorkerPool:
         traffic: list[int],
         errors: dict[int, list[Any]],
         stats: dict[str, tuple[int, ...]],
+        transport: S.TransportCounts,
     ) -> None:
         ctrls = self._ctrls
         for token in traffic:
@@ -465,6 +466,13 @@ class WorkerPool:
                 subsystem.stats.add(counts)
             except ValueError as exc:
                 log.error("statistics of %s from a worker refused: %s", nqn, exc)
+        if min(transport.data_digest_errors, transport.term_reqs_sent, transport.budget_waits) < 0:
+            log.error("transport counts from a worker refused: %s", transport)
+            return
+        counters = self.target.counters
+        counters.data_digest_errors += transport.data_digest_errors
+        counters.term_reqs_sent += transport.term_reqs_sent
+        counters.worker_budget_waits += transport.budget_waits
 
     async def _forwarded(
         self, ctrl_token: int, sqe_bytes: bytes, data: bytes | None, length: int

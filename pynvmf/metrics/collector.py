@@ -1,0 +1,294 @@
+"""The target's state as Prometheus metric families, read when a scrape asks.
+
+Nothing here runs per command: every figure is a count or a table the target keeps for
+its own reasons (the SMART log's I/O counts, the connection budget, the TLS decisions,
+the ANA groups), read at scrape time. `collect()` reads mutable objects of the target
+(dictionaries of controllers, ports), so it runs on the target's event loop, between
+two callbacks: a scrape then sees one state, never half a change (MetricsEndpoint calls
+it there).
+
+Each family comes from one function in SOURCES, a table, so that a new kind of figure
+(per-host per-opcode counters, latency histograms) is a new function beside these.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from pynvmf.metrics.labels import DEFAULT_HOST_LIMIT, BoundedLabels, label_value
+from pynvmf.target import ana
+
+if TYPE_CHECKING:
+    from pynvmf.target.target import Target
+
+# kTLS fallback reasons come from the kernel's answers: a handful, but not ours to bound.
+FALLBACK_REASON_LIMIT = 32
+
+
+@dataclass
+class Scrape:
+    """What the sources of one scrape share: the target and the bounded labels."""
+
+    target: Target
+    hosts: BoundedLabels
+    fallback_reasons: BoundedLabels
+
+
+def _connections(s: Scrape) -> Iterator[Metric]:
+    target = s.target
+    per_queue: Counter[tuple[str, str]] = Counter()
+    for subsystem in [target.discovery, *target.subsystems.values()]:
+        for ctrl in subsystem.controllers.values():
+            host = label_value(ctrl.hostnqn)
+            for queue in ctrl.queues.values():
+                per_queue[str(queue.port), host] += 1
+    labels = s.hosts.assign(host for _port, host in per_queue)
+    folded: Counter[tuple[str, str]] = Counter()
+    for (port, host), n in per_queue.items():
+        folded[port, labels[host]] += n
+    g = GaugeMetricFamily(
+        "pynvmf_connections",
+        "NVMe/TCP connections bound to a controller (one per queue), by port and host NQN",
+        labels=["port", "host"],
+    )
+    for (port, host), n in sorted(folded.items()):
+        g.add_metric([port, host], n)
+    yield g
+    yield GaugeMetricFamily(
+        "pynvmf_metrics_hosts_folded",
+        'Host NQNs beyond the label limit, counted in host="_other" series',
+        value=s.hosts.folded,
+    )
+    budget = target.connection_budget
+    yield GaugeMetricFamily(
+        "pynvmf_tcp_connections",
+        "TCP connections the target holds, bound to a controller or not yet",
+        value=budget.total,
+    )
+    yield CounterMetricFamily(
+        "pynvmf_connections_refused",
+        "Connections refused by the connection limits (in all, per address)",
+        value=budget.refused,
+    )
+
+
+def _controllers_and_queues(s: Scrape) -> Iterator[Metric]:
+    target = s.target
+    controllers = GaugeMetricFamily(
+        "pynvmf_controllers", "Controllers, by subsystem", labels=["subsystem"]
+    )
+    queues = GaugeMetricFamily(
+        "pynvmf_queues", "Queues of the controllers, by subsystem", labels=["subsystem", "type"]
+    )
+    for subsystem in [target.discovery, *target.subsystems.values()]:
+        nqn = label_value(subsystem.nqn)
+        controllers.add_metric([nqn], len(subsystem.controllers))
+        admin = io = 0
+        for ctrl in subsystem.controllers.values():
+            for qid in ctrl.queues:
+                if qid:
+                    io += 1
+                else:
+                    admin += 1
+        queues.add_metric([nqn, "admin"], admin)
+        queues.add_metric([nqn, "io"], io)
+    yield controllers
+    yield queues
+    created = CounterMetricFamily(
+        "pynvmf_queues_created",
+        "Queues connected since the target started",
+        labels=["type"],
+    )
+    created.add_metric(["admin"], target.counters.admin_queues)
+    created.add_metric(["io"], target.counters.io_queues)
+    yield created
+    yield CounterMetricFamily(
+        "pynvmf_keep_alive_expiries",
+        "Controllers torn down because their host sent nothing within the keep-alive timeout",
+        value=target.counters.keep_alive_expiries,
+    )
+
+
+def _io(s: Scrape) -> Iterator[Metric]:
+    commands = CounterMetricFamily(
+        "pynvmf_subsystem_commands",
+        "I/O commands counted for the SMART / Health log, by subsystem (read includes "
+        "Compare's reads, write Compare and Write's writes)",
+        labels=["subsystem", "opcode"],
+    )
+    data = CounterMetricFamily(
+        "pynvmf_subsystem_bytes",
+        "Bytes of those commands, by subsystem (copy: bytes copied within the target)",
+        labels=["subsystem", "direction"],
+    )
+    namespaces = GaugeMetricFamily(
+        "pynvmf_namespaces", "Namespaces, by subsystem", labels=["subsystem"]
+    )
+    for subsystem in s.target.subsystems.values():
+        nqn = label_value(subsystem.nqn)
+        stats = subsystem.stats
+        commands.add_metric([nqn, "read"], stats.read_cmds)
+        commands.add_metric([nqn, "write"], stats.write_cmds)
+        commands.add_metric([nqn, "copy"], stats.copy_cmds)
+        data.add_metric([nqn, "read"], stats.read_bytes)
+        data.add_metric([nqn, "write"], stats.write_bytes)
+        data.add_metric([nqn, "copy"], stats.copy_bytes)
+        namespaces.add_metric([nqn], len(subsystem.namespaces))
+    yield commands
+    yield data
+    yield namespaces
+
+
+def _ana(s: Scrape) -> Iterator[Metric]:
+    target = s.target
+    state = GaugeMetricFamily(
+        "pynvmf_ana_state",
+        "1 for the ANA state each group of a subsystem is in on each listener, 0 for the others",
+        labels=["subsystem", "group", "listener", "state"],
+    )
+    changes = CounterMetricFamily(
+        "pynvmf_ana_changes",
+        "Changes of a subsystem's ANA log (state transitions, groups gaining namespaces)",
+        labels=["subsystem"],
+    )
+    for nqn, subsystem in target.subsystems.items():
+        label = label_value(nqn)
+        listeners = [p for p in target.ports if not p.discovery_only and p.exposes(nqn)]
+        for grpid, group in sorted(subsystem.ana.groups.items()):
+            for port in listeners:
+                now = group.state_on(port)
+                for anastate, name in ana.NAMES.items():
+                    state.add_metric(
+                        [label, str(grpid), str(port), name], 1 if anastate == now else 0
+                    )
+        changes.add_metric([label], subsystem.ana.chgcnt)
+    yield state
+    yield changes
+
+
+def _tls(s: Scrape) -> Iterator[Metric]:
+    tls = s.target.tls_counters
+    yield CounterMetricFamily(
+        "pynvmf_tls_handshakes", "TLS handshakes completed", value=tls.handshakes
+    )
+    yield CounterMetricFamily(
+        "pynvmf_tls_handshake_failures",
+        "TLS handshakes that failed, and plain connections refused on a port requiring TLS",
+        value=tls.handshake_failures,
+    )
+    layer = CounterMetricFamily(
+        "pynvmf_tls_record_layers",
+        "Where a TLS connection's records were processed, per direction: kernel (kTLS) or "
+        "user space",
+        labels=["direction", "layer"],
+    )
+    layer.add_metric(["tx", "kernel"], tls.ktls_tx)
+    layer.add_metric(["rx", "kernel"], tls.ktls_rx)
+    layer.add_metric(["tx", "user"], tls.user_tx)
+    layer.add_metric(["rx", "user"], tls.user_rx)
+    yield layer
+    reasons = {label_value(r): n for r, n in tls.fallback_reasons.items()}
+    labels = s.fallback_reasons.assign(reasons)
+    folded: Counter[str] = Counter()
+    for reason, n in reasons.items():
+        folded[labels[reason]] += n
+    fallbacks = CounterMetricFamily(
+        "pynvmf_tls_ktls_fallbacks",
+        "Directions kept in user space instead of kTLS, by reason",
+        labels=["reason"],
+    )
+    for reason, n in sorted(folded.items()):
+        fallbacks.add_metric([reason], n)
+    yield fallbacks
+
+
+def _auth(s: Scrape) -> Iterator[Metric]:
+    counters = s.target.counters
+    yield CounterMetricFamily(
+        "pynvmf_auth_successes",
+        "DH-HMAC-CHAP transactions (authentications and re-authentications) that succeeded",
+        value=counters.auth_successes,
+    )
+    failures = CounterMetricFamily(
+        "pynvmf_auth_failures",
+        "DH-HMAC-CHAP transactions that failed, by the failure reason explanation",
+        labels=["reason"],
+    )
+    for reason, n in sorted(counters.auth_failures.items()):
+        failures.add_metric([reason], n)
+    yield failures
+
+
+def _transport(s: Scrape) -> Iterator[Metric]:
+    target = s.target
+    counters = target.counters
+    digest_errors = counters.data_digest_errors
+    term_reqs = counters.term_reqs_sent
+    for port in target.ports:
+        for protocol in port.connections:
+            stats = protocol.conn.stats
+            digest_errors += stats.data_digest_errors
+            term_reqs += stats.term_reqs_sent
+    yield CounterMetricFamily(
+        "pynvmf_data_digest_errors",
+        "Data PDUs whose data digest (CRC32C) did not match",
+        value=digest_errors,
+    )
+    yield CounterMetricFamily(
+        "pynvmf_term_reqs_sent",
+        "Connections ended by a C2HTermReq (a malformed PDU, a header digest error)",
+        value=term_reqs,
+    )
+
+
+def _budgets(s: Scrape) -> Iterator[Metric]:
+    pool = s.target.memory_pool
+    yield GaugeMetricFamily(
+        "pynvmf_data_buffers_bytes",
+        "Data buffers held for hosts' commands now, in this process",
+        value=pool.used,
+    )
+    yield GaugeMetricFamily(
+        "pynvmf_data_buffers_limit_bytes",
+        "The data buffers this process may hold in all (--max-memory)",
+        value=pool.capacity,
+    )
+    yield CounterMetricFamily(
+        "pynvmf_budget_waits",
+        "Requests for data buffers that waited for others to be given back",
+        value=pool.waits + s.target.counters.worker_budget_waits,
+    )
+
+
+Source = Callable[[Scrape], Iterable[Metric]]
+
+SOURCES: tuple[Source, ...] = (
+    _connections,
+    _controllers_and_queues,
+    _io,
+    _ana,
+    _tls,
+    _auth,
+    _transport,
+    _budgets,
+)
+
+
+class TargetCollector(Collector):
+    """The metric families of one Target. Call `collect` on the target's event loop."""
+
+    def __init__(self, target: Target, *, host_limit: int = DEFAULT_HOST_LIMIT) -> None:
+        self.target = target
+        self.hosts = BoundedLabels(host_limit)
+        self.fallback_reasons = BoundedLabels(FALLBACK_REASON_LIMIT)
+
+    def collect(self) -> Iterable[Metric]:
+        scrape = Scrape(self.target, self.hosts, self.fallback_reasons)
+        for source in SOURCES:
+            yield from source(scrape)
