@@ -57,7 +57,14 @@ from pynvmf.target.devices import NamedDevice, close_device
 from pynvmf.target.drain import commands_waiting, drain
 from pynvmf.target.generated_psks import GeneratedPsks
 from pynvmf.target.keyring import KeyringEntry, parse_key, psk_lookup, read_key_file
-from pynvmf.target.port import SECURE_CHANNELS, Port, check_port, listen, normal_address
+from pynvmf.target.port import (
+    Port,
+    SecureChannelPolicy,
+    check_port,
+    listen,
+    normal_address,
+    secure_channel_policy,
+)
 from pynvmf.target.protocol import BusyPoller, TargetProtocol
 from pynvmf.target.subsystem import (
     CNTLID_MAX,
@@ -805,10 +812,7 @@ class Target:
         new port's TLS requirement; on a port that exists it must match."""
         if nqn != DISCOVERY_NQN:
             self._subsystem(nqn)
-        if secure_channel is not None and secure_channel not in SECURE_CHANNELS:
-            raise ChangeError(
-                "secure_channel", f"{secure_channel!r} is not one of {SECURE_CHANNELS}"
-            )
+        policy = None if secure_channel is None else secure_channel_policy(secure_channel)
         port = self.find_port(address, port_number) if port_number else None
         if port is None:
             if nqn == DISCOVERY_NQN:
@@ -816,15 +820,15 @@ class Target:
             else:
                 new = Port(address, port_number, subsystems=[nqn])
             new.transport = self.transport
-            new.secure_channel = secure_channel or "none"
+            new.secure_channel = policy or SecureChannelPolicy.NONE
             await self.add_port(new)
             if nqn != DISCOVERY_NQN:
                 self._changed(nqn)
             return new
-        if secure_channel is not None and secure_channel != port.secure_channel:
+        if policy is not None and policy != port.secure_channel:
             raise ChangeError(
                 "secure_channel",
-                f"{port} already listens with secure channel {port.secure_channel!r}",
+                f"{port} already listens with secure channel {port.secure_channel.value!r}",
             )
         if nqn == DISCOVERY_NQN:
             port.discovery_listener = True

@@ -19,7 +19,7 @@ from pynvmf.spec.opcodes import DISCOVERY_NQN, NOTICE_DISC_LOG_CHANGED, AsyncEve
 from pynvmf.target.changes import ChangeError
 from pynvmf.target.controller import Controller
 from pynvmf.target.devices import NamedDevice
-from pynvmf.target.port import Port
+from pynvmf.target.port import Port, SecureChannelPolicy
 from pynvmf.target.target import Target
 from pynvmf.tcp.target import TransportConfig
 
@@ -389,3 +389,15 @@ def test_the_transport_for_new_listeners_is_checked(target: Target) -> None:
     assert info.value.field == "inline_data_size"
     target.set_transport(TransportConfig(inline_data_size=4096))
     assert target.transport.inline_data_size == 4096
+
+
+async def test_a_port_takes_its_secure_channel_by_name(target: Target) -> None:
+    port = await target.add_port(Port("127.0.0.1", 14421, secure_channel="optional"))  # type: ignore[arg-type]
+    assert port.secure_channel is SecureChannelPolicy.OPTIONAL and port.offers_tls
+    with pytest.raises(ChangeError) as info:
+        await target.add_listener(NQN, "127.0.0.1", 14421, secure_channel="required")
+    assert info.value.reason == "127.0.0.1:14421 already listens with secure channel 'optional'"
+    with pytest.raises(ChangeError) as info:
+        await target.add_port(Port("127.0.0.1", 14422, secure_channel="maybe"))  # type: ignore[arg-type]
+    assert info.value.field == "secure_channel"
+    assert info.value.reason == "'maybe' is not one of ('none', 'required', 'optional')"
