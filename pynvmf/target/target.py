@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -87,6 +88,22 @@ log = logging.getLogger(__name__)
 MAX_SUBSYSTEMS = 1024  # SPDK's default, and plenty for one process
 
 
+class TargetState(Enum):
+    """Where a target is in its life: started once, stopped once."""
+
+    NEW = "new"  # built, not listening yet
+    RUNNING = "running"  # listening on its ports
+    STOPPED = "stopped"  # for good: ports, connections and block devices closed
+
+
+# The states each state may become (a start that fails stops the target).
+_TRANSITIONS: dict[TargetState, tuple[TargetState, ...]] = {
+    TargetState.NEW: (TargetState.RUNNING, TargetState.STOPPED),
+    TargetState.RUNNING: (TargetState.STOPPED,),
+    TargetState.STOPPED: (),
+}
+
+
 @dataclass
 class TargetCounters:
     """Cumulative counts for statistics (SPDK's nvmf_get_stats)."""
@@ -135,8 +152,7 @@ class Target:
         self._sweeper: asyncio.TimerHandle | None = None
         # Told the NQN of every subsystem whose configuration changed (see _changed).
         self._change_listeners: list[ChangeListener] = []
-        self._running = False
-        self._stopped = False
+        self._state = TargetState.NEW
         for subsystem in subsystems:
             self._adopt(subsystem)
         for port in ports:
@@ -145,14 +161,30 @@ class Target:
 
     # -- running -------------------------------------------------------------------------
 
+    @property
+    def state(self) -> TargetState:
+        return self._state
+
+    def _check_transition(self, state: TargetState) -> None:
+        if state not in _TRANSITIONS[self._state]:
+            raise RuntimeError(f"a {self._state.value} target cannot become {state.value}")
+
+    def _enter(self, state: TargetState) -> None:
+        """The one place the target's state changes."""
+        self._check_transition(state)
+        self._state = state
+
     async def start(self) -> None:
+        self._check_transition(TargetState.RUNNING)
         try:
             for port in self.ports:
                 await self._listen(port)
         except BaseException:
             await self.stop()
             raise
-        self._running = True
+        if self._state is TargetState.STOPPED:
+            return  # stop() ran while the ports opened
+        self._enter(TargetState.RUNNING)
         self.started = time.monotonic()
         self._sweeper = asyncio.get_running_loop().call_later(SWEEP_INTERVAL_S, self._sweep)
 
@@ -171,15 +203,14 @@ class Target:
                 protocol.abort(reason)
         if self.memory_pool.should_trim():
             trim()
-        if not self._stopped:
+        if self._state is not TargetState.STOPPED:
             loop = asyncio.get_running_loop()
             self._sweeper = loop.call_later(SWEEP_INTERVAL_S, self._sweep)
 
     async def stop(self) -> None:
-        if self._stopped:
+        if self._state is TargetState.STOPPED:
             return
-        self._stopped = True
-        self._running = False
+        self._enter(TargetState.STOPPED)
         if self._sweeper is not None:
             self._sweeper.cancel()
         servers = [port.server for port in self.ports if port.server is not None]
@@ -765,7 +796,7 @@ class Target:
     async def add_port(self, port: Port) -> Port:
         """Listen on a new port (at once, if the target is running)."""
         self._check_port(port)
-        if self._running:
+        if self._state is TargetState.RUNNING:
             await self._listen(port)
         self._place_port(port)
         self._discovery_changed()

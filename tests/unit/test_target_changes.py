@@ -7,6 +7,7 @@ Connect makes them, so that what they are told can be read back.
 
 from __future__ import annotations
 
+import socket
 import uuid
 
 import pytest
@@ -20,7 +21,7 @@ from pynvmf.target.changes import ChangeError
 from pynvmf.target.controller import Controller
 from pynvmf.target.devices import NamedDevice
 from pynvmf.target.port import Port, SecureChannelPolicy
-from pynvmf.target.target import Target
+from pynvmf.target.target import Target, TargetState
 from pynvmf.tcp.target import TransportConfig
 
 NQN = "nqn.2024-11.dev.pynvmf:changes"
@@ -401,3 +402,37 @@ async def test_a_port_takes_its_secure_channel_by_name(target: Target) -> None:
         await target.add_port(Port("127.0.0.1", 14422, secure_channel="maybe"))  # type: ignore[arg-type]
     assert info.value.field == "secure_channel"
     assert info.value.reason == "'maybe' is not one of ('none', 'required', 'optional')"
+
+
+# -- lifecycle ----------------------------------------------------------------------------
+
+
+async def test_a_target_starts_once_and_stops_once() -> None:
+    target = Target(ports=[Port("127.0.0.1", 0)])
+    assert target.state is TargetState.NEW
+    late = Port("127.0.0.1", 0)
+    await target.add_port(late)
+    assert late.server is None  # a new target listens once it starts
+    await target.start()
+    assert target.state is TargetState.RUNNING
+    assert all(port.server is not None for port in target.ports)
+    await target.add_port(Port("127.0.0.1", 0))
+    assert target.ports[-1].server is not None  # a running one at once
+    await target.stop()
+    await target.stop()
+    assert target.state is TargetState.STOPPED
+    assert all(port.server is None for port in target.ports)
+    with pytest.raises(RuntimeError):
+        await target.start()
+    assert all(port.server is None for port in target.ports)
+
+
+async def test_a_start_that_fails_stops_the_target() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        target = Target(ports=[Port("127.0.0.1", 0), Port("127.0.0.1", taken.getsockname()[1])])
+        with pytest.raises(ChangeError):
+            await target.start()
+    assert target.state is TargetState.STOPPED
+    assert target.ports[0].server is None
