@@ -208,7 +208,7 @@ async def _serve(
     busy_poll_us: int = 0,
 ) -> None:
     from pynvmf.block.memory import MemoryDevice
-    from pynvmf.target.port import Port
+    from pynvmf.target.port import Port, SecureChannelPolicy
     from pynvmf.target.subsystem import Namespace, Subsystem
     from pynvmf.target.target import Target
 
@@ -223,7 +223,13 @@ async def _serve(
     subsystem.add_namespace(Namespace.create(nqn, 1, device, "bench-memory"))
     port = Port("127.0.0.1", 0, transport=transport)
     tls_ports = {
-        policy: Port("127.0.0.1", 0, transport=transport, secure_channel="optional", ktls=policy)
+        policy: Port(
+            "127.0.0.1",
+            0,
+            transport=transport,
+            secure_channel=SecureChannelPolicy.OPTIONAL,
+            ktls=policy,
+        )
         for policy in (("auto", "off") if tls_psks else ())
     }
     target = Target([subsystem], [port, *tls_ports.values()], busy_poll_us=busy_poll_us)

@@ -758,8 +758,8 @@ def config_of(target: Target) -> dict[str, Any]:
             spec["discovery"] = True
         if port.advertise:
             spec["advertise"] = port.advertise
-        if port.secure_channel != "none":
-            spec["secure_channel"] = port.secure_channel
+        if port.offers_tls:
+            spec["secure_channel"] = port.secure_channel.value
         if port.ktls != "auto":
             spec["ktls"] = port.ktls
         spec.update(_transport_dict(port.transport, target.transport))

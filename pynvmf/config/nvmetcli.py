@@ -32,7 +32,7 @@ from pynvmf.target import ana
 from pynvmf.target import devices as D
 from pynvmf.target.changes import ChangeError
 from pynvmf.target.devices import NamedDevice
-from pynvmf.target.port import Port
+from pynvmf.target.port import Port, SecureChannelPolicy
 from pynvmf.target.subsystem import CNTLID_MAX, CNTLID_MIN
 from pynvmf.target.target import Target
 from pynvmf.tcp.target import TransportConfig
@@ -333,6 +333,12 @@ def _hex(value: Any, size: int, where: str) -> bytes | None:
 
 _ADDR_KEYS = {"trtype", "adrfam", "traddr", "trsvcid", "treq", "tsas"}
 _PARAM_KEYS = {"inline_data_size", "pi_enable", "max_queue_size"}
+# addr_treq for a port's secure channel, as nvmet writes it.
+_TREQ = {
+    SecureChannelPolicy.NONE: "not specified",
+    SecureChannelPolicy.REQUIRED: "required",
+    SecureChannelPolicy.OPTIONAL: "not required",
+}
 
 
 async def _port(target: Target, spec: dict[str, Any], where: str) -> None:
@@ -359,10 +365,12 @@ async def _port(target: Target, spec: dict[str, Any], where: str) -> None:
             f"{a}.treq",
             "a port requires a secure channel only with addr_tsas tls1.3",
         )
-        secure_channel = "none"
+        secure_channel = SecureChannelPolicy.NONE
     else:
         _only(treq, ("not specified", "required", "not required"), f"{a}.treq", "")
-        secure_channel = "optional" if treq == "not required" else "required"
+        secure_channel = (
+            SecureChannelPolicy.OPTIONAL if treq == "not required" else SecureChannelPolicy.REQUIRED
+        )
     traddr = _text(addr.get("traddr", ""))
     trsvcid = _int(addr.get("trsvcid", 4420), f"{a}.trsvcid")
     if (":" in traddr) != (adrfam == "ipv6"):
@@ -532,15 +540,11 @@ def nvmetcli_config(target: Target) -> dict[str, Any]:
                 "addr": {
                     "adrfam": "ipv6" if port.is_ipv6 else "ipv4",
                     "traddr": port.address,
-                    "treq": {
-                        "none": "not specified",
-                        "required": "required",
-                        "optional": "not required",
-                    }[port.secure_channel],
+                    "treq": _TREQ[port.secure_channel],
                     "trsvcid": str(port.port),
                     "trtype": "tcp",
                     # Only where there is TLS: Linux 6.1 refuses writes to addr_tsas.
-                    **({"tsas": "tls1.3"} if port.secure_channel != "none" else {}),
+                    **({"tsas": "tls1.3"} if port.offers_tls else {}),
                 },
                 "ana_groups": _port_ana_groups(target, port, linked),
                 "param": {"inline_data_size": str(port.transport.inline_data_size)},

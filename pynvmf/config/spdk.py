@@ -22,7 +22,7 @@ from pynvmf.target import devices as D
 from pynvmf.target.controller import MAX_IO_QUEUES, QUEUE_ENTRIES
 from pynvmf.target.devices import NamedDevice
 from pynvmf.target.limits import MAX_TRANSFER
-from pynvmf.target.port import Port
+from pynvmf.target.port import Port, SecureChannelPolicy
 from pynvmf.target.subsystem import Subsystem
 from pynvmf.target.target import Target
 
@@ -254,7 +254,7 @@ def _listener_call(nqn: str, port: Port) -> dict[str, Any]:
         "params": {
             "nqn": nqn,
             "listen_address": trid(port),
-            "secure_channel": port.secure_channel == "required",
+            "secure_channel": port.secure_channel == SecureChannelPolicy.REQUIRED,
         },
     }
 

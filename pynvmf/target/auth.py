@@ -59,7 +59,7 @@ async def execute(queue: TargetQueue, req: Request) -> Outcome:
                 queue.qid,
                 ctrl.cntlid,
                 authenticated=True,
-                tls_offered=queue.port.secure_channel != "none",
+                tls_offered=queue.port.offers_tls,
                 on_tls=queue.tls_psk is not None,
             )
             queue.auth = auth

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from pynvmf.spec import logpages as L
 from pynvmf.spec.opcodes import DISCOVERY_NQN
-from pynvmf.target.port import Port
+from pynvmf.target.port import Port, SecureChannelPolicy
 
 if TYPE_CHECKING:
     from pynvmf.target.queue import TargetQueue
@@ -18,9 +18,9 @@ if TYPE_CHECKING:
 
 # A port's secure channel (port.py) as the log's TREQ says it.
 _TREQ = {
-    "none": L.Treq.NOT_SPECIFIED,
-    "required": L.Treq.REQUIRED,
-    "optional": L.Treq.NOT_REQUIRED,
+    SecureChannelPolicy.NONE: L.Treq.NOT_SPECIFIED,
+    SecureChannelPolicy.REQUIRED: L.Treq.REQUIRED,
+    SecureChannelPolicy.OPTIONAL: L.Treq.NOT_REQUIRED,
 }
 
 
@@ -58,7 +58,7 @@ def _entry(port: Port, nqn: str, subtype: int, queue: TargetQueue) -> L.Discover
         # which that kernel refuses; "required" when only TLS is accepted, "not
         # required" when either is; SECTYPE TLS 1.3 in the TSAS whenever TLS is.
         treq=_TREQ[port.secure_channel] | L.Treq.DISABLE_SQFLOW,
-        tsas=bytes([L.TcpSecType.TLS13 if port.secure_channel != "none" else L.TcpSecType.NONE]),
+        tsas=bytes([L.TcpSecType.TLS13 if port.offers_tls else L.TcpSecType.NONE]),
         portid=port.portid,
         cntlid=0xFFFF,
         asqsz=32,

@@ -119,7 +119,7 @@ async def connect(queue: TargetQueue, req: Request) -> Outcome:
                 subsystem.nqn,
                 cmd.qid,
                 ctrl.cntlid,
-                tls_offered=queue.port.secure_channel != "none",
+                tls_offered=queue.port.offers_tls,
                 on_tls=tls_psk is not None,
             )
         )

@@ -9,6 +9,7 @@ by the connection's first byte, as nvmet does with treq "not required").
 from __future__ import annotations
 
 import asyncio
+import enum
 import ipaddress
 import logging
 import socket
@@ -26,7 +27,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SECURE_CHANNELS = ("none", "required", "optional")
+
+class SecureChannelPolicy(enum.StrEnum):
+    """Whether a port's connections run over TLS 1.3. Its values are the names the
+    configuration formats and RPCs use."""
+
+    NONE = "none"
+    REQUIRED = "required"
+    OPTIONAL = "optional"
+
+
+SECURE_CHANNELS = tuple(policy.value for policy in SecureChannelPolicy)
 
 
 @dataclass(eq=False)
@@ -48,12 +59,17 @@ class Port:
     # The address the discovery log gives for this port, when hosts reach it by another
     # than the one it listens on (NAT, a VM's user-mode network): "" means its own.
     advertise: str = ""
-    secure_channel: str = "none"
+    # Configurations and RPCs give its name: check_port makes it the policy.
+    secure_channel: SecureChannelPolicy = SecureChannelPolicy.NONE
     # Whether a TLS connection's record layer may move into the kernel ("auto") or stays
     # in user space ("off", for measurements and for kernels whose kTLS misbehaves).
     ktls: str = "auto"
     connections: set[TargetProtocol] = field(default_factory=set, repr=False, compare=False)
     server: asyncio.base_events.Server | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def offers_tls(self) -> bool:
+        return self.secure_channel != SecureChannelPolicy.NONE
 
     @property
     def is_ipv6(self) -> bool:
@@ -101,13 +117,18 @@ def check_port(port: Port, existing: Iterable[Port]) -> None:
         raise ChangeError("port", f"the target already listens on {port}")
     if port.subsystems is not None:
         port.subsystems = list(dict.fromkeys(port.subsystems))
-    if port.secure_channel not in SECURE_CHANNELS:
-        raise ChangeError(
-            "secure_channel", f"{port.secure_channel!r} is not one of {SECURE_CHANNELS}"
-        )
+    port.secure_channel = secure_channel_policy(port.secure_channel)
     if port.ktls not in KTLS_POLICIES:
         raise ChangeError("ktls", f"{port.ktls!r} is not one of {KTLS_POLICIES}")
     check_transport(port.transport)
+
+
+def secure_channel_policy(name: str) -> SecureChannelPolicy:
+    """The policy `name` names (a ChangeError if none does)."""
+    try:
+        return SecureChannelPolicy(name)
+    except ValueError:
+        raise ChangeError("secure_channel", f"{name!r} is not one of {SECURE_CHANNELS}") from None
 
 
 async def listen(port: Port, protocol: Callable[[], asyncio.BaseProtocol]) -> None:

@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from pynvmf.target.budget import WRITE_HIGH_WATER, WRITE_LOW_WATER
+from pynvmf.target.port import SecureChannelPolicy
 from pynvmf.target.queue import TargetQueue
 from pynvmf.tcp.framing import Buffer
 from pynvmf.tcp.glue import ConnectionGlue
@@ -96,7 +97,7 @@ class TargetProtocol(ConnectionGlue[TargetConnection]):
             self.queue.peer_address = (peer[0], peer[1])
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         self.port.connections.add(self)
-        if self.port.secure_channel != "none":
+        if self.port.offers_tls:
             self._secure(
                 TlsEngine.server(self.target.tls_lookup(self.port)),
                 ktls=self.port.ktls,
@@ -130,7 +131,7 @@ class TargetProtocol(ConnectionGlue[TargetConnection]):
         first = tls.engine.peek_input(nbytes)
         if first[:1] == bytes([CT_HANDSHAKE]):
             return True
-        if self.port.secure_channel == "required":
+        if self.port.secure_channel == SecureChannelPolicy.REQUIRED:
             log.warning(
                 "connection from %s on %s refused: the port requires TLS, the host sent "
                 "plain NVMe/TCP",

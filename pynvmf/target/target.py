@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -63,7 +64,14 @@ from pynvmf.target.notifications import (
     BDEV_UNREGISTER,
     NotificationLog,
 )
-from pynvmf.target.port import SECURE_CHANNELS, Port, check_port, listen, normal_address
+from pynvmf.target.port import (
+    Port,
+    SecureChannelPolicy,
+    check_port,
+    listen,
+    normal_address,
+    secure_channel_policy,
+)
 from pynvmf.target.protocol import BusyPoller, TargetProtocol
 from pynvmf.target.subsystem import (
     CNTLID_MAX,
@@ -84,6 +92,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_SUBSYSTEMS = 1024  # SPDK's default, and plenty for one process
+
+
+class TargetState(Enum):
+    """Where a target is in its life: started once, stopped once."""
+
+    NEW = "new"  # built, not listening yet
+    RUNNING = "running"  # listening on its ports
+    STOPPED = "stopped"  # for good: ports, connections and block devices closed
+
+
+# The states each state may become (a start that fails stops the target).
+_TRANSITIONS: dict[TargetState, tuple[TargetState, ...]] = {
+    TargetState.NEW: (TargetState.RUNNING, TargetState.STOPPED),
+    TargetState.RUNNING: (TargetState.STOPPED,),
+    TargetState.STOPPED: (),
+}
 
 
 @dataclass
@@ -150,8 +174,7 @@ class Target:
         self._sweeper: asyncio.TimerHandle | None = None
         # Told the NQN of every subsystem whose configuration changed (see _changed).
         self._change_listeners: list[ChangeListener] = []
-        self._running = False
-        self._stopped = False
+        self._state = TargetState.NEW
         for subsystem in subsystems:
             self._adopt(subsystem)
         for port in ports:
@@ -160,14 +183,30 @@ class Target:
 
     # -- running -------------------------------------------------------------------------
 
+    @property
+    def state(self) -> TargetState:
+        return self._state
+
+    def _check_transition(self, state: TargetState) -> None:
+        if state not in _TRANSITIONS[self._state]:
+            raise RuntimeError(f"a {self._state.value} target cannot become {state.value}")
+
+    def _enter(self, state: TargetState) -> None:
+        """The one place the target's state changes."""
+        self._check_transition(state)
+        self._state = state
+
     async def start(self) -> None:
+        self._check_transition(TargetState.RUNNING)
         try:
             for port in self.ports:
                 await self._listen(port)
         except BaseException:
             await self.stop()
             raise
-        self._running = True
+        if self._state is TargetState.STOPPED:
+            return  # stop() ran while the ports opened
+        self._enter(TargetState.RUNNING)
         self.started = time.monotonic()
         self._sweeper = asyncio.get_running_loop().call_later(SWEEP_INTERVAL_S, self._sweep)
 
@@ -186,15 +225,14 @@ class Target:
                 protocol.abort(reason)
         if self.memory_pool.should_trim():
             trim()
-        if not self._stopped:
+        if self._state is not TargetState.STOPPED:
             loop = asyncio.get_running_loop()
             self._sweeper = loop.call_later(SWEEP_INTERVAL_S, self._sweep)
 
     async def stop(self) -> None:
-        if self._stopped:
+        if self._state is TargetState.STOPPED:
             return
-        self._stopped = True
-        self._running = False
+        self._enter(TargetState.STOPPED)
         if self._sweeper is not None:
             self._sweeper.cancel()
         servers = [port.server for port in self.ports if port.server is not None]
@@ -790,7 +828,7 @@ class Target:
     async def add_port(self, port: Port) -> Port:
         """Listen on a new port (at once, if the target is running)."""
         self._check_port(port)
-        if self._running:
+        if self._state is TargetState.RUNNING:
             await self._listen(port)
         self._place_port(port)
         self._discovery_changed()
@@ -837,10 +875,7 @@ class Target:
         new port's TLS requirement; on a port that exists it must match."""
         if nqn != DISCOVERY_NQN:
             self._subsystem(nqn)
-        if secure_channel is not None and secure_channel not in SECURE_CHANNELS:
-            raise ChangeError(
-                "secure_channel", f"{secure_channel!r} is not one of {SECURE_CHANNELS}"
-            )
+        policy = None if secure_channel is None else secure_channel_policy(secure_channel)
         port = self.find_port(address, port_number) if port_number else None
         if port is None:
             if nqn == DISCOVERY_NQN:
@@ -848,15 +883,15 @@ class Target:
             else:
                 new = Port(address, port_number, subsystems=[nqn])
             new.transport = self.transport
-            new.secure_channel = secure_channel or "none"
+            new.secure_channel = policy or SecureChannelPolicy.NONE
             await self.add_port(new)
             if nqn != DISCOVERY_NQN:
                 self._changed(nqn)
             return new
-        if secure_channel is not None and secure_channel != port.secure_channel:
+        if policy is not None and policy != port.secure_channel:
             raise ChangeError(
                 "secure_channel",
-                f"{port} already listens with secure channel {port.secure_channel!r}",
+                f"{port} already listens with secure channel {port.secure_channel.value!r}",
             )
         if nqn == DISCOVERY_NQN:
             port.discovery_listener = True

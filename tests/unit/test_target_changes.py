@@ -7,6 +7,7 @@ Connect makes them, so that what they are told can be read back.
 
 from __future__ import annotations
 
+import socket
 import uuid
 
 import pytest
@@ -19,8 +20,8 @@ from pynvmf.spec.opcodes import DISCOVERY_NQN, NOTICE_DISC_LOG_CHANGED, AsyncEve
 from pynvmf.target.changes import ChangeError
 from pynvmf.target.controller import Controller
 from pynvmf.target.devices import NamedDevice
-from pynvmf.target.port import Port
-from pynvmf.target.target import Target
+from pynvmf.target.port import Port, SecureChannelPolicy
+from pynvmf.target.target import Target, TargetState
 from pynvmf.tcp.target import TransportConfig
 
 NQN = "nqn.2024-11.dev.pynvmf:changes"
@@ -389,3 +390,49 @@ def test_the_transport_for_new_listeners_is_checked(target: Target) -> None:
     assert info.value.field == "inline_data_size"
     target.set_transport(TransportConfig(inline_data_size=4096))
     assert target.transport.inline_data_size == 4096
+
+
+async def test_a_port_takes_its_secure_channel_by_name(target: Target) -> None:
+    port = await target.add_port(Port("127.0.0.1", 14421, secure_channel="optional"))  # type: ignore[arg-type]
+    assert port.secure_channel is SecureChannelPolicy.OPTIONAL and port.offers_tls
+    with pytest.raises(ChangeError) as info:
+        await target.add_listener(NQN, "127.0.0.1", 14421, secure_channel="required")
+    assert info.value.reason == "127.0.0.1:14421 already listens with secure channel 'optional'"
+    with pytest.raises(ChangeError) as info:
+        await target.add_port(Port("127.0.0.1", 14422, secure_channel="maybe"))  # type: ignore[arg-type]
+    assert info.value.field == "secure_channel"
+    assert info.value.reason == "'maybe' is not one of ('none', 'required', 'optional')"
+
+
+# -- lifecycle ----------------------------------------------------------------------------
+
+
+async def test_a_target_starts_once_and_stops_once() -> None:
+    target = Target(ports=[Port("127.0.0.1", 0)])
+    assert target.state is TargetState.NEW
+    late = Port("127.0.0.1", 0)
+    await target.add_port(late)
+    assert late.server is None  # a new target listens once it starts
+    await target.start()
+    assert target.state is TargetState.RUNNING
+    assert all(port.server is not None for port in target.ports)
+    await target.add_port(Port("127.0.0.1", 0))
+    assert target.ports[-1].server is not None  # a running one at once
+    await target.stop()
+    await target.stop()
+    assert target.state is TargetState.STOPPED
+    assert all(port.server is None for port in target.ports)
+    with pytest.raises(RuntimeError):
+        await target.start()
+    assert all(port.server is None for port in target.ports)
+
+
+async def test_a_start_that_fails_stops_the_target() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        target = Target(ports=[Port("127.0.0.1", 0), Port("127.0.0.1", taken.getsockname()[1])])
+        with pytest.raises(ChangeError):
+            await target.start()
+    assert target.state is TargetState.STOPPED
+    assert target.ports[0].server is None

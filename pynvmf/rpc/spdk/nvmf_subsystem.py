@@ -20,6 +20,7 @@ from pynvmf.spec.logpages import AnaState
 from pynvmf.spec.opcodes import DISCOVERY_NQN
 from pynvmf.target import ana
 from pynvmf.target.changes import ChangeError
+from pynvmf.target.port import SecureChannelPolicy
 from pynvmf.target.subsystem import CNTLID_MAX, CNTLID_MIN, Subsystem
 from pynvmf.target.target import Target
 
@@ -176,7 +177,9 @@ async def nvmf_subsystem_add_listener(cp: ControlPlane, p: Params) -> bool:
             INTERNAL_ERROR, "Cannot establish secure channel, when 'allow_any_host' is set"
         )
     await apply_change(
-        cp.target.add_listener(nqn, address, port, secure_channel="required" if secure else None),
+        cp.target.add_listener(
+            nqn, address, port, secure_channel=SecureChannelPolicy.REQUIRED if secure else None
+        ),
         {**_LISTENER_NAMES, "secure_channel": "secure_channel"},
     )
     if state is not None and nqn != DISCOVERY_NQN:

@@ -38,6 +38,7 @@ import subprocess
 import sys
 import time
 import weakref
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from pynvmf.block import range_locks
@@ -113,6 +114,14 @@ class RemoteQueue:
             self.worker.channel_send(S.QUEUE_CLOSE, self.token, reason)
 
 
+class WorkerState(Enum):
+    """Where a worker process is, as the main process sees it."""
+
+    DOWN = "down"  # not started yet, or its channel closed (it exited or died)
+    STARTING = "starting"  # its channel is open; it is being told every namespace
+    READY = "ready"  # it has every namespace: it may take queues
+
+
 class WorkerHandle:
     """One worker process, as the main process sees it."""
 
@@ -123,8 +132,15 @@ class WorkerHandle:
         self.channel: Channel | None = None
         self.queues: dict[int, RemoteQueue] = {}
         self.started = 0.0
-        self.alive = False  # its channel is open
-        self.ready = False  # and it has every namespace: it may take queues
+        self.state = WorkerState.DOWN
+
+    @property
+    def alive(self) -> bool:
+        return self.state is not WorkerState.DOWN
+
+    @property
+    def ready(self) -> bool:
+        return self.state is WorkerState.READY
 
     @property
     def pid(self) -> int:
@@ -191,7 +207,7 @@ class WorkerPool:
             lambda kind, args, fds: self._on_message(worker, kind, args, fds),
             lambda: self._on_closed(worker),
         )
-        worker.alive = True
+        worker.state = WorkerState.STARTING
         limits = self.target.connection_budget.limits
         capacity = self.target.memory_pool.capacity or limits.max_memory or default_max_memory()
         init = S.WorkerInit(
@@ -217,7 +233,8 @@ class WorkerPool:
             if worker.channel is not None:
                 worker.channel.close()
             raise
-        worker.ready = worker.alive
+        if worker.state is WorkerState.STARTING:  # not closed while it started
+            worker.state = WorkerState.READY
         log.info("worker %d started (pid %d)", worker.index, worker.pid)
         self._notify()
 
@@ -259,8 +276,7 @@ class WorkerPool:
 
     def _on_closed(self, worker: WorkerHandle) -> None:
         """The worker's channel closed: it exited or died, and its connections with it."""
-        worker.alive = False
-        worker.ready = False
+        worker.state = WorkerState.DOWN
         worker.channel = None
         queues, worker.queues = worker.queues, {}
         if queues and not self._stopping:
