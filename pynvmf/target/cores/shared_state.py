@@ -38,6 +38,7 @@ FORWARD = "forward"  # (controller token, sqe bytes, data or None): request -> i
 class WorkerInit:
     index: int
     log_level: int
+    log_format: str
     max_memory: int
     connection_data: int
     connect_deadline_s: float
