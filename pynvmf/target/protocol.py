@@ -91,9 +91,9 @@ class TargetProtocol(ConnectionGlue[TargetConnection]):
             self.transport.abort()
             return
         self.admitted = True
-        self.queue = TargetQueue(self.target, self.port, self.conn, sockname[0])
+        queue = self.queue = TargetQueue(self.target, self.port, self.conn, sockname[0])
         if peer:
-            self.queue.peer_address = (peer[0], peer[1])
+            queue.peer_address = (peer[0], peer[1])
         self.logger().debug("connection from %s on %s", peer, self.port)
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         self.port.connections.add(self)
@@ -102,6 +102,8 @@ class TargetProtocol(ConnectionGlue[TargetConnection]):
                 TlsEngine.server(self.target.tls_lookup(self.port)),
                 ktls=self.port.ktls,
                 label=f"connection from {self.peer_address} on {self.port}",
+                # What is known of the connection before its Connect: where it is from.
+                log_fields=queue.log_context(),
                 counters=self.target.tls_counters,
             )
             self._sniffing = True
