@@ -45,6 +45,7 @@ from pynvmf.auth.crypto import (
     host_response,
 )
 from pynvmf.auth.keys import DhchapKey
+from pynvmf.logs import about
 from pynvmf.spec.auth import (
     AUTH_ID_DHCHAP,
     FAILURE_SIZE,
@@ -163,8 +164,17 @@ class ControllerAuth:
     def _where(self) -> str:
         return f"ctrl {self.cntlid} qid {self.qid} host {self.hostnqn}"
 
+    def log_context(self) -> dict[str, object]:
+        """What each log record of this authentication says of it (pynvmf/logs.py)."""
+        return {
+            "host": self.hostnqn,
+            "subsystem": self.subnqn,
+            "qid": self.qid,
+            "cntlid": self.cntlid,
+        }
+
     def _fail(self, explanation: FailureExplanation, why: str) -> None:
-        log.warning(
+        about(log, self).warning(
             "%s: authentication failed (%s): %s", self._where(), explanation_name(explanation), why
         )
         self.failure = explanation
@@ -198,7 +208,7 @@ class ControllerAuth:
             if msg.message != MessageId.FAILURE2:
                 self._fail(FailureExplanation.INCORRECT_MESSAGE, "AUTH_Failure1 from the host")
                 return
-            log.warning(
+            about(log, self).warning(
                 "%s: the host failed the authentication (%s)",
                 self._where(),
                 explanation_name(msg.explanation),
@@ -346,7 +356,7 @@ class ControllerAuth:
                 self._hash,
                 generated_psk(self._hash, self._session_key, self._c1, self._c2),
             )
-        log.info(
+        about(log, self).info(
             "%s: authenticated (%s, %s%s%s)",
             self._where(),
             self._hash.hashlib_name,

@@ -19,6 +19,7 @@ from pynvmf.cli.host import add_host_commands, run_host_command
 from pynvmf.cli.parser import Parser
 from pynvmf.cli.rpc import add_rpc_command, run_rpc_command
 from pynvmf.cli.target import add_target_command, run_target_command
+from pynvmf.logs import configure
 from pynvmf.malloc import tune_for_io_buffers
 
 
@@ -45,10 +46,8 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     """Run the command `args` holds (build_parser's result); the exit status."""
     tune_for_io_buffers()
-    logging.basicConfig(
-        level=logging.WARNING - 10 * min(args.verbose, 2),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    # --log-format is the target's option; the other commands log text.
+    configure(logging.WARNING - 10 * min(args.verbose, 2), getattr(args, "log_format", "text"))
     if args.command == "target":
         return run_target_command(args)
     if args.command == "copy":

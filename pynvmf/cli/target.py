@@ -31,6 +31,7 @@ from pynvmf.config.native import (
 from pynvmf.config.nvmetcli import load_nvmetcli
 from pynvmf.config.spdk import load_spdk_config
 from pynvmf.ha.gateway import Gateway, GatewayConfig
+from pynvmf.logs import LOG_FORMATS
 from pynvmf.metrics.endpoint import MetricsEndpoint
 from pynvmf.rpc.jsonrpc import RpcError
 from pynvmf.rpc.server import DEFAULT_SOCKET, RpcServer, control_plane
@@ -208,6 +209,13 @@ def add_target_command(sub: Any) -> None:
         help="keep polling the sockets for USEC microseconds after each input instead of "
         "sleeping (lower latency at low queue depth, a busy core meanwhile; default 0: off; "
         "in the main process and in every worker)",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="the log on stderr as text, or as JSON lines with the connection, host, "
+        "subsystem and queue of each record about one (docs/target.md; default text)",
     )
     verbose_option(p)
 

@@ -14,6 +14,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from pynvmf.auth.controller import ControllerAuth
+from pynvmf.logs import about
 from pynvmf.spec.auth import (
     SECP_DHCHAP,
     SPSP_DHCHAP,
@@ -65,7 +66,9 @@ async def execute(queue: TargetQueue, req: Request) -> Outcome:
             queue.auth = auth
     if auth is None:
         # This queue was not asked to authenticate (the host has no key here).
-        log.info("authentication command on a queue that needs none (qid %d)", queue.qid)
+        about(log, queue).info(
+            "authentication command on a queue that needs none (qid %d)", queue.qid
+        )
         return Status.INVALID_FIELD | DNR, 0, None
     send = sqe.fctype == FabricsType.AUTH_SEND
     if length == 0 or length > (MAX_SEND if send else MAX_RECEIVE):
@@ -125,7 +128,7 @@ def _keep_generated_psk(queue: TargetQueue, auth: ControllerAuth) -> None:
     else:
         store.replace(ctrl.generated_psk, psks, ctrl)
         ctrl.generated_psk = psks[0]
-    log.info(
+    about(log, queue).info(
         "ctrl %d of %s: TLS PSK generated for %s, identity %s",
         ctrl.cntlid,
         ctrl.subsystem.nqn,

@@ -19,6 +19,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from pynvmf.block.device import BlockRangeError, StorageUnavailable
+from pynvmf.logs import about
 from pynvmf.spec.command import RW_FUA
 from pynvmf.spec.status import DNR, Status
 from pynvmf.target import reservations
@@ -58,7 +59,7 @@ async def compare(io: IoHandler, req: Request) -> Outcome:
         await io.queue.hold(req, length)  # the namespace's data, to compare with
         same = await _matches(ns, slba, data)
     except OSError as exc:
-        log.error("read error in Compare on nsid %d: %s", ns.nsid, exc)
+        about(log, io.queue).error("read error in Compare on nsid %d: %s", ns.nsid, exc)
         return _error_status(exc, _READ_ERROR), 0, None
     _count_read(io, length)
     return (Status.SUCCESS if same else COMPARE_FAILED), 0, None
@@ -88,7 +89,7 @@ async def verify(io: IoHandler, req: Request) -> Outcome:
             n = min(step, slba + nlb - lba)
             await device.read(lba, buf[: n * ns.block_size])
     except OSError as exc:
-        log.error("read error in Verify on nsid %d: %s", ns.nsid, exc)
+        about(log, io.queue).error("read error in Verify on nsid %d: %s", ns.nsid, exc)
         return _error_status(exc, _READ_ERROR), 0, None
     _count_read(io, length)
     return Status.SUCCESS, 0, None
@@ -105,7 +106,7 @@ async def compare_and_write(io: IoHandler, first: Request, second: Request) -> N
     except ConnectionError:
         return  # the queue went away: nothing to complete
     except Exception:
-        log.exception("fused Compare and Write failed")
+        about(log, io.queue).exception("fused Compare and Write failed")
         statuses = (Status.INTERNAL_ERROR, Status.INTERNAL_ERROR)
     for req, status in zip((first, second), statuses, strict=True):
         if status is not None:
@@ -146,7 +147,9 @@ async def _compare_and_write(
         except BlockRangeError:
             return Status.LBA_OUT_OF_RANGE | DNR, FUSED_FAIL
         except OSError as exc:
-            log.error("read error in Compare and Write on nsid %d: %s", ns.nsid, exc)
+            about(log, io.queue).error(
+                "read error in Compare and Write on nsid %d: %s", ns.nsid, exc
+            )
             return _error_status(exc, _READ_ERROR), FUSED_FAIL
         _count_read(io, length)
         if not same:
@@ -155,7 +158,9 @@ async def _compare_and_write(
             await device.write(slba, new, fua=fua)
         except OSError as exc:
             # The Compare did succeed; what the Write left in the range is unknown.
-            log.error("write error in Compare and Write on nsid %d: %s", ns.nsid, exc)
+            about(log, io.queue).error(
+                "write error in Compare and Write on nsid %d: %s", ns.nsid, exc
+            )
             return Status.SUCCESS, _error_status(exc, Status.WRITE_FAULT)
     stats = io.stats
     stats.write_cmds += 1

@@ -13,6 +13,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
+from pynvmf.logs import about
 from pynvmf.spec import command as C
 from pynvmf.spec.identify import IocsVector, Oaes
 from pynvmf.spec.logpages import CHANGED_NS_MAX, ErrorLogEntry, LogPageId
@@ -147,6 +148,10 @@ class Controller:
             self._last_traffic = time.monotonic()
             self._schedule_check()
 
+    def log_context(self) -> dict[str, object]:
+        """What each log record about this controller says of it (pynvmf/logs.py)."""
+        return {"host": self.hostnqn, "subsystem": self.subsystem.nqn, "cntlid": self.cntlid}
+
     def _schedule_check(self) -> None:
         loop = asyncio.get_running_loop()
         interval = keep_alive_check_ms(self._kato_ms) / 1000
@@ -164,7 +169,7 @@ class Controller:
             self.traffic = False
             self._last_traffic = now
         elif (now - self._last_traffic) * 1000 >= self._kato_ms:
-            log.warning(
+            about(log, self).warning(
                 "controller %d of %s: no keep alive from %s within %d ms, tearing it down",
                 self.cntlid,
                 self.subsystem.nqn,
@@ -287,7 +292,9 @@ class Controller:
         self.destroyed = True
         self._cancel_keep_alive()
         self.target.generated_psks.controller_gone(self)
-        log.info("controller %d of %s destroyed: %s", self.cntlid, self.subsystem.nqn, reason)
+        about(log, self).info(
+            "controller %d of %s destroyed: %s", self.cntlid, self.subsystem.nqn, reason
+        )
         if self.subsystem.controllers.get(self.cntlid) is self:
             del self.subsystem.controllers[self.cntlid]
         self.aer.clear()

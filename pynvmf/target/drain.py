@@ -8,6 +8,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from pynvmf.logs import about
+
 if TYPE_CHECKING:
     from pynvmf.target.subsystem import Subsystem
 
@@ -43,7 +45,7 @@ async def drain(waiting: set[asyncio.Task[None]], subsystem: Subsystem | None = 
             if any(
                 task in queue.commands_waiting for queue in ctrl.queues.values() for task in pending
             ):
-                log.warning(
+                about(log, ctrl).warning(
                     "controller %d of %s: commands did not finish in %.0f s, tearing it down",
                     ctrl.cntlid,
                     subsystem.nqn,

@@ -7,6 +7,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from pynvmf.auth.controller import ControllerAuth
+from pynvmf.logs import about
 from pynvmf.spec import command as C
 from pynvmf.spec.auth import AUTHREQ_ATR
 from pynvmf.spec.opcodes import FabricsType
@@ -31,15 +32,18 @@ async def connect(queue: TargetQueue, req: Request) -> Outcome:
     data = req.data if req.data is not None else await queue.fetch_data(req)
     cmd = C.ConnectCommand.from_sqe(sqe)
     cdata = C.ConnectData.unpack(data)
+    queue.named(cdata.hostnqn, cdata.subnqn)
     if cmd.recfmt != 0:
         return Status.CONNECT_INCOMPATIBLE_FORMAT | DNR, 0, None
     target = queue.target
     subsystem = target.find_subsystem(cdata.subnqn, queue.port)
     if subsystem is None:
-        log.info("connect from %s to unknown subsystem %r", cdata.hostnqn, cdata.subnqn)
+        about(log, queue).info(
+            "connect from %s to unknown subsystem %r", cdata.hostnqn, cdata.subnqn
+        )
         return _invalid_data(C.CONNECT_DATA_OFFSET_SUBNQN)
     if not subsystem.host_allowed(cdata.hostnqn):
-        log.info("host %r is not allowed on %s", cdata.hostnqn, subsystem.nqn)
+        about(log, queue).info("host %r is not allowed on %s", cdata.hostnqn, subsystem.nqn)
         result = C.connect_invalid_param_result(C.CONNECT_DATA_OFFSET_HOSTNQN, in_data=True)
         return Status.CONNECT_INVALID_HOST | DNR, result, None
     tls_psk = queue.tls_psk
@@ -47,7 +51,7 @@ async def connect(queue: TargetQueue, req: Request) -> Outcome:
         tls_psk.hostnqn != cdata.hostnqn
         or (tls_psk.subnqn != subsystem.nqn and not subsystem.is_discovery)
     ):
-        log.info(
+        about(log, queue).info(
             "host %r connects to %s over TLS with the PSK of %r for %s: refused",
             cdata.hostnqn,
             subsystem.nqn,
@@ -69,7 +73,7 @@ async def connect(queue: TargetQueue, req: Request) -> Outcome:
             target, subsystem, cntlid, cdata.hostnqn, cdata.hostid, cmd.kato, queue.port
         )
         subsystem.controllers[cntlid] = ctrl
-        log.info(
+        about(log, queue).info(
             "controller %d of %s created for %s (kato %d ms)",
             cntlid,
             subsystem.nqn,
@@ -93,7 +97,7 @@ async def connect(queue: TargetQueue, req: Request) -> Outcome:
         if not ctrl.admin_authenticated:
             # Its host has a key here and the admin queue has not authenticated: nothing
             # the controller has may be used, an I/O queue first.
-            log.info(
+            about(log, queue).info(
                 "I/O queue %d for controller %d of %s whose admin queue did not authenticate",
                 cmd.qid,
                 ctrl.cntlid,
@@ -128,6 +132,13 @@ async def connect(queue: TargetQueue, req: Request) -> Outcome:
         ctrl.generated_psk = tls_psk
         target.generated_psks.take(tls_psk, ctrl)
     bind(queue, ctrl, cmd)
+    about(log, queue).info(
+        "queue %d of controller %d of %s connected for %s",
+        cmd.qid,
+        ctrl.cntlid,
+        subsystem.nqn,
+        cdata.hostnqn,
+    )
     if cmd.qid == 0 and not authreq:
         # With authentication the keep-alive timer starts once the admin queue has
         # authenticated: a host cannot send Keep Alive before, and its DH computation may

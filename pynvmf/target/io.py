@@ -20,6 +20,7 @@ from pynvmf.block import copy as block_copy
 from pynvmf.block.copy_now import copy_one_range_now
 from pynvmf.block.device import BlockRangeError, StorageUnavailable
 from pynvmf.block.inplace import InPlace
+from pynvmf.logs import about
 from pynvmf.spec.command import (
     COPY_CDFE_FORMATS,
     COPY_DESCRIPTOR,
@@ -244,18 +245,20 @@ class IoHandler:
             # The storage is not reachable through this target (a fenced or cut-off
             # network backend), the data is not damaged: a path-related status, without
             # DNR, so that a multipath host retries the command on another path.
-            log.error(
+            about(log, self.queue).error(
                 "storage unavailable on %s nsid %d: %s", self.ctrl.subsystem.nqn, sqe.nsid, exc
             )
             status, result, data = Status.INTERNAL_PATH_ERROR, 0, None
         except OSError as exc:
-            log.error("I/O error on %s nsid %d: %s", self.ctrl.subsystem.nqn, sqe.nsid, exc)
+            about(log, self.queue).error(
+                "I/O error on %s nsid %d: %s", self.ctrl.subsystem.nqn, sqe.nsid, exc
+            )
             status = (
                 Status.WRITE_FAULT if opcode != IoOpcode.READ else Status.UNRECOVERED_READ_ERROR
             )
             result, data = 0, None
         except Exception:
-            log.exception("I/O command %#x failed", opcode)
+            about(log, self.queue).exception("I/O command %#x failed", opcode)
             status, result, data = Status.INTERNAL_ERROR, 0, None
         if status:
             self.ctrl.record_error(self.queue.qid, req, status)

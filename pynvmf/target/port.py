@@ -86,8 +86,12 @@ class Port:
         return self.port == port and normal_address(self.address) == normal_address(address)
 
     def __str__(self) -> str:
-        host = f"[{self.address}]" if self.is_ipv6 else self.address
-        return f"{host}:{self.port}"
+        return endpoint(self.address, self.port)
+
+
+def endpoint(address: str, port: int) -> str:
+    """ "address:port", an IPv6 address in brackets."""
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
 def normal_address(address: str) -> str:

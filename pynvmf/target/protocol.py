@@ -14,6 +14,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from pynvmf.logs import about
 from pynvmf.target.budget import WRITE_HIGH_WATER, WRITE_LOW_WATER
 from pynvmf.target.port import SecureChannelPolicy
 from pynvmf.target.queue import TargetQueue
@@ -91,10 +92,10 @@ class TargetProtocol(ConnectionGlue[TargetConnection]):
             self.transport.abort()
             return
         self.admitted = True
-        log.debug("connection from %s on %s", peer, self.port)
-        self.queue = TargetQueue(self.target, self.port, self.conn, sockname[0])
+        queue = self.queue = TargetQueue(self.target, self.port, self.conn, sockname[0])
         if peer:
-            self.queue.peer_address = (peer[0], peer[1])
+            queue.peer_address = (peer[0], peer[1])
+        self.logger().debug("connection from %s on %s", peer, self.port)
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         self.port.connections.add(self)
         if self.port.offers_tls:
@@ -102,9 +103,16 @@ class TargetProtocol(ConnectionGlue[TargetConnection]):
                 TlsEngine.server(self.target.tls_lookup(self.port)),
                 ktls=self.port.ktls,
                 label=f"connection from {self.peer_address} on {self.port}",
+                # What is known of the connection before its Connect: where it is from.
+                log_fields=queue.log_context(),
                 counters=self.target.tls_counters,
             )
             self._sniffing = True
+
+    def logger(self) -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+        """The log for records about this connection: with its context once admitted."""
+        queue = self.queue
+        return about(log, queue) if queue is not None else log
 
     def _tls_established(self) -> None:
         tls, queue = self.tls, self.queue
@@ -114,7 +122,7 @@ class TargetProtocol(ConnectionGlue[TargetConnection]):
     def _tls_failed(self, reason: str) -> None:
         # The reason names the failure (alert, field), never a key or a secret.
         clean = self.tls is not None and self.tls.clean_close
-        log.log(
+        self.logger().log(
             logging.INFO if clean else logging.WARNING,
             "TLS from %s on %s %s: %s",
             self.peer_address,
@@ -132,7 +140,7 @@ class TargetProtocol(ConnectionGlue[TargetConnection]):
         if first[:1] == bytes([CT_HANDSHAKE]):
             return True
         if self.port.secure_channel == SecureChannelPolicy.REQUIRED:
-            log.warning(
+            self.logger().warning(
                 "connection from %s on %s refused: the port requires TLS, the host sent "
                 "plain NVMe/TCP",
                 self.peer_address,
@@ -182,7 +190,7 @@ class TargetProtocol(ConnectionGlue[TargetConnection]):
             size += self.tls.engine.buffer_size
         pool = self.target.memory_pool
         if pool.used + size > pool.capacity:
-            log.warning(
+            self.logger().warning(
                 "connection from %s on %s closed: the target's memory limit (%d bytes) is reached",
                 self.peer_address,
                 self.port,
@@ -232,7 +240,7 @@ class TargetProtocol(ConnectionGlue[TargetConnection]):
             s = conn.stats
             queue = self.queue
             ctrl = queue.controller if queue is not None else None
-            log.info(
+            self.logger().info(
                 "connection closed: port=%s qid=%d cntlid=%d digests=%s%s commands=%d "
                 "r2t=%d h2c_data=%d c2h_data=%d in_capsule_bytes=%d data_digest_errors=%d "
                 "term_reqs=%d tls=%s reason=%s",

@@ -10,6 +10,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Final
 
 from pynvmf.aio import start_eager
+from pynvmf.logs import about
 from pynvmf.spec.command import CSTS_RDY, FUSE_MASK
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType
 from pynvmf.spec.status import DNR, Status
@@ -18,6 +19,7 @@ from pynvmf.target import auth as auth_commands
 from pynvmf.target.budget import DataBudget
 from pynvmf.target.fused import FusedPairing
 from pynvmf.target.io import IoHandler
+from pynvmf.target.port import endpoint
 from pynvmf.tcp.errors import TransferAborted
 from pynvmf.tcp.target import QueueParams, Request, TargetConnection
 
@@ -74,6 +76,10 @@ class TargetQueue:
         self.peer_address: tuple[str, int] | None = None
         self.controller: Controller | None = None
         self.qid = -1
+        # The host and subsystem NQNs as this queue's Connect named them (accepted or not),
+        # for its log records.
+        self.hostnqn = ""
+        self.subnqn = ""
         # The PSK this connection's TLS handshake used (its identity names the host and
         # the subsystem Connect must name), or None on a plain connection.
         self.tls_psk: TlsPsk | None = None
@@ -95,6 +101,30 @@ class TargetQueue:
         self.auth_deadline = 0.0
         self._io_after_auth: IoHandler | None = None
         conn.attach(self)
+
+    def log_context(self) -> dict[str, object]:
+        """What each log record about this queue's connection says of it (pynvmf/logs.py):
+        asked for only when a record is emitted."""
+        context: dict[str, object] = {}
+        peer = self.peer_address
+        if peer is not None:
+            context["peer"] = endpoint(peer[0], peer[1])
+        context["local_port"] = self.port.port
+        if self.hostnqn:
+            context["host"] = self.hostnqn
+        if self.subnqn:
+            context["subsystem"] = self.subnqn
+        if self.qid >= 0:
+            context["qid"] = self.qid
+        ctrl = self.controller
+        if ctrl is not None:
+            context["cntlid"] = ctrl.cntlid
+        return context
+
+    def named(self, hostnqn: str, subnqn: str) -> None:
+        """The host and subsystem NQNs this queue's Connect names."""
+        self.hostnqn = hostnqn
+        self.subnqn = subnqn
 
     def on_command(self, req: Request) -> None:
         ctrl = self.controller
@@ -186,6 +216,7 @@ class TargetQueue:
     def bind(self, ctrl: Controller, qid: int, sq_size: int, sqhd_disabled: bool) -> None:
         self.controller = ctrl
         self.qid = qid
+        self.named(ctrl.hostnqn, ctrl.subsystem.nqn)
         ctrl.queues[qid] = self
         # On an I/O queue, every path from on_command copies what it keeps (_own_data,
         # IoHandler.submit), so the transport may lend it its receive buffer.
@@ -206,7 +237,7 @@ class TargetQueue:
         except ConnectionError:
             return
         except Exception:
-            log.exception("connect failed")
+            about(log, self).exception("connect failed")
             status, result = Status.INTERNAL_ERROR, 0
         if not status and self.qid > 0 and self.target.hand_off(self, req, result):
             return  # a worker process serves the queue from here on, and completes the Connect
@@ -236,7 +267,7 @@ class TargetQueue:
         except ConnectionError:
             return
         except Exception:
-            log.exception("admin command %#x failed", req.sqe.opcode)
+            about(log, self).exception("admin command %#x failed", req.sqe.opcode)
             status, result, data = Status.INTERNAL_ERROR, 0, None
         if status:
             ctrl.record_error(self.qid, req, status)

@@ -216,7 +216,7 @@ class Target:
         for protocol in [p for port in self.ports for p in port.connections]:
             reason = protocol.overdue(now)
             if reason:
-                log.warning(
+                protocol.logger().warning(
                     "closing the connection from %s on %s: %s",
                     protocol.peer_address,
                     protocol.port,

@@ -55,7 +55,13 @@ class ConnectionGlue(asyncio.BufferedProtocol, Generic[ConnT]):
         self.transport = cast(asyncio.Transport, transport)
 
     def _secure(
-        self, engine: TlsEngine, *, ktls: str, label: str, counters: TlsCounters = COUNTERS
+        self,
+        engine: TlsEngine,
+        *,
+        ktls: str,
+        label: str,
+        log_fields: dict[str, object] | None = None,
+        counters: TlsCounters = COUNTERS,
     ) -> SecureChannel:
         """The connection's bytes through TLS with `engine` (client or server) from now on."""
         self.tls = SecureChannel(
@@ -66,6 +72,7 @@ class ConnectionGlue(asyncio.BufferedProtocol, Generic[ConnT]):
             self._tls_failed,
             ktls=ktls,
             label=label,
+            log_fields=log_fields,
             counters=counters,
         )
         return self.tls

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+from pynvmf.logs import ContextLog
 from pynvmf.spec import pdu as P
 from pynvmf.spec.command import (
     SGL_DATA_BLOCK_OFFSET,
@@ -81,6 +82,13 @@ class _Unbudgeted:
 
 
 _NO_BUDGET = _Unbudgeted()
+
+
+def _no_context() -> dict[str, object]:
+    return {}
+
+
+_UNATTACHED_LOG = ContextLog(log, _no_context)
 
 
 class Request:
@@ -148,6 +156,10 @@ class NvmeQueue(Protocol):
         operations pair adjacent entries) has no holes."""
         ...
 
+    def log_context(self) -> dict[str, object]:
+        """What each log record about this connection says of it (pynvmf/logs.py)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class QueueParams:
@@ -196,6 +208,7 @@ class TargetConnection(PduConnection):
         self._on_command: Callable[[Request], None] = _unattached
         self._on_refused: Callable[[Request], None] = _ignore_request
         self._budget: Charges = _NO_BUDGET
+        self._log = _UNATTACHED_LOG
         # The queue's parameters, as Connect decided them (bind_queue).
         self.qid = 0
         self.sq_size = 1
@@ -216,6 +229,7 @@ class TargetConnection(PduConnection):
         self._on_command = queue.on_command
         self._on_refused = queue.on_refused
         self._budget = queue.budget
+        self._log = ContextLog(log, queue.log_context)
 
     def bind_queue(self, params: QueueParams) -> None:
         """Connect has bound this connection to a queue: the completions carry its QID and
@@ -240,7 +254,7 @@ class TargetConnection(PduConnection):
             self._on_icreq(pdu)
         elif pdu_type == P.PduType.H2C_TERM_REQ:
             fes, fei = P.TERM_BODY.unpack_from(pdu, P.CH_LEN)
-            log.info("host terminated the connection: FES %#x FEI %#x", fes, fei)
+            self._log.info("host terminated the connection: FES %#x FEI %#x", fes, fei)
             self.close(f"H2CTermReq FES {fes:#x}")
 
     def _on_icreq(self, pdu: memoryview) -> None:
@@ -589,7 +603,7 @@ class TargetConnection(PduConnection):
         """Send a C2HTermReq and close: the host violated the transport protocol."""
         if self.closing:
             return
-        log.warning("terminating connection: FES %#x FEI %#x", fes, fei)
+        self._log.warning("terminating connection: FES %#x FEI %#x", fes, fei)
         self.stats.term_reqs_sent += 1
         self.reader.dead = True
         self._emit(P.pack_term_req(P.PduType.C2H_TERM_REQ, fes, fei, bytes(offending)))
@@ -616,6 +630,7 @@ class TargetConnection(PduConnection):
         super().release()
         self._on_command = _ignore_request
         self._on_refused = _ignore_request
+        self._log = _UNATTACHED_LOG
         self._flush_now = None
         # Nothing more is granted to this connection, and commands that will never complete
         # now hold nothing any more.

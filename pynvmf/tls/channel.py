@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pynvmf.logs import about
 from pynvmf.tls.engine import TlsEngine
 from pynvmf.tls.ktls import TLS_RX, TLS_TX, ktls_attach, ktls_set
 from pynvmf.tls.wire import GROUP_SECP256R1, GROUP_SECP384R1, GROUP_X25519, PSK_DHE_KE, TlsError
@@ -72,6 +73,7 @@ class SecureChannel:
         *,
         ktls: str = "auto",
         label: str = "",
+        log_fields: dict[str, object] | None = None,
         counters: TlsCounters = COUNTERS,
     ) -> None:
         self.engine = engine
@@ -81,6 +83,8 @@ class SecureChannel:
         self.on_failed = on_failed
         self.ktls = ktls
         self.label = label
+        # What this channel's log records say of its connection (pynvmf/logs.py).
+        self.log_fields = log_fields or {}
         self.counters = counters
         self.rx_user = True
         self.tx_user = True
@@ -95,6 +99,9 @@ class SecureChannel:
         self._ulp_tried = False
         self._rx_decided = False
         self._app_seen = False
+
+    def log_context(self) -> dict[str, object]:
+        return self.log_fields
 
     def start(self) -> None:
         if self.engine.is_client:
@@ -195,7 +202,7 @@ class SecureChannel:
         self.counters.fallback_reasons[reason] = self.counters.fallback_reasons.get(reason, 0) + 1
         if not self.reason:
             self.reason = reason
-        log.debug("%s: TLS %s in user space: %s", self.label, direction, reason)
+        about(log, self).debug("%s: TLS %s in user space: %s", self.label, direction, reason)
 
     def _offload_tx(self) -> None:
         engine = self.engine
@@ -213,7 +220,7 @@ class SecureChannel:
             self.tx_user = False
             self.counters.ktls_tx += 1
         assert engine.suite is not None
-        log.info(
+        about(log, self).info(
             "%s: TLS 1.3 established: %s, %s%s, identity %s, records sent by %s",
             self.label,
             engine.suite.name,
@@ -249,7 +256,7 @@ class SecureChannel:
             self.rx_kernel = True
             self.rx_user = False
             self.counters.ktls_rx += 1
-            log.info("%s: TLS receive by the kernel", self.label)
+            about(log, self).info("%s: TLS receive by the kernel", self.label)
 
     @property
     def offload(self) -> str:

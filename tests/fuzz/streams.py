@@ -153,6 +153,9 @@ class ModelController:
     def on_refused(self, req: Request) -> None:
         pass
 
+    def log_context(self) -> dict[str, object]:
+        return {}
+
     def on_command(self, req: Request) -> None:
         assert self.conn is not None
         index = len(self.seen)

@@ -49,6 +49,9 @@ class Harness:
     def on_refused(self, req: Request) -> None:
         self.refused.append(req)
 
+    def log_context(self) -> dict[str, object]:
+        return {}
+
     def _output_wanted(self) -> None:
         self.output_requests += 1
 

@@ -56,6 +56,7 @@ class TransportCounts:
 class WorkerInit:
     index: int
     log_level: int
+    log_format: str
     max_memory: int
     connection_data: int
     connect_deadline_s: float

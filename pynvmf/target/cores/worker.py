@@ -26,6 +26,7 @@ from typing import Any
 from pynvmf.aio import install_uvloop
 from pynvmf.block.file import FileDevice
 from pynvmf.block.shared_memory import SharedMemoryDevice
+from pynvmf.logs import configure
 from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import Status
 from pynvmf.target import fabrics
@@ -171,10 +172,7 @@ class Worker:
     async def _init(self, init: S.WorkerInit, ana_fd: int) -> int:
         self.index = init.index
         self.ana_table = ana_fd
-        logging.basicConfig(
-            level=init.log_level,
-            format=f"%(asctime)s worker {init.index} %(levelname)s %(name)s: %(message)s",
-        )
+        configure(init.log_level, init.log_format, worker=init.index)
         self.target = Target(
             limits=ConnectionLimits(
                 max_connections=_UNLIMITED,

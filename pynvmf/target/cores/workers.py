@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from pynvmf.block import range_locks
 from pynvmf.block.shared_memory import SharedMemoryDevice
+from pynvmf.logs import about, configured_format
 from pynvmf.spec.command import ConnectCommand, Sqe
 from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import DNR, Status
@@ -213,6 +214,7 @@ class WorkerPool:
         init = S.WorkerInit(
             index=worker.index,
             log_level=logging.getLogger("pynvmf").getEffectiveLevel(),
+            log_format=configured_format(),
             max_memory=max(capacity // self.count, 64 << 20),
             connection_data=limits.connection_data,
             connect_deadline_s=limits.connect_deadline_s,
@@ -373,7 +375,7 @@ class WorkerPool:
         protocol.transport.abort()
         worker.channel_send(S.ADOPT, adoption, fds=[fd])
         self.handed_off += 1
-        log.debug(
+        about(log, queue).debug(
             "queue %d of controller %d of %s handed to worker %d",
             qid,
             ctrl.cntlid,
