@@ -17,6 +17,7 @@ HOT_MODULES = (
     "pynvmf.target.io",
     "pynvmf.block.inplace",
     "pynvmf.block.copy_now",
+    "pynvmf.tcp.glue",
     "pynvmf.host.queue",
     "pynvmf.host.namespace",
 )
