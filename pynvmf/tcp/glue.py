@@ -14,8 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import Generic, Protocol, TypeVar, cast
 
-from mypy_extensions import mypyc_attr
-
+from pynvmf.compiled import mypyc_attr
 from pynvmf.tcp.framing import Buffer, PduReader
 from pynvmf.tls.channel import COUNTERS, SecureChannel, TlsCounters, kernel_record_error
 from pynvmf.tls.engine import TlsEngine
