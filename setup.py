@@ -18,8 +18,9 @@ from setuptools import setup
 # from interpreted ones, so mypyc makes them ordinary Python classes with compiled
 # methods, which compiled callers call directly (a method patched on the class is not
 # seen: hence host/queue.py's watch_commands). tcp/glue.py, the asyncio glue HostQueue
-# derives from, stays interpreted: the target's TargetProtocol, interpreted, derives from
-# it too, and mypyc makes its class one that interpreted classes cannot derive from.
+# derives from, is compiled with it, so that the host's per-command calls into it
+# (_flush, buffer_updated) are compiled calls; its ConnectionGlue allows interpreted
+# subclasses (mypyc_attr), for the target's TargetProtocol, which stays interpreted.
 # block/copy.py (the planner) stays
 # interpreted: compiled, a failed background write of an emulated chunk was not raised
 # (tests/unit/test_block_copy.py), and its single-range path gains little more.
@@ -31,6 +32,7 @@ COMPILED = [
     "pynvmf/target/io.py",
     "pynvmf/block/inplace.py",
     "pynvmf/block/copy_now.py",
+    "pynvmf/tcp/glue.py",
     "pynvmf/host/queue.py",
     "pynvmf/host/namespace.py",
 ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import Generic, Protocol, TypeVar, cast
 
+from pynvmf.compiled import mypyc_attr
 from pynvmf.tcp.framing import Buffer, PduReader
 from pynvmf.tls.channel import COUNTERS, SecureChannel, TlsCounters, kernel_record_error
 from pynvmf.tls.engine import TlsEngine
@@ -37,6 +38,9 @@ class GluedConnection(Protocol):
 ConnT = TypeVar("ConnT", bound=GluedConnection)
 
 
+# Compiled with the host's queue (setup.py); the target's TargetProtocol, interpreted,
+# derives from it too, which a compiled class allows only when it says so.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ConnectionGlue(asyncio.BufferedProtocol, Generic[ConnT]):
     """One connection's protocol object; the subclass makes `conn`, with `_output_wanted`
     as its on_output."""
