@@ -19,13 +19,12 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.registry import CollectorRegistry
-
-from pynvmf.metrics.collector import TargetCollector
 from pynvmf.metrics.labels import DEFAULT_HOST_LIMIT
 
 if TYPE_CHECKING:
+    from prometheus_client.registry import CollectorRegistry
+
+    from pynvmf.metrics.collector import TargetCollector
     from pynvmf.target.target import Target
 
 log = logging.getLogger(__name__)
@@ -47,9 +46,12 @@ class MetricsEndpoint:
     """Serves a Target's metrics at `/metrics` once `listen` is called; `close` stops."""
 
     def __init__(self, target: Target, *, host_limit: int = DEFAULT_HOST_LIMIT) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.collector = TargetCollector(target, host_limit=host_limit)
-        self.registry.register(self.collector)
+        self.target = target
+        self.host_limit = host_limit
+        # Made by the first scrape (_collecting): prometheus-client is imported only by a
+        # target that serves metrics, so one that does not runs on a Python without it
+        # (the test guests' Debian Python runs `pynvmf target` from the tree).
+        self._registry: tuple[CollectorRegistry, TargetCollector] | None = None
         self._server: asyncio.base_events.Server | None = None
         # Each scraper's connection, by the task that answers it.
         self._clients: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
@@ -96,9 +98,28 @@ class MetricsEndpoint:
         """Scrapers connected now."""
         return len(self._clients)
 
+    @property
+    def collector(self) -> TargetCollector:
+        """What reads the target for a scrape."""
+        return self._collecting()[1]
+
+    def _collecting(self) -> tuple[CollectorRegistry, TargetCollector]:
+        if self._registry is None:
+            from prometheus_client.registry import CollectorRegistry
+
+            from pynvmf.metrics.collector import TargetCollector
+
+            registry = CollectorRegistry(auto_describe=False)
+            collector = TargetCollector(self.target, host_limit=self.host_limit)
+            registry.register(collector)
+            self._registry = (registry, collector)
+        return self._registry
+
     def exposition(self) -> bytes:
         """The text exposition, as a scrape gets it."""
-        return generate_latest(self.registry)
+        from prometheus_client import generate_latest
+
+        return generate_latest(self._collecting()[0])
 
     def answer(self, head: bytes) -> tuple[int, str, bytes]:
         """(status, content type, body) for a request head."""
@@ -116,6 +137,8 @@ class MetricsEndpoint:
         except Exception:  # a collector's fault: the scrape fails, never the target
             log.exception("collecting the metrics failed")
             return 500, "text/plain", b"collecting the metrics failed\n"
+        from prometheus_client import CONTENT_TYPE_LATEST
+
         return 200, CONTENT_TYPE_LATEST, b"" if method == "HEAD" else body
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -19,3 +19,20 @@ def test_host_library_imports_without_the_targets_dependencies() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "connect"
+
+
+def test_target_runs_without_prometheus_client_until_it_serves_metrics() -> None:
+    # The guests run `pynvmf target` from the tree on Debian's Python too (with --cores 1,
+    # as posix_ipc is missing there); only --metrics-listen needs prometheus-client.
+    code = (
+        "import sys; sys.modules['prometheus_client'] = None; sys.modules['posix_ipc'] = None\n"
+        "import pynvmf.cli.target, pynvmf.rpc.pynvmf_methods\n"
+        "from pynvmf.metrics.endpoint import MetricsEndpoint\n"
+        "from pynvmf.target.target import Target\n"
+        "print(MetricsEndpoint(Target()).address)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "None"
