@@ -1,0 +1,155 @@
+"""Completed I/O commands counted per subsystem, host, namespace and opcode: what the
+metrics endpoint exposes as pynvmf_commands_total, pynvmf_command_bytes_total and
+pynvmf_command_errors_total (docs/metrics.md).
+
+This is counted on every command's path, so a namespace's counts for one host are a flat
+list of ints indexed by opcode (and three byte counts after the opcodes): a command costs
+a dictionary look-up by NSID and an add or two, no object and no tuple. Errors are rare,
+and counted in a dictionary by (NSID, opcode slot, status).
+
+The counts of a host live in the process's CommandCounts, keyed by the subsystem's and
+the host's NQNs, not in the controller or the Subsystem object: a controller that goes
+away, or a subsystem deleted and created again with its NQN, leaves them where they
+were, so a counter never goes backwards. A worker process of `--cores N` keeps its own
+and reports them as differences (`take`), which the main process adds (`add`).
+
+Bounded: NSID keys are namespaces that exist when the command arrives (anything else
+is NO_NAMESPACE, or NSID_ALL), opcodes from 20h up share one slot, statuses are the
+ones the target's code returns, and at most `max_hosts` (subsystem, host) pairs are
+kept apart: the others are counted in (subsystem, OTHER_HOST).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+OPCODE_SLOTS: Final = 32  # the NVM command set's opcodes are all below 20h
+OTHER_OPCODE: Final = 32  # the slot of every opcode from 20h up
+READ_BYTES: Final = 33  # data sent to the host (Read)
+WRITE_BYTES: Final = 34  # data received from the host (Write)
+COPY_BYTES: Final = 35  # data copied within the target (Copy)
+SLOTS: Final = 36
+NO_NAMESPACE: Final = 0  # the key of a command whose NSID names no namespace
+STATUS_MASK: Final = 0x7FF  # SCT and SC: without More and Do Not Retry
+OTHER_HOST: Final = "_other"
+MAX_HOSTS: Final = 1024
+
+_ZEROS: Final = (0,) * SLOTS
+
+# A report of a worker: (subsystem NQN, host NQN, {nsid: counts}, {(nsid, slot, status): n})
+Report = list[tuple[str, str, dict[int, list[int]], dict[tuple[int, int, int], int]]]
+
+
+def opcode_slot(opcode: int) -> int:
+    return opcode if opcode < OPCODE_SLOTS else OTHER_OPCODE
+
+
+class HostCounts:
+    """One host's counts in one subsystem."""
+
+    __slots__ = ("errors", "namespaces")
+
+    def __init__(self) -> None:
+        # nsid -> [commands by opcode slot ..., read, write, copy bytes]; IoHandler adds
+        # to these lists in place (they are never replaced).
+        self.namespaces: dict[int, list[int]] = {}
+        self.errors: dict[tuple[int, int, int], int] = {}
+
+    def namespace(self, nsid: int) -> list[int]:
+        counts = self.namespaces.get(nsid)
+        if counts is None:
+            counts = self.namespaces[nsid] = list(_ZEROS)
+        return counts
+
+    def error(self, nsid: int, slot: int, status: int) -> None:
+        key = (nsid, slot, status & STATUS_MASK)
+        self.errors[key] = self.errors.get(key, 0) + 1
+
+    def take(self) -> tuple[dict[int, list[int]], dict[tuple[int, int, int], int]]:
+        """The counts so far (the namespaces with any), and zero from now on, in place."""
+        namespaces = {}
+        for nsid, counts in self.namespaces.items():
+            if any(counts):
+                namespaces[nsid] = counts[:]
+                counts[:] = _ZEROS
+        errors = dict(self.errors)
+        self.errors.clear()
+        return namespaces, errors
+
+    def add(
+        self, namespaces: dict[int, list[int]], errors: dict[tuple[int, int, int], int]
+    ) -> None:
+        for nsid, counts in namespaces.items():
+            mine = self.namespace(nsid)
+            for i, n in enumerate(counts):
+                mine[i] += n
+        for key, n in errors.items():
+            self.errors[key] = self.errors.get(key, 0) + n
+
+
+def _check(namespaces: object, errors: object) -> None:
+    """A worker's report refused (ValueError) unless it is counts that only grow."""
+    if not isinstance(namespaces, dict) or not isinstance(errors, dict):
+        raise ValueError("not counts of commands")
+    for nsid, counts in namespaces.items():
+        if (
+            not isinstance(nsid, int)
+            or not isinstance(counts, list)
+            or len(counts) != SLOTS
+            or not all(isinstance(n, int) and n >= 0 for n in counts)
+        ):
+            raise ValueError(f"not counts of commands of namespace {nsid!r}")
+    for key, n in errors.items():
+        if (
+            not isinstance(key, tuple)
+            or len(key) != 3
+            or not all(isinstance(k, int) for k in key)
+            or not 0 <= key[1] <= OTHER_OPCODE
+            or not isinstance(n, int)
+            or n < 0
+        ):
+            raise ValueError(f"not a count of errors: {key!r}: {n!r}")
+
+
+class CommandCounts:
+    """The counts of one process, by (subsystem NQN, host NQN)."""
+
+    def __init__(self, max_hosts: int = MAX_HOSTS) -> None:
+        self.max_hosts = max_hosts
+        self.hosts: dict[tuple[str, str], HostCounts] = {}
+
+    def of(self, subnqn: str, hostnqn: str) -> HostCounts:
+        """Where the commands of `hostnqn` to `subnqn` are counted (kept for ever)."""
+        hosts = self.hosts
+        counts = hosts.get((subnqn, hostnqn))
+        if counts is None:
+            if len(hosts) >= self.max_hosts:
+                hostnqn = OTHER_HOST
+                counts = hosts.get((subnqn, hostnqn))
+            if counts is None:
+                counts = hosts[subnqn, hostnqn] = HostCounts()
+        return counts
+
+    def take(self) -> Report:
+        """Every host's counts since the last take, for a worker's report."""
+        report: Report = []
+        for (subnqn, hostnqn), counts in self.hosts.items():
+            namespaces, errors = counts.take()
+            if namespaces or errors:
+                report.append((subnqn, hostnqn, namespaces, errors))
+        return report
+
+    def add(self, report: Report) -> None:
+        """Add a worker's report (`take`'s). ValueError, having added nothing, if it is
+        not counts that only grow."""
+        for entry in report:
+            if (
+                not isinstance(entry, tuple)
+                or len(entry) != 4
+                or not isinstance(entry[0], str)
+                or not isinstance(entry[1], str)
+            ):
+                raise ValueError(f"not counts of commands: {entry!r}")
+            _check(entry[2], entry[3])
+        for subnqn, hostnqn, namespaces, errors in report:
+            self.of(subnqn, hostnqn).add(namespaces, errors)
