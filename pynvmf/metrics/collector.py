@@ -192,8 +192,9 @@ def _commands(s: Scrape) -> Iterator[Metric]:
     for (subnqn, hostnqn), counts in hosts.items():
         sub = label_value(subnqn)
         host = labels[label_value(hostnqn)]
-        for nsid, slots in counts.namespaces.items():
+        for nsid, per_ns in counts.namespaces.items():
             ns = _nsid_label(nsid)
+            slots = per_ns.as_list()
             for slot in range(OTHER_OPCODE + 1):
                 if slots[slot]:
                     commands[sub, ns, host, OPCODE_LABELS[slot]] += slots[slot]

@@ -2,10 +2,12 @@
 metrics endpoint exposes as pynvmf_commands_total, pynvmf_command_bytes_total and
 pynvmf_command_errors_total (docs/metrics.md).
 
-This is counted on every command's path, so a namespace's counts for one host are a flat
-list of ints indexed by opcode (and three byte counts after the opcodes): a command costs
-a dictionary look-up by NSID and an add or two, no object and no tuple. Errors are rare,
-and counted in a dictionary by (NSID, opcode slot, status).
+This is counted on every command's path, so a namespace's counts for one host are one
+object (NamespaceCounts): Read, Write and Copy, the hot path's commands, and their bytes
+as int fields, which the compiled build (this module is among setup.py's) adds to natively,
+with no allocation; any other opcode's commands in a flat list indexed by opcode. A
+command costs a dictionary look-up by NSID and an add or two, no object and no tuple.
+Errors are rare, and counted in a dictionary by (NSID, opcode slot, status).
 
 The counts of a host live in the process's CommandCounts, keyed by the subsystem's and
 the host's NQNs, not in the controller or the Subsystem object: a controller that goes
@@ -23,6 +25,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from pynvmf.spec.opcodes import IoOpcode
+
 OPCODE_SLOTS: Final = 32  # the NVM command set's opcodes are all below 20h
 OTHER_OPCODE: Final = 32  # the slot of every opcode from 20h up
 READ_BYTES: Final = 33  # data sent to the host (Read)
@@ -34,7 +38,9 @@ STATUS_MASK: Final = 0x7FF  # SCT and SC: without More and Do Not Retry
 OTHER_HOST: Final = "_other"
 MAX_HOSTS: Final = 1024
 
-_ZEROS: Final = (0,) * SLOTS
+_READ: Final = int(IoOpcode.READ)
+_WRITE: Final = int(IoOpcode.WRITE)
+_COPY: Final = int(IoOpcode.COPY)
 
 # A report of a worker: (subsystem NQN, host NQN, {nsid: counts}, {(nsid, slot, status): n})
 Report = list[tuple[str, str, dict[int, list[int]], dict[tuple[int, int, int], int]]]
@@ -44,21 +50,82 @@ def opcode_slot(opcode: int) -> int:
     return opcode if opcode < OPCODE_SLOTS else OTHER_OPCODE
 
 
+class NamespaceCounts:
+    """One host's commands to one namespace. As a list (`as_list`, a worker's report):
+    commands by opcode slot, then read, write and copy bytes (SLOTS ints)."""
+
+    __slots__ = ("copies", "copy_bytes", "opcodes", "read_bytes", "reads", "write_bytes", "writes")
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.read_bytes = 0  # data sent to the host by Read
+        self.writes = 0
+        self.write_bytes = 0  # data received from the host by Write
+        self.copies = 0
+        self.copy_bytes = 0  # data copied within the target by Copy
+        # Commands of the other opcodes, by opcode slot.
+        self.opcodes: list[int] = [0] * (OTHER_OPCODE + 1)
+
+    def command(self, slot: int, status: int, length: int) -> None:
+        """A command of opcode slot `slot` completed with `status`, `length` the bytes
+        of its data (counted for a successful Read or Write)."""
+        if slot == _READ:
+            self.reads += 1
+            if not status:
+                self.read_bytes += length
+        elif slot == _WRITE:
+            self.writes += 1
+            if not status:
+                self.write_bytes += length
+        elif slot == _COPY:
+            self.copies += 1
+        else:
+            self.opcodes[slot] += 1
+
+    def as_list(self) -> list[int]:
+        counts = self.opcodes[:]
+        counts[_READ] = self.reads
+        counts[_WRITE] = self.writes
+        counts[_COPY] = self.copies
+        counts += [self.read_bytes, self.write_bytes, self.copy_bytes]
+        return counts
+
+    def take(self) -> list[int]:
+        """`as_list`, and zero from now on."""
+        counts = self.as_list()
+        self.reads = self.read_bytes = self.writes = self.write_bytes = 0
+        self.copies = self.copy_bytes = 0
+        self.opcodes = [0] * (OTHER_OPCODE + 1)
+        return counts
+
+    def add(self, counts: list[int]) -> None:
+        """Add `as_list`'s counts (a worker's)."""
+        opcodes = self.opcodes
+        for slot in range(OTHER_OPCODE + 1):
+            if slot != _READ and slot != _WRITE and slot != _COPY:
+                opcodes[slot] += counts[slot]
+        self.reads += counts[_READ]
+        self.writes += counts[_WRITE]
+        self.copies += counts[_COPY]
+        self.read_bytes += counts[READ_BYTES]
+        self.write_bytes += counts[WRITE_BYTES]
+        self.copy_bytes += counts[COPY_BYTES]
+
+
 class HostCounts:
     """One host's counts in one subsystem."""
 
     __slots__ = ("errors", "namespaces")
 
     def __init__(self) -> None:
-        # nsid -> [commands by opcode slot ..., read, write, copy bytes]; IoHandler adds
-        # to these lists in place (they are never replaced).
-        self.namespaces: dict[int, list[int]] = {}
+        # IoHandler adds to these in place (a namespace's object is never replaced).
+        self.namespaces: dict[int, NamespaceCounts] = {}
         self.errors: dict[tuple[int, int, int], int] = {}
 
-    def namespace(self, nsid: int) -> list[int]:
+    def namespace(self, nsid: int) -> NamespaceCounts:
         counts = self.namespaces.get(nsid)
         if counts is None:
-            counts = self.namespaces[nsid] = list(_ZEROS)
+            counts = self.namespaces[nsid] = NamespaceCounts()
         return counts
 
     def error(self, nsid: int, slot: int, status: int) -> None:
@@ -69,9 +136,9 @@ class HostCounts:
         """The counts so far (the namespaces with any), and zero from now on, in place."""
         namespaces = {}
         for nsid, counts in self.namespaces.items():
-            if any(counts):
-                namespaces[nsid] = counts[:]
-                counts[:] = _ZEROS
+            taken = counts.take()
+            if any(taken):
+                namespaces[nsid] = taken
         errors = dict(self.errors)
         self.errors.clear()
         return namespaces, errors
@@ -80,9 +147,7 @@ class HostCounts:
         self, namespaces: dict[int, list[int]], errors: dict[tuple[int, int, int], int]
     ) -> None:
         for nsid, counts in namespaces.items():
-            mine = self.namespace(nsid)
-            for i, n in enumerate(counts):
-                mine[i] += n
+            self.namespace(nsid).add(counts)
         for key, n in errors.items():
             self.errors[key] = self.errors.get(key, 0) + n
 

@@ -44,13 +44,7 @@ from pynvmf.spec.status import (
 )
 from pynvmf.target import compare, reservations
 from pynvmf.target.budget import READ_CHUNK, UNCHARGED_READ
-from pynvmf.target.command_counts import (
-    COPY_BYTES,
-    NO_NAMESPACE,
-    READ_BYTES,
-    WRITE_BYTES,
-    opcode_slot,
-)
+from pynvmf.target.command_counts import NO_NAMESPACE, opcode_slot
 from pynvmf.target.limits import COPY_FORMATS, MAX_TRANSFER, copy_limits, reported_nn
 from pynvmf.target.outcome import Outcome
 
@@ -73,9 +67,6 @@ _WRITE: Final = int(IoOpcode.WRITE)
 _COPY: Final = int(IoOpcode.COPY)
 _UNCHARGED_READ: Final = UNCHARGED_READ
 _READ_CHUNK: Final = READ_CHUNK
-_READ_BYTES: Final = READ_BYTES
-_WRITE_BYTES: Final = WRITE_BYTES
-_COPY_BYTES: Final = COPY_BYTES
 _NSID_ALL: Final = NSID_ALL
 
 
@@ -175,8 +166,8 @@ class IoHandler:
                             counts = self.ns_counts.get(sqe.nsid)
                             if counts is None:
                                 counts = self.counts.namespace(sqe.nsid)
-                            counts[_WRITE] += 1
-                            counts[_WRITE_BYTES] += req.length
+                            counts.writes += 1
+                            counts.write_bytes += req.length
                             self.queue.conn.complete(req, 0)
                             return
                 except (ValueError, TypeError):
@@ -213,8 +204,8 @@ class IoHandler:
         counts = self.ns_counts.get(sqe.nsid)
         if counts is None:
             counts = self.counts.namespace(sqe.nsid)
-        counts[_READ] += 1
-        counts[_READ_BYTES] += length
+        counts.reads += 1
+        counts.read_bytes += length
         self.queue.conn.complete(req, 0, 0, data)
         return True
 
@@ -253,8 +244,8 @@ class IoHandler:
         stats.copy_cmds += 1
         stats.copy_bytes += nlb << shift
         counts = self.counts.namespace(sqe.nsid)
-        counts[_COPY] += 1
-        counts[_COPY_BYTES] += nlb << shift
+        counts.copies += 1
+        counts.copy_bytes += nlb << shift
         self.queue.conn.complete(req, 0)
         return True
 
@@ -307,15 +298,10 @@ class IoHandler:
         nsid = sqe.nsid
         if nsid not in self.namespaces and nsid != _NSID_ALL:
             nsid = NO_NAMESPACE
-        counts = self.counts.namespace(nsid)
         slot = opcode_slot(sqe.opcode)
-        counts[slot] += 1
+        self.counts.namespace(nsid).command(slot, status, req.length)
         if status:
             self.counts.error(nsid, slot, status)
-        elif slot == _READ:
-            counts[_READ_BYTES] += req.length
-        elif slot == _WRITE:
-            counts[_WRITE_BYTES] += req.length
 
     def path_status(self, nsid: int) -> int:
         """The ANA path-related status a command to `nsid` gets through this queue's
@@ -540,7 +526,7 @@ class IoHandler:
                 stats = self.stats
                 stats.copy_cmds += 1
                 stats.copy_bytes += nlb * block_size
-                self.counts.namespace(ns.nsid)[_COPY_BYTES] += nlb * block_size
+                self.counts.namespace(ns.nsid).copy_bytes += nlb * block_size
                 return Status.SUCCESS, 0, None
             # The planner wants a plan for it (staging, emulation): the general path.
         ranges = parse_copy_ranges(data, desfmt, nr)
@@ -593,7 +579,7 @@ class IoHandler:
                 budget.give(need)
         self.stats.copy_cmds += 1
         self.stats.copy_bytes += total * ns.block_size
-        self.counts.namespace(ns.nsid)[_COPY_BYTES] += total * ns.block_size
+        self.counts.namespace(ns.nsid).copy_bytes += total * ns.block_size
         return Status.SUCCESS, 0, None
 
     async def compare(self, req: Request) -> Outcome:

@@ -160,18 +160,18 @@ def test_hosts_past_the_limit_are_counted_together() -> None:
 def test_a_report_is_taken_once_and_a_bad_one_adds_nothing() -> None:
     worker, main = CommandCounts(), CommandCounts()
     host = worker.of(NQN, HOST_A)
-    host.namespace(1)[IoOpcode.READ] += 3
+    host.namespace(1).reads += 3
     host.error(1, IoOpcode.READ, Status.LBA_OUT_OF_RANGE | 0x4000)
     report = worker.take()
     assert worker.take() == []
     main.add(report)
     main.add(report)
     got = main.of(NQN, HOST_A)
-    assert got.namespaces[1][IoOpcode.READ] == 6
+    assert got.namespaces[1].reads == 6
     assert got.errors == {(1, IoOpcode.READ, Status.LBA_OUT_OF_RANGE): 2}
     bad = [(NQN, HOST_B, {1: [-1] + [0] * 35}, {})]
     with pytest.raises(ValueError):
         main.add(report + bad)
-    assert got.namespaces[1][IoOpcode.READ] == 6
+    assert got.namespaces[1].reads == 6
     assert (NQN, HOST_B) not in main.hosts
-    assert isinstance(host, HostCounts) and host.namespaces[1][IoOpcode.READ] == 0
+    assert isinstance(host, HostCounts) and host.namespaces[1].reads == 0
