@@ -183,12 +183,21 @@ def _status_label(status: int) -> str:
         return f"0x{status:03x}"
 
 
+def _counter(
+    name: str, documentation: str, labels: list[str], counts: Counter[tuple[str, ...]]
+) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, documentation, labels=labels)
+    for key, n in sorted(counts.items()):
+        family.add_metric(list(key), n)
+    return family
+
+
 def _commands(s: Scrape) -> Iterator[Metric]:
     hosts = s.target.command_counts.hosts
     labels = s.command_hosts.assign(label_value(host) for _sub, host in hosts)
-    commands: Counter[tuple[str, str, str, str]] = Counter()
-    data: Counter[tuple[str, str, str, str]] = Counter()
-    errors: Counter[tuple[str, str, str, str, str]] = Counter()
+    commands: Counter[tuple[str, ...]] = Counter()
+    data: Counter[tuple[str, ...]] = Counter()
+    errors: Counter[tuple[str, ...]] = Counter()
     for (subnqn, hostnqn), counts in hosts.items():
         sub = label_value(subnqn)
         host = labels[label_value(hostnqn)]
@@ -204,31 +213,25 @@ def _commands(s: Scrape) -> Iterator[Metric]:
         for (nsid, slot, status), n in counts.errors.items():
             key = (sub, _nsid_label(nsid), host, OPCODE_LABELS[slot], _status_label(status))
             errors[key] += n
-    family = CounterMetricFamily(
+    yield _counter(
         "pynvmf_commands",
         "Completed I/O commands (successful or not), by subsystem, namespace, host and opcode",
-        labels=["subsystem", "nsid", "host", "opcode"],
+        ["subsystem", "nsid", "host", "opcode"],
+        commands,
     )
-    for key, n in sorted(commands.items()):
-        family.add_metric(list(key), n)
-    yield family
-    family = CounterMetricFamily(
+    yield _counter(
         "pynvmf_command_bytes",
         "Data of successful commands: read (sent to the host by Read), write (received by "
         "Write), copy (copied within the target by Copy)",
-        labels=["subsystem", "nsid", "host", "direction"],
+        ["subsystem", "nsid", "host", "direction"],
+        data,
     )
-    for key, n in sorted(data.items()):
-        family.add_metric(list(key), n)
-    yield family
-    family = CounterMetricFamily(
+    yield _counter(
         "pynvmf_command_errors",
         "I/O commands completed with an error status, by opcode and status",
-        labels=["subsystem", "nsid", "host", "opcode", "status"],
+        ["subsystem", "nsid", "host", "opcode", "status"],
+        errors,
     )
-    for key, n in sorted(errors.items()):
-        family.add_metric(list(key), n)
-    yield family
     yield GaugeMetricFamily(
         "pynvmf_metrics_command_hosts_folded",
         'Host NQNs of the command counters beyond the label limit, counted in host="_other"',
