@@ -9,6 +9,11 @@ with no allocation; any other opcode's commands in a flat list indexed by opcode
 command costs a dictionary look-up by NSID and an add or two, no object and no tuple.
 Errors are rare, and counted in a dictionary by (NSID, opcode slot, status).
 
+The SMART / Health log's counts of a subsystem (IoStats) are here for the same reason:
+the hot path adds to them, and an interpreted class's attributes cost the compiled
+hot path a generic attribute look-up and a boxed add each (1,487 instructions a 4 KiB
+Read, measured with benchmarks/instructions.py).
+
 The counts of a host live in the process's CommandCounts, keyed by the subsystem's and
 the host's NQNs, not in the controller or the Subsystem object: a controller that goes
 away, or a subsystem deleted and created again with its NQN, leaves them where they
@@ -23,6 +28,7 @@ kept apart: the others are counted in (subsystem, OTHER_HOST).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Final
 
 from pynvmf.spec.opcodes import IoOpcode
@@ -218,3 +224,44 @@ class CommandCounts:
             _check(entry[2], entry[3])
         for subnqn, hostnqn, namespaces, errors in report:
             self.of(subnqn, hostnqn).add(namespaces, errors)
+
+
+@dataclass
+class IoStats:
+    """Counters for the SMART / Health log, of one Subsystem object (a subsystem removed
+    and created again with its NQN starts from zero)."""
+
+    read_cmds: int = 0
+    write_cmds: int = 0
+    read_bytes: int = 0
+    write_bytes: int = 0
+    copy_cmds: int = 0
+    copy_bytes: int = 0
+
+    def take(self) -> tuple[int, int, int, int, int, int]:
+        """The counts so far, in field order, and zero from now on: what a worker
+        process reports of its replica of a subsystem, so that it keeps no baseline."""
+        counts = (
+            self.read_cmds,
+            self.write_cmds,
+            self.read_bytes,
+            self.write_bytes,
+            self.copy_cmds,
+            self.copy_bytes,
+        )
+        self.read_cmds = self.write_cmds = self.read_bytes = self.write_bytes = 0
+        self.copy_cmds = self.copy_bytes = 0
+        return counts
+
+    def add(self, counts: tuple[int, ...]) -> None:
+        """Add counts in `take`'s order (a worker's report). Counts that would make a
+        counter negative are refused (ValueError): the counters only grow."""
+        if len(counts) != 6 or min(counts) < 0:
+            raise ValueError(f"not counts of I/O: {counts!r}")
+        rc, wc, rb, wb, cc, cb = counts
+        self.read_cmds += rc
+        self.write_cmds += wc
+        self.read_bytes += rb
+        self.write_bytes += wb
+        self.copy_cmds += cc
+        self.copy_bytes += cb
