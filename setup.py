@@ -21,6 +21,8 @@ from setuptools import setup
 # derives from, is compiled with it, so that the host's per-command calls into it
 # (_flush, buffer_updated) are compiled calls; its ConnectionGlue allows interpreted
 # subclasses (mypyc_attr), for the target's TargetProtocol, which stays interpreted.
+# target/command_counts.py is compiled with io.py so that the hot path's per-host counts
+# (NamespaceCounts) are native int fields: an add each, no allocation (docs/metrics.md).
 # block/copy.py (the planner) stays
 # interpreted: compiled, a failed background write of an emulated chunk was not raised
 # (tests/unit/test_block_copy.py), and its single-range path gains little more.
@@ -35,6 +37,7 @@ COMPILED = [
     "pynvmf/tcp/glue.py",
     "pynvmf/host/queue.py",
     "pynvmf/host/namespace.py",
+    "pynvmf/target/command_counts.py",
 ]
 # mypy's checks stop at the compiled modules (the rest of the package is not type-clean
 # under mypy, and need not be: it stays interpreted); crc32c-rs has no type stubs.

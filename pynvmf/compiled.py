@@ -33,6 +33,7 @@ HOT_MODULES = (
     "pynvmf.tcp.glue",
     "pynvmf.host.queue",
     "pynvmf.host.namespace",
+    "pynvmf.target.command_counts",
 )
 
 

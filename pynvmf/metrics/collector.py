@@ -1,8 +1,9 @@
 """The target's state as Prometheus metric families, read when a scrape asks.
 
-Nothing here runs per command: every figure is a count or a table the target keeps for
-its own reasons (the SMART log's I/O counts, the connection budget, the TLS decisions,
-the ANA groups), read at scrape time. `collect()` reads mutable objects of the target
+Nothing here runs per command: every figure is a count or a table the target keeps (the
+SMART log's I/O counts, the connection budget, the TLS decisions, the ANA groups, the
+commands counted per host, namespace and opcode: target/command_counts.py), read and
+summed at scrape time. `collect()` reads mutable objects of the target
 (dictionaries of controllers, ports), so it runs on the target's event loop, between
 two callbacks: a scrape then sees one state, never half a change (MetricsEndpoint calls
 it there).
@@ -22,13 +23,31 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from pynvmf.metrics.labels import DEFAULT_HOST_LIMIT, BoundedLabels, label_value
+from pynvmf.spec.opcodes import NSID_ALL
+from pynvmf.spec.status import Status
 from pynvmf.target import ana
+from pynvmf.target.command_counts import (
+    COPY_BYTES,
+    NO_NAMESPACE,
+    OPCODE_SLOTS,
+    OTHER_OPCODE,
+    READ_BYTES,
+    WRITE_BYTES,
+)
+from pynvmf.target.io import IO_COMMANDS
 
 if TYPE_CHECKING:
     from pynvmf.target.target import Target
 
 # kTLS fallback reasons come from the kernel's answers: a handful, but not ours to bound.
 FALLBACK_REASON_LIMIT = 32
+# The `opcode` label of each opcode slot (command_counts.py): the NVM command set's
+# commands by name, any other opcode as "other".
+OPCODE_LABELS: tuple[str, ...] = tuple(
+    IO_COMMANDS[op].name if op in IO_COMMANDS and op < OPCODE_SLOTS else "other"
+    for op in range(OTHER_OPCODE + 1)
+)
+_DIRECTIONS = (("read", READ_BYTES), ("write", WRITE_BYTES), ("copy", COPY_BYTES))
 
 
 @dataclass
@@ -38,6 +57,10 @@ class Scrape:
     target: Target
     hosts: BoundedLabels
     fallback_reasons: BoundedLabels
+    # Hosts of the command counters: every host that ever sent a command (connected or
+    # not), kept apart from `hosts` (those connected now) so that neither set moves the
+    # other's places.
+    command_hosts: BoundedLabels
 
 
 def _connections(s: Scrape) -> Iterator[Metric]:
@@ -143,6 +166,77 @@ def _io(s: Scrape) -> Iterator[Metric]:
     yield commands
     yield data
     yield namespaces
+
+
+def _nsid_label(nsid: int) -> str:
+    if nsid == NO_NAMESPACE:
+        return "none"
+    if nsid == NSID_ALL:
+        return "all"
+    return str(nsid)
+
+
+def _status_label(status: int) -> str:
+    try:
+        return Status(status).name.lower()
+    except ValueError:
+        return f"0x{status:03x}"
+
+
+def _counter(
+    name: str, documentation: str, labels: list[str], counts: Counter[tuple[str, ...]]
+) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, documentation, labels=labels)
+    for key, n in sorted(counts.items()):
+        family.add_metric(list(key), n)
+    return family
+
+
+def _commands(s: Scrape) -> Iterator[Metric]:
+    hosts = s.target.command_counts.hosts
+    labels = s.command_hosts.assign(label_value(host) for _sub, host in hosts)
+    commands: Counter[tuple[str, ...]] = Counter()
+    data: Counter[tuple[str, ...]] = Counter()
+    errors: Counter[tuple[str, ...]] = Counter()
+    for (subnqn, hostnqn), counts in hosts.items():
+        sub = label_value(subnqn)
+        host = labels[label_value(hostnqn)]
+        for nsid, per_ns in counts.namespaces.items():
+            ns = _nsid_label(nsid)
+            slots = per_ns.as_list()
+            for slot in range(OTHER_OPCODE + 1):
+                if slots[slot]:
+                    commands[sub, ns, host, OPCODE_LABELS[slot]] += slots[slot]
+            for direction, slot in _DIRECTIONS:
+                if slots[slot]:
+                    data[sub, ns, host, direction] += slots[slot]
+        for (nsid, slot, status), n in counts.errors.items():
+            key = (sub, _nsid_label(nsid), host, OPCODE_LABELS[slot], _status_label(status))
+            errors[key] += n
+    yield _counter(
+        "pynvmf_commands",
+        "Completed I/O commands (successful or not), by subsystem, namespace, host and opcode",
+        ["subsystem", "nsid", "host", "opcode"],
+        commands,
+    )
+    yield _counter(
+        "pynvmf_command_bytes",
+        "Data of successful commands: read (sent to the host by Read), write (received by "
+        "Write), copy (copied within the target by Copy)",
+        ["subsystem", "nsid", "host", "direction"],
+        data,
+    )
+    yield _counter(
+        "pynvmf_command_errors",
+        "I/O commands completed with an error status, by opcode and status",
+        ["subsystem", "nsid", "host", "opcode", "status"],
+        errors,
+    )
+    yield GaugeMetricFamily(
+        "pynvmf_metrics_command_hosts_folded",
+        'Host NQNs of the command counters beyond the label limit, counted in host="_other"',
+        value=s.command_hosts.folded,
+    )
 
 
 def _ana(s: Scrape) -> Iterator[Metric]:
@@ -272,6 +366,7 @@ SOURCES: tuple[Source, ...] = (
     _connections,
     _controllers_and_queues,
     _io,
+    _commands,
     _ana,
     _tls,
     _auth,
@@ -287,8 +382,9 @@ class TargetCollector(Collector):
         self.target = target
         self.hosts = BoundedLabels(host_limit)
         self.fallback_reasons = BoundedLabels(FALLBACK_REASON_LIMIT)
+        self.command_hosts = BoundedLabels(host_limit)
 
     def collect(self) -> Iterable[Metric]:
-        scrape = Scrape(self.target, self.hosts, self.fallback_reasons)
+        scrape = Scrape(self.target, self.hosts, self.fallback_reasons, self.command_hosts)
         for source in SOURCES:
             yield from source(scrape)

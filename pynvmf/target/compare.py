@@ -110,6 +110,7 @@ async def compare_and_write(io: IoHandler, first: Request, second: Request) -> N
         statuses = (Status.INTERNAL_ERROR, Status.INTERNAL_ERROR)
     for req, status in zip((first, second), statuses, strict=True):
         if status is not None:
+            io.count(req, status)
             finish(req, status)
 
 

@@ -44,6 +44,7 @@ from pynvmf.spec.status import (
 )
 from pynvmf.target import compare, reservations
 from pynvmf.target.budget import READ_CHUNK, UNCHARGED_READ
+from pynvmf.target.command_counts import NO_NAMESPACE, opcode_slot
 from pynvmf.target.limits import COPY_FORMATS, MAX_TRANSFER, copy_limits, reported_nn
 from pynvmf.target.outcome import Outcome
 
@@ -66,6 +67,7 @@ _WRITE: Final = int(IoOpcode.WRITE)
 _COPY: Final = int(IoOpcode.COPY)
 _UNCHARGED_READ: Final = UNCHARGED_READ
 _READ_CHUNK: Final = READ_CHUNK
+_NSID_ALL: Final = NSID_ALL
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,13 @@ class IoCommand:
 
     method: str
     effects: int = CmdEffects.CSUPP
+    # Its `opcode` label in the metrics (pynvmf_commands_total); the method's name unless
+    # given.
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.label or self.method
 
 
 _WRITES = CmdEffects.CSUPP | CmdEffects.LBCC
@@ -84,7 +93,7 @@ IO_COMMANDS: dict[int, IoCommand] = {
     IoOpcode.WRITE: IoCommand("write", _WRITES),
     IoOpcode.FLUSH: IoCommand("flush"),
     IoOpcode.WRITE_ZEROES: IoCommand("write_zeroes", _WRITES),
-    IoOpcode.DATASET_MANAGEMENT: IoCommand("dataset_management", _WRITES),
+    IoOpcode.DATASET_MANAGEMENT: IoCommand("dataset_management", _WRITES, "dsm"),
     IoOpcode.COPY: IoCommand("copy", _WRITES),
     IoOpcode.COMPARE: IoCommand("compare"),
     IoOpcode.VERIFY: IoCommand("verify"),
@@ -103,6 +112,10 @@ class IoHandler:
         self.queue = queue
         self.namespaces = ctrl.subsystem.namespaces
         self.stats = ctrl.subsystem.stats
+        # This host's counts of completed commands in this subsystem (command_counts.py),
+        # and their per-namespace lists, looked up by NSID on the hot path.
+        self.counts = ctrl.target.command_counts.of(ctrl.subsystem.nqn, ctrl.hostnqn)
+        self.ns_counts = self.counts.namespaces
         self.budget = queue.budget
         # Namespaces with registrants (the subsystem keeps it current): empty, no I/O
         # command pays more than testing it.
@@ -150,6 +163,11 @@ class IoHandler:
                             stats = self.stats
                             stats.write_cmds += 1
                             stats.write_bytes += req.length
+                            counts = self.ns_counts.get(sqe.nsid)
+                            if counts is None:
+                                counts = self.counts.namespace(sqe.nsid)
+                            counts.writes += 1
+                            counts.write_bytes += req.length
                             self.queue.conn.complete(req, 0)
                             return
                 except (ValueError, TypeError):
@@ -183,6 +201,11 @@ class IoHandler:
         stats = self.stats
         stats.read_cmds += 1
         stats.read_bytes += length
+        counts = self.ns_counts.get(sqe.nsid)
+        if counts is None:
+            counts = self.counts.namespace(sqe.nsid)
+        counts.reads += 1
+        counts.read_bytes += length
         self.queue.conn.complete(req, 0, 0, data)
         return True
 
@@ -220,6 +243,9 @@ class IoHandler:
         stats = self.stats
         stats.copy_cmds += 1
         stats.copy_bytes += nlb << shift
+        counts = self.counts.namespace(sqe.nsid)
+        counts.copies += 1
+        counts.copy_bytes += nlb << shift
         self.queue.conn.complete(req, 0)
         return True
 
@@ -262,7 +288,20 @@ class IoHandler:
             status, result, data = Status.INTERNAL_ERROR, 0, None
         if status:
             self.ctrl.record_error(self.queue.qid, req, status)
+        self.count(req, status)
         self.queue.conn.complete(req, status, result, data)
+
+    def count(self, req: Request, status: int) -> None:
+        """Count a command that completes with `status` (off the hot path's fast
+        completions, which count themselves; Copy counts its bytes where it copies)."""
+        sqe = req.sqe
+        nsid = sqe.nsid
+        if nsid not in self.namespaces and nsid != _NSID_ALL:
+            nsid = NO_NAMESPACE
+        slot = opcode_slot(sqe.opcode)
+        self.counts.namespace(nsid).command(slot, status, req.length)
+        if status:
+            self.counts.error(nsid, slot, status)
 
     def path_status(self, nsid: int) -> int:
         """The ANA path-related status a command to `nsid` gets through this queue's
@@ -487,6 +526,7 @@ class IoHandler:
                 stats = self.stats
                 stats.copy_cmds += 1
                 stats.copy_bytes += nlb * block_size
+                self.counts.namespace(ns.nsid).copy_bytes += nlb * block_size
                 return Status.SUCCESS, 0, None
             # The planner wants a plan for it (staging, emulation): the general path.
         ranges = parse_copy_ranges(data, desfmt, nr)
@@ -539,6 +579,7 @@ class IoHandler:
                 budget.give(need)
         self.stats.copy_cmds += 1
         self.stats.copy_bytes += total * ns.block_size
+        self.counts.namespace(ns.nsid).copy_bytes += total * ns.block_size
         return Status.SUCCESS, 0, None
 
     async def compare(self, req: Request) -> Outcome:

@@ -12,6 +12,7 @@ from pynvmf.block.device import BlockDevice
 from pynvmf.spec.command import HOST_BEHAVIOR_SIZE, nvme_version, set_host_behavior_cdfe
 from pynvmf.spec.opcodes import DISCOVERY_NQN
 from pynvmf.target.ana import DEFAULT_GROUP, AnaGroups
+from pynvmf.target.command_counts import IoStats
 from pynvmf.target.fused import WriteGate
 from pynvmf.target.reservations import NamespaceReservation
 from pynvmf.tcp.psk import ConfiguredPsk
@@ -85,47 +86,6 @@ class Namespace:
     @property
     def num_blocks(self) -> int:
         return self.device.capabilities.num_blocks
-
-
-@dataclass
-class IoStats:
-    """Counters for the SMART / Health log, of one Subsystem object (a subsystem removed
-    and created again with its NQN starts from zero)."""
-
-    read_cmds: int = 0
-    write_cmds: int = 0
-    read_bytes: int = 0
-    write_bytes: int = 0
-    copy_cmds: int = 0
-    copy_bytes: int = 0
-
-    def take(self) -> tuple[int, int, int, int, int, int]:
-        """The counts so far, in field order, and zero from now on: what a worker
-        process reports of its replica of a subsystem, so that it keeps no baseline."""
-        counts = (
-            self.read_cmds,
-            self.write_cmds,
-            self.read_bytes,
-            self.write_bytes,
-            self.copy_cmds,
-            self.copy_bytes,
-        )
-        self.read_cmds = self.write_cmds = self.read_bytes = self.write_bytes = 0
-        self.copy_cmds = self.copy_bytes = 0
-        return counts
-
-    def add(self, counts: tuple[int, ...]) -> None:
-        """Add counts in `take`'s order (a worker's report). Counts that would make a
-        counter negative are refused (ValueError): the counters only grow."""
-        if len(counts) != 6 or min(counts) < 0:
-            raise ValueError(f"not counts of I/O: {counts!r}")
-        rc, wc, rb, wb, cc, cb = counts
-        self.read_cmds += rc
-        self.write_cmds += wc
-        self.read_bytes += rb
-        self.write_bytes += wb
-        self.copy_cmds += cc
-        self.copy_bytes += cb
 
 
 @dataclass

@@ -54,6 +54,7 @@ from pynvmf.target.changes import (
     check_text,
     check_transport,
 )
+from pynvmf.target.command_counts import CommandCounts
 from pynvmf.target.devices import NamedDevice, close_device
 from pynvmf.target.drain import commands_waiting, drain
 from pynvmf.target.generated_psks import GeneratedPsks
@@ -162,6 +163,9 @@ class Target:
         self.counters = TargetCounters()
         # Secure-channel decisions (handshakes, kTLS or user space per direction).
         self.tls_counters = TlsCounters()
+        # Completed I/O commands by subsystem, host, namespace and opcode (metrics); kept
+        # by NQN, past the controllers and subsystems that counted them.
+        self.command_counts = CommandCounts()
         # TLS PSKs that secure channel concatenation generated (generated_psks.py).
         self.generated_psks = GeneratedPsks()
         self.connection_budget = ConnectionBudget(limits or ConnectionLimits())

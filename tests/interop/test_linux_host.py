@@ -11,6 +11,7 @@ test_linux_host_rbd.py runs them on namespaces on Ceph RBD.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
@@ -24,6 +25,7 @@ import pytest
 
 from tests.support.guest import OLDEST_AND_NEWEST, CommandResult, Guest, Peer
 from tests.support.ports import free_tcp_port
+from tests.support.scrape import Samples, scrape, series, value
 from tests.support.target_process import TargetProcess
 
 pytestmark = OLDEST_AND_NEWEST.mark()
@@ -43,6 +45,9 @@ COPYX = "nqn.2024-11.dev.pynvmf:interop-copyx"
 COPYN = "nqn.2024-11.dev.pynvmf:interop-copyn"
 COPY3 = "nqn.2024-11.dev.pynvmf:interop-copy3"
 ALLOWED_HOST = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000a110"
+# Its commands counted by the metrics endpoint, from a host NQN of its own.
+COUNTED = "nqn.2024-11.dev.pynvmf:interop-counted"
+COUNTED_HOST = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000c0a73"
 SIZES = {
     MEM: 64 * MIB,
     FILE: 64 * MIB,
@@ -52,6 +57,7 @@ SIZES = {
     COPYX: 16 * MIB,
     COPYN: 16 * MIB,
     COPY3: 16 * MIB,
+    COUNTED: 16 * MIB,
 }
 BLOCK_SIZES = {MEM: 512, FILE: 512, MEM4K: 4096, RESTRICTED: 512, DISCARD: 512}
 
@@ -84,11 +90,15 @@ exit 1
 @dataclass
 class Setup:
     process: TargetProcess
+    metrics: tuple[str, int]
     io_port: int
     io_port6: int
     io_port_4k: int
     disc_port: int
     backing: Path
+
+
+_METRICS = re.compile(r"metrics http://([\d.]+):(\d+)/metrics")
 
 
 @pytest.fixture(scope="module")
@@ -143,11 +153,15 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
                 "hosts": [ALLOWED_HOST],
                 "namespaces": [{"nsid": 1, "memory": SIZES[RESTRICTED]}],
             },
+            {"nqn": COUNTED, "namespaces": [{"nsid": 1, "memory": SIZES[COUNTED]}]},
         ],
+        "metrics": {"listen": "127.0.0.1:0"},
     }
     proc = TargetProcess(config, workdir)
     proc.start()
-    yield Setup(proc, io_port, io_port6, io_port_4k, disc_port, backing)
+    metrics = next(m for line in proc.stdout_lines if (m := _METRICS.match(line)))
+    address = (metrics.group(1), int(metrics.group(2)))
+    yield Setup(proc, address, io_port, io_port6, io_port_4k, disc_port, backing)
     proc.stop()
 
 
@@ -942,3 +956,45 @@ def check_nvme_cli_copy_formats_2_and_3_with_snsids(
         assert out.rc == 0, out
     finally:
         disconnect(guest, copy3.nqn)
+
+
+async def _scrape_until(address: tuple[str, int], done: Callable[[Samples], bool]) -> Samples:
+    """Scrape until `done`: a worker process reports its counts every half second at most."""
+    async with asyncio.timeout(30):
+        while not done(m := await scrape(*address)):
+            await asyncio.sleep(0.05)
+    return m
+
+
+def test_metrics_count_the_kernel_hosts_commands_exactly(guest: Guest, target: Setup) -> None:
+    """Commands nvme-cli sends through the kernel's passthrough, counted per host and
+    namespace by pynvmf_commands_total and its bytes and errors: writes and an out of
+    range read, which the kernel never sends by itself (its own reads at connect time,
+    the partition scan's, are left out of the comparison)."""
+    dev = connect(guest, target.io_port, COUNTED, f"--hostnqn={COUNTED_HOST}")
+    labels = {"subsystem": COUNTED, "nsid": "1", "host": COUNTED_HOST}
+    try:
+        for lba in (0, 8, 16):
+            guest.run(f"nvme write {dev} --start-block={lba} --block-count=7 --data-size=4096")
+        last = SIZES[COUNTED] // 512
+        out = guest.run(
+            f"nvme read {dev} --start-block={last} --block-count=0 --data-size=512", check=False
+        )
+        assert out.rc != 0
+    finally:
+        disconnect(guest, COUNTED)
+    error = {"opcode": "read", "status": "lba_out_of_range", **labels}
+    m = asyncio.run(
+        _scrape_until(
+            target.metrics,
+            lambda m: (
+                value(m, "pynvmf_commands_total", opcode="write", **labels) == 3
+                and value(m, "pynvmf_command_errors_total", **error) == 1
+            ),
+        )
+    )
+    assert value(m, "pynvmf_command_bytes_total", direction="write", **labels) == 3 * 4096
+    errors = [dict(k) for k in series(m, "pynvmf_command_errors_total")]
+    assert [k for k in errors if k["subsystem"] == COUNTED] == [error]
+    commands = [dict(k) for k in series(m, "pynvmf_commands_total")]
+    assert {k["host"] for k in commands if k["subsystem"] == COUNTED} == {COUNTED_HOST}

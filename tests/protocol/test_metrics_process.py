@@ -15,7 +15,9 @@ import pytest
 
 from pynvmf.config.native import DEFAULT_NQN
 from pynvmf.host import connect
+from pynvmf.host.errors import NvmeStatusError
 from pynvmf.rpc.client import RpcClient, RpcClientError
+from pynvmf.spec.opcodes import IoOpcode
 from tests.support.ports import free_tcp_port
 from tests.support.scrape import Samples, scrape, value
 from tests.support.target_process import TargetProcess
@@ -143,5 +145,106 @@ def test_the_configuration_file_names_the_endpoint_and_the_rpc_moves_it(
             assert rpc.call("pynvmf_metrics_get_listen")["port"] == moved["port"]
             assert rpc.call("pynvmf_metrics_stop") is True
             assert rpc.call("pynvmf_metrics_get_listen") is None
+    finally:
+        proc.stop()
+
+
+HOST_2 = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000c2"
+_COMMAND_FAMILIES = (
+    "pynvmf_commands_total",
+    "pynvmf_command_bytes_total",
+    "pynvmf_command_errors_total",
+)
+Want = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def _want(host: str, nsid: int, n: float, name: str = "commands", **labels: str) -> Want:
+    key = {"subsystem": DEFAULT_NQN, "nsid": str(nsid), "host": host, **labels}
+    return {(f"pynvmf_{name}_total", frozenset(key.items())): n}
+
+
+async def _scrape_commands_until(address: tuple[str, int], want: Want) -> None:
+    """Scrape until the per-command series are exactly `want` (the workers report every
+    half second at most); on the way, no series goes backwards. Fails past a deadline."""
+    seen: Want = {}
+    async with asyncio.timeout(30):
+        while True:
+            m = await scrape(*address)
+            now = {key: n for key, n in m.items() if key[0] in _COMMAND_FAMILIES}
+            for key, n in seen.items():
+                assert now.get(key, 0) >= n, key
+            seen = now
+            if now == want:
+                return
+            await asyncio.sleep(0.05)
+
+
+async def _two_hosts(proc: TargetProcess) -> None:
+    a = await connect(proc.address, proc.port, DEFAULT_NQN, hostnqn=HOST, queues=2)
+    b = await connect(proc.address, proc.port, DEFAULT_NQN, hostnqn=HOST_2, queues=2)
+    try:
+        for i in range(6):
+            await a.namespace(1).write(i * 8, bytes(4096))
+        for _ in range(4):
+            await a.namespace(2).read(0, memoryview(bytearray(4096)))
+        for _ in range(3):
+            await b.namespace(2).read(8, memoryview(bytearray(512)))
+        await b.namespace(1).flush()
+        with pytest.raises(NvmeStatusError):  # past the end of namespace 1
+            await b.io_command(IoOpcode.READ, 1, 2048, 0, 0, into=memoryview(bytearray(512)))
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def _one_write(proc: TargetProcess) -> None:
+    async with await connect(proc.address, proc.port, DEFAULT_NQN, hostnqn=HOST) as a:
+        await a.namespace(1).write(0, bytes(512))
+
+
+def test_command_counts_of_two_hosts_on_worker_processes_are_exact_and_survive_the_subsystem(
+    tmp_path: Path,
+) -> None:
+    socket_path = str(tmp_path / "rpc.sock")
+    memory = {"memory": 1 << 20}
+    config = {
+        "ports": [{"address": "127.0.0.1", "port": 0}],
+        "subsystems": [
+            {"nqn": DEFAULT_NQN, "namespaces": [{"nsid": 1, **memory}, {"nsid": 2, **memory}]}
+        ],
+        "metrics": {"listen": "127.0.0.1:0"},
+    }
+    proc = TargetProcess(config, tmp_path, ["--cores", "2", "--rpc-socket", socket_path])
+    proc.start()
+    try:
+        address = _metrics_address(proc)
+        asyncio.run(_two_hosts(proc))
+        want = {
+            **_want(HOST, 1, 6, opcode="write"),
+            **_want(HOST, 2, 4, opcode="read"),
+            **_want(HOST_2, 2, 3, opcode="read"),
+            **_want(HOST_2, 1, 1, opcode="flush"),
+            **_want(HOST_2, 1, 1, opcode="read"),
+            **_want(HOST, 1, 6 * 4096, "command_bytes", direction="write"),
+            **_want(HOST, 2, 4 * 4096, "command_bytes", direction="read"),
+            **_want(HOST_2, 2, 3 * 512, "command_bytes", direction="read"),
+            **_want(HOST_2, 1, 1, "command_errors", opcode="read", status="lba_out_of_range"),
+        }
+        asyncio.run(_scrape_commands_until(address, want))
+        # The subsystem deleted and created again: its hosts' counts go on from where
+        # they were.
+        with RpcClient(socket_path) as rpc:
+            assert rpc.call("nvmf_delete_subsystem", nqn=DEFAULT_NQN) is True
+            rpc.call("nvmf_create_subsystem", nqn=DEFAULT_NQN, allow_any_host=True)
+            rpc.call("bdev_malloc_create", name="Again", num_blocks=2048, block_size=512)
+            rpc.call(
+                "nvmf_subsystem_add_ns",
+                nqn=DEFAULT_NQN,
+                namespace={"bdev_name": "Again", "nsid": 1},
+            )
+        asyncio.run(_one_write(proc))
+        want.update(_want(HOST, 1, 7, opcode="write"))
+        want.update(_want(HOST, 1, 6 * 4096 + 512, "command_bytes", direction="write"))
+        asyncio.run(_scrape_commands_until(address, want))
     finally:
         proc.stop()

@@ -30,7 +30,8 @@ RESERVATION = "reservation"  # (nqn, nsid, seq, state, preempted host IDs): requ
 EXIT = "exit"  # ()
 # Worker -> main process.
 QUEUE_CLOSED = "queue_closed"  # (queue token)
-# (controller tokens with traffic, {token: [ErrorLogEntry]}, {nqn: stats}, TransportCounts)
+# (controller tokens with traffic, {token: [ErrorLogEntry]}, {nqn: stats}, TransportCounts,
+#  command_counts.Report)
 ACTIVITY = "activity"
 FORWARD = "forward"  # (controller token, sqe bytes, data or None): request -> its Outcome
 

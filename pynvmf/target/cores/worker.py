@@ -32,6 +32,7 @@ from pynvmf.spec.status import Status
 from pynvmf.target import fabrics
 from pynvmf.target import io as io_module
 from pynvmf.target.budget import ConnectionLimits, keep_alive_check_ms
+from pynvmf.target.command_counts import Report
 from pynvmf.target.controller import Controller
 from pynvmf.target.cores import shared_state as S
 from pynvmf.target.cores.ana_table import AnaView
@@ -406,11 +407,13 @@ class Worker:
                 counts = subsystem.stats.take()
                 if any(counts):
                     stats[nqn] = counts
+        commands: Report = [] if self.target is None else self.target.command_counts.take()
         transport = self._transport_counts()
         fresh = transport - self._reported_transport
         self._reported_transport = transport
-        if (traffic or errors or stats or fresh != _NOTHING) and self.channel is not None:
-            self.channel.send(S.ACTIVITY, traffic, errors, stats, fresh)
+        busy = traffic or errors or stats or commands or fresh != _NOTHING
+        if busy and self.channel is not None:
+            self.channel.send(S.ACTIVITY, traffic, errors, stats, fresh, commands)
         if not self.done.is_set():
             self._schedule_report()
 

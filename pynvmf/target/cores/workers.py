@@ -50,6 +50,7 @@ from pynvmf.spec.status import DNR, Status
 from pynvmf.target import reservations
 from pynvmf.target.budget import ConnectionLimits, default_max_memory
 from pynvmf.target.changes import ChangeError
+from pynvmf.target.command_counts import Report
 from pynvmf.target.cores import shared_state as S
 from pynvmf.target.cores.ana_table import AnaTable
 from pynvmf.target.cores.ipc import Channel, RemoteError, socket_pair, wait_all
@@ -459,6 +460,7 @@ class WorkerPool:
         errors: dict[int, list[Any]],
         stats: dict[str, tuple[int, ...]],
         transport: S.TransportCounts,
+        commands: Report,
     ) -> None:
         ctrls = self._ctrls
         for token in traffic:
@@ -484,6 +486,12 @@ class WorkerPool:
                 subsystem.stats.add(counts)
             except ValueError as exc:
                 log.error("statistics of %s from a worker refused: %s", nqn, exc)
+        # Keyed by NQNs, not by this process's objects: counts of a controller or a
+        # subsystem that is gone by now still count (command_counts.py).
+        try:
+            self.target.command_counts.add(commands)
+        except ValueError as exc:
+            log.error("command counts from a worker refused: %s", exc)
         if min(transport.data_digest_errors, transport.term_reqs_sent, transport.budget_waits) < 0:
             log.error("transport counts from a worker refused: %s", transport)
             return

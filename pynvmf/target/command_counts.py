@@ -1,0 +1,267 @@
+"""Completed I/O commands counted per subsystem, host, namespace and opcode: what the
+metrics endpoint exposes as pynvmf_commands_total, pynvmf_command_bytes_total and
+pynvmf_command_errors_total (docs/metrics.md).
+
+This is counted on every command's path, so a namespace's counts for one host are one
+object (NamespaceCounts): Read, Write and Copy, the hot path's commands, and their bytes
+as int fields, which the compiled build (this module is among setup.py's) adds to natively,
+with no allocation; any other opcode's commands in a flat list indexed by opcode. A
+command costs a dictionary look-up by NSID and an add or two, no object and no tuple.
+Errors are rare, and counted in a dictionary by (NSID, opcode slot, status).
+
+The SMART / Health log's counts of a subsystem (IoStats) are here for the same reason:
+the hot path adds to them, and an interpreted class's attributes cost the compiled
+hot path a generic attribute look-up and a boxed add each (1,487 instructions a 4 KiB
+Read, measured with benchmarks/instructions.py).
+
+The counts of a host live in the process's CommandCounts, keyed by the subsystem's and
+the host's NQNs, not in the controller or the Subsystem object: a controller that goes
+away, or a subsystem deleted and created again with its NQN, leaves them where they
+were, so a counter never goes backwards. A worker process of `--cores N` keeps its own
+and reports them as differences (`take`), which the main process adds (`add`).
+
+Bounded: NSID keys are namespaces that exist when the command arrives (anything else
+is NO_NAMESPACE, or NSID_ALL), opcodes from 20h up share one slot, statuses are the
+ones the target's code returns, and at most `max_hosts` (subsystem, host) pairs are
+kept apart: the others are counted in (subsystem, OTHER_HOST).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from pynvmf.spec.opcodes import IoOpcode
+
+OPCODE_SLOTS: Final = 32  # the NVM command set's opcodes are all below 20h
+OTHER_OPCODE: Final = 32  # the slot of every opcode from 20h up
+READ_BYTES: Final = 33  # data sent to the host (Read)
+WRITE_BYTES: Final = 34  # data received from the host (Write)
+COPY_BYTES: Final = 35  # data copied within the target (Copy)
+SLOTS: Final = 36
+NO_NAMESPACE: Final = 0  # the key of a command whose NSID names no namespace
+STATUS_MASK: Final = 0x7FF  # SCT and SC: without More and Do Not Retry
+OTHER_HOST: Final = "_other"
+MAX_HOSTS: Final = 1024
+
+_READ: Final = int(IoOpcode.READ)
+_WRITE: Final = int(IoOpcode.WRITE)
+_COPY: Final = int(IoOpcode.COPY)
+
+# A report of a worker: (subsystem NQN, host NQN, {nsid: counts}, {(nsid, slot, status): n})
+Report = list[tuple[str, str, dict[int, list[int]], dict[tuple[int, int, int], int]]]
+
+
+def opcode_slot(opcode: int) -> int:
+    return opcode if opcode < OPCODE_SLOTS else OTHER_OPCODE
+
+
+class NamespaceCounts:
+    """One host's commands to one namespace. As a list (`as_list`, a worker's report):
+    commands by opcode slot, then read, write and copy bytes (SLOTS ints)."""
+
+    __slots__ = ("copies", "copy_bytes", "opcodes", "read_bytes", "reads", "write_bytes", "writes")
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.read_bytes = 0  # data sent to the host by Read
+        self.writes = 0
+        self.write_bytes = 0  # data received from the host by Write
+        self.copies = 0
+        self.copy_bytes = 0  # data copied within the target by Copy
+        # Commands of the other opcodes, by opcode slot.
+        self.opcodes: list[int] = [0] * (OTHER_OPCODE + 1)
+
+    def command(self, slot: int, status: int, length: int) -> None:
+        """A command of opcode slot `slot` completed with `status`, `length` the bytes
+        of its data (counted for a successful Read or Write)."""
+        if slot == _READ:
+            self.reads += 1
+            if not status:
+                self.read_bytes += length
+        elif slot == _WRITE:
+            self.writes += 1
+            if not status:
+                self.write_bytes += length
+        elif slot == _COPY:
+            self.copies += 1
+        else:
+            self.opcodes[slot] += 1
+
+    def as_list(self) -> list[int]:
+        counts = self.opcodes[:]
+        counts[_READ] = self.reads
+        counts[_WRITE] = self.writes
+        counts[_COPY] = self.copies
+        counts += [self.read_bytes, self.write_bytes, self.copy_bytes]
+        return counts
+
+    def take(self) -> list[int]:
+        """`as_list`, and zero from now on."""
+        counts = self.as_list()
+        self.reads = self.read_bytes = self.writes = self.write_bytes = 0
+        self.copies = self.copy_bytes = 0
+        self.opcodes = [0] * (OTHER_OPCODE + 1)
+        return counts
+
+    def add(self, counts: list[int]) -> None:
+        """Add `as_list`'s counts (a worker's)."""
+        opcodes = self.opcodes
+        for slot in range(OTHER_OPCODE + 1):
+            if slot != _READ and slot != _WRITE and slot != _COPY:
+                opcodes[slot] += counts[slot]
+        self.reads += counts[_READ]
+        self.writes += counts[_WRITE]
+        self.copies += counts[_COPY]
+        self.read_bytes += counts[READ_BYTES]
+        self.write_bytes += counts[WRITE_BYTES]
+        self.copy_bytes += counts[COPY_BYTES]
+
+
+class HostCounts:
+    """One host's counts in one subsystem."""
+
+    __slots__ = ("errors", "namespaces")
+
+    def __init__(self) -> None:
+        # IoHandler adds to these in place (a namespace's object is never replaced).
+        self.namespaces: dict[int, NamespaceCounts] = {}
+        self.errors: dict[tuple[int, int, int], int] = {}
+
+    def namespace(self, nsid: int) -> NamespaceCounts:
+        counts = self.namespaces.get(nsid)
+        if counts is None:
+            counts = self.namespaces[nsid] = NamespaceCounts()
+        return counts
+
+    def error(self, nsid: int, slot: int, status: int) -> None:
+        key = (nsid, slot, status & STATUS_MASK)
+        self.errors[key] = self.errors.get(key, 0) + 1
+
+    def take(self) -> tuple[dict[int, list[int]], dict[tuple[int, int, int], int]]:
+        """The counts so far (the namespaces with any), and zero from now on, in place."""
+        namespaces = {}
+        for nsid, counts in self.namespaces.items():
+            taken = counts.take()
+            if any(taken):
+                namespaces[nsid] = taken
+        errors = dict(self.errors)
+        self.errors.clear()
+        return namespaces, errors
+
+    def add(
+        self, namespaces: dict[int, list[int]], errors: dict[tuple[int, int, int], int]
+    ) -> None:
+        for nsid, counts in namespaces.items():
+            self.namespace(nsid).add(counts)
+        for key, n in errors.items():
+            self.errors[key] = self.errors.get(key, 0) + n
+
+
+def _check(namespaces: object, errors: object) -> None:
+    """A worker's report refused (ValueError) unless it is counts that only grow."""
+    if not isinstance(namespaces, dict) or not isinstance(errors, dict):
+        raise ValueError("not counts of commands")
+    for nsid, counts in namespaces.items():
+        if (
+            not isinstance(nsid, int)
+            or not isinstance(counts, list)
+            or len(counts) != SLOTS
+            or not all(isinstance(n, int) and n >= 0 for n in counts)
+        ):
+            raise ValueError(f"not counts of commands of namespace {nsid!r}")
+    for key, n in errors.items():
+        if (
+            not isinstance(key, tuple)
+            or len(key) != 3
+            or not all(isinstance(k, int) for k in key)
+            or not 0 <= key[1] <= OTHER_OPCODE
+            or not isinstance(n, int)
+            or n < 0
+        ):
+            raise ValueError(f"not a count of errors: {key!r}: {n!r}")
+
+
+class CommandCounts:
+    """The counts of one process, by (subsystem NQN, host NQN)."""
+
+    def __init__(self, max_hosts: int = MAX_HOSTS) -> None:
+        self.max_hosts = max_hosts
+        self.hosts: dict[tuple[str, str], HostCounts] = {}
+
+    def of(self, subnqn: str, hostnqn: str) -> HostCounts:
+        """Where the commands of `hostnqn` to `subnqn` are counted (kept for ever)."""
+        hosts = self.hosts
+        counts = hosts.get((subnqn, hostnqn))
+        if counts is None:
+            if len(hosts) >= self.max_hosts:
+                hostnqn = OTHER_HOST
+                counts = hosts.get((subnqn, hostnqn))
+            if counts is None:
+                counts = hosts[subnqn, hostnqn] = HostCounts()
+        return counts
+
+    def take(self) -> Report:
+        """Every host's counts since the last take, for a worker's report."""
+        report: Report = []
+        for (subnqn, hostnqn), counts in self.hosts.items():
+            namespaces, errors = counts.take()
+            if namespaces or errors:
+                report.append((subnqn, hostnqn, namespaces, errors))
+        return report
+
+    def add(self, report: Report) -> None:
+        """Add a worker's report (`take`'s). ValueError, having added nothing, if it is
+        not counts that only grow."""
+        for entry in report:
+            if (
+                not isinstance(entry, tuple)
+                or len(entry) != 4
+                or not isinstance(entry[0], str)
+                or not isinstance(entry[1], str)
+            ):
+                raise ValueError(f"not counts of commands: {entry!r}")
+            _check(entry[2], entry[3])
+        for subnqn, hostnqn, namespaces, errors in report:
+            self.of(subnqn, hostnqn).add(namespaces, errors)
+
+
+@dataclass
+class IoStats:
+    """Counters for the SMART / Health log, of one Subsystem object (a subsystem removed
+    and created again with its NQN starts from zero)."""
+
+    read_cmds: int = 0
+    write_cmds: int = 0
+    read_bytes: int = 0
+    write_bytes: int = 0
+    copy_cmds: int = 0
+    copy_bytes: int = 0
+
+    def take(self) -> tuple[int, int, int, int, int, int]:
+        """The counts so far, in field order, and zero from now on: what a worker
+        process reports of its replica of a subsystem, so that it keeps no baseline."""
+        counts = (
+            self.read_cmds,
+            self.write_cmds,
+            self.read_bytes,
+            self.write_bytes,
+            self.copy_cmds,
+            self.copy_bytes,
+        )
+        self.read_cmds = self.write_cmds = self.read_bytes = self.write_bytes = 0
+        self.copy_cmds = self.copy_bytes = 0
+        return counts
+
+    def add(self, counts: tuple[int, ...]) -> None:
+        """Add counts in `take`'s order (a worker's report). Counts that would make a
+        counter negative are refused (ValueError): the counters only grow."""
+        if len(counts) != 6 or min(counts) < 0:
+            raise ValueError(f"not counts of I/O: {counts!r}")
+        rc, wc, rb, wb, cc, cb = counts
+        self.read_cmds += rc
+        self.write_cmds += wc
+        self.read_bytes += rb
+        self.write_bytes += wb
+        self.copy_cmds += cc
+        self.copy_bytes += cb
