@@ -19,7 +19,9 @@ from pynvmf.rpc.spdk import (
     bdev_rbd,
     framework,
     keyring,
+    log,
     notify,
+    nvmf_discovery,
     nvmf_stats,
     nvmf_subsystem,
     nvmf_transport,
@@ -34,6 +36,8 @@ FAMILIES = (
     keyring,
     nvmf_stats,
     notify,
+    nvmf_discovery,
+    log,
 )
 
 table = MethodTable()
