@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from pynvmf.host import NvmeConnectionError, NvmeError, connect, discover
+from pynvmf.host import NvmeConnectionError, NvmeError, NvmeStatusError, connect, discover
 from pynvmf.rpc.client import RpcClient
 from pynvmf.rpc.jsonrpc import JsonStream
 from pynvmf.rpc.server import RpcServer, control_plane
@@ -502,6 +502,31 @@ async def test_a_referral_to_the_targets_own_listener_is_refused_and_nothing_cha
     assert response["error"] == {"code": -32603, "message": "Unable to remove a referral."}
     assert rig.target.genctr == genctr and rig.target.referrals == []
     assert await rpc.call("nvmf_discovery_get_referrals") == []
+    await rpc.close()
+
+
+async def test_a_subsystems_controller_ids_come_from_its_range_and_a_full_one_refuses(
+    rig: Rig,
+) -> None:
+    """nvmf_create_subsystem's min_cntlid/max_cntlid: a Connect past the range's last free
+    ID gets Connect Controller Busy (as nvmet answers; SPDK: Internal Error)."""
+    rpc = await rig.rpc()
+    port = free_tcp_port()
+    await rpc.call(
+        "nvmf_create_subsystem", nqn=NEW_NQN, allow_any_host=True, min_cntlid=7, max_cntlid=7
+    )
+    await rpc.call(
+        "nvmf_subsystem_add_listener",
+        nqn=NEW_NQN,
+        listen_address={"trtype": "tcp", "traddr": "127.0.0.1", "trsvcid": str(port)},
+    )
+    (sub,) = await rpc.call("nvmf_get_subsystems", nqn=NEW_NQN)
+    assert (sub["min_cntlid"], sub["max_cntlid"]) == (7, 7)
+    async with await connect("127.0.0.1", port, NEW_NQN, queues=0) as first:
+        assert first.cntlid == 7
+        with pytest.raises(NvmeStatusError) as refused:
+            await connect("127.0.0.1", port, NEW_NQN, queues=0)
+        assert refused.value.status == Status.CONNECT_CTRL_BUSY and refused.value.dnr
     await rpc.close()
 
 
