@@ -17,6 +17,7 @@ from pynvmf.spec.logpages import AnaState
 from pynvmf.spec.opcodes import DISCOVERY_NQN, NOTICE_ANA_CHANGE, AdminOpcode, FeatureId
 from pynvmf.spec.status import Status
 from pynvmf.target.changes import ChangeError
+from pynvmf.target.cores.workers import MultiCoreTarget
 from pynvmf.target.devices import NamedDevice
 from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Subsystem
@@ -348,3 +349,23 @@ async def test_discovery_entries_leave_the_secure_channel_unspecified(
     q = await two_ports.admin(DISCOVERY_NQN)
     page = await _discovery(q)
     assert page.entries and all(e.treq & 0x3 == L.Treq.NOT_SPECIFIED for e in page.entries)
+
+
+async def test_with_workers_moving_a_namespace_between_ana_groups_is_refused() -> None:
+    """The workers of --cores judge I/O by their copy's ANA group: a move is refused,
+    naming anagrpid, and nothing changes (on one process it is allowed)."""
+    target = MultiCoreTarget(1, ports=[Port("127.0.0.1", 0)])
+    target.add_subsystem(RAW_SUBNQN)
+    device = target.memory_device(64 * 512, 512)
+    target.add_namespace(RAW_SUBNQN, NamedDevice.wrap("moved", device, owned=True), nsid=1)
+    await target.start()
+    try:
+        chgcnt = target.subsystems[RAW_SUBNQN].ana.chgcnt
+        with pytest.raises(ChangeError) as refused:
+            target.set_namespace_ana_group(RAW_SUBNQN, 1, 2)
+        assert refused.value.field == "anagrpid"
+        subsystem = target.subsystems[RAW_SUBNQN]
+        assert subsystem.namespaces[1].anagrpid == 1 and subsystem.ana.chgcnt == chgcnt
+        target.set_namespace_ana_group(RAW_SUBNQN, 1, 1)  # no move: nothing to refuse
+    finally:
+        await target.stop()

@@ -688,6 +688,18 @@ class MultiCoreTarget(Target):
         await super().remove_subsystem(nqn)
         await self.workers.subsystem_removed(nqn)
 
+    def set_namespace_ana_group(self, nqn: str, nsid: int, anagrpid: int) -> None:
+        # The workers' copies of a namespace keep the ANA group they were sent with, and
+        # replacing a copy under commands in flight is not safe yet: refused, nothing
+        # changed, rather than I/O judged by the old group's state.
+        subsystem = self.subsystems.get(nqn)
+        ns = None if subsystem is None else subsystem.namespaces.get(nsid)
+        if ns is not None and S.shareable(ns) and ns.anagrpid != anagrpid:
+            raise ChangeError(
+                "anagrpid", "moving a namespace between ANA groups is not supported with --cores"
+            )
+        super().set_namespace_ana_group(nqn, nsid, anagrpid)
+
 
 def _on_workers(subsystem: Subsystem) -> list[Controller]:
     """The controllers of `subsystem` with I/O queues on workers."""
