@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -176,3 +177,25 @@ async def test_set_ns_ana_group_moves_a_namespace_and_save_config_keeps_it() -> 
     ]
     assert add_ns["params"]["namespace"]["anagrpid"] == 4
     await cp.target.stop()
+
+
+async def test_save_config_keeps_a_namespaces_ptpl_file(tmp_path: Path) -> None:
+    cp = control_plane(Target())
+    ptpl = str(tmp_path / "m0.ptpl.json")
+    await cp.call("nvmf_create_subsystem", {"nqn": NQN})
+    await cp.call("bdev_malloc_create", {"name": "M0", "num_blocks": 64, "block_size": 512})
+    await cp.call(
+        "nvmf_subsystem_add_ns",
+        {"nqn": NQN, "namespace": {"bdev_name": "M0", "ptpl_file": ptpl}},
+    )
+    saved = spdk_config(cp.target)
+    (add_ns,) = [
+        c for c in saved["subsystems"][2]["config"] if c["method"] == "nvmf_subsystem_add_ns"
+    ]
+    assert add_ns["params"]["namespace"]["ptpl_file"] == ptpl
+    again = control_plane(Target())
+    await load_spdk_config(again, copy.deepcopy(saved))
+    assert again.target.subsystems[NQN].namespaces[1].reservation.ptpl_capable
+    assert spdk_config(again.target) == saved
+    for t in (cp.target, again.target):
+        await t.stop()
