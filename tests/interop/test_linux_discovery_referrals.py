@@ -18,21 +18,12 @@ from typing import Any
 import pytest
 
 from pynvmf.rpc.client import RpcClient
-from tests.support.guest import (
-    LINUX_6_1,
-    LINUX_6_12,
-    LINUX_7,
-    Guest,
-    Peer,
-    PeerSet,
-    require_guest_prerequisites,
-)
+from tests.support.guest import OLDEST_AND_NEWEST, Guest, Peer, require_guest_prerequisites
 from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
 
-# nvme-cli's following of referrals is the host's; the newest kernel and nvme-cli run it.
-PEERS = PeerSet((LINUX_7,), others=(LINUX_6_1, LINUX_6_12))
-pytestmark = PEERS.mark()
+# Following referrals is nvme-cli's (libnvme's): the oldest (2.3) and newest (2.16).
+pytestmark = OLDEST_AND_NEWEST.mark()
 
 REFERRED_NQN = "nqn.2024-11.dev.pynvmf:referred"
 
@@ -63,7 +54,8 @@ def _serve(workdir: Path, config: dict[str, Any], disc_port: int) -> Served:
 
 @pytest.fixture(scope="module")
 def targets(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, Served]]:
-    """The first target refers hosts to the second, which serves REFERRED_NQN."""
+    """The first target, for the test to refer hosts to the second, which serves
+    REFERRED_NQN."""
     workdir = tmp_path_factory.mktemp("referrals")
     first_disc, second_disc = free_tcp_port(), free_tcp_port()
     first = _serve(
@@ -95,12 +87,6 @@ def targets(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, 
         first.process.stop()
         raise
     try:
-        # Referred to over RPC, as SPDK's users do.
-        with first.rpc() as rpc:
-            rpc.call(
-                "nvmf_discovery_add_referral",
-                address=_address(Guest.host_address, second.disc_port),
-            )
         yield first, second
     finally:
         first.process.stop()
@@ -120,6 +106,12 @@ def test_nvme_cli_lists_the_referral_and_connect_all_follows_it(
     guest: Guest, targets: tuple[Served, Served]
 ) -> None:
     first, second = targets
+    # Referred to over RPC, as SPDK's users do (removed at the end: the targets serve
+    # every peer's run).
+    with first.rpc() as rpc:
+        rpc.call(
+            "nvmf_discovery_add_referral", address=_address(Guest.host_address, second.disc_port)
+        )
     out = guest.run(f"nvme discover -t tcp -a {Guest.host_address} -s {first.disc_port}").output
     assert REFERRED_NQN not in out  # the first target does not serve it
     assert (
