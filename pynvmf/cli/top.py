@@ -4,7 +4,7 @@ view of a running target's hosts over its RPC, as spdk_top and nvme top show the
     pynvmf top                                  # live, every second; q quits
     pynvmf top --sort p99 --subsystem nqn.2024-11.dev.pynvmf:a
     pynvmf top --once --interval 2              # one plain table after 2 s, for scripts
-    pynvmf top --iterations 10 > top.log        # ten tables, one a second
+    pynvmf top --iterations 10                  # ten tables, one a second
 
 One row per subsystem, host and namespace: commands a second (IOPS), MB/s read and
 written (10**6 bytes), the median and 99th percentile latency of the commands completed in
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import select
 import sys
@@ -29,7 +30,7 @@ import tty
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from pynvmf.cli.common import EXIT_FAILURE, CommandError, verbose_option
+from pynvmf.cli.common import EXIT_FAILURE, CommandError, int_at_least, verbose_option
 from pynvmf.cli.parser import RawDescriptionFormatter
 from pynvmf.cli.rpc import add_server_options
 from pynvmf.cli.top_view import (
@@ -55,17 +56,13 @@ from pynvmf.rpc.jsonrpc import METHOD_NOT_FOUND
 METHOD = "pynvmf_get_host_stats"
 
 
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text}: not a positive number of seconds")
-    return value
-
-
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: at least 1")
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
     return value
 
 
@@ -83,7 +80,7 @@ def add_top_command(subparsers: Any) -> None:
     p.add_argument("--subsystem", metavar="NQN", help="only this subsystem's hosts")
     p.add_argument(
         "--interval",
-        type=_positive,
+        type=_seconds,
         default=1.0,
         metavar="SECONDS",
         help="the time between two answers, over which rates are taken (default 1)",
@@ -91,7 +88,10 @@ def add_top_command(subparsers: Any) -> None:
     once = p.add_mutually_exclusive_group()
     once.add_argument("--once", action="store_true", help="print one table and exit")
     once.add_argument(
-        "--iterations", type=_count, metavar="N", help="print N tables, one an interval, and exit"
+        "--iterations",
+        type=int_at_least(1),
+        metavar="N",
+        help="print N tables, one an interval, and exit",
     )
     verbose_option(p)
 
@@ -200,6 +200,7 @@ def _live(poll: Callable[[], Snapshot], args: argparse.Namespace) -> int:
 
 def _rich_table(title: str, items: Sequence[Row], sort: str, args: argparse.Namespace) -> Any:
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(
         title=title,
@@ -217,5 +218,6 @@ def _rich_table(title: str, items: Sequence[Row], sort: str, args: argparse.Name
             overflow="fold",
         )
     for row in sort_rows(items, sort):
-        table.add_row(*cells(row), style=None if row.connected else "dim")
+        # Text, not markup: a host NQN may hold "[/]" or "[link=...]".
+        table.add_row(*(Text(c) for c in cells(row)), style=None if row.connected else "dim")
     return table

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pynvmf.metrics.labels import label_value
+
 # The NSIDs the answer uses for commands that name no namespace, or all of them; shown
 # as the metrics endpoint labels them (docs/metrics.md).
 NSID_NONE = 0
@@ -310,10 +312,12 @@ def rate_text(value: float, decimals: int) -> str:
 
 
 def cells(row: Row) -> tuple[str, ...]:
-    """The row as the view shows it, in the order of HEADERS."""
+    """The row as the view shows it, in the order of HEADERS. A host chooses its NQN: the
+    names are made printable and bounded (label_value, as for the metrics' labels), so no
+    escape sequence reaches the terminal."""
     return (
-        row.subsystem,
-        row.host,
+        label_value(row.subsystem),
+        label_value(row.host),
         nsid_text(row.nsid),
         rate_text(row.iops, 0),
         rate_text(row.read_mbs, 2),

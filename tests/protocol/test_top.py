@@ -48,10 +48,11 @@ SECOND = 1_000_000_000
 # -- the glue, against a stand-in method --------------------------------------------------
 
 
-def _answer(poll: int, subsystem: str | None) -> dict[str, Any]:
+def _answer(poll: int, subsystem: str | None, extra_host: str | None = None) -> dict[str, Any]:
     """The stand-in's answer to its `poll`th call: the reader reads 1000 blocks of 4 KiB a
     second (all in (10us, 25us]), the writer writes 10 a second, the other subsystem's host
-    nothing; one second of the target's clock between calls."""
+    nothing, `extra_host` (if any) nothing; one second of the target's clock between
+    calls."""
     reads = 1000 * poll
     writes = 10 * poll
     hosts = [
@@ -89,6 +90,11 @@ def _answer(poll: int, subsystem: str | None) -> dict[str, Any]:
         },
         {"subsystem": OTHER_SUB, "host": READER, "connected": False, "namespaces": []},
     ]
+    if extra_host is not None:
+        idle = {"nsid": 1, "commands": {}, "bytes": {}, "errors": 0, "latency": {}}
+        hosts.append(
+            {"subsystem": SUB, "host": extra_host, "connected": True, "namespaces": [idle]}
+        )
     return {
         "tick_rate": SECOND,
         "ticks": 5 * SECOND + poll * SECOND,
@@ -102,8 +108,9 @@ class StandIn:
     """pynvmf's RPC server on a Unix socket, answering pynvmf_get_host_stats (if `has_method`)
     from _answer and recording the parameters it was called with."""
 
-    def __init__(self, path: str, has_method: bool = True) -> None:
+    def __init__(self, path: str, has_method: bool = True, extra_host: str | None = None) -> None:
         self.path = path
+        self.extra_host = extra_host
         self.calls: list[dict[str, Any]] = []
         table = MethodTable()
         if has_method:
@@ -114,12 +121,14 @@ class StandIn:
         subsystem = p.string("subsystem", None)
         p.done()
         self.calls.append({"subsystem": subsystem} if subsystem else {})
-        return _answer(len(self.calls), subsystem)
+        return _answer(len(self.calls), subsystem, self.extra_host)
 
 
 @contextlib.asynccontextmanager
-async def stand_in(tmp_path: Path, has_method: bool = True) -> AsyncIterator[StandIn]:
-    server = StandIn(str(tmp_path / "rpc.sock"), has_method)
+async def stand_in(
+    tmp_path: Path, has_method: bool = True, extra_host: str | None = None
+) -> AsyncIterator[StandIn]:
+    server = StandIn(str(tmp_path / "rpc.sock"), has_method, extra_host)
     await server.server.listen_unix(server.path)
     try:
         yield server
@@ -255,11 +264,13 @@ def _terminal(args: list[str]) -> Iterator[Terminal]:
 
 
 async def test_live_view_shows_rows_sorts_on_a_key_and_quits_on_q(tmp_path: Path) -> None:
-    async with stand_in(tmp_path) as server:
+    # A host whose NQN is rich markup and an escape sequence: shown as text, made printable.
+    hostile = "nqn.2014-08.org.evil:[/][bold]x\x1b[2J"
+    async with stand_in(tmp_path, extra_host=hostile) as server:
         # The terminal is read with blocking calls: in a thread, while this loop serves.
         def use() -> int:
             with _terminal(["top", "--server", server.path, "--interval", "0.05"]) as term:
-                frame = term.frame("sorted by iops", (READER, WRITER))
+                frame = term.frame("sorted by iops", (READER, WRITER, "evil:[/][bold]x?[2J"))
                 # By IOPS, the reader (1000/s) above the writer (10/s).
                 assert frame.index(READER) < frame.index(WRITER)
                 term.type("e")

@@ -251,3 +251,12 @@ def test_plain_table_aligns_columns_and_names_special_namespaces() -> None:
     assert lines[2].split()[2] == "none"
     # Numbers right-aligned: every line ends at one column for the last number.
     assert len({len(line) for line in [header, *lines]}) == 1
+
+
+def test_a_hostile_nqn_is_printable_and_bounded_in_the_cells() -> None:
+    hostile = "nqn.2014-08.org.evil:[/]\x1b[2J\n\u2028" + "x" * 5000
+    subsystem, host = cells(_row(hostile, 1, None))[:2]
+    assert subsystem == SUB
+    assert host.isprintable() and "\x1b" not in host
+    assert host.startswith("nqn.2014-08.org.evil:[/]?[2J??x")
+    assert len(host) <= 256
