@@ -317,14 +317,18 @@ async def _writes_and_errors(proc: TargetProcess, writes: int, errors: int) -> N
                 await ctrl.io_command(IoOpcode.READ, 1, 2048, 0, 0, into=memoryview(bytearray(512)))
 
 
-@pytest.fixture
-def target(tmp_path: Path) -> Iterator[tuple[TargetProcess, str]]:
+@contextlib.contextmanager
+def _target(tmp_path: Path, cores: int) -> Iterator[tuple[TargetProcess, str]]:
     socket_path = str(tmp_path / "rpc.sock")
     config = {
         "ports": [{"address": "127.0.0.1", "port": 0}],
         "subsystems": [{"nqn": SUB, "namespaces": [{"nsid": 1, "memory": 1 << 20}]}],
     }
-    proc = TargetProcess(config, tmp_path, ["--discovery-port", "0", "--rpc-socket", socket_path])
+    proc = TargetProcess(
+        config,
+        tmp_path,
+        ["--discovery-port", "0", "--rpc-socket", socket_path, "--cores", str(cores)],
+    )
     proc.start()
     try:
         yield proc, socket_path
@@ -332,13 +336,21 @@ def target(tmp_path: Path) -> Iterator[tuple[TargetProcess, str]]:
         proc.stop()
 
 
-async def test_end_to_end_rates_match_a_known_workload(target: tuple[TargetProcess, str]) -> None:
-    proc, socket_path = target
-    with RpcClient(socket_path) as rpc:
+def _commands(stats: Snapshot) -> dict[str, int]:
+    return {host: totals.commands for (_sub, host, _ns), totals in stats.namespaces.items()}
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+async def test_end_to_end_rates_match_a_known_workload(tmp_path: Path, cores: int) -> None:
+    with _target(tmp_path, cores) as (proc, socket_path), RpcClient(socket_path) as rpc:
         earlier = _host_stats_or_skip(rpc)
         await _reads(proc, 200)
         await _writes_and_errors(proc, 100, 3)
-        later = _host_stats_or_skip(rpc)
+        # With --cores 2 the workers report their counts every half second at most: ask
+        # until both hosts' are in (a deadline, not a guess).
+        async with asyncio.timeout(30):
+            while _commands(later := _host_stats_or_skip(rpc)) != {READER: 200, WRITER: 103}:
+                await asyncio.sleep(0.05)
     elapsed = later.seconds - earlier.seconds
     by_host = {(r.subsystem, r.host, r.nsid): r for r in rows(earlier, later)}
     reader = by_host[SUB, READER, 1]
@@ -355,20 +367,20 @@ async def test_end_to_end_rates_match_a_known_workload(target: tuple[TargetProce
             assert 0 < row.p50 <= row.p99
 
 
-async def test_end_to_end_once_shows_the_busy_host_first(
-    target: tuple[TargetProcess, str],
-) -> None:
-    proc, socket_path = target
-    with RpcClient(socket_path) as rpc:
-        _host_stats_or_skip(rpc)
-    await _writes_and_errors(proc, 10, 0)
-    stop = asyncio.Event()
-    reading = asyncio.create_task(_reads(proc, None, stop))
-    try:
-        status, out, err = await _top("--server", socket_path, "--once", "--interval", "0.5")
-    finally:
-        stop.set()
-    assert await reading > 0
+async def test_end_to_end_once_shows_the_busy_host_first(tmp_path: Path) -> None:
+    # One process: the counts are the main process's as commands complete (workers would
+    # report theirs every half second, a lag as long as the interval).
+    with _target(tmp_path, 1) as (proc, socket_path):
+        with RpcClient(socket_path) as rpc:
+            _host_stats_or_skip(rpc)
+        await _writes_and_errors(proc, 10, 0)
+        stop = asyncio.Event()
+        reading = asyncio.create_task(_reads(proc, None, stop))
+        try:
+            status, out, err = await _top("--server", socket_path, "--once", "--interval", "0.5")
+        finally:
+            stop.set()
+        assert await reading > 0
     assert status == 0, err
     first, second = _table(out)
     assert first[:3] == [SUB, READER, "1"]
