@@ -199,11 +199,12 @@ def _log_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
     if args.exc_type is SystemExit:  # as the default hook: a thread that exits, quietly
         return
     name = args.thread.name if args.thread is not None else "?"
+    exc = args.exc_value
     log.critical(
         "uncaught exception in thread %s: %s",
         name,
-        _exception_text(args.exc_type, args.exc_value),
-        exc_info=(args.exc_type, args.exc_value, args.exc_traceback),  # type: ignore[arg-type]
+        _exception_text(args.exc_type, exc),
+        exc_info=(args.exc_type, exc, args.exc_traceback) if exc is not None else None,
     )
 
 
