@@ -12,8 +12,11 @@ the interval (capsule received to completion sent, interpolated within the targe
 histogram buckets; "-" when the target does not track latency or nothing completed), and
 errors a second. The figures are differences between two answers of
 pynvmf_get_host_stats, over the target's own clock. In the live view a key sorts: i(ops),
-r(ead), w(rite), 5 (p50), 9 (p99), e(rrors), h(ost), s(ubsystem), n(sid); q quits. With
---once, --iterations, or an output that is not a terminal, it prints plain tables.
+r(ead), w(rite), 5 (p50), 9 (p99), e(rrors), h(ost), s(ubsystem), n(sid); t switches to
+the hosts' stages and back (--stages starts there): the 99th percentile of the time each
+host's commands spent being received, waiting for their data, for a budget, on the device
+and being sent; q quits. With --once, --iterations, or an output that is not a terminal, it
+prints plain tables.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import sys
 import termios
 import time
 import tty
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from pynvmf.cli.common import EXIT_FAILURE, CommandError, int_at_least, verbose_option
@@ -35,20 +38,17 @@ from pynvmf.cli.parser import RawDescriptionFormatter
 from pynvmf.cli.rpc import add_server_options
 from pynvmf.cli.top_view import (
     DEFAULT_SORT,
-    HEADERS,
-    NUMERIC_COLUMNS,
     QUIT_LETTERS,
-    SORT_COLUMN,
     SORT_KEYS,
     SORT_LETTERS,
-    Row,
+    STAGES_LETTER,
     Snapshot,
     StatsError,
-    cells,
-    plain_table,
-    rows,
+    Table,
+    empty_view,
+    plain_text,
     snapshot,
-    sort_rows,
+    view,
 )
 from pynvmf.rpc.client import RpcClient, RpcClientError
 from pynvmf.rpc.jsonrpc import METHOD_NOT_FOUND
@@ -78,6 +78,11 @@ def add_top_command(subparsers: Any) -> None:
         "--sort", choices=SORT_KEYS, default=DEFAULT_SORT, help="the column rows are sorted by"
     )
     p.add_argument("--subsystem", metavar="NQN", help="only this subsystem's hosts")
+    p.add_argument(
+        "--stages",
+        action="store_true",
+        help="show where each host's time goes (p99 of each stage) instead of its namespaces",
+    )
     p.add_argument(
         "--interval",
         type=_seconds,
@@ -138,7 +143,7 @@ def _print_tables(poll: Callable[[], Snapshot], args: argparse.Namespace, count:
         later = poll()
         if shown:
             print()
-        print(plain_table(sort_rows(rows(earlier, later), args.sort)), flush=True)
+        print(plain_text(view(earlier, later, args.sort, args.stages)), flush=True)
         earlier = later
         shown += 1
     return 0
@@ -175,10 +180,16 @@ def _live(poll: Callable[[], Snapshot], args: argparse.Namespace) -> int:
     from rich.live import Live
 
     sort: str = args.sort
+    stages: bool = args.stages
     earlier = poll()
-    shown: list[Row] = []
+    pair: tuple[Snapshot, Snapshot] | None = None  # the last interval's two answers
     title = f"pynvmf top: {args.server}" + (f", {args.subsystem}" if args.subsystem else "")
-    with _keys() as key, Live(_rich_table(title, shown, sort, args), auto_refresh=False) as live:
+
+    def render() -> Any:
+        table = view(*pair, sort, stages) if pair is not None else None
+        return _rich_table(title, table, sort, stages, args.interval)
+
+    with _keys() as key, Live(render(), auto_refresh=False) as live:
         due = time.monotonic() + args.interval
         while True:
             pressed = key(due - time.monotonic())
@@ -186,38 +197,39 @@ def _live(poll: Callable[[], Snapshot], args: argparse.Namespace) -> int:
                 return 0
             if pressed in SORT_LETTERS:
                 sort = SORT_LETTERS[pressed]
+            elif pressed == STAGES_LETTER:
+                stages = not stages
             elif time.monotonic() >= due:
                 later = poll()
-                shown = rows(earlier, later)
-                earlier = later
+                pair, earlier = (earlier, later), later
                 due += args.interval
                 if due < time.monotonic():  # a slow answer: the next interval from now
                     due = time.monotonic() + args.interval
             else:
                 continue
-            live.update(_rich_table(title, shown, sort, args), refresh=True)
+            live.update(render(), refresh=True)
 
 
-def _rich_table(title: str, items: Sequence[Row], sort: str, args: argparse.Namespace) -> Any:
-    from rich.table import Table
+def _rich_table(title: str, table: Table | None, sort: str, stages: bool, interval: float) -> Any:
+    from rich.table import Table as RichTable
     from rich.text import Text
 
-    table = Table(
-        title=title,
-        caption=(
-            f"every {args.interval:g} s, sorted by {sort}; keys: i r w 5 9 e h s n sort, q quits"
-        ),
-        expand=False,
+    if table is None:  # before the first interval: the columns, no rows yet
+        table = empty_view(stages)
+    shown = "stages (p99)" if stages else "namespaces"
+    order = f", sorted by {table.sorted_by}" if table.sorted_by else ""
+    caption = (
+        f"{shown}, every {interval:g} s{order}; keys: i r w 5 9 e h s n sort, t stages, q quits"
     )
-    sorted_header = HEADERS[SORT_COLUMN[sort]]
-    for i, header in enumerate(HEADERS):
-        table.add_column(
+    out = RichTable(title=title, caption=caption, expand=False)
+    for i, header in enumerate(table.headers):
+        out.add_column(
             header,
-            justify="right" if i in NUMERIC_COLUMNS else "left",
-            header_style="bold reverse" if header == sorted_header else "bold",
+            justify="right" if i in table.numeric else "left",
+            header_style="bold reverse" if i == table.sorted_column else "bold",
             overflow="fold",
         )
-    for row in sort_rows(items, sort):
+    for line, connected in zip(table.lines, table.connected, strict=True):
         # Text, not markup: a host NQN may hold "[/]" or "[link=...]".
-        table.add_row(*(Text(c) for c in cells(row)), style=None if row.connected else "dim")
-    return table
+        out.add_row(*(Text(c) for c in line), style=None if connected else "dim")
+    return out

@@ -56,6 +56,8 @@ SORT_LETTERS: Mapping[str, str] = {
     "n": "nsid",
 }
 QUIT_LETTERS = frozenset("qQ")
+# The live view's key that switches between the namespaces' rows and the hosts' stages.
+STAGES_LETTER = "t"
 
 
 class StatsError(ValueError):
@@ -133,6 +135,10 @@ class Snapshot:
     latency_tracking: bool
     bounds: tuple[float, ...]
     namespaces: Mapping[tuple[str, str, int], NamespaceTotals]
+    # Each host's stage histograms by stage name, by (subsystem, host); none when latency
+    # is not tracked.
+    stages: Mapping[tuple[str, str], Mapping[str, Histogram]]
+    connected: Mapping[tuple[str, str], bool]
 
 
 def _int(value: Any, where: str) -> int:
@@ -141,19 +147,50 @@ def _int(value: Any, where: str) -> int:
     return value
 
 
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise StatsError(f"{where}: not an object")
+    return value
+
+
 def _histogram(value: Any, width: int, where: str) -> Histogram:
-    if not isinstance(value, dict) or not isinstance(value.get("buckets"), list):
+    buckets = _object(value, where).get("buckets")
+    if not isinstance(buckets, list):
         raise StatsError(f"{where}: not a histogram")
-    counts = tuple(_int(n, f"{where}.buckets") for n in value["buckets"])
+    counts = tuple(_int(n, f"{where}.buckets") for n in buckets)
     if len(counts) != width:
         raise StatsError(f"{where}: {len(counts)} buckets, not {width}")
     return Histogram(counts)
 
 
+def _namespace(
+    ns: Any, subsystem: str, host: str, connected: bool, width: int | None, where: str
+) -> NamespaceTotals:
+    """A namespace's entry; `width`: the histograms' bucket count, None without latency."""
+    ns = _object(ns, where)
+    commands = _object(ns.get("commands", {}), f"{where}.commands")
+    data = _object(ns.get("bytes", {}), f"{where}.bytes")
+    latency: Histogram | None = None
+    if width is not None:
+        latency = Histogram((0,) * width)
+        for opcode, histogram in _object(ns.get("latency", {}), f"{where}.latency").items():
+            latency = latency.plus(_histogram(histogram, width, f"{where}.latency.{opcode}"))
+    return NamespaceTotals(
+        subsystem=subsystem,
+        host=host,
+        nsid=_int(ns.get("nsid"), f"{where}.nsid"),
+        connected=connected,
+        commands=sum(_int(v, f"{where}.commands") for v in commands.values()),
+        read_bytes=_int(data.get("read", 0), f"{where}.bytes.read"),
+        write_bytes=_int(data.get("write", 0), f"{where}.bytes.write"),
+        errors=_int(ns.get("errors", 0), f"{where}.errors"),
+        latency=latency,
+    )
+
+
 def snapshot(answer: Any) -> Snapshot:
     """An answer of pynvmf_get_host_stats, read (StatsError for one of another shape)."""
-    if not isinstance(answer, dict):
-        raise StatsError("the answer is not an object")
+    answer = _object(answer, "the answer")
     tick_rate = _int(answer.get("tick_rate"), "tick_rate")
     if tick_rate <= 0:
         raise StatsError(f"tick_rate: {tick_rate}")
@@ -163,46 +200,38 @@ def snapshot(answer: Any) -> Snapshot:
         isinstance(b, int | float) and not isinstance(b, bool) for b in bounds
     ):
         raise StatsError("buckets: not a list of numbers")
-    width = len(bounds) + 1
+    width = len(bounds) + 1 if tracking else None
     hosts = answer.get("hosts")
     if not isinstance(hosts, list):
         raise StatsError("hosts: not a list")
     namespaces: dict[tuple[str, str, int], NamespaceTotals] = {}
-    for h, host in enumerate(hosts):
-        if not isinstance(host, dict):
-            raise StatsError(f"hosts[{h}]: not an object")
-        for n, ns in enumerate(host.get("namespaces", [])):
+    stages: dict[tuple[str, str], dict[str, Histogram]] = {}
+    connected: dict[tuple[str, str], bool] = {}
+    for h, entry in enumerate(hosts):
+        entry = _object(entry, f"hosts[{h}]")
+        subsystem, host = str(entry.get("subsystem", "")), str(entry.get("host", ""))
+        connected[subsystem, host] = entry.get("connected") is True
+        entries = entry.get("namespaces", [])
+        if not isinstance(entries, list):
+            raise StatsError(f"hosts[{h}].namespaces: not a list")
+        for n, ns in enumerate(entries):
             where = f"hosts[{h}].namespaces[{n}]"
-            if not isinstance(ns, dict):
-                raise StatsError(f"{where}: not an object")
-            commands = ns.get("commands", {})
-            data = ns.get("bytes", {})
-            latency: Histogram | None = None
-            if tracking:
-                latency = Histogram(())
-                for opcode, histogram in ns.get("latency", {}).items():
-                    latency = latency.plus(
-                        _histogram(histogram, width, f"{where}.latency.{opcode}")
-                    )
-                if not latency.counts:
-                    latency = Histogram((0,) * width)
-            totals = NamespaceTotals(
-                subsystem=str(host.get("subsystem", "")),
-                host=str(host.get("host", "")),
-                nsid=_int(ns.get("nsid"), f"{where}.nsid"),
-                connected=host.get("connected") is True,
-                commands=sum(_int(v, f"{where}.commands") for v in commands.values()),
-                read_bytes=_int(data.get("read", 0), f"{where}.bytes.read"),
-                write_bytes=_int(data.get("write", 0), f"{where}.bytes.write"),
-                errors=_int(ns.get("errors", 0), f"{where}.errors"),
-                latency=latency,
-            )
+            totals = _namespace(ns, subsystem, host, connected[subsystem, host], width, where)
             namespaces[totals.key] = totals
+        stages[subsystem, host] = {}  # without latency tracking: a row of "-"
+        if width is not None:
+            by_stage = _object(entry.get("stages", {}), f"hosts[{h}].stages")
+            stages[subsystem, host] = {
+                str(stage): _histogram(histogram, width, f"hosts[{h}].stages.{stage}")
+                for stage, histogram in by_stage.items()
+            }
     return Snapshot(
         seconds=_int(answer.get("ticks"), "ticks") / tick_rate,
         latency_tracking=tracking,
         bounds=tuple(float(b) for b in bounds),
         namespaces=namespaces,
+        stages=stages,
+        connected=connected,
     )
 
 
@@ -332,17 +361,119 @@ def cells(row: Row) -> tuple[str, ...]:
 NUMERIC_COLUMNS = frozenset(range(3, len(HEADERS)))
 
 
-def plain_table(items: Sequence[Row]) -> str:
-    """The rows as a plain text table (--once, --iterations): columns two spaces apart,
-    numbers right-aligned, a header line."""
-    lines = [HEADERS, *(cells(r) for r in items)]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(HEADERS))]
+@dataclass(frozen=True)
+class Table:
+    """What a view shows, as text: the live view (rich) and the plain tables draw it."""
+
+    headers: tuple[str, ...]
+    lines: tuple[tuple[str, ...], ...]
+    connected: tuple[bool, ...]  # per line: False dims it (a host gone)
+    numeric: frozenset[int]  # right-aligned columns
+    sorted_column: int | None  # the column the lines are sorted by, if one
+    sorted_by: str  # the order, in words
+
+
+def namespace_table(items: Iterable[Row], sort: str) -> Table:
+    """The rows of hosts and namespaces, sorted by `sort` (one of SORT_KEYS)."""
+    ordered = sort_rows(items, sort)
+    return Table(
+        headers=HEADERS,
+        lines=tuple(cells(r) for r in ordered),
+        connected=tuple(r.connected for r in ordered),
+        numeric=NUMERIC_COLUMNS,
+        sorted_column=SORT_COLUMN[sort],
+        sorted_by=sort,
+    )
+
+
+# The stages of a command as pynvmf_get_host_stats names them, in the order a command
+# passes them: received and parsed, waiting for its data (R2T), for a budget or QoS, on
+# the device, sent.
+STAGES = ("receive", "data", "budget", "device", "send")
+
+
+def _slowest(values: Iterable[float | None]) -> float | None:
+    return max((v for v in values if v is not None), default=None)
+
+
+def stage_table(earlier: Snapshot, later: Snapshot, sort: str) -> Table:
+    """Where each host's time went in the interval: the 99th percentile of each stage
+    (STAGES, then any other the answer names). Sorted by host or subsystem if `sort` says
+    so, else by the slowest stage, slowest first."""
+    names = [*STAGES, *sorted({n for h in later.stages.values() for n in h} - set(STAGES))]
+    found = []
+    for key, by_stage in later.stages.items():
+        before = earlier.stages.get(key, {})
+        p99 = tuple(
+            quantile(0.99, later.bounds, by_stage[n].minus(before.get(n)))
+            if n in by_stage
+            else None
+            for n in names
+        )
+        found.append((key, p99))
+    found.sort(key=lambda item: item[0])
+    if sort in ("host", "subsystem"):
+        found.sort(key=lambda item: item[0][1] if sort == "host" else item[0][0])
+    else:
+        found.sort(key=lambda item: _numeric(_slowest(item[1])))
+    by_name = sort in ("host", "subsystem")
+    return Table(
+        headers=_stage_headers(names),
+        lines=tuple(
+            (label_value(sub), label_value(host), *(latency_text(v) for v in p99))
+            for (sub, host), p99 in found
+        ),
+        connected=tuple(later.connected.get(key, False) for key, _ in found),
+        numeric=frozenset(range(2, 2 + len(names))),
+        sorted_column=SORT_COLUMN[sort] if by_name else None,
+        sorted_by=sort if by_name else "the slowest stage",
+    )
+
+
+def _stage_headers(names: Sequence[str]) -> tuple[str, ...]:
+    return ("SUBSYSTEM", "HOST", *(f"{n.upper()} P99" for n in names))
+
+
+def empty_view(stages: bool) -> Table:
+    """The view's columns before a second answer gives rates."""
+    headers = _stage_headers(STAGES) if stages else HEADERS
+    numeric = frozenset(range(2, len(headers))) if stages else NUMERIC_COLUMNS
+    return Table(headers, (), (), numeric, None, "")
+
+
+def view(earlier: Snapshot, later: Snapshot, sort: str, stages: bool) -> Table:
+    """What the view shows between two answers: the hosts' stages (`stages`), or their
+    namespaces' rows."""
+    if stages:
+        return stage_table(earlier, later, sort)
+    return namespace_table(rows(earlier, later), sort)
+
+
+def plain_text(table: Table) -> str:
+    """A table as plain text (--once, --iterations): columns two spaces apart, numbers
+    right-aligned, a header line."""
+    lines = [table.headers, *table.lines]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(table.headers))]
 
     def line(values: Sequence[str]) -> str:
         parts = [
-            v.rjust(w) if i in NUMERIC_COLUMNS else v.ljust(w)
+            v.rjust(w) if i in table.numeric else v.ljust(w)
             for i, (v, w) in enumerate(zip(values, widths, strict=True))
         ]
         return "  ".join(parts).rstrip()
 
     return "\n".join(line(values) for values in lines)
+
+
+def plain_table(items: Sequence[Row]) -> str:
+    """The rows, in their order, as plain text."""
+    return plain_text(
+        Table(
+            headers=HEADERS,
+            lines=tuple(cells(r) for r in items),
+            connected=tuple(r.connected for r in items),
+            numeric=NUMERIC_COLUMNS,
+            sorted_column=None,
+            sorted_by="",
+        )
+    )

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from pynvmf.cli.top_view import HEADERS, Snapshot, rows, snapshot
+from pynvmf.cli.top_view import HEADERS, STAGES, Snapshot, rows, snapshot, view
 from pynvmf.host import connect
 from pynvmf.host.errors import NvmeStatusError
 from pynvmf.rpc.client import RpcClient, RpcClientError
@@ -50,11 +50,21 @@ SECOND = 1_000_000_000
 
 def _answer(poll: int, subsystem: str | None, extra_host: str | None = None) -> dict[str, Any]:
     """The stand-in's answer to its `poll`th call: the reader reads 1000 blocks of 4 KiB a
-    second (all in (10us, 25us]), the writer writes 10 a second, the other subsystem's host
-    nothing, `extra_host` (if any) nothing; one second of the target's clock between
-    calls."""
+    second (all in (10us, 25us]; their device stage in (50us, 100us]), the writer writes 10
+    a second (their data stage in (10us, 25us]), the other subsystem's host nothing,
+    `extra_host` (if any) nothing; one second of the target's clock between calls."""
     reads = 1000 * poll
     writes = 10 * poll
+
+    def stages(slow: str, bucket: int, n: int) -> dict[str, Any]:
+        # `n` commands: in (0, 10us] in every stage but `slow`, there in `bucket`.
+        result = {}
+        for stage in STAGES:
+            buckets = [0] * (len(BOUNDS) + 1)
+            buckets[bucket if stage == slow else 0] = n
+            result[stage] = {"count": n, "sum": 0.0, "buckets": buckets}
+        return result
+
     hosts = [
         {
             "subsystem": SUB,
@@ -71,6 +81,7 @@ def _answer(poll: int, subsystem: str | None, extra_host: str | None = None) -> 
                     },
                 }
             ],
+            "stages": stages("device", 3, reads),
         },
         {
             "subsystem": SUB,
@@ -87,6 +98,7 @@ def _answer(poll: int, subsystem: str | None, extra_host: str | None = None) -> 
                     },
                 }
             ],
+            "stages": stages("data", 1, writes),
         },
         {"subsystem": OTHER_SUB, "host": READER, "connected": False, "namespaces": []},
     ]
@@ -188,6 +200,26 @@ async def test_subsystem_and_iterations(tmp_path: Path) -> None:
     assert server.calls == [{"subsystem": SUB}] * 4
 
 
+async def test_stages_show_where_each_hosts_time_goes(tmp_path: Path) -> None:
+    async with stand_in(tmp_path) as server:
+        status, out, err = await _top(
+            "--server", server.path, "--once", "--interval", "0.01", "--stages"
+        )
+    assert status == 0, err
+    header, *lines = out.strip("\n").split("\n")
+    assert header.split() == [
+        "SUBSYSTEM", "HOST",
+        "RECEIVE", "P99", "DATA", "P99", "BUDGET", "P99", "DEVICE", "P99", "SEND", "P99",
+    ]  # fmt: skip
+    # The slowest stage first: the reader's device, then the writer's data; the other
+    # subsystem's host, with nothing, last.
+    assert [line.split() for line in lines] == [
+        [SUB, READER, "9.90us", "9.90us", "9.90us", "99.5us", "9.90us"],
+        [SUB, WRITER, "9.90us", "24.9us", "9.90us", "9.90us", "9.90us"],
+        [OTHER_SUB, READER, "-", "-", "-", "-", "-"],
+    ]
+
+
 async def test_plain_tables_need_no_rich(tmp_path: Path) -> None:
     # The guests' Debian Python has no rich: the plain tables must not import it.
     async with stand_in(tmp_path) as server:
@@ -277,6 +309,9 @@ async def test_live_view_shows_rows_sorts_on_a_key_and_quits_on_q(tmp_path: Path
                 frame = term.frame("sorted by errors", (READER, WRITER))
                 # By errors a second, the writer (1/s) above the reader (none).
                 assert frame.index(WRITER) < frame.index(READER)
+                term.type("t")
+                frame = term.frame("sorted by the slowest stage", ("DEVICE P99", "99.5us"))
+                assert frame.index(READER) < frame.index(WRITER)
                 term.type("q")
                 return term.exit_status()
 
@@ -365,6 +400,10 @@ async def test_end_to_end_rates_match_a_known_workload(tmp_path: Path, cores: in
         for row in (reader, writer):
             assert row.p50 is not None and row.p99 is not None
             assert 0 < row.p50 <= row.p99
+        # Each host's commands passed through the stages: some stage has a p99.
+        stages = {line[1]: line[2:] for line in view(earlier, later, "host", True).lines}
+        for host in (READER, WRITER):
+            assert any(cell != "-" for cell in stages[host]), stages
 
 
 async def test_end_to_end_once_shows_the_busy_host_first(tmp_path: Path) -> None:

@@ -15,16 +15,20 @@ from pynvmf.cli.top_view import (
     SORT_COLUMN,
     SORT_KEYS,
     SORT_LETTERS,
+    STAGES,
     Histogram,
     Row,
     StatsError,
     cells,
+    empty_view,
     latency_text,
     plain_table,
+    plain_text,
     quantile,
     rows,
     snapshot,
     sort_rows,
+    view,
 )
 
 SUB = "nqn.2024-11.dev.pynvmf:a"
@@ -260,3 +264,60 @@ def test_a_hostile_nqn_is_printable_and_bounded_in_the_cells() -> None:
     assert host.isprintable() and "\x1b" not in host
     assert host.startswith("nqn.2014-08.org.evil:[/]?[2J??x")
     assert len(host) <= 256
+
+
+# -- the stages ---------------------------------------------------------------------------------
+
+
+def _with_stages(ticks: int, per_host: dict[str, dict[str, dict[int, int]]]) -> dict[str, Any]:
+    """An answer whose hosts (HOST_A, HOST_B) have stage histograms only."""
+    a = answer(ticks, [ns(1, {}, {})], [ns(1, {}, {})])
+    for entry in a["hosts"]:
+        entry["stages"] = {
+            stage: histogram(counts) for stage, counts in per_host.get(entry["host"], {}).items()
+        }
+    return a
+
+
+def test_stage_table_shows_each_hosts_p99_by_stage_over_the_interval() -> None:
+    first = _with_stages(SECOND, {HOST_A: {"device": {6: 1000}}, HOST_B: {"data": {0: 10}}})
+    # In the interval: host A's device stage 100 commands in (50us, 100us], host B's data
+    # stage 100 in (250us, 500us] (and a stage pynvmf_get_host_stats may add some day).
+    second = _with_stages(
+        2 * SECOND,
+        {
+            HOST_A: {"device": {6: 1000, 3: 100}, "receive": {0: 100}},
+            HOST_B: {"data": {0: 10, 5: 100}, "tls": {0: 100}},
+        },
+    )
+    table = view(snapshot(first), snapshot(second), "iops", stages=True)
+    assert table.headers == (
+        "SUBSYSTEM", "HOST",
+        "RECEIVE P99", "DATA P99", "BUDGET P99", "DEVICE P99", "SEND P99", "TLS P99",
+    )  # fmt: skip
+    # By the slowest stage: host B's data (497.5us) above host A's device (99.5us).
+    assert table.lines == (
+        (SUB, HOST_B, "-", "498us", "-", "-", "-", "9.90us"),
+        (SUB, HOST_A, "9.90us", "-", "-", "99.5us", "-", "-"),
+    )
+    assert table.connected == (False, True)
+    assert (table.sorted_column, table.sorted_by) == (None, "the slowest stage")
+    by_host = view(snapshot(first), snapshot(second), "host", stages=True)
+    assert [line[1] for line in by_host.lines] == [HOST_A, HOST_B]
+    assert (by_host.sorted_column, by_host.sorted_by) == (1, "host")
+    assert plain_text(table).split("\n")[1].split()[3] == "498us"
+
+
+def test_without_latency_tracking_the_stages_are_nothing() -> None:
+    first = answer(SECOND, [ns(1, {"read": 1}, {"read": 512})])
+    second = answer(2 * SECOND, [ns(1, {"read": 2}, {"read": 1024})])
+    for a in (first, second):
+        a["latency_tracking"] = False
+    table = view(snapshot(first), snapshot(second), "iops", stages=True)
+    assert table.lines == ((SUB, HOST_A, "-", "-", "-", "-", "-"),)
+
+
+def test_the_empty_views_have_the_columns() -> None:
+    assert empty_view(stages=False).headers == HEADERS
+    assert empty_view(stages=True).headers[2:] == tuple(f"{s.upper()} P99" for s in STAGES)
+    assert empty_view(stages=True).lines == ()
