@@ -29,7 +29,7 @@ from pynvmf.target import ana
 from pynvmf.target import devices as D
 from pynvmf.target.changes import ChangeError
 from pynvmf.target.devices import NamedDevice
-from pynvmf.target.port import Port
+from pynvmf.target.port import Port, endpoint
 from pynvmf.target.subsystem import CNTLID_MAX, CNTLID_MIN, DEFAULT_VERSION, Subsystem
 from pynvmf.target.target import Target
 from pynvmf.tcp.target import TransportConfig
@@ -730,11 +730,15 @@ def config_from_options(
 # -- writing ------------------------------------------------------------------------------
 
 
-def config_of(target: Target) -> dict[str, Any]:
-    """The running target in this format: `apply_config` of it builds the same target.
+def config_of(target: Target, *, metrics_listen: tuple[str, int] | None = None) -> dict[str, Any]:
+    """The running target in this format: `apply_config` of it builds the same target, and
+    with `metrics_listen` (where the process serves its metrics, which the Target does not
+    hold) `metrics_listen_of` of it listens there again.
 
     A device that is neither memory nor a file cannot be described: ConfigError."""
     config: dict[str, Any] = {}
+    if metrics_listen is not None:
+        config["metrics"] = {"listen": endpoint(*metrics_listen)}
     if target.keyring:
         config["keyring"] = [{"name": e.name, "path": e.path} for e in target.keyring.values()]
     if target.transport != _DEFAULT_TRANSPORT:

@@ -1,8 +1,9 @@
 """pynvmf's own RPC methods (prefix pynvmf_): what SPDK's set has no method for.
 
 - pynvmf_get_config {format?}: the running target as a configuration, in pynvmf's
-  format (what `pynvmf target --config` reads; the default), SPDK's (what
-  `--json` reads) or nvmetcli's (what `--nvmetcli-config` and `nvmetcli restore` read).
+  format (what `pynvmf target --config` reads; the default; it names where the metrics
+  endpoint listens, if it does), SPDK's (what `--json` reads) or nvmetcli's (what
+  `--nvmetcli-config` and `nvmetcli restore` read).
 - pynvmf_save_config {path, format?}: the same, written by the target to `path`
   atomically (a temporary file, fsync, rename), so a crash leaves the old or the new.
 - pynvmf_add_port / pynvmf_remove_port: a listener with transport options of its own
@@ -48,7 +49,8 @@ FORMATS = ("pynvmf", "spdk", "nvmetcli")
 def _config(cp: ControlPlane, fmt: str) -> Any:
     if fmt == "pynvmf":
         try:
-            return config_of(cp.target)
+            where = cp.metrics.address if cp.metrics is not None else None
+            return config_of(cp.target, metrics_listen=where)
         except ConfigError as exc:
             raise RpcError(INVALID_PARAMS, f"format: {exc}") from exc
     if fmt == "spdk":

@@ -5,6 +5,7 @@ metrics.listen, and the RPC that moves the endpoint."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import socket
 import subprocess
@@ -147,6 +148,37 @@ def test_the_configuration_file_names_the_endpoint_and_the_rpc_moves_it(
             assert rpc.call("pynvmf_metrics_get_listen") is None
     finally:
         proc.stop()
+
+
+def test_a_saved_configuration_restores_the_endpoint(tmp_path: Path) -> None:
+    # Set over the RPC (not by the file or an option), saved, and the target started again
+    # from what was saved: it serves its metrics where the first one did.
+    socket_path = str(tmp_path / "rpc.sock")
+    saved_path = tmp_path / "saved.json"
+    config = {
+        "ports": [{"address": "127.0.0.1", "port": 0}],
+        "subsystems": [{"nqn": DEFAULT_NQN, "namespaces": [{"nsid": 1, "memory": 1 << 20}]}],
+    }
+    first = TargetProcess(config, tmp_path, ["--rpc-socket", socket_path])
+    first.start()
+    try:
+        with RpcClient(socket_path) as rpc:
+            where = rpc.call("pynvmf_metrics_listen", address="127.0.0.1", port=0)
+            assert rpc.call("pynvmf_save_config", path=str(saved_path)) is True
+    finally:
+        first.stop()
+    saved = json.loads(saved_path.read_text())
+    assert saved["metrics"] == {"listen": f"127.0.0.1:{where['port']}"}
+    again_dir = tmp_path / "again"
+    again_dir.mkdir()
+    again = TargetProcess(saved, again_dir)
+    again.start()
+    try:
+        assert _metrics_address(again) == ("127.0.0.1", where["port"])
+        m = asyncio.run(scrape("127.0.0.1", where["port"]))
+        assert value(m, "pynvmf_namespaces", subsystem=DEFAULT_NQN) == 1
+    finally:
+        again.stop()
 
 
 HOST_2 = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000c2"
