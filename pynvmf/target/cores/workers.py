@@ -56,6 +56,7 @@ from pynvmf.target.cores.ana_table import AnaTable
 from pynvmf.target.cores.ipc import Channel, RemoteError, socket_pair, wait_all
 from pynvmf.target.limits import MAX_TRANSFER
 from pynvmf.target.outcome import Outcome
+from pynvmf.target.poll_groups import PollGroup, group_name, report_commands
 from pynvmf.target.port import Port
 from pynvmf.target.target import Target
 from pynvmf.tcp.target import Request
@@ -135,6 +136,10 @@ class WorkerHandle:
         self.queues: dict[int, RemoteQueue] = {}
         self.started = 0.0
         self.state = WorkerState.DOWN
+        # Its poll group's counts (target/poll_groups.py), kept across a replaced process:
+        # I/O queues handed to it, and the I/O commands its reports counted.
+        self.adopted = 0
+        self.completed = 0
 
     @property
     def alive(self) -> bool:
@@ -365,6 +370,7 @@ class WorkerPool:
         qid = queue.qid
         rq = RemoteQueue(worker, token, ctrl, qid, port, queue.peer_address, protocol.peer_address)
         worker.queues[token] = rq
+        worker.adopted += 1
         ctrl.queues[qid] = rq
         # The connection leaves this process: the queue is no longer this controller's
         # here (its closing must not remove the remote one), and the connection's
@@ -447,7 +453,7 @@ class WorkerPool:
                 self._queue_gone(rq)
             return None
         if kind == S.ACTIVITY:
-            self._activity(*args)
+            self._activity(worker, *args)
             return None
         if kind == S.FORWARD:
             return self._forwarded(*args)
@@ -456,6 +462,7 @@ class WorkerPool:
 
     def _activity(
         self,
+        worker: WorkerHandle,
         traffic: list[int],
         errors: dict[int, list[Any]],
         stats: dict[str, tuple[int, ...]],
@@ -492,6 +499,8 @@ class WorkerPool:
             self.target.command_counts.add(commands)
         except ValueError as exc:
             log.error("command counts from a worker refused: %s", exc)
+        else:
+            worker.completed += report_commands(commands)
         if min(transport.data_digest_errors, transport.term_reqs_sent, transport.budget_waits) < 0:
             log.error("transport counts from a worker refused: %s", transport)
             return
@@ -630,6 +639,34 @@ class MultiCoreTarget(Target):
 
     def hand_off(self, queue: TargetQueue, req: Request, result: int) -> bool:
         return self.workers.hand_off(queue, req, result)
+
+    def poll_group_of(self, queue: object) -> str:
+        if isinstance(queue, RemoteQueue):
+            return group_name(queue.worker.index + 1)
+        return super().poll_group_of(queue)
+
+    def poll_groups(self) -> list[PollGroup]:
+        """This process's poll group (what it serves itself), then one per worker."""
+        (main,) = super().poll_groups()
+        groups = [main]
+        for worker in self.workers.workers:
+            current = len(worker.queues)
+            main.current_io_qpairs -= current
+            main.io_qpairs -= worker.adopted
+            main.completed_nvme_io -= worker.completed
+            groups.append(
+                PollGroup(
+                    name=group_name(worker.index + 1),
+                    pid=worker.pid if worker.alive else 0,
+                    admin_qpairs=0,  # admin queues stay in the main process
+                    io_qpairs=worker.adopted,
+                    current_admin_qpairs=0,
+                    current_io_qpairs=current,
+                    completed_nvme_io=worker.completed,
+                    started=worker.started,
+                )
+            )
+        return groups
 
     async def controller_changed(self, ctrl: Controller) -> None:
         await self.workers.controller_changed(ctrl)
