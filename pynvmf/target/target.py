@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from pynvmf.auth.controller import ALL_DHGROUPS, ALL_HASHES, HostAuthConfig
 from pynvmf.auth.keys import DhchapKey
+from pynvmf.block.copy import CopyReport
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.malloc import trim
 from pynvmf.spec.auth import DhGroupId, HashId
@@ -134,6 +135,18 @@ class TargetCounters:
     # (the names of the spec's failure reason explanations: a bounded set).
     auth_successes: int = 0
     auth_failures: dict[str, int] = field(default_factory=dict)
+    # Bytes of successful Copy commands that the copy planner (block/copy.py) sent as copy
+    # requests to a remote namespace (offloaded), or read and wrote again itself
+    # (emulated, staged data included); with the workers' reports added. The rest of
+    # Copy's bytes (command_counts.py counts them all) were copied inside the device:
+    # the memory namespaces' at-once path counts nothing more.
+    copy_offloaded_bytes: int = 0
+    copy_emulated_bytes: int = 0
+
+    def copied(self, report: CopyReport, block_size: int) -> None:
+        """A Copy command done by the planner: count its offloaded and emulated bytes."""
+        self.copy_offloaded_bytes += report.offloaded_blocks * block_size
+        self.copy_emulated_bytes += report.emulated_blocks * block_size
 
 
 class Target:
@@ -295,6 +308,18 @@ class Target:
                 started=self.started,
             )
         ]
+
+    def commands_in_flight(self) -> dict[str, int]:
+        """I/O commands received and not completed yet, by subsystem NQN."""
+        counts = {}
+        for nqn, subsystem in self.subsystems.items():
+            n = 0
+            for ctrl in subsystem.controllers.values():
+                for qid, queue in ctrl.queues.items():
+                    if qid:
+                        n += queue.commands_in_flight
+            counts[nqn] = n
+        return counts
 
     def poll_group_of(self, queue: object) -> str:
         """The name of the poll group that serves `queue`, one of a controller's."""

@@ -108,8 +108,10 @@ class RemoteQueue:
         self.port = port
         self.peer_address = peer_address
         self.admitted_from = admitted_from
-        # No command of a remote queue waits here (drain.commands_waiting).
+        # No command of a remote queue waits here (drain.commands_waiting), and none is
+        # in flight here: its worker reports those (WorkerHandle.in_flight).
         self.commands_waiting: set[asyncio.Task[None]] = set()
+        self.commands_in_flight = 0
         self.closed = False
 
     def close(self, reason: str) -> None:
@@ -140,6 +142,8 @@ class WorkerHandle:
         # I/O queues handed to it, and the I/O commands its reports counted.
         self.adopted = 0
         self.completed = 0
+        # I/O commands in flight on its queues by subsystem NQN, as of its last report.
+        self.in_flight: dict[str, int] = {}
 
     @property
     def alive(self) -> bool:
@@ -287,6 +291,7 @@ class WorkerPool:
         worker.state = WorkerState.DOWN
         worker.channel = None
         queues, worker.queues = worker.queues, {}
+        worker.in_flight = {}  # its commands ended with it
         if queues and not self._stopping:
             log.error(
                 "worker %d (pid %d) is gone with %d I/O queues; their hosts reconnect",
@@ -468,7 +473,14 @@ class WorkerPool:
         stats: dict[str, tuple[int, ...]],
         transport: S.TransportCounts,
         commands: Report,
+        in_flight: dict[str, int],
     ) -> None:
+        if isinstance(in_flight, dict) and all(
+            isinstance(k, str) and isinstance(n, int) and n >= 0 for k, n in in_flight.items()
+        ):
+            worker.in_flight = in_flight
+        else:
+            log.error("commands in flight from a worker refused: %r", in_flight)
         ctrls = self._ctrls
         for token in traffic:
             ctrl = ctrls.get(token)
@@ -501,13 +513,15 @@ class WorkerPool:
             log.error("command counts from a worker refused: %s", exc)
         else:
             worker.completed += report_commands(commands)
-        if min(transport.data_digest_errors, transport.term_reqs_sent, transport.budget_waits) < 0:
+        if not transport.valid():
             log.error("transport counts from a worker refused: %s", transport)
             return
         counters = self.target.counters
         counters.data_digest_errors += transport.data_digest_errors
         counters.term_reqs_sent += transport.term_reqs_sent
         counters.worker_budget_waits += transport.budget_waits
+        counters.copy_offloaded_bytes += transport.copy_offloaded_bytes
+        counters.copy_emulated_bytes += transport.copy_emulated_bytes
 
     async def _forwarded(
         self, ctrl_token: int, sqe_bytes: bytes, data: bytes | None, length: int
@@ -644,6 +658,14 @@ class MultiCoreTarget(Target):
         if isinstance(queue, RemoteQueue):
             return group_name(queue.worker.index + 1)
         return super().poll_group_of(queue)
+
+    def commands_in_flight(self) -> dict[str, int]:
+        counts = super().commands_in_flight()
+        for worker in self.workers.workers:
+            for nqn, n in worker.in_flight.items():
+                if nqn in counts:
+                    counts[nqn] += n
+        return counts
 
     def poll_groups(self) -> list[PollGroup]:
         """This process's poll group (what it serves itself), then one per worker."""
