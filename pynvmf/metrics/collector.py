@@ -112,13 +112,7 @@ def _controllers_and_queues(s: Scrape) -> Iterator[Metric]:
     for subsystem in [target.discovery, *target.subsystems.values()]:
         nqn = label_value(subsystem.nqn)
         controllers.add_metric([nqn], len(subsystem.controllers))
-        admin = io = 0
-        for ctrl in subsystem.controllers.values():
-            for qid in ctrl.queues:
-                if qid:
-                    io += 1
-                else:
-                    admin += 1
+        admin, io = subsystem.queue_counts()
         queues.add_metric([nqn, "admin"], admin)
         queues.add_metric([nqn, "io"], io)
     yield controllers

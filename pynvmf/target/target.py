@@ -290,12 +290,9 @@ class Target:
         target/poll_groups.py): this one, here."""
         admin = io = 0
         for subsystem in [self.discovery, *self.subsystems.values()]:
-            for ctrl in subsystem.controllers.values():
-                for qid in ctrl.queues:
-                    if qid:
-                        io += 1
-                    else:
-                        admin += 1
+            queues = subsystem.queue_counts()
+            admin += queues[0]
+            io += queues[1]
         return [
             PollGroup(
                 name=group_name(0),
