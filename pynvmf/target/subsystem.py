@@ -145,6 +145,17 @@ class Subsystem:
     def host_allowed(self, hostnqn: str) -> bool:
         return self.is_discovery or self.allow_any_host or hostnqn in self.allowed_hosts
 
+    def queue_counts(self) -> tuple[int, int]:
+        """(admin queues, I/O queues) of its controllers now."""
+        admin = io = 0
+        for ctrl in self.controllers.values():
+            for qid in ctrl.queues:
+                if qid:
+                    io += 1
+                else:
+                    admin += 1
+        return admin, io
+
     def add_namespace(self, ns: Namespace) -> None:
         if ns.nsid in self.namespaces or ns.nsid < 1 or ns.nsid >= 0xFFFFFFFF:
             raise ValueError(f"{self.nqn}: invalid or duplicate NSID {ns.nsid}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from pynvmf.auth.controller import ALL_DHGROUPS, ALL_HASHES, HostAuthConfig
 from pynvmf.auth.keys import DhchapKey
+from pynvmf.block.copy import CopyReport
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.malloc import trim
 from pynvmf.spec.auth import DhGroupId, HashId
@@ -55,6 +57,7 @@ from pynvmf.target.changes import (
     check_transport,
 )
 from pynvmf.target.command_counts import CommandCounts
+from pynvmf.target.device_io import DeviceIo, DeviceIoLedger
 from pynvmf.target.devices import NamedDevice, close_device
 from pynvmf.target.drain import commands_waiting, drain
 from pynvmf.target.generated_psks import GeneratedPsks
@@ -65,6 +68,7 @@ from pynvmf.target.notifications import (
     BDEV_UNREGISTER,
     NotificationLog,
 )
+from pynvmf.target.poll_groups import PollGroup, completed_commands, group_name
 from pynvmf.target.port import (
     Port,
     SecureChannelPolicy,
@@ -131,6 +135,18 @@ class TargetCounters:
     # (the names of the spec's failure reason explanations: a bounded set).
     auth_successes: int = 0
     auth_failures: dict[str, int] = field(default_factory=dict)
+    # Bytes of successful Copy commands that the copy planner (block/copy.py) sent as copy
+    # requests to a remote namespace (offloaded), or read and wrote again itself
+    # (emulated, staged data included); with the workers' reports added. The rest of
+    # Copy's bytes (command_counts.py counts them all) were copied inside the device:
+    # the memory namespaces' at-once path counts nothing more.
+    copy_offloaded_bytes: int = 0
+    copy_emulated_bytes: int = 0
+
+    def copied(self, report: CopyReport, block_size: int) -> None:
+        """A Copy command done by the planner: count its offloaded and emulated bytes."""
+        self.copy_offloaded_bytes += report.offloaded_blocks * block_size
+        self.copy_emulated_bytes += report.emulated_blocks * block_size
 
 
 class Target:
@@ -166,6 +182,8 @@ class Target:
         # Completed I/O commands by subsystem, host, namespace and opcode (metrics); kept
         # by NQN, past the controllers and subsystems that counted them.
         self.command_counts = CommandCounts()
+        # Each block device's share of those counts (SPDK's bdev_get_iostat).
+        self.device_io = DeviceIoLedger(self.command_counts)
         # TLS PSKs that secure channel concatenation generated (generated_psks.py).
         self.generated_psks = GeneratedPsks()
         self.connection_budget = ConnectionBudget(limits or ConnectionLimits())
@@ -267,6 +285,43 @@ class Target:
             return self.discovery
         return self.subsystems.get(nqn)
 
+    def poll_groups(self) -> list[PollGroup]:
+        """The processes that serve the queues and what each counted (SPDK's poll groups,
+        target/poll_groups.py): this one, here."""
+        admin = io = 0
+        for subsystem in [self.discovery, *self.subsystems.values()]:
+            queues = subsystem.queue_counts()
+            admin += queues[0]
+            io += queues[1]
+        return [
+            PollGroup(
+                name=group_name(0),
+                pid=os.getpid(),
+                admin_qpairs=self.counters.admin_queues,
+                io_qpairs=self.counters.io_queues,
+                current_admin_qpairs=admin,
+                current_io_qpairs=io,
+                completed_nvme_io=completed_commands(self.command_counts),
+                started=self.started,
+            )
+        ]
+
+    def commands_in_flight(self) -> dict[str, int]:
+        """I/O commands received and not completed yet, by subsystem NQN."""
+        counts = {}
+        for nqn, subsystem in self.subsystems.items():
+            n = 0
+            for ctrl in subsystem.controllers.values():
+                for qid, queue in ctrl.queues.items():
+                    if qid:
+                        n += queue.commands_in_flight
+            counts[nqn] = n
+        return counts
+
+    def poll_group_of(self, queue: object) -> str:
+        """The name of the poll group that serves `queue`, one of a controller's."""
+        return group_name(0)
+
     # -- where I/O queues are served: here, every one of them (cores/workers.py's
     # MultiCoreTarget overrides these for `pynvmf target --cores N`) ---------------------
 
@@ -312,7 +367,12 @@ class Target:
     def _drop_device(self, entry: NamedDevice) -> None:
         """The one way a block device leaves the target (it is closed after)."""
         del self.block_devices[entry.name]
+        self.device_io.device_gone(entry.name)
         self.notifications.send(BDEV_UNREGISTER, entry.name)
+
+    def device_io_of(self, name: str) -> DeviceIo:
+        """What block device `name` did for the hosts (device_io.py)."""
+        return self.device_io.of(name, [(s.nqn, ns.nsid) for s, ns in self.device_users(name)])
 
     def device_users(self, name: str) -> list[tuple[Subsystem, Namespace]]:
         return [
@@ -478,6 +538,7 @@ class Target:
         self._discovery_changed()
         await drain(waiting)
         for ns in subsystem.namespaces.values():
+            self.device_io.namespace_gone(nqn, ns.nsid, ns.device_name)
             await self._release(ns)
         self._changed(nqn)
 
@@ -565,6 +626,7 @@ class Target:
         if isinstance(device, NamedDevice):
             self._place_device(entry)
         subsystem.namespaces[nsid] = ns
+        self.device_io.namespace_added(nqn, nsid)
         ns.reservation.attach(subsystem.registered, nsid)
         log.info("namespace %d of %s added on %s", nsid, nqn, device_name)
         group = subsystem.ana.add(grpid)
@@ -608,6 +670,7 @@ class Target:
             ctrl.namespace_changed(nsid)
             ctrl.ana_changed()
         await drain(waiting, subsystem)
+        self.device_io.namespace_gone(nqn, nsid, ns.device_name)
         await self._release(ns)
         self._changed(nqn)
         return ns

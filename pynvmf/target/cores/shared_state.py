@@ -8,7 +8,7 @@ Everything here is plain data that pickles: no sockets, no devices.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from pynvmf.block.file import FileDevice
 from pynvmf.block.shared_memory import SharedMemoryDevice
@@ -31,7 +31,7 @@ EXIT = "exit"  # ()
 # Worker -> main process.
 QUEUE_CLOSED = "queue_closed"  # (queue token)
 # (controller tokens with traffic, {token: [ErrorLogEntry]}, {nqn: stats}, TransportCounts,
-#  command_counts.Report)
+#  command_counts.Report, {nqn: I/O commands in flight})
 ACTIVITY = "activity"
 FORWARD = "forward"  # (controller token, sqe bytes, data or None): request -> its Outcome
 
@@ -44,13 +44,18 @@ class TransportCounts:
     data_digest_errors: int = 0
     term_reqs_sent: int = 0
     budget_waits: int = 0
+    # Copy's bytes by the planner's path (TargetCounters.copied).
+    copy_offloaded_bytes: int = 0
+    copy_emulated_bytes: int = 0
 
     def __sub__(self, other: TransportCounts) -> TransportCounts:
         return TransportCounts(
-            self.data_digest_errors - other.data_digest_errors,
-            self.term_reqs_sent - other.term_reqs_sent,
-            self.budget_waits - other.budget_waits,
+            *(getattr(self, f.name) - getattr(other, f.name) for f in fields(self))
         )
+
+    def valid(self) -> bool:
+        """Counts that only grow."""
+        return all(getattr(self, f.name) >= 0 for f in fields(self))
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,6 +118,7 @@ class Worker:
         self.ana_table = -1
         self._reported_errors: dict[int, int] = {}
         self._reported_transport = S.TransportCounts()
+        self._reported_in_flight: dict[str, int] = {}
         self._report_handle: asyncio.TimerHandle | None = None
 
     async def run(self) -> None:
@@ -411,9 +412,13 @@ class Worker:
         transport = self._transport_counts()
         fresh = transport - self._reported_transport
         self._reported_transport = transport
-        busy = traffic or errors or stats or commands or fresh != _NOTHING
+        # A gauge: sent when it changed.
+        in_flight = {} if self.target is None else self.target.commands_in_flight()
+        moved = in_flight != self._reported_in_flight
+        self._reported_in_flight = in_flight
+        busy = traffic or errors or stats or commands or fresh != _NOTHING or moved
         if busy and self.channel is not None:
-            self.channel.send(S.ACTIVITY, traffic, errors, stats, fresh, commands)
+            self.channel.send(S.ACTIVITY, traffic, errors, stats, fresh, commands, in_flight)
         if not self.done.is_set():
             self._schedule_report()
 
@@ -428,7 +433,13 @@ class Worker:
             for protocol in port.connections:
                 digest_errors += protocol.conn.stats.data_digest_errors
                 term_reqs += protocol.conn.stats.term_reqs_sent
-        return S.TransportCounts(digest_errors, term_reqs, self.target.memory_pool.waits)
+        return S.TransportCounts(
+            digest_errors,
+            term_reqs,
+            self.target.memory_pool.waits,
+            counters.copy_offloaded_bytes,
+            counters.copy_emulated_bytes,
+        )
 
     def controller_token(self, ctrl: Controller) -> int | None:
         return self.tokens.get(id(ctrl))
