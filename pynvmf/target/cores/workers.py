@@ -554,6 +554,14 @@ class WorkerPool:
     async def namespace_removing(self, nqn: str, nsid: int) -> None:
         await wait_all([w.request(S.NAMESPACE_GONE, nqn, nsid) for w in self._live()])
 
+    async def namespace_hosts(self, nqn: str, ns: Namespace) -> None:
+        """Tell every worker which hosts namespace `ns` is attached to; answered once the
+        commands of the controllers it was detached from finished."""
+        if not S.shareable(ns):
+            return
+        hosts = tuple(sorted(ns.hosts))
+        await wait_all([w.request(S.NAMESPACE_HOSTS, nqn, ns.nsid, hosts) for w in self._live()])
+
     async def subsystem_removed(self, nqn: str) -> None:
         await wait_all([w.request(S.SUBSYSTEM_GONE, nqn) for w in self._live()])
         # No worker reads its places in the ANA table any more.
@@ -606,7 +614,7 @@ class _ForwardedIo:
 
     def __init__(self, ctrl: Controller) -> None:
         self.ctrl = ctrl
-        self.namespaces = ctrl.subsystem.namespaces
+        self.namespaces = ctrl.namespaces
         self.queue = self
 
     async def fetch_data(self, req: Request) -> bytearray:
@@ -683,6 +691,28 @@ class MultiCoreTarget(Target):
         # The workers first: once they answered, none of their commands uses it.
         await self.workers.namespace_removing(nqn, nsid)
         return await super().remove_namespace(nqn, nsid)
+
+    async def ns_add_host(self, nqn: str, nsid: int, hostnqn: str) -> list[Controller]:
+        # The events wait until every worker has the host's view: a host uses the
+        # namespace once it heard of it, maybe through a worker.
+        subsystem = self.subsystems.get(nqn)
+        held = [] if subsystem is None else _on_workers(subsystem)
+        for ctrl in held:
+            ctrl.hold_events()
+        try:
+            attached = await super().ns_add_host(nqn, nsid, hostnqn)
+            await self.workers.namespace_hosts(nqn, self.subsystems[nqn].namespaces[nsid])
+        finally:
+            for ctrl in held:
+                ctrl.release_events()
+        return attached
+
+    async def ns_remove_host(self, nqn: str, nsid: int, hostnqn: str) -> list[Controller]:
+        # Here first (new commands here fail at once), then the workers, whose answer
+        # says their commands to it finished.
+        detached = await super().ns_remove_host(nqn, nsid, hostnqn)
+        await self.workers.namespace_hosts(nqn, self.subsystems[nqn].namespaces[nsid])
+        return detached
 
     async def remove_subsystem(self, nqn: str) -> None:
         await super().remove_subsystem(nqn)
