@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from pynvmf.auth.controller import ALL_DHGROUPS, ALL_HASHES, HostAuthConfig
 from pynvmf.auth.keys import DhchapKey
+from pynvmf.block.device import Resizable
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.malloc import trim
 from pynvmf.spec.auth import DhGroupId, HashId
@@ -61,6 +62,7 @@ from pynvmf.target.generated_psks import GeneratedPsks
 from pynvmf.target.keyring import KeyringEntry, parse_key, psk_lookup, read_key_file
 from pynvmf.target.notifications import (
     BDEV_REGISTER,
+    BDEV_RESIZE,
     BDEV_TYPES,
     BDEV_UNREGISTER,
     NotificationLog,
@@ -331,6 +333,33 @@ class Target:
         if self.block_devices.get(name) is entry:
             self._drop_device(entry)
             await close_device(entry)
+
+    async def resize_block_device(self, name: str, size_bytes: int | None = None) -> int:
+        """Block device `name` takes a new size: `size_bytes` (a regular file is extended
+        to it), or, without it, the size its file or block device has now (it grew
+        outside: SPDK's bdev_aio_rescan). Every controller that sees a namespace on it is
+        told (Namespace Attribute Changed, Changed Namespace List): a Linux host's block
+        device takes the size without reconnecting. Only growing: a smaller size is
+        refused, the size kept (a host may hold data past the new end). The new number
+        of blocks."""
+        entry = self._block_device(name)
+        device = entry.device
+        if not isinstance(device, Resizable):
+            raise ChangeError("name", f"{name!r} cannot change size (a file or block device can)")
+        try:
+            num_blocks = device.rescan() if size_bytes is None else device.grow(size_bytes)
+        except ValueError as exc:
+            raise ChangeError("name" if size_bytes is None else "size", str(exc)) from exc
+        users = self.device_users(name)
+        log.info("block device %s: %d blocks", name, num_blocks)
+        for subsystem, ns in users:
+            for ctrl in subsystem.controllers.values():
+                if ctrl.namespaces.get(ns.nsid) is ns:
+                    ctrl.namespace_changed(ns.nsid)
+        self.notifications.send(BDEV_RESIZE, name)
+        for nqn in {subsystem.nqn for subsystem, _ns in users}:
+            self._changed(nqn)
+        return num_blocks
 
     def _block_device(self, name: str, field: str = "name") -> NamedDevice:
         entry = self.block_devices.get(name)

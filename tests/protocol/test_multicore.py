@@ -536,3 +536,21 @@ async def test_a_hidden_namespace_reaches_the_workers_for_its_host_only(
     await target.ns_remove_host(NQN, 2, HOST_A[0])
     for queue in a.io_queues:
         assert await _status_of(_read(queue, 0, 1, nsid=2)) == Status.INVALID_NS
+
+
+async def test_a_grown_file_is_served_at_its_new_size_by_every_worker(
+    start: Start, hosts: Hosts, tmp_path: Path
+) -> None:
+    path = tmp_path / "grow.img"
+    target = await start(file=path)
+    ctrl = await hosts(target, queues=2)
+    assert _placement(target) == [1, 1]
+    await ctrl.set_features(FeatureId.ASYNC_EVENT, Oaes.NS_ATTR)
+    aer = asyncio.ensure_future(ctrl.admin_command(AdminOpcode.ASYNC_EVENT_REQUEST))
+    os.truncate(path, 2 * BLOCKS * BLOCK)
+    assert await target.resize_block_device("file") == 2 * BLOCKS
+    await asyncio.wait_for(aer, 10)  # sent once every worker took the size
+    data = b"\x7e" * BLOCK
+    for i, queue in enumerate(ctrl.io_queues):
+        await _write(queue, 2 * BLOCKS - 1 - i, data)
+        assert await _read(queue, 2 * BLOCKS - 1 - i, 1) == data

@@ -6,24 +6,19 @@ to a write in flight."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from pynvmf.config.native import apply_config, config_of
 from pynvmf.config.spdk import spdk_config
-from pynvmf.host import NvmeError, connect
+from pynvmf.host import NvmeError
 from pynvmf.host.controller import Controller
-from pynvmf.rpc.server import RpcServer, control_plane
 from pynvmf.spec import identify as I
 from pynvmf.spec import logpages as L
-from pynvmf.spec.identify import Oaes
-from pynvmf.spec.opcodes import AdminOpcode, FeatureId, IoOpcode
+from pynvmf.spec.opcodes import AdminOpcode, IoOpcode
 from pynvmf.spec.status import Status
 from pynvmf.target.target import Target
-from tests.protocol.conftest import RAW_NS1_BLOCK, RAW_SUBNQN, RawTarget, RawTargetFactory
+from tests.protocol.conftest import RAW_NS1_BLOCK, RAW_SUBNQN, RawRpcTarget
 from tests.protocol.test_rpc_live import RawRpc
 from tests.support import raw as R
 
@@ -33,50 +28,9 @@ HOST_A = "nqn.2014-08.org.nvmexpress:uuid:0000000a-0000-4000-8000-00000000000a"
 HOST_B = "nqn.2014-08.org.nvmexpress:uuid:0000000b-0000-4000-8000-00000000000b"
 
 
-class Rig:
-    def __init__(self, raw: RawTarget, socket: str) -> None:
-        self.raw = raw
-        self.socket = socket
-
-    @property
-    def target(self) -> Target:
-        return self.raw.target
-
-    async def call(self, method: str, **params: Any) -> Any:
-        rpc = await RawRpc.open(self.socket)
-        try:
-            rid = rpc.request(method, **params)
-            answer = await rpc.recv(timeout=30)
-            assert answer["id"] == rid
-            return answer
-        finally:
-            await rpc.close()
-
-    async def ok(self, method: str, **params: Any) -> Any:
-        answer = await self.call(method, **params)
-        assert "error" not in answer, answer
-        return answer["result"]
-
-    async def host(self, hostnqn: str) -> Controller:
-        port = self.target.ports[0]
-        ctrl = await connect(port.address, port.port, RAW_SUBNQN, hostnqn=hostnqn, queues=1)
-        await ctrl.set_features(FeatureId.ASYNC_EVENT, Oaes.NS_ATTR)
-        return ctrl
-
-
-@pytest.fixture
-async def rig(raw_target_factory: RawTargetFactory, tmp_path: Path) -> AsyncIterator[Rig]:
-    raw = await raw_target_factory()
-    server = RpcServer(control_plane(raw.target))
-    path = str(tmp_path / "rpc.sock")
-    await server.listen_unix(path)
-    yield Rig(raw, path)
-    await server.close()
-
-
-async def _hidden(rig: Rig, name: str = "Hidden0") -> int:
-    await rig.ok("bdev_malloc_create", name=name, num_blocks=1024, block_size=512)
-    nsid: int = await rig.ok(
+async def _hidden(raw_rpc_target: RawRpcTarget, name: str = "Hidden0") -> int:
+    await raw_rpc_target.ok("bdev_malloc_create", name=name, num_blocks=1024, block_size=512)
+    nsid: int = await raw_rpc_target.ok(
         "nvmf_subsystem_add_ns",
         nqn=RAW_SUBNQN,
         namespace={"bdev_name": name, "no_auto_visible": True},
@@ -106,19 +60,21 @@ async def _read_status(ctrl: Controller, nsid: int) -> int:
     return Status.SUCCESS
 
 
-async def test_a_hidden_namespace_is_seen_by_the_host_it_is_added_to_only(rig: Rig) -> None:
-    a, b = await rig.host(HOST_A), await rig.host(HOST_B)
+async def test_a_hidden_namespace_is_seen_by_the_host_it_is_added_to_only(
+    raw_rpc_target: RawRpcTarget,
+) -> None:
+    a, b = await raw_rpc_target.host(HOST_A), await raw_rpc_target.host(HOST_B)
     try:
         event_a, event_b = _arm(a), _arm(b)
         await asyncio.sleep(0)
-        nsid = await _hidden(rig)
+        nsid = await _hidden(raw_rpc_target)
         # Added for nobody: no host is told, none sees it, none may use it.
         for ctrl in (a, b):
             assert nsid not in await _active(ctrl)
             assert await _read_status(ctrl, nsid) == Status.INVALID_NS
         assert not event_a.done() and not event_b.done()
 
-        assert await rig.ok("nvmf_ns_add_host", nqn=RAW_SUBNQN, nsid=nsid, host=HOST_A)
+        assert await raw_rpc_target.ok("nvmf_ns_add_host", nqn=RAW_SUBNQN, nsid=nsid, host=HOST_A)
         await asyncio.wait_for(event_a, 10)
         changed = L.ChangedNsList.unpack(await a.get_log_page(L.LogPageId.CHANGED_NS, 4096))
         assert changed.nsids == [nsid]
@@ -137,7 +93,9 @@ async def test_a_hidden_namespace_is_seen_by_the_host_it_is_added_to_only(rig: R
         )
 
         event_a = _arm(a)
-        assert await rig.ok("nvmf_ns_remove_host", nqn=RAW_SUBNQN, nsid=nsid, host=HOST_A)
+        assert await raw_rpc_target.ok(
+            "nvmf_ns_remove_host", nqn=RAW_SUBNQN, nsid=nsid, host=HOST_A
+        )
         await asyncio.wait_for(event_a, 10)
         assert L.ChangedNsList.unpack(await a.get_log_page(L.LogPageId.CHANGED_NS, 4096)).nsids == [
             nsid
@@ -151,10 +109,10 @@ async def test_a_hidden_namespace_is_seen_by_the_host_it_is_added_to_only(rig: R
             await ctrl.close()
 
 
-async def test_a_host_connecting_later_gets_its_view(rig: Rig) -> None:
-    nsid = await _hidden(rig)
-    assert await rig.ok("nvmf_ns_add_host", nqn=RAW_SUBNQN, nsid=nsid, host=HOST_B)
-    a, b = await rig.host(HOST_A), await rig.host(HOST_B)
+async def test_a_host_connecting_later_gets_its_view(raw_rpc_target: RawRpcTarget) -> None:
+    nsid = await _hidden(raw_rpc_target)
+    assert await raw_rpc_target.ok("nvmf_ns_add_host", nqn=RAW_SUBNQN, nsid=nsid, host=HOST_B)
+    a, b = await raw_rpc_target.host(HOST_A), await raw_rpc_target.host(HOST_B)
     try:
         assert nsid not in await _active(a)
         assert nsid in await _active(b)
@@ -164,8 +122,10 @@ async def test_a_host_connecting_later_gets_its_view(rig: Rig) -> None:
             await ctrl.close()
 
 
-async def test_bad_visibility_changes_name_the_parameter_and_change_nothing(rig: Rig) -> None:
-    nsid = await _hidden(rig)
+async def test_bad_visibility_changes_name_the_parameter_and_change_nothing(
+    raw_rpc_target: RawRpcTarget,
+) -> None:
+    nsid = await _hidden(raw_rpc_target)
     cases = [
         ({"nsid": 1, "host": HOST_A}, "nsid"),  # namespace 1 is visible to every host
         ({"nsid": nsid, "host": "not an nqn"}, "host"),
@@ -174,21 +134,21 @@ async def test_bad_visibility_changes_name_the_parameter_and_change_nothing(rig:
     ]
     for params, field in cases:
         for method in ("nvmf_ns_add_host", "nvmf_ns_remove_host"):
-            answer = await rig.call(method, nqn=RAW_SUBNQN, **params)
+            answer = await raw_rpc_target.call(method, nqn=RAW_SUBNQN, **params)
             assert answer["error"]["code"] == -32602, answer
             assert answer["error"]["message"].startswith(f"{field}:"), answer
-    answer = await rig.call(
+    answer = await raw_rpc_target.call(
         "nvmf_ns_add_host", nqn="nqn.2024-01.io.pynvmf:none", nsid=nsid, host=HOST_A
     )
     assert "error" in answer
-    namespaces = rig.target.subsystems[RAW_SUBNQN].namespaces
+    namespaces = raw_rpc_target.target.subsystems[RAW_SUBNQN].namespaces
     assert namespaces[nsid].hosts == set() and namespaces[1].auto_visible
 
 
-async def test_the_views_are_saved_in_both_configurations(rig: Rig) -> None:
-    nsid = await _hidden(rig)
-    await rig.ok("nvmf_ns_add_host", nqn=RAW_SUBNQN, nsid=nsid, host=HOST_B)
-    spdk = spdk_config(rig.target)  # what SPDK's rpc.py save_config writes
+async def test_the_views_are_saved_in_both_configurations(raw_rpc_target: RawRpcTarget) -> None:
+    nsid = await _hidden(raw_rpc_target)
+    await raw_rpc_target.ok("nvmf_ns_add_host", nqn=RAW_SUBNQN, nsid=nsid, host=HOST_B)
+    spdk = spdk_config(raw_rpc_target.target)  # what SPDK's rpc.py save_config writes
     (nvmf,) = [s for s in spdk["subsystems"] if s["subsystem"] == "nvmf"]
     calls = [c for c in nvmf["config"] if c["params"].get("nqn") == RAW_SUBNQN]
     (add_ns,) = [
@@ -201,11 +161,11 @@ async def test_the_views_are_saved_in_both_configurations(rig: Rig) -> None:
     assert add_host == [
         {"method": "nvmf_ns_add_host", "params": {"nqn": RAW_SUBNQN, "nsid": nsid, "host": HOST_B}}
     ]
-    (sub,) = [s for s in await rig.ok("nvmf_get_subsystems") if s["nqn"] == RAW_SUBNQN]
+    (sub,) = [s for s in await raw_rpc_target.ok("nvmf_get_subsystems") if s["nqn"] == RAW_SUBNQN]
     (shown,) = [n for n in sub["namespaces"] if n["nsid"] == nsid]
     assert shown["no_auto_visible"] is True and shown["hosts"] == [{"nqn": HOST_B}]
 
-    native = config_of(rig.target)
+    native = config_of(raw_rpc_target.target)
     (spec,) = [s for s in native["subsystems"] if s["nqn"] == RAW_SUBNQN]
     (ns_spec,) = [n for n in spec["namespaces"] if n["nsid"] == nsid]
     assert ns_spec["auto_visible"] is False and ns_spec["hosts"] == [HOST_B]
@@ -216,10 +176,12 @@ async def test_the_views_are_saved_in_both_configurations(rig: Rig) -> None:
     assert again.subsystems[RAW_SUBNQN].namespaces[1].auto_visible
 
 
-async def test_a_write_in_flight_completes_before_the_detach_returns(rig: Rig) -> None:
-    nsid = await _hidden(rig, "Flight0")
-    await rig.ok("nvmf_ns_add_host", nqn=RAW_SUBNQN, nsid=nsid, host=R.HOSTNQN)
-    host = await rig.raw.host()
+async def test_a_write_in_flight_completes_before_the_detach_returns(
+    raw_rpc_target: RawRpcTarget,
+) -> None:
+    nsid = await _hidden(raw_rpc_target, "Flight0")
+    await raw_rpc_target.ok("nvmf_ns_add_host", nqn=RAW_SUBNQN, nsid=nsid, host=R.HOSTNQN)
+    host = await raw_rpc_target.raw.host()
     io = host.io[0]
     await io.detach()
     nblocks = 64  # 32 KiB: above the in-capsule size, so the target asks for it with R2T
@@ -227,10 +189,10 @@ async def test_a_write_in_flight_completes_before_the_detach_returns(rig: Rig) -
     r2t = await io.recv_pdu()
     assert r2t.type == R.P.PduType.R2T
     cccid, ttag, _offset, length = r2t.data_fields()
-    rpc = await RawRpc.open(rig.socket)
+    rpc = await RawRpc.open(raw_rpc_target.socket)
     rpc.request("nvmf_ns_remove_host", nqn=RAW_SUBNQN, nsid=nsid, host=R.HOSTNQN)
     answer = asyncio.ensure_future(rpc.recv(timeout=30))
-    ctrl = next(iter(rig.target.subsystems[RAW_SUBNQN].controllers.values()))
+    ctrl = next(iter(raw_rpc_target.target.subsystems[RAW_SUBNQN].controllers.values()))
     async with asyncio.timeout(10):
         while nsid in ctrl.namespaces:  # detached: no new command reaches it
             await asyncio.sleep(0.01)
@@ -241,7 +203,7 @@ async def test_a_write_in_flight_completes_before_the_detach_returns(rig: Rig) -
     assert resp.cqe().cid == 9 and resp.cqe().status == 0
     assert (await answer)["result"] is True
     back = bytearray(length)
-    await rig.target.block_devices["Flight0"].device.read(100, memoryview(back))
+    await raw_rpc_target.target.block_devices["Flight0"].device.read(100, memoryview(back))
     assert back == payload
     io.send(io.capsule(R.rw_sqe(IoOpcode.READ, 10, nsid, 100, 1, RAW_NS1_BLOCK)))
     resp = await io.recv_pdu()

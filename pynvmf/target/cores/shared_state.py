@@ -30,6 +30,8 @@ RESERVATION = "reservation"  # (nqn, nsid, seq, state, preempted host IDs): requ
 # (nqn, nsid, host NQNs): the hosts a namespace without auto_visible is attached to;
 # request, answered once the commands of controllers it was detached from finished
 NAMESPACE_HOSTS = "namespace_hosts"
+# (nqn, nsid): the namespace's file grew, take its size; request
+NAMESPACE_RESIZED = "namespace_resized"
 EXIT = "exit"  # ()
 # Worker -> main process.
 QUEUE_CLOSED = "queue_closed"  # (queue token)

@@ -24,6 +24,7 @@ import sys
 from typing import Any
 
 from pynvmf.aio import install_uvloop
+from pynvmf.block.device import Resizable
 from pynvmf.block.file import FileDevice
 from pynvmf.block.shared_memory import SharedMemoryDevice
 from pynvmf.logs import configure
@@ -164,6 +165,8 @@ class Worker:
             return self._namespace_gone(*args)
         if kind == S.NAMESPACE_HOSTS:
             return self._namespace_hosts(*args)
+        if kind == S.NAMESPACE_RESIZED:
+            return self._namespace_resized(*args)
         if kind == S.SUBSYSTEM_GONE:
             return self._subsystem_gone(*args)
         if kind == S.EXIT:
@@ -284,6 +287,18 @@ class Worker:
         ns.hosts = set(hosts)
         detached = [c for c in subsystem.refresh_views(nsid) if nsid not in c.namespaces]
         await drain(commands_waiting_on(detached), subsystem)
+
+    def _namespace_resized(self, nqn: str, nsid: int) -> int:
+        """The size this process now serves namespace `nsid` with (in blocks)."""
+        assert self.target is not None
+        subsystem = self.target.subsystems.get(nqn)
+        ns = subsystem.namespaces.get(nsid) if subsystem is not None else None
+        if ns is None:
+            return 0
+        device = ns.device
+        if isinstance(device, Resizable):
+            return device.rescan()
+        return device.capabilities.num_blocks
 
     async def _subsystem_gone(self, nqn: str) -> None:
         assert self.target is not None

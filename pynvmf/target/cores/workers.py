@@ -562,6 +562,12 @@ class WorkerPool:
         hosts = tuple(sorted(ns.hosts))
         await wait_all([w.request(S.NAMESPACE_HOSTS, nqn, ns.nsid, hosts) for w in self._live()])
 
+    async def namespace_resized(self, nqn: str, ns: Namespace) -> None:
+        """Have every worker take the new size of `ns`'s file; answered once they did."""
+        if not S.shareable(ns):
+            return
+        await wait_all([w.request(S.NAMESPACE_RESIZED, nqn, ns.nsid) for w in self._live()])
+
     async def subsystem_removed(self, nqn: str) -> None:
         await wait_all([w.request(S.SUBSYSTEM_GONE, nqn) for w in self._live()])
         # No worker reads its places in the ANA table any more.
@@ -713,6 +719,22 @@ class MultiCoreTarget(Target):
         detached = await super().ns_remove_host(nqn, nsid, hostnqn)
         await self.workers.namespace_hosts(nqn, self.subsystems[nqn].namespaces[nsid])
         return detached
+
+    async def resize_block_device(self, name: str, size_bytes: int | None = None) -> int:
+        # The events wait until every worker serves the new size: a host reads past the
+        # old end once it heard of the change, maybe through a worker.
+        users = self.device_users(name)
+        held = [ctrl for subsystem, _ns in users for ctrl in _on_workers(subsystem)]
+        for ctrl in held:
+            ctrl.hold_events()
+        try:
+            num_blocks = await super().resize_block_device(name, size_bytes)
+            for subsystem, ns in users:
+                await self.workers.namespace_resized(subsystem.nqn, ns)
+        finally:
+            for ctrl in held:
+                ctrl.release_events()
+        return num_blocks
 
     async def remove_subsystem(self, nqn: str) -> None:
         await super().remove_subsystem(nqn)
