@@ -105,6 +105,8 @@ _NAMESPACE_KEYS = _DEVICE_KEYS | {
     "device",
     "ptpl_file",
     "anagrpid",
+    "auto_visible",
+    "hosts",
 }
 # A file namespace's reservations persist beside its file unless told otherwise.
 PTPL_SUFFIX = ".ptpl.json"
@@ -599,12 +601,21 @@ def add_namespace_spec(
         eui64=eui64,
         ptpl_file=ptpl_file,
         anagrpid=ns.get("anagrpid", int),
+        auto_visible=ns.get("auto_visible", bool, True),
+        hosts=_host_list(ns.get("hosts", list, []), f"{ns_where}.hosts"),
     )
     _change(
         ns_where,
         lambda device=device, kw=ns_kwargs: target.add_namespace(nqn, device, **kw),
         entry,
     )
+
+
+def _host_list(hosts: list[Any], where: str) -> list[str]:
+    for i, host in enumerate(hosts):
+        if not isinstance(host, str):
+            raise ConfigError(f"{where}[{i}]: {host!r} is not a host NQN")
+    return hosts
 
 
 def host_of_spec(
@@ -896,6 +907,9 @@ def subsystem_spec_of(target: Target, subsystem: Subsystem) -> dict[str, Any]:
         ns_spec["eui64"] = ns.eui64.hex()
         if ns.anagrpid != 1:
             ns_spec["anagrpid"] = ns.anagrpid
+        if not ns.auto_visible:
+            ns_spec["auto_visible"] = False
+            ns_spec["hosts"] = sorted(ns.hosts)
         namespaces.append(ns_spec)
     spec["namespaces"] = namespaces
     return spec

@@ -22,6 +22,9 @@
   http://address:port/metrics (moving the endpoint if it listens already; port 0 picks
   one); returns where it listens. pynvmf_metrics_stop {}: stop serving them.
   pynvmf_metrics_get_listen {}: where they are served, or null.
+- pynvmf_bdev_resize {name, size_bytes}: grow a file bdev's regular file to size_bytes
+  (bdev_aio_rescan takes a size that grew outside); the namespaces on it and their hosts
+  see the new size. Returns the number of blocks.
 """
 
 from __future__ import annotations
@@ -189,6 +192,18 @@ async def pynvmf_keyring_add_key(cp: ControlPlane, p: Params) -> bool:
     except ChangeError as exc:
         raise change_error(exc, {}) from exc
     return True
+
+
+@method("pynvmf_bdev_resize")
+async def pynvmf_bdev_resize(cp: ControlPlane, p: Params) -> int:
+    name = p.string("name")
+    size = p.integer("size_bytes", low=1)
+    p.done()
+    try:
+        num_blocks: int = await cp.target.resize_block_device(name, size)
+    except ChangeError as exc:
+        raise change_error(exc, {"size": "size_bytes"}) from exc
+    return num_blocks
 
 
 def _metrics(cp: ControlPlane) -> MetricsEndpoint:

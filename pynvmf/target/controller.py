@@ -73,6 +73,9 @@ class Controller:
         self.cc = 0
         self.csts = 0
         self.queues: dict[int, TargetQueue] = {}
+        # The namespaces attached to this controller (every one visible to its host), by
+        # NSID: what its commands may name. Kept in place by Subsystem.refresh_views.
+        self.namespaces = subsystem.view_of(hostnqn)
         self.io_queues = subsystem.max_io_queues or MAX_IO_QUEUES
         # Asynchronous Event Requests waiting for an event, and events waiting for one.
         self.aer: deque[tuple[TargetQueue, Request]] = deque()

@@ -110,7 +110,7 @@ class IoHandler:
     def __init__(self, ctrl: Controller, queue: TargetQueue) -> None:
         self.ctrl = ctrl
         self.queue = queue
-        self.namespaces = ctrl.subsystem.namespaces
+        self.namespaces = ctrl.namespaces
         self.stats = ctrl.subsystem.stats
         # This host's counts of completed commands in this subsystem (command_counts.py),
         # and their per-namespace lists, looked up by NSID on the hot path.

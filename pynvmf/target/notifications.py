@@ -21,7 +21,7 @@ MAX_EVENTS = 1024
 CTX_MAX = 127
 
 # The types SPDK's bdev library registers, in its order, with the block device's name as
-# context. Nothing resizes a block device yet; the type is listed for the one that will.
+# context (bdev_resize: Target.resize_block_device).
 BDEV_REGISTER = "bdev_register"
 BDEV_UNREGISTER = "bdev_unregister"
 BDEV_RESIZE = "bdev_resize"

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from pynvmf.auth.controller import ALL_DHGROUPS, ALL_HASHES, HostAuthConfig
 from pynvmf.auth.keys import DhchapKey
 from pynvmf.block.copy import CopyReport
+from pynvmf.block.device import Resizable
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.malloc import trim
 from pynvmf.spec.auth import DhGroupId, HashId
@@ -59,11 +60,12 @@ from pynvmf.target.changes import (
 from pynvmf.target.command_counts import CommandCounts
 from pynvmf.target.device_io import DeviceIo, DeviceIoLedger
 from pynvmf.target.devices import NamedDevice, close_device
-from pynvmf.target.drain import commands_waiting, drain
+from pynvmf.target.drain import commands_waiting, commands_waiting_on, drain
 from pynvmf.target.generated_psks import GeneratedPsks
 from pynvmf.target.keyring import KeyringEntry, parse_key, psk_lookup, read_key_file
 from pynvmf.target.notifications import (
     BDEV_REGISTER,
+    BDEV_RESIZE,
     BDEV_TYPES,
     BDEV_UNREGISTER,
     NotificationLog,
@@ -392,6 +394,33 @@ class Target:
             self._drop_device(entry)
             await close_device(entry)
 
+    async def resize_block_device(self, name: str, size_bytes: int | None = None) -> int:
+        """Block device `name` takes a new size: `size_bytes` (a regular file is extended
+        to it), or, without it, the size its file or block device has now (it grew
+        outside: SPDK's bdev_aio_rescan). Every controller that sees a namespace on it is
+        told (Namespace Attribute Changed, Changed Namespace List): a Linux host's block
+        device takes the size without reconnecting. Only growing: a smaller size is
+        refused, the size kept (a host may hold data past the new end). The new number
+        of blocks."""
+        entry = self._block_device(name)
+        device = entry.device
+        if not isinstance(device, Resizable):
+            raise ChangeError("name", f"{name!r} cannot change size (a file or block device can)")
+        try:
+            num_blocks = device.rescan() if size_bytes is None else device.grow(size_bytes)
+        except ValueError as exc:
+            raise ChangeError("name" if size_bytes is None else "size", str(exc)) from exc
+        users = self.device_users(name)
+        log.info("block device %s: %d blocks", name, num_blocks)
+        for subsystem, ns in users:
+            for ctrl in subsystem.controllers.values():
+                if ctrl.namespaces.get(ns.nsid) is ns:
+                    ctrl.namespace_changed(ns.nsid)
+        self.notifications.send(BDEV_RESIZE, name)
+        for nqn in {subsystem.nqn for subsystem, _ns in users}:
+            self._changed(nqn)
+        return num_blocks
+
     def _block_device(self, name: str, field: str = "name") -> NamedDevice:
         entry = self.block_devices.get(name)
         if entry is None:
@@ -555,12 +584,15 @@ class Target:
         eui64: bytes | None = None,
         ptpl_file: Path | None = None,
         anagrpid: int | None = None,
+        auto_visible: bool = True,
+        hosts: Iterable[str] = (),
     ) -> Namespace:
         """Serve a block device, by name, as namespace `nsid` (default: the lowest free)
         of subsystem `nqn`; or a new one (a NamedDevice, added with the namespace: it
         must be `owned` then, to go away with it). Its controllers' hosts are told
         (Changed Namespace List, Namespace Attribute Changed): a Linux host adds it
-        without reconnecting.
+        without reconnecting. Without `auto_visible` it is attached to the controllers
+        of `hosts` only (and of those `ns_add_host` names later).
 
         Identities the caller does not give are the device's UUID (if it has one) or
         derived from the NQN, NSID and what backs the device, so stable across restarts.
@@ -572,6 +604,11 @@ class Target:
         subsystem = self._subsystem(nqn)
         grpid = ana.DEFAULT_GROUP if anagrpid is None else anagrpid
         check_grpid(grpid)
+        hosts = set(hosts)
+        if hosts and auto_visible:
+            raise ChangeError("hosts", "a namespace visible to every host names no hosts")
+        for hostnqn in hosts:
+            check_hostnqn(hostnqn)
         if isinstance(device, NamedDevice):
             entry = device
             if entry.name in self.block_devices:
@@ -612,6 +649,7 @@ class Target:
                 device_name=device_name,
                 ptpl_file=ptpl_file,
                 anagrpid=grpid,
+                auto_visible=auto_visible,
             )
         except (OSError, ValueError) as exc:
             raise ChangeError("ptpl_file", str(exc)) from exc
@@ -623,6 +661,7 @@ class Target:
             ):
                 if mine == theirs and any(mine):
                     raise ChangeError(what, f"namespace {other.nsid} of {nqn} has it")
+        ns.hosts = hosts
         if isinstance(device, NamedDevice):
             self._place_device(entry)
         subsystem.namespaces[nsid] = ns
@@ -631,7 +670,8 @@ class Target:
         log.info("namespace %d of %s added on %s", nsid, nqn, device_name)
         group = subsystem.ana.add(grpid)
         subsystem.ana.changed([group])  # its NSID list grew
-        for ctrl in list(subsystem.controllers.values()):
+        # Only the hosts that see it are told (their ANA logs list it).
+        for ctrl in subsystem.refresh_views(nsid):
             ctrl.namespace_changed(nsid)
             ctrl.ana_changed()
         self._changed(nqn)
@@ -666,7 +706,7 @@ class Target:
         log.info("namespace %d of %s removed", nsid, nqn)
         group = subsystem.ana.group(ns.anagrpid)
         subsystem.ana.changed([group] if group is not None else [])
-        for ctrl in list(subsystem.controllers.values()):
+        for ctrl in subsystem.refresh_views(nsid):
             ctrl.namespace_changed(nsid)
             ctrl.ana_changed()
         await drain(waiting, subsystem)
@@ -674,6 +714,53 @@ class Target:
         await self._release(ns)
         self._changed(nqn)
         return ns
+
+    async def ns_add_host(self, nqn: str, nsid: int, hostnqn: str) -> list[Controller]:
+        """Attach namespace `nsid` (added without auto_visible) to `hostnqn`'s controllers,
+        now and later ones; each is told (Changed Namespace List, Namespace Attribute
+        Changed), no other host is. The controllers it was attached to."""
+        ns = self._hidden_namespace(nqn, nsid, hostnqn)
+        ns.hosts.add(hostnqn)
+        return self._visibility_changed(nqn, ns, hostnqn)
+
+    async def ns_remove_host(self, nqn: str, nsid: int, hostnqn: str) -> list[Controller]:
+        """Detach namespace `nsid` from `hostnqn`'s controllers: their new commands to it
+        fail with Invalid Namespace at once, and it returns once the commands they had in
+        flight finished (each with a status): nothing they sent is written after."""
+        ns = self._hidden_namespace(nqn, nsid, hostnqn)
+        ns.hosts.discard(hostnqn)
+        detached = self._visibility_changed(nqn, ns, hostnqn)
+        await drain(commands_waiting_on(detached), self._subsystem(nqn))
+        return detached
+
+    def _hidden_namespace(self, nqn: str, nsid: int, hostnqn: str) -> Namespace:
+        subsystem = self._subsystem(nqn)
+        check_hostnqn(hostnqn)
+        ns = subsystem.namespaces.get(nsid) if isinstance(nsid, int) else None
+        if ns is None:
+            raise ChangeError("nsid", f"{nqn} has no namespace {nsid!r}")
+        if ns.auto_visible:
+            raise ChangeError(
+                "nsid",
+                f"namespace {nsid} of {nqn} is visible to every host (no_auto_visible unset)",
+            )
+        return ns
+
+    def _visibility_changed(self, nqn: str, ns: Namespace, hostnqn: str) -> list[Controller]:
+        subsystem = self._subsystem(nqn)
+        changed = subsystem.refresh_views(ns.nsid)
+        for ctrl in changed:
+            ctrl.namespace_changed(ns.nsid)
+            ctrl.ana_changed()
+        log.info(
+            "namespace %d of %s %s host %s",
+            ns.nsid,
+            nqn,
+            "attached to" if ns.visible_to(hostnqn) else "detached from",
+            hostnqn,
+        )
+        self._changed(nqn)
+        return changed
 
     async def _release(self, ns: Namespace) -> None:
         entry = self.block_devices.get(ns.device_name)

@@ -27,6 +27,11 @@ ADOPT = "adopt"  # (Adoption) + the connection's socket
 CONTROLLER = "controller"  # (ControllerInfo): a controller's I/O-relevant state; request
 QUEUE_CLOSE = "queue_close"  # (queue token, reason)
 RESERVATION = "reservation"  # (nqn, nsid, seq, state, preempted host IDs): request
+# (nqn, nsid, host NQNs): the hosts a namespace without auto_visible is attached to;
+# request, answered once the commands of controllers it was detached from finished
+NAMESPACE_HOSTS = "namespace_hosts"
+# (nqn, nsid): the namespace's file grew, take its size; request
+NAMESPACE_RESIZED = "namespace_resized"
 EXIT = "exit"  # ()
 # Worker -> main process.
 QUEUE_CLOSED = "queue_closed"  # (queue token)
@@ -101,6 +106,9 @@ class NamespaceSpec:
     reservation: ReservationState | None = None
     reservation_seq: int = 0
     anagrpid: int = DEFAULT_GROUP
+    # Attached to every host's controllers, or to those of `hosts` only.
+    auto_visible: bool = True
+    hosts: tuple[str, ...] = ()
 
 
 def shareable(ns: Namespace) -> bool:
@@ -127,6 +135,8 @@ def namespace_spec(ns: Namespace, reservation_seq: int) -> NamespaceSpec:
             reservation=reservation,
             reservation_seq=reservation_seq,
             anagrpid=ns.anagrpid,
+            auto_visible=ns.auto_visible,
+            hosts=tuple(sorted(ns.hosts)),
         )
     assert isinstance(device, FileDevice)
     return NamespaceSpec(
@@ -140,6 +150,8 @@ def namespace_spec(ns: Namespace, reservation_seq: int) -> NamespaceSpec:
         reservation=reservation,
         reservation_seq=reservation_seq,
         anagrpid=ns.anagrpid,
+        auto_visible=ns.auto_visible,
+        hosts=tuple(sorted(ns.hosts)),
     )
 
 

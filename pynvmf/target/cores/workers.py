@@ -577,6 +577,20 @@ class WorkerPool:
     async def namespace_removing(self, nqn: str, nsid: int) -> None:
         await wait_all([w.request(S.NAMESPACE_GONE, nqn, nsid) for w in self._live()])
 
+    async def namespace_hosts(self, nqn: str, ns: Namespace) -> None:
+        """Tell every worker which hosts namespace `ns` is attached to; answered once the
+        commands of the controllers it was detached from finished."""
+        if not S.shareable(ns):
+            return
+        hosts = tuple(sorted(ns.hosts))
+        await wait_all([w.request(S.NAMESPACE_HOSTS, nqn, ns.nsid, hosts) for w in self._live()])
+
+    async def namespace_resized(self, nqn: str, ns: Namespace) -> None:
+        """Have every worker take the new size of `ns`'s file; answered once they did."""
+        if not S.shareable(ns):
+            return
+        await wait_all([w.request(S.NAMESPACE_RESIZED, nqn, ns.nsid) for w in self._live()])
+
     async def subsystem_removed(self, nqn: str) -> None:
         await wait_all([w.request(S.SUBSYSTEM_GONE, nqn) for w in self._live()])
         # No worker reads its places in the ANA table any more.
@@ -629,7 +643,7 @@ class _ForwardedIo:
 
     def __init__(self, ctrl: Controller) -> None:
         self.ctrl = ctrl
-        self.namespaces = ctrl.subsystem.namespaces
+        self.namespaces = ctrl.namespaces
         self.queue = self
 
     async def fetch_data(self, req: Request) -> bytearray:
@@ -742,6 +756,44 @@ class MultiCoreTarget(Target):
         # The workers first: once they answered, none of their commands uses it.
         await self.workers.namespace_removing(nqn, nsid)
         return await super().remove_namespace(nqn, nsid)
+
+    async def ns_add_host(self, nqn: str, nsid: int, hostnqn: str) -> list[Controller]:
+        # The events wait until every worker has the host's view: a host uses the
+        # namespace once it heard of it, maybe through a worker.
+        subsystem = self.subsystems.get(nqn)
+        held = [] if subsystem is None else _on_workers(subsystem)
+        for ctrl in held:
+            ctrl.hold_events()
+        try:
+            attached = await super().ns_add_host(nqn, nsid, hostnqn)
+            await self.workers.namespace_hosts(nqn, self.subsystems[nqn].namespaces[nsid])
+        finally:
+            for ctrl in held:
+                ctrl.release_events()
+        return attached
+
+    async def ns_remove_host(self, nqn: str, nsid: int, hostnqn: str) -> list[Controller]:
+        # Here first (new commands here fail at once), then the workers, whose answer
+        # says their commands to it finished.
+        detached = await super().ns_remove_host(nqn, nsid, hostnqn)
+        await self.workers.namespace_hosts(nqn, self.subsystems[nqn].namespaces[nsid])
+        return detached
+
+    async def resize_block_device(self, name: str, size_bytes: int | None = None) -> int:
+        # The events wait until every worker serves the new size: a host reads past the
+        # old end once it heard of the change, maybe through a worker.
+        users = self.device_users(name)
+        held = [ctrl for subsystem, _ns in users for ctrl in _on_workers(subsystem)]
+        for ctrl in held:
+            ctrl.hold_events()
+        try:
+            num_blocks = await super().resize_block_device(name, size_bytes)
+            for subsystem, ns in users:
+                await self.workers.namespace_resized(subsystem.nqn, ns)
+        finally:
+            for ctrl in held:
+                ctrl.release_events()
+        return num_blocks
 
     async def remove_subsystem(self, nqn: str) -> None:
         await super().remove_subsystem(nqn)
