@@ -25,6 +25,7 @@ from pynvmf.spec.opcodes import (
     FeatureId,
 )
 from pynvmf.target.budget import effective_kato_ms, keep_alive_check_ms
+from pynvmf.target.notifications import KEEP_ALIVE_TIMEOUT
 from pynvmf.target.reservations import NotificationLog
 from pynvmf.target.subsystem import DEFAULT_VERSION
 
@@ -180,6 +181,7 @@ class Controller:
                 self._kato_ms,
             )
             self.target.counters.keep_alive_expiries += 1
+            self.target.notifications.send(KEEP_ALIVE_TIMEOUT, self.hostnqn)
             self.destroy("keep-alive timeout")
             return
         self._schedule_check()

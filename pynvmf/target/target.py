@@ -66,8 +66,8 @@ from pynvmf.target.keyring import KeyringEntry, parse_key, psk_lookup, read_key_
 from pynvmf.target.notifications import (
     BDEV_REGISTER,
     BDEV_RESIZE,
-    BDEV_TYPES,
     BDEV_UNREGISTER,
+    TARGET_TYPES,
     NotificationLog,
 )
 from pynvmf.target.poll_groups import PollGroup, completed_commands, group_name
@@ -169,7 +169,7 @@ class Target:
         self.dhchap_dhgroups: tuple[DhGroupId, ...] = ALL_DHGROUPS
         self.block_devices: dict[str, NamedDevice] = {}
         # What happened to the block devices, for a client that polls (SPDK's notify).
-        self.notifications = NotificationLog(BDEV_TYPES)
+        self.notifications = NotificationLog(TARGET_TYPES)
         self.discovery = Subsystem(DISCOVERY_NQN, model="pynvmf discovery")
         self.ports: list[Port] = []
         # The transport options of listeners added with add_listener (SPDK creates a

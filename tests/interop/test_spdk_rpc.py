@@ -179,7 +179,12 @@ def test_rpc_py_reads_bdev_notifications(
     configuration (--json) created. Before the test below, which checks that every SPDK
     method was called."""
     _proc, spdk = served
-    assert spdk.json("notify_get_types") == ["bdev_register", "bdev_unregister", "bdev_resize"]
+    assert spdk.json("notify_get_types") == [
+        "bdev_register",
+        "bdev_unregister",
+        "bdev_resize",
+        "nvmf_keep_alive_timeout",
+    ]
     assert spdk.json("notify_get_notifications") == []
     spdk.run("bdev_malloc_create", "-b", "Malloc0", "8", "512")
     spdk.run("bdev_malloc_create", "-b", "Malloc1", "8", "512")
