@@ -1,7 +1,8 @@
 """The `pynvmf` command: one subcommand family per module of this package.
 
 target (target.py), the nvme-cli style host commands (host.py), copy (copy.py),
-bench (bench.py), rpc (rpc.py) and top (top.py, its figures in top_view.py); what they
+bench (bench.py), rpc (rpc.py), top (top.py, its figures in top_view.py) and controllers
+(controllers.py); what they
 share lives in common.py (the options), parser.py (the parser's rules), identity.py (the
 host identity) and failures.py (a failed connection in words). docs/cli.md is generated
 from build_parser() (scripts/cli-docs.py).
@@ -14,6 +15,7 @@ import logging
 import sys
 
 from pynvmf.cli.bench import add_bench_command, run_bench_command
+from pynvmf.cli.controllers import add_controllers_command, run_controllers_command
 from pynvmf.cli.copy import add_copy_command, run_copy_command
 from pynvmf.cli.host import add_host_commands, run_host_command
 from pynvmf.cli.parser import Parser
@@ -37,6 +39,7 @@ def build_parser() -> Parser:
     add_bench_command(sub)
     add_rpc_command(sub)
     add_top_command(sub)
+    add_controllers_command(sub)
     return parser
 
 
@@ -60,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
         return run_rpc_command(args)
     if args.command == "top":
         return run_top_command(args)
+    if args.command == "controllers":
+        return run_controllers_command(args)
     return run_host_command(args)
 
 

@@ -47,6 +47,8 @@ async def nvmf_subsystem_get_controllers(cp: ControlPlane, p: Params) -> list[di
             "hostnqn": ctrl.hostnqn,
             "hostid": _hostid(ctrl.hostid),
             "num_io_qpairs": len(ctrl.queues),
+            # pynvmf's own: the keep-alive timeout the host set.
+            "kato_ms": ctrl.kato_ms,
         }
         for _, ctrl in sorted(subsystem.controllers.items())
     ]
@@ -74,6 +76,10 @@ async def nvmf_subsystem_get_qpairs(cp: ControlPlane, p: Params) -> list[dict[st
                     "traddr": peer_host,
                     "trsvcid": str(peer_port),
                 }
+            if queue.auth is not None:
+                entry["auth"] = queue.auth.describe()
+            # pynvmf's own: whether the queue's connection is TLS.
+            entry["tls"] = queue.tls_psk is not None
             qpairs.append(entry)
     return qpairs
 
