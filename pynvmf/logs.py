@@ -9,6 +9,12 @@ connection logs through `about(log, queue)`, and the queue's `log_context()` (pe
 address and port, local port, host NQN, subsystem NQN, qid, cntlid once known) is
 asked for only when a record is emitted: a command that logs nothing costs nothing.
 
+An exception nothing caught is a record too (level CRITICAL, its traceback in `exception`),
+never a raw multi-line traceback on stderr: in the main thread (sys.excepthook), in
+another thread (threading.excepthook); what an asyncio loop reports (a callback's or an
+unretrieved task's exception) goes through the loop's default handler, which logs it to
+the `asyncio` logger, so it is a record as well.
+
 A host chooses its NQN, and messages quote what hosts sent: every value goes through
 json.dumps (quotes, newlines, control characters and odd bytes escaped), long values are
 cut, and a record that cannot be formatted still gives a line of JSON, never an
@@ -19,8 +25,11 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
+import threading
 from collections.abc import Callable, Mapping, MutableMapping
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import Any, Protocol
 
 LOG_FORMATS = ("text", "json")
@@ -37,6 +46,8 @@ _TEXT_FORMAT_WORKER = "%(asctime)s worker {index} %(levelname)s %(name)s: %(mess
 _RESERVED = frozenset(("time", "level", "logger", "message", "exception", "stack", "worker"))
 
 _configured = "text"
+
+log = logging.getLogger(__name__)
 
 
 class HasLogContext(Protocol):
@@ -161,6 +172,45 @@ def configure(level: int, log_format: str = "text", *, worker: int | None = None
         handler.setFormatter(logging.Formatter(_TEXT_FORMAT_WORKER.format(index=worker)))
     logging.basicConfig(level=level, handlers=[handler])
     _configured = log_format
+    if log_format == "json":
+        sys.excepthook = _log_uncaught
+        threading.excepthook = _log_uncaught_in_thread
+    else:  # the interpreter's own (a process configured again, as the tests do)
+        if sys.excepthook is _log_uncaught:
+            sys.excepthook = sys.__excepthook__
+        if threading.excepthook is _log_uncaught_in_thread:
+            threading.excepthook = threading.__excepthook__
+
+
+def _log_uncaught(
+    exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
+) -> None:
+    """sys.excepthook with JSON logs: the exception that ends the process, as one record."""
+    if issubclass(exc_type, KeyboardInterrupt):  # an interrupted command: no crash to report
+        sys.__excepthook__(exc_type, exc, tb)
+        return
+    log.critical(
+        "uncaught exception: %s", _exception_text(exc_type, exc), exc_info=(exc_type, exc, tb)
+    )
+
+
+def _log_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
+    """threading.excepthook with JSON logs: the exception that ends a thread, as one record."""
+    if args.exc_type is SystemExit:  # as the default hook: a thread that exits, quietly
+        return
+    name = args.thread.name if args.thread is not None else "?"
+    exc = args.exc_value
+    log.critical(
+        "uncaught exception in thread %s: %s",
+        name,
+        _exception_text(args.exc_type, exc),
+        exc_info=(args.exc_type, exc, args.exc_traceback) if exc is not None else None,
+    )
+
+
+def _exception_text(exc_type: type[BaseException], exc: BaseException | None) -> str:
+    text = _text(exc) if exc is not None else ""
+    return f"{exc_type.__name__}: {text}" if text else exc_type.__name__
 
 
 def configured_format() -> str:

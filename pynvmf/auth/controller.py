@@ -161,6 +161,19 @@ class ControllerAuth:
     def in_progress(self) -> bool:
         return self.state not in (State.IDLE, State.CLOSED)
 
+    def describe(self) -> dict[str, str]:
+        """This queue's authentication as SPDK's nvmf_subsystem_get_qpairs shows it:
+        its state (SPDK's names) and the hash and group negotiated."""
+        if self.authenticated and not self.in_progress:
+            state = "completed"
+        elif self.state is State.IDLE:
+            state = "negotiate"
+        elif self.state is State.CLOSED:
+            state = "error"
+        else:
+            state = self.state.name.lower()
+        return {"state": state, "digest": self._hash.hashlib_name, "dhgroup": self._group.text}
+
     def _where(self) -> str:
         return f"ctrl {self.cntlid} qid {self.qid} host {self.hostnqn}"
 

@@ -77,6 +77,21 @@ class BlockDevice(Protocol):
 
 
 @runtime_checkable
+class Resizable(Protocol):
+    """A device whose size may change while it serves (only growing: a host may hold
+    data past a smaller end). Both return the new number of blocks and raise ValueError,
+    the size kept, for a size they cannot take."""
+
+    def rescan(self) -> int:
+        """Take the size the storage has now (it grew outside this process)."""
+        ...
+
+    def grow(self, size_bytes: int) -> int:
+        """Extend the storage to `size_bytes` and take that size."""
+        ...
+
+
+@runtime_checkable
 class NativeCopy(Protocol):
     """A local device that copies within itself (capabilities.native_copy)."""
 

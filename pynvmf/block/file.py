@@ -29,6 +29,7 @@ import os
 import stat
 import struct
 from collections.abc import Callable
+from dataclasses import replace
 
 from pynvmf.block.device import Buffer, Capabilities, Medium, block_shift, check_range
 from pynvmf.block.range_locks import RangeLocks
@@ -245,6 +246,43 @@ class FileDevice:
     @property
     def capabilities(self) -> Capabilities:
         return self._caps
+
+    def rescan(self) -> int:
+        """Take the size the file or block device has now (it grew: `truncate`, `lvextend`,
+        another process), in whole blocks; the new number of blocks. ValueError, and the
+        size kept, if it shrank (the host may hold data past the new end) or a regular
+        file is not a whole number of blocks."""
+        if self._fd < 0:
+            raise ValueError(f"{self._path} is closed")
+        if self._is_blockdev:
+            size = _blockdev_size(self._fd)
+            size -= size & self._mask
+        else:
+            size = os.fstat(self._fd).st_size
+            if size & self._mask:
+                raise ValueError(
+                    f"{self._path}: size {size} is not a multiple of the block size "
+                    f"{self._caps.block_size}"
+                )
+        if size < self._size:
+            raise ValueError(f"{self._path} shrank from {self._size} to {size} bytes")
+        self._size = size
+        self._caps = replace(self._caps, num_blocks=size >> self._shift)
+        return self._caps.num_blocks
+
+    def grow(self, size_bytes: int) -> int:
+        """Extend a regular file to `size_bytes` (sparse) and take that size; the new
+        number of blocks. ValueError for a block device, a read-only file, a size that
+        is smaller or not whole blocks."""
+        if self._is_blockdev or self._read_only:
+            raise ValueError(f"{self._path}: only a writable regular file can be grown here")
+        if size_bytes < self._size or size_bytes & self._mask:
+            raise ValueError(
+                f"{size_bytes} is not a multiple of {self._caps.block_size} of at least "
+                f"{self._size} bytes"
+            )
+        os.ftruncate(self._fd, size_bytes)
+        return self.rescan()
 
     @property
     def path(self) -> str:

@@ -1,10 +1,11 @@
 """The `pynvmf` command: one subcommand family per module of this package.
 
 target (target.py), the nvme-cli style host commands (host.py), copy (copy.py),
-bench (bench.py) and rpc (rpc.py); what they share lives in common.py (the options),
-parser.py (the parser's rules), identity.py (the host identity) and failures.py (a
-failed connection in words). docs/cli.md is generated from build_parser()
-(scripts/cli-docs.py).
+bench (bench.py), rpc (rpc.py), top (top.py, its figures in top_view.py) and controllers
+(controllers.py); what they
+share lives in common.py (the options), parser.py (the parser's rules), identity.py (the
+host identity) and failures.py (a failed connection in words). docs/cli.md is generated
+from build_parser() (scripts/cli-docs.py).
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import logging
 import sys
 
 from pynvmf.cli.bench import add_bench_command, run_bench_command
+from pynvmf.cli.controllers import add_controllers_command, run_controllers_command
 from pynvmf.cli.copy import add_copy_command, run_copy_command
 from pynvmf.cli.host import add_host_commands, run_host_command
 from pynvmf.cli.parser import Parser
 from pynvmf.cli.rpc import add_rpc_command, run_rpc_command
 from pynvmf.cli.target import add_target_command, run_target_command
+from pynvmf.cli.top import add_top_command, run_top_command
 from pynvmf.logs import configure
 from pynvmf.malloc import tune_for_io_buffers
 
@@ -35,6 +38,8 @@ def build_parser() -> Parser:
     add_copy_command(sub)
     add_bench_command(sub)
     add_rpc_command(sub)
+    add_top_command(sub)
+    add_controllers_command(sub)
     return parser
 
 
@@ -56,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
         return run_bench_command(args)
     if args.command == "rpc":
         return run_rpc_command(args)
+    if args.command == "top":
+        return run_top_command(args)
+    if args.command == "controllers":
+        return run_controllers_command(args)
     return run_host_command(args)
 
 

@@ -48,6 +48,20 @@ def add_rpc_command(subparsers: Any) -> None:
         formatter_class=RawDescriptionFormatter,
         habits=_HABITS,
     )
+    add_server_options(p)
+    verbose_option(p)
+    p.add_argument("method", help="the method name (rpc_get_methods lists them)")
+    p.add_argument(
+        "params",
+        nargs=argparse.REMAINDER,
+        metavar="ARG",
+        help="KEY=TEXT, KEY:=JSON or {JSON}; or rpc.py's arguments of the method",
+    )
+
+
+def add_server_options(p: argparse.ArgumentParser) -> None:
+    """--server and --timeout: where a running target's RPC is, and how long to wait for it
+    (`pynvmf rpc`, `pynvmf top`)."""
     p.add_argument(
         "--server",
         default=os.environ.get("PYNVMF_RPC", DEFAULT_SOCKET),
@@ -60,14 +74,6 @@ def add_rpc_command(subparsers: Any) -> None:
         default=DEFAULT_TIMEOUT,
         metavar="SECONDS",
         help="how long to wait for an answer",
-    )
-    verbose_option(p)
-    p.add_argument("method", help="the method name (rpc_get_methods lists them)")
-    p.add_argument(
-        "params",
-        nargs=argparse.REMAINDER,
-        metavar="ARG",
-        help="KEY=TEXT, KEY:=JSON or {JSON}; or rpc.py's arguments of the method",
     )
 
 

@@ -113,8 +113,21 @@ METHODS: dict[str, Method] = {
             Arg(("-u", "--uuid"), "namespace.uuid"),
             Arg(("-a", "--anagrpid"), "namespace.anagrpid", {"type": int}),
             Arg(("-p", "--ptpl-file"), "namespace.ptpl_file"),
+            Arg(
+                ("-i", "--no-auto-visible"),
+                "namespace.no_auto_visible",
+                {"action": "store_true", "help": "attached to the hosts nvmf_ns_add_host names"},
+            ),
         ),
         "add a bdev as a namespace",
+    ),
+    "nvmf_ns_add_host": Method(
+        (Arg(("nqn",), "nqn"), Arg(("nsid",), "nsid", {"type": int}), Arg(("host",), "host")),
+        "attach a no_auto_visible namespace to a host's controllers",
+    ),
+    "nvmf_ns_remove_host": Method(
+        (Arg(("nqn",), "nqn"), Arg(("nsid",), "nsid", {"type": int}), Arg(("host",), "host")),
+        "detach it from a host's controllers",
     ),
     "nvmf_subsystem_remove_ns": Method(
         (Arg(("nqn",), "nqn"), Arg(("nsid",), "nsid", {"type": int})), "remove a namespace"

@@ -29,7 +29,7 @@ from pynvmf.target import ana
 from pynvmf.target import devices as D
 from pynvmf.target.changes import ChangeError
 from pynvmf.target.devices import NamedDevice
-from pynvmf.target.port import Port
+from pynvmf.target.port import Port, endpoint
 from pynvmf.target.referrals import Referral
 from pynvmf.target.subsystem import CNTLID_MAX, CNTLID_MIN, DEFAULT_VERSION, Subsystem
 from pynvmf.target.target import Target
@@ -108,6 +108,8 @@ _NAMESPACE_KEYS = _DEVICE_KEYS | {
     "device",
     "ptpl_file",
     "anagrpid",
+    "auto_visible",
+    "hosts",
 }
 # A file namespace's reservations persist beside its file unless told otherwise.
 PTPL_SUFFIX = ".ptpl.json"
@@ -616,12 +618,21 @@ def add_namespace_spec(
         eui64=eui64,
         ptpl_file=ptpl_file,
         anagrpid=ns.get("anagrpid", int),
+        auto_visible=ns.get("auto_visible", bool, True),
+        hosts=_host_list(ns.get("hosts", list, []), f"{ns_where}.hosts"),
     )
     _change(
         ns_where,
         lambda device=device, kw=ns_kwargs: target.add_namespace(nqn, device, **kw),
         entry,
     )
+
+
+def _host_list(hosts: list[Any], where: str) -> list[str]:
+    for i, host in enumerate(hosts):
+        if not isinstance(host, str):
+            raise ConfigError(f"{where}[{i}]: {host!r} is not a host NQN")
+    return hosts
 
 
 def host_of_spec(
@@ -747,11 +758,15 @@ def config_from_options(
 # -- writing ------------------------------------------------------------------------------
 
 
-def config_of(target: Target) -> dict[str, Any]:
-    """The running target in this format: `apply_config` of it builds the same target.
+def config_of(target: Target, *, metrics_listen: tuple[str, int] | None = None) -> dict[str, Any]:
+    """The running target in this format: `apply_config` of it builds the same target, and
+    with `metrics_listen` (where the process serves its metrics, which the Target does not
+    hold) `metrics_listen_of` of it listens there again.
 
     A device that is neither memory nor a file cannot be described: ConfigError."""
     config: dict[str, Any] = {}
+    if metrics_listen is not None:
+        config["metrics"] = {"listen": endpoint(*metrics_listen)}
     if target.keyring:
         config["keyring"] = [{"name": e.name, "path": e.path} for e in target.keyring.values()]
     if target.transport != _DEFAULT_TRANSPORT:
@@ -919,6 +934,9 @@ def subsystem_spec_of(target: Target, subsystem: Subsystem) -> dict[str, Any]:
         ns_spec["eui64"] = ns.eui64.hex()
         if ns.anagrpid != 1:
             ns_spec["anagrpid"] = ns.anagrpid
+        if not ns.auto_visible:
+            ns_spec["auto_visible"] = False
+            ns_spec["hosts"] = sorted(ns.hosts)
         namespaces.append(ns_spec)
     spec["namespaces"] = namespaces
     return spec

@@ -491,6 +491,12 @@ def nvmetcli_config(target: Target) -> dict[str, Any]:
         namespaces = []
         for nsid, ns in sorted(subsystem.namespaces.items()):
             entry = target.block_devices.get(ns.device_name)
+            if not ns.auto_visible:
+                raise RpcError(
+                    INVALID_PARAMS,
+                    f"format: namespace {nsid} of {subsystem.nqn} is visible to some hosts "
+                    "only, which nvmet cannot hold",
+                )
             if entry is None or entry.kind != D.FILE:
                 raise RpcError(
                     INVALID_PARAMS,

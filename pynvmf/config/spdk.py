@@ -246,12 +246,19 @@ def nvmf_config(target: Target) -> list[dict[str, Any]]:
                             "eui64": ns.eui64.hex().upper(),
                             "uuid": str(ns.uuid),
                             "anagrpid": ns.anagrpid,
-                            "no_auto_visible": False,
+                            "no_auto_visible": not ns.auto_visible,
                             **_ptpl_json(ns.reservation.ptpl_file),
                         },
                     },
                 }
             )
+            for host in sorted(ns.hosts):
+                config.append(
+                    {
+                        "method": "nvmf_ns_add_host",
+                        "params": {"nqn": subsystem.nqn, "nsid": nsid, "host": host},
+                    }
+                )
         for port in listeners_of(target, subsystem.nqn):
             config.append(_listener_call(subsystem.nqn, port))
             for grpid, group in sorted(subsystem.ana.groups.items()):

@@ -112,13 +112,7 @@ def _controllers_and_queues(s: Scrape) -> Iterator[Metric]:
     for subsystem in [target.discovery, *target.subsystems.values()]:
         nqn = label_value(subsystem.nqn)
         controllers.add_metric([nqn], len(subsystem.controllers))
-        admin = io = 0
-        for ctrl in subsystem.controllers.values():
-            for qid in ctrl.queues:
-                if qid:
-                    io += 1
-                else:
-                    admin += 1
+        admin, io = subsystem.queue_counts()
         queues.add_metric([nqn, "admin"], admin)
         queues.add_metric([nqn, "io"], io)
     yield controllers
@@ -360,6 +354,40 @@ def _budgets(s: Scrape) -> Iterator[Metric]:
     )
 
 
+def _in_flight(s: Scrape) -> Iterator[Metric]:
+    g = GaugeMetricFamily(
+        "pynvmf_commands_in_flight",
+        "I/O commands received and not completed yet, by subsystem (a worker's as of its "
+        "last report: every half second at most)",
+        labels=["subsystem"],
+    )
+    for nqn, n in sorted(s.target.commands_in_flight().items()):
+        g.add_metric([label_value(nqn)], n)
+    yield g
+
+
+def _copies(s: Scrape) -> Iterator[Metric]:
+    counters = s.target.counters
+    copied = sum(
+        per_ns.copy_bytes
+        for host in s.target.command_counts.hosts.values()
+        for per_ns in host.namespaces.values()
+    )
+    offloaded, emulated = counters.copy_offloaded_bytes, counters.copy_emulated_bytes
+    copies = CounterMetricFamily(
+        "pynvmf_copy_bytes",
+        "Bytes of successful Copy commands by the path the copy planner chose: native "
+        "(inside the device), offloaded (copy requests to a remote namespace), emulated "
+        "(read and written again by the target)",
+        labels=["mode"],
+    )
+    # A copy's blocks each take one path: what was not offloaded or emulated was native.
+    copies.add_metric(["native"], max(0, copied - offloaded - emulated))
+    copies.add_metric(["offloaded"], offloaded)
+    copies.add_metric(["emulated"], emulated)
+    yield copies
+
+
 Source = Callable[[Scrape], Iterable[Metric]]
 
 SOURCES: tuple[Source, ...] = (
@@ -367,6 +395,8 @@ SOURCES: tuple[Source, ...] = (
     _controllers_and_queues,
     _io,
     _commands,
+    _in_flight,
+    _copies,
     _ana,
     _tls,
     _auth,

@@ -1,8 +1,9 @@
 """pynvmf's own RPC methods (prefix pynvmf_): what SPDK's set has no method for.
 
 - pynvmf_get_config {format?}: the running target as a configuration, in pynvmf's
-  format (what `pynvmf target --config` reads; the default), SPDK's (what
-  `--json` reads) or nvmetcli's (what `--nvmetcli-config` and `nvmetcli restore` read).
+  format (what `pynvmf target --config` reads; the default; it names where the metrics
+  endpoint listens, if it does), SPDK's (what `--json` reads) or nvmetcli's (what
+  `--nvmetcli-config` and `nvmetcli restore` read).
 - pynvmf_save_config {path, format?}: the same, written by the target to `path`
   atomically (a temporary file, fsync, rename), so a crash leaves the old or the new.
 - pynvmf_add_port / pynvmf_remove_port: a listener with transport options of its own
@@ -21,6 +22,9 @@
   http://address:port/metrics (moving the endpoint if it listens already; port 0 picks
   one); returns where it listens. pynvmf_metrics_stop {}: stop serving them.
   pynvmf_metrics_get_listen {}: where they are served, or null.
+- pynvmf_bdev_resize {name, size_bytes}: grow a file bdev's regular file to size_bytes
+  (bdev_aio_rescan takes a size that grew outside); the namespaces on it and their hosts
+  see the new size. Returns the number of blocks.
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ FORMATS = ("pynvmf", "spdk", "nvmetcli")
 def _config(cp: ControlPlane, fmt: str) -> Any:
     if fmt == "pynvmf":
         try:
-            return config_of(cp.target)
+            where = cp.metrics.address if cp.metrics is not None else None
+            return config_of(cp.target, metrics_listen=where)
         except ConfigError as exc:
             raise RpcError(INVALID_PARAMS, f"format: {exc}") from exc
     if fmt == "spdk":
@@ -187,6 +192,18 @@ async def pynvmf_keyring_add_key(cp: ControlPlane, p: Params) -> bool:
     except ChangeError as exc:
         raise change_error(exc, {}) from exc
     return True
+
+
+@method("pynvmf_bdev_resize")
+async def pynvmf_bdev_resize(cp: ControlPlane, p: Params) -> int:
+    name = p.string("name")
+    size = p.integer("size_bytes", low=1)
+    p.done()
+    try:
+        num_blocks: int = await cp.target.resize_block_device(name, size)
+    except ChangeError as exc:
+        raise change_error(exc, {"size": "size_bytes"}) from exc
+    return num_blocks
 
 
 def _metrics(cp: ControlPlane) -> MetricsEndpoint:

@@ -166,7 +166,7 @@ def _namespace_or_status(ctrl: Controller, nsid: int) -> tuple[int, Namespace | 
     answered with zeroes; Invalid Namespace for NSIDs that name none (0, beyond NN)."""
     if not 0 < nsid <= reported_nn(ctrl.subsystem):
         return Status.INVALID_NS | DNR, None
-    return Status.SUCCESS, ctrl.subsystem.namespaces.get(nsid)
+    return Status.SUCCESS, ctrl.namespaces.get(nsid)
 
 
 def _identify_ns(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> Outcome:
@@ -179,11 +179,11 @@ def _identify_ns(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> Outcome:
 def _active_nsids(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> Outcome:
     if sqe.nsid >= 0xFFFFFFFE:
         return Status.INVALID_NS | DNR, 0, None
-    return Status.SUCCESS, 0, I.NsIdList.active(ctrl.subsystem.namespaces, sqe.nsid).pack()
+    return Status.SUCCESS, 0, I.NsIdList.active(ctrl.namespaces, sqe.nsid).pack()
 
 
 def _ns_descriptors(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> Outcome:
-    ns = ctrl.subsystem.namespaces.get(sqe.nsid)
+    ns = ctrl.namespaces.get(sqe.nsid)
     if ns is None:
         return Status.INVALID_NS | DNR, 0, None
     # An identifier of zeroes is one the namespace does not have (a namespace moved from
@@ -646,7 +646,9 @@ def _ana_log(ctrl: Controller, queue: TargetQueue, sqe: Sqe) -> bytes:
     # group descriptors without their NSID lists.
     subsystem = ctrl.subsystem
     groups_only = bool((sqe.cdw10 >> 8) & L.ANA_LSP_RGO)
-    page = subsystem.ana.log(ctrl.port, subsystem.ana_members()).pack(groups_only=groups_only)
+    page = subsystem.ana.log(ctrl.port, subsystem.ana_members(ctrl.namespaces)).pack(
+        groups_only=groups_only
+    )
     # The log's size is what Identify promises at most (16 + NANAGRPID * 32 + MNAN * 4
     # bytes), which hosts read in pieces (nvme-cli 2.3 does): past the groups, zeros.
     nn = reported_nn(subsystem)

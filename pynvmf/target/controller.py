@@ -25,6 +25,7 @@ from pynvmf.spec.opcodes import (
     FeatureId,
 )
 from pynvmf.target.budget import effective_kato_ms, keep_alive_check_ms
+from pynvmf.target.notifications import KEEP_ALIVE_TIMEOUT
 from pynvmf.target.reservations import NotificationLog
 from pynvmf.target.subsystem import DEFAULT_VERSION
 
@@ -73,6 +74,9 @@ class Controller:
         self.cc = 0
         self.csts = 0
         self.queues: dict[int, TargetQueue] = {}
+        # The namespaces attached to this controller (every one visible to its host), by
+        # NSID: what its commands may name. Kept in place by Subsystem.refresh_views.
+        self.namespaces = subsystem.view_of(hostnqn)
         self.io_queues = subsystem.max_io_queues or MAX_IO_QUEUES
         # Asynchronous Event Requests waiting for an event, and events waiting for one.
         self.aer: deque[tuple[TargetQueue, Request]] = deque()
@@ -177,6 +181,7 @@ class Controller:
                 self._kato_ms,
             )
             self.target.counters.keep_alive_expiries += 1
+            self.target.notifications.send(KEEP_ALIVE_TIMEOUT, self.hostnqn)
             self.destroy("keep-alive timeout")
             return
         self._schedule_check()

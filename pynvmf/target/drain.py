@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from pynvmf.logs import about
 
 if TYPE_CHECKING:
+    from pynvmf.target.controller import Controller
     from pynvmf.target.subsystem import Subsystem
 
 log = logging.getLogger(__name__)
@@ -23,9 +25,14 @@ DRAIN_TIMEOUT = 10.0
 def commands_waiting(subsystem: Subsystem) -> set[asyncio.Task[None]]:
     """The commands on the subsystem's queues that are waiting for something; any of
     them may be using any of its namespaces (a Copy reads from several)."""
+    return commands_waiting_on(subsystem.controllers.values())
+
+
+def commands_waiting_on(controllers: Iterable[Controller]) -> set[asyncio.Task[None]]:
+    """The commands waiting for something on these controllers' queues."""
     return {
         task
-        for ctrl in subsystem.controllers.values()
+        for ctrl in controllers
         for queue in ctrl.queues.values()
         for task in queue.commands_waiting
     }

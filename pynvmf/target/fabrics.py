@@ -223,7 +223,7 @@ async def property_set(ctrl: Controller, attrib: int, offset: int, value: int) -
         ctrl.csts &= ~(C.CSTS_RDY | C.CSTS_CFS)
     if new & C.CC_SHN_MASK and not old & C.CC_SHN_MASK:
         # A copy: the target may remove a namespace while this waits for a flush.
-        for ns in list(ctrl.subsystem.namespaces.values()):
+        for ns in list(ctrl.namespaces.values()):
             try:
                 await ns.device.flush()
             except OSError as exc:

@@ -110,12 +110,14 @@ class IoHandler:
     def __init__(self, ctrl: Controller, queue: TargetQueue) -> None:
         self.ctrl = ctrl
         self.queue = queue
-        self.namespaces = ctrl.subsystem.namespaces
+        self.namespaces = ctrl.namespaces
         self.stats = ctrl.subsystem.stats
         # This host's counts of completed commands in this subsystem (command_counts.py),
         # and their per-namespace lists, looked up by NSID on the hot path.
         self.counts = ctrl.target.command_counts.of(ctrl.subsystem.nqn, ctrl.hostnqn)
         self.ns_counts = self.counts.namespaces
+        # The target's counters: Copy's bytes by the planner's path.
+        self.counters = ctrl.target.counters
         self.budget = queue.budget
         # Namespaces with registrants (the subsystem keeps it current): empty, no I/O
         # command pays more than testing it.
@@ -517,12 +519,13 @@ class IoHandler:
             else:
                 gate.writers += 1
             try:
-                done = await block_copy.copy_one_range(device, slba, sdlba, nlb, fua=fua)
+                report = await block_copy.copy_one_range(device, slba, sdlba, nlb, fua=fua)
             finally:
                 gate.writers -= 1
                 if gate.closed:
                     gate.left()
-            if done:
+            if report is not None:
+                self.counters.copied(report, block_size)
                 stats = self.stats
                 stats.copy_cmds += 1
                 stats.copy_bytes += nlb * block_size
@@ -571,12 +574,13 @@ class IoHandler:
         try:
             await ns.gate.enter()
             try:
-                await plan.run(fua=fua)
+                ran = await plan.run(fua=fua)
             finally:
                 ns.gate.leave()
         finally:
             if need:
                 budget.give(need)
+        self.counters.copied(ran, ns.block_size)
         self.stats.copy_cmds += 1
         self.stats.copy_bytes += total * ns.block_size
         self.counts.namespace(ns.nsid).copy_bytes += total * ns.block_size

@@ -21,11 +21,16 @@ MAX_EVENTS = 1024
 CTX_MAX = 127
 
 # The types SPDK's bdev library registers, in its order, with the block device's name as
-# context. Nothing resizes a block device yet; the type is listed for the one that will.
+# context (bdev_resize: Target.resize_block_device).
 BDEV_REGISTER = "bdev_register"
 BDEV_UNREGISTER = "bdev_unregister"
 BDEV_RESIZE = "bdev_resize"
 BDEV_TYPES = (BDEV_REGISTER, BDEV_UNREGISTER, BDEV_RESIZE)
+# pynvmf's own, in SPDK's style of name: a controller torn down because its host sent
+# nothing within the keep-alive timeout, with the host's NQN as context, so that a
+# gateway that polls learns which host went silent.
+KEEP_ALIVE_TIMEOUT = "nvmf_keep_alive_timeout"
+TARGET_TYPES = (*BDEV_TYPES, KEEP_ALIVE_TIMEOUT)
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,11 @@ class TargetQueue:
         self._io_after_auth: IoHandler | None = None
         conn.attach(self)
 
+    @property
+    def commands_in_flight(self) -> int:
+        """Commands received on this queue and not completed yet."""
+        return self.conn.commands_in_flight
+
     def log_context(self) -> dict[str, object]:
         """What each log record about this queue's connection says of it (pynvmf/logs.py):
         asked for only when a record is emitted."""

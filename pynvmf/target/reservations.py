@@ -736,7 +736,7 @@ def _feature_namespace(ctrl: Controller, nsid: int) -> tuple[int, Namespace | No
     if nsid == NSID_ALL:
         # One namespace's value is asked for: "all" names none.
         return INVALID_FIELD, None
-    ns = ctrl.subsystem.namespaces.get(nsid)
+    ns = ctrl.namespaces.get(nsid)
     if ns is None:
         return Status.INVALID_NS | DNR, None
     return Status.SUCCESS, ns
@@ -745,8 +745,8 @@ def _feature_namespace(ctrl: Controller, nsid: int) -> tuple[int, Namespace | No
 def _targets(ctrl: Controller, nsid: int) -> tuple[int, list[Namespace]]:
     """The namespaces a Set Features names: one, or every one for NSID FFFFFFFFh."""
     if nsid == NSID_ALL:
-        return Status.SUCCESS, list(ctrl.subsystem.namespaces.values())
-    ns = ctrl.subsystem.namespaces.get(nsid)
+        return Status.SUCCESS, list(ctrl.namespaces.values())
+    ns = ctrl.namespaces.get(nsid)
     if ns is None:
         return Status.INVALID_NS | DNR, []
     return Status.SUCCESS, [ns]

@@ -47,6 +47,15 @@ class Namespace:
     reservation: NamespaceReservation = field(
         default_factory=NamespaceReservation, repr=False, compare=False
     )
+    # Attached to every controller of the subsystem (auto_visible), or only to those of
+    # the hosts in `hosts`: SPDK's no_auto_visible namespace with nvmf_ns_add_host, the
+    # NVMe model of a namespace attached per host. Changed only by the Target, which
+    # decides what a change means for connected hosts (Subsystem.refresh_views).
+    auto_visible: bool = True
+    hosts: set[str] = field(default_factory=set, compare=False)
+
+    def visible_to(self, hostnqn: str) -> bool:
+        return self.auto_visible or hostnqn in self.hosts
 
     @classmethod
     def create(
@@ -62,6 +71,7 @@ class Namespace:
         device_name: str = "",
         ptpl_file: Path | None = None,
         anagrpid: int = DEFAULT_GROUP,
+        auto_visible: bool = True,
     ) -> Namespace:
         """`ptpl_file` makes the namespace's reservations able to persist through power
         loss (RESCAP.PTPLS); a state saved there is loaded now (ValueError if damaged)."""
@@ -77,6 +87,7 @@ class Namespace:
             device_name=device_name,
             anagrpid=anagrpid,
             reservation=NamespaceReservation(ptpl_file),
+            auto_visible=auto_visible,
         )
 
     @property
@@ -145,12 +156,45 @@ class Subsystem:
     def host_allowed(self, hostnqn: str) -> bool:
         return self.is_discovery or self.allow_any_host or hostnqn in self.allowed_hosts
 
+    def queue_counts(self) -> tuple[int, int]:
+        """(admin queues, I/O queues) of its controllers now."""
+        admin = io = 0
+        for ctrl in self.controllers.values():
+            for qid in ctrl.queues:
+                if qid:
+                    io += 1
+                else:
+                    admin += 1
+        return admin, io
+
     def add_namespace(self, ns: Namespace) -> None:
         if ns.nsid in self.namespaces or ns.nsid < 1 or ns.nsid >= 0xFFFFFFFF:
             raise ValueError(f"{self.nqn}: invalid or duplicate NSID {ns.nsid}")
         self.namespaces[ns.nsid] = ns
         ns.reservation.attach(self.registered, ns.nsid)
         self.ana.changed([self.ana.add(ns.anagrpid)])
+
+    def view_of(self, hostnqn: str) -> dict[int, Namespace]:
+        """The namespaces attached to a controller of `hostnqn`, by NSID."""
+        return {nsid: ns for nsid, ns in self.namespaces.items() if ns.visible_to(hostnqn)}
+
+    def refresh_views(self, nsid: int) -> list[Controller]:
+        """Bring every controller's view of NSID `nsid` in line with `namespaces` and the
+        namespace's visibility, in place (the I/O path holds each view); the controllers
+        whose view changed, the ones to tell."""
+        ns = self.namespaces.get(nsid)
+        changed = []
+        for ctrl in self.controllers.values():
+            view = ctrl.namespaces
+            now = ns if ns is not None and ns.visible_to(ctrl.hostnqn) else None
+            if view.get(nsid) is now:
+                continue
+            if now is None:
+                del view[nsid]
+            else:
+                view[nsid] = now
+            changed.append(ctrl)
+        return changed
 
     def allocate_cntlid(self) -> int | None:
         low, high = self.cntlid_min, self.cntlid_max
@@ -163,11 +207,13 @@ class Subsystem:
                 return cntlid
         return None
 
-    def ana_members(self) -> dict[int, list[int]]:
-        """Each ANA group's NSIDs, ascending."""
+    def ana_members(self, view: dict[int, Namespace] | None = None) -> dict[int, list[int]]:
+        """Each ANA group's NSIDs, ascending: of every namespace, or of a controller's
+        `view` (its ANA log lists the namespaces attached to it)."""
+        namespaces = self.namespaces if view is None else view
         members: dict[int, list[int]] = {}
-        for nsid in sorted(self.namespaces):
-            members.setdefault(self.namespaces[nsid].anagrpid, []).append(nsid)
+        for nsid in sorted(namespaces):
+            members.setdefault(namespaces[nsid].anagrpid, []).append(nsid)
         return members
 
     @property

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -26,6 +27,8 @@ from typing import TYPE_CHECKING
 
 from pynvmf.auth.controller import ALL_DHGROUPS, ALL_HASHES, HostAuthConfig
 from pynvmf.auth.keys import DhchapKey
+from pynvmf.block.copy import CopyReport
+from pynvmf.block.device import Resizable
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.malloc import trim
 from pynvmf.spec.auth import DhGroupId, HashId
@@ -55,16 +58,19 @@ from pynvmf.target.changes import (
     check_transport,
 )
 from pynvmf.target.command_counts import CommandCounts
+from pynvmf.target.device_io import DeviceIo, DeviceIoLedger
 from pynvmf.target.devices import NamedDevice, close_device
-from pynvmf.target.drain import commands_waiting, drain
+from pynvmf.target.drain import commands_waiting, commands_waiting_on, drain
 from pynvmf.target.generated_psks import GeneratedPsks
 from pynvmf.target.keyring import KeyringEntry, parse_key, psk_lookup, read_key_file
 from pynvmf.target.notifications import (
     BDEV_REGISTER,
-    BDEV_TYPES,
+    BDEV_RESIZE,
     BDEV_UNREGISTER,
+    TARGET_TYPES,
     NotificationLog,
 )
+from pynvmf.target.poll_groups import PollGroup, completed_commands, group_name
 from pynvmf.target.port import (
     Port,
     SecureChannelPolicy,
@@ -132,6 +138,18 @@ class TargetCounters:
     # (the names of the spec's failure reason explanations: a bounded set).
     auth_successes: int = 0
     auth_failures: dict[str, int] = field(default_factory=dict)
+    # Bytes of successful Copy commands that the copy planner (block/copy.py) sent as copy
+    # requests to a remote namespace (offloaded), or read and wrote again itself
+    # (emulated, staged data included); with the workers' reports added. The rest of
+    # Copy's bytes (command_counts.py counts them all) were copied inside the device:
+    # the memory namespaces' at-once path counts nothing more.
+    copy_offloaded_bytes: int = 0
+    copy_emulated_bytes: int = 0
+
+    def copied(self, report: CopyReport, block_size: int) -> None:
+        """A Copy command done by the planner: count its offloaded and emulated bytes."""
+        self.copy_offloaded_bytes += report.offloaded_blocks * block_size
+        self.copy_emulated_bytes += report.emulated_blocks * block_size
 
 
 class Target:
@@ -152,7 +170,7 @@ class Target:
         self.dhchap_dhgroups: tuple[DhGroupId, ...] = ALL_DHGROUPS
         self.block_devices: dict[str, NamedDevice] = {}
         # What happened to the block devices, for a client that polls (SPDK's notify).
-        self.notifications = NotificationLog(BDEV_TYPES)
+        self.notifications = NotificationLog(TARGET_TYPES)
         self.discovery = Subsystem(DISCOVERY_NQN, model="pynvmf discovery")
         self.ports: list[Port] = []
         # The transport options of listeners added with add_listener (SPDK creates a
@@ -169,6 +187,8 @@ class Target:
         # Completed I/O commands by subsystem, host, namespace and opcode (metrics); kept
         # by NQN, past the controllers and subsystems that counted them.
         self.command_counts = CommandCounts()
+        # Each block device's share of those counts (SPDK's bdev_get_iostat).
+        self.device_io = DeviceIoLedger(self.command_counts)
         # TLS PSKs that secure channel concatenation generated (generated_psks.py).
         self.generated_psks = GeneratedPsks()
         self.connection_budget = ConnectionBudget(limits or ConnectionLimits())
@@ -270,6 +290,43 @@ class Target:
             return self.discovery
         return self.subsystems.get(nqn)
 
+    def poll_groups(self) -> list[PollGroup]:
+        """The processes that serve the queues and what each counted (SPDK's poll groups,
+        target/poll_groups.py): this one, here."""
+        admin = io = 0
+        for subsystem in [self.discovery, *self.subsystems.values()]:
+            queues = subsystem.queue_counts()
+            admin += queues[0]
+            io += queues[1]
+        return [
+            PollGroup(
+                name=group_name(0),
+                pid=os.getpid(),
+                admin_qpairs=self.counters.admin_queues,
+                io_qpairs=self.counters.io_queues,
+                current_admin_qpairs=admin,
+                current_io_qpairs=io,
+                completed_nvme_io=completed_commands(self.command_counts),
+                started=self.started,
+            )
+        ]
+
+    def commands_in_flight(self) -> dict[str, int]:
+        """I/O commands received and not completed yet, by subsystem NQN."""
+        counts = {}
+        for nqn, subsystem in self.subsystems.items():
+            n = 0
+            for ctrl in subsystem.controllers.values():
+                for qid, queue in ctrl.queues.items():
+                    if qid:
+                        n += queue.commands_in_flight
+            counts[nqn] = n
+        return counts
+
+    def poll_group_of(self, queue: object) -> str:
+        """The name of the poll group that serves `queue`, one of a controller's."""
+        return group_name(0)
+
     # -- where I/O queues are served: here, every one of them (cores/workers.py's
     # MultiCoreTarget overrides these for `pynvmf target --cores N`) ---------------------
 
@@ -315,7 +372,12 @@ class Target:
     def _drop_device(self, entry: NamedDevice) -> None:
         """The one way a block device leaves the target (it is closed after)."""
         del self.block_devices[entry.name]
+        self.device_io.device_gone(entry.name)
         self.notifications.send(BDEV_UNREGISTER, entry.name)
+
+    def device_io_of(self, name: str) -> DeviceIo:
+        """What block device `name` did for the hosts (device_io.py)."""
+        return self.device_io.of(name, [(s.nqn, ns.nsid) for s, ns in self.device_users(name)])
 
     def device_users(self, name: str) -> list[tuple[Subsystem, Namespace]]:
         return [
@@ -334,6 +396,33 @@ class Target:
         if self.block_devices.get(name) is entry:
             self._drop_device(entry)
             await close_device(entry)
+
+    async def resize_block_device(self, name: str, size_bytes: int | None = None) -> int:
+        """Block device `name` takes a new size: `size_bytes` (a regular file is extended
+        to it), or, without it, the size its file or block device has now (it grew
+        outside: SPDK's bdev_aio_rescan). Every controller that sees a namespace on it is
+        told (Namespace Attribute Changed, Changed Namespace List): a Linux host's block
+        device takes the size without reconnecting. Only growing: a smaller size is
+        refused, the size kept (a host may hold data past the new end). The new number
+        of blocks."""
+        entry = self._block_device(name)
+        device = entry.device
+        if not isinstance(device, Resizable):
+            raise ChangeError("name", f"{name!r} cannot change size (a file or block device can)")
+        try:
+            num_blocks = device.rescan() if size_bytes is None else device.grow(size_bytes)
+        except ValueError as exc:
+            raise ChangeError("name" if size_bytes is None else "size", str(exc)) from exc
+        users = self.device_users(name)
+        log.info("block device %s: %d blocks", name, num_blocks)
+        for subsystem, ns in users:
+            for ctrl in subsystem.controllers.values():
+                if ctrl.namespaces.get(ns.nsid) is ns:
+                    ctrl.namespace_changed(ns.nsid)
+        self.notifications.send(BDEV_RESIZE, name)
+        for nqn in {subsystem.nqn for subsystem, _ns in users}:
+            self._changed(nqn)
+        return num_blocks
 
     def _block_device(self, name: str, field: str = "name") -> NamedDevice:
         entry = self.block_devices.get(name)
@@ -481,6 +570,7 @@ class Target:
         self._discovery_changed()
         await drain(waiting)
         for ns in subsystem.namespaces.values():
+            self.device_io.namespace_gone(nqn, ns.nsid, ns.device_name)
             await self._release(ns)
         self._changed(nqn)
 
@@ -497,12 +587,15 @@ class Target:
         eui64: bytes | None = None,
         ptpl_file: Path | None = None,
         anagrpid: int | None = None,
+        auto_visible: bool = True,
+        hosts: Iterable[str] = (),
     ) -> Namespace:
         """Serve a block device, by name, as namespace `nsid` (default: the lowest free)
         of subsystem `nqn`; or a new one (a NamedDevice, added with the namespace: it
         must be `owned` then, to go away with it). Its controllers' hosts are told
         (Changed Namespace List, Namespace Attribute Changed): a Linux host adds it
-        without reconnecting.
+        without reconnecting. Without `auto_visible` it is attached to the controllers
+        of `hosts` only (and of those `ns_add_host` names later).
 
         Identities the caller does not give are the device's UUID (if it has one) or
         derived from the NQN, NSID and what backs the device, so stable across restarts.
@@ -514,6 +607,11 @@ class Target:
         subsystem = self._subsystem(nqn)
         grpid = ana.DEFAULT_GROUP if anagrpid is None else anagrpid
         check_grpid(grpid)
+        hosts = set(hosts)
+        if hosts and auto_visible:
+            raise ChangeError("hosts", "a namespace visible to every host names no hosts")
+        for hostnqn in hosts:
+            check_hostnqn(hostnqn)
         if isinstance(device, NamedDevice):
             entry = device
             if entry.name in self.block_devices:
@@ -554,6 +652,7 @@ class Target:
                 device_name=device_name,
                 ptpl_file=ptpl_file,
                 anagrpid=grpid,
+                auto_visible=auto_visible,
             )
         except (OSError, ValueError) as exc:
             raise ChangeError("ptpl_file", str(exc)) from exc
@@ -565,14 +664,17 @@ class Target:
             ):
                 if mine == theirs and any(mine):
                     raise ChangeError(what, f"namespace {other.nsid} of {nqn} has it")
+        ns.hosts = hosts
         if isinstance(device, NamedDevice):
             self._place_device(entry)
         subsystem.namespaces[nsid] = ns
+        self.device_io.namespace_added(nqn, nsid)
         ns.reservation.attach(subsystem.registered, nsid)
         log.info("namespace %d of %s added on %s", nsid, nqn, device_name)
         group = subsystem.ana.add(grpid)
         subsystem.ana.changed([group])  # its NSID list grew
-        for ctrl in list(subsystem.controllers.values()):
+        # Only the hosts that see it are told (their ANA logs list it).
+        for ctrl in subsystem.refresh_views(nsid):
             ctrl.namespace_changed(nsid)
             ctrl.ana_changed()
         self._changed(nqn)
@@ -628,13 +730,61 @@ class Target:
         log.info("namespace %d of %s removed", nsid, nqn)
         group = subsystem.ana.group(ns.anagrpid)
         subsystem.ana.changed([group] if group is not None else [])
-        for ctrl in list(subsystem.controllers.values()):
+        for ctrl in subsystem.refresh_views(nsid):
             ctrl.namespace_changed(nsid)
             ctrl.ana_changed()
         await drain(waiting, subsystem)
+        self.device_io.namespace_gone(nqn, nsid, ns.device_name)
         await self._release(ns)
         self._changed(nqn)
         return ns
+
+    async def ns_add_host(self, nqn: str, nsid: int, hostnqn: str) -> list[Controller]:
+        """Attach namespace `nsid` (added without auto_visible) to `hostnqn`'s controllers,
+        now and later ones; each is told (Changed Namespace List, Namespace Attribute
+        Changed), no other host is. The controllers it was attached to."""
+        ns = self._hidden_namespace(nqn, nsid, hostnqn)
+        ns.hosts.add(hostnqn)
+        return self._visibility_changed(nqn, ns, hostnqn)
+
+    async def ns_remove_host(self, nqn: str, nsid: int, hostnqn: str) -> list[Controller]:
+        """Detach namespace `nsid` from `hostnqn`'s controllers: their new commands to it
+        fail with Invalid Namespace at once, and it returns once the commands they had in
+        flight finished (each with a status): nothing they sent is written after."""
+        ns = self._hidden_namespace(nqn, nsid, hostnqn)
+        ns.hosts.discard(hostnqn)
+        detached = self._visibility_changed(nqn, ns, hostnqn)
+        await drain(commands_waiting_on(detached), self._subsystem(nqn))
+        return detached
+
+    def _hidden_namespace(self, nqn: str, nsid: int, hostnqn: str) -> Namespace:
+        subsystem = self._subsystem(nqn)
+        check_hostnqn(hostnqn)
+        ns = subsystem.namespaces.get(nsid) if isinstance(nsid, int) else None
+        if ns is None:
+            raise ChangeError("nsid", f"{nqn} has no namespace {nsid!r}")
+        if ns.auto_visible:
+            raise ChangeError(
+                "nsid",
+                f"namespace {nsid} of {nqn} is visible to every host (no_auto_visible unset)",
+            )
+        return ns
+
+    def _visibility_changed(self, nqn: str, ns: Namespace, hostnqn: str) -> list[Controller]:
+        subsystem = self._subsystem(nqn)
+        changed = subsystem.refresh_views(ns.nsid)
+        for ctrl in changed:
+            ctrl.namespace_changed(ns.nsid)
+            ctrl.ana_changed()
+        log.info(
+            "namespace %d of %s %s host %s",
+            ns.nsid,
+            nqn,
+            "attached to" if ns.visible_to(hostnqn) else "detached from",
+            hostnqn,
+        )
+        self._changed(nqn)
+        return changed
 
     async def _release(self, ns: Namespace) -> None:
         entry = self.block_devices.get(ns.device_name)

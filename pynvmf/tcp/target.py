@@ -462,6 +462,12 @@ class TargetConnection(PduConnection):
 
     # -- output ----------------------------------------------------------------------
 
+    @property
+    def commands_in_flight(self) -> int:
+        """Commands received on this connection and not completed yet (an admin queue's
+        Asynchronous Event Requests among them)."""
+        return len(self._inflight)
+
     def complete(
         self,
         req: Request,

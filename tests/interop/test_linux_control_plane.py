@@ -34,7 +34,7 @@ NEW_NQN = "nqn.2024-11.dev.pynvmf:control-plane-new"
 NS2_UUID = "6a1c3a2e-93b4-4d0e-9a55-2d1f0c7b9e42"
 SCRIPT = Path(__file__).resolve().parents[2] / "contrib" / "blktests" / "nvme-target-control"
 
-# Exits 0 once the controller of subsystem $1 has no namespace $2 (bounded wait).
+# Exits 0 once the controller of subsystem $1 has no namespace of NSID $2 (bounded wait).
 NS_GONE = r"""#!/bin/sh
 nqn=$1; nsid=$2
 i=0
@@ -43,7 +43,12 @@ while [ $i -lt 200 ]; do
   for c in /sys/class/nvme/nvme*; do
     [ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$nqn" ] || continue
     for n in $(ls "$c"); do
-      case "$n" in nvme*n"$nsid") found=1 ;; esac
+      case "$n" in
+        nvme*n*)
+          # The disk's name need not follow the NSID: its sysfs nsid tells.
+          disk=$(echo "$n" | sed -E 's/c[0-9]+n/n/')
+          [ "$(cat "/sys/block/$disk/nsid" 2>/dev/null)" = "$nsid" ] && found=1 ;;
+      esac
     done
   done
   [ -z "$found" ] && exit 0
@@ -305,3 +310,98 @@ def test_blktests_target_control_sets_up_what_the_linux_host_connects_to(
     with served.rpc() as rpc:
         nqns = [s["nqn"] for s in rpc.call("nvmf_get_subsystems")]
     assert config["subsysnqn"] not in nqns
+
+
+VIS_NQN = "nqn.2024-11.dev.pynvmf:control-plane-visibility"
+LINUX_HOSTNQN = "nqn.2014-08.org.nvmexpress:uuid:7e3a1c52-0d4b-4f6e-8a90-1b2c3d4e5f60"
+OTHER_HOSTNQN = "nqn.2014-08.org.nvmexpress:uuid:7e3a1c52-0d4b-4f6e-8a90-1b2c3d4e5f61"
+
+
+def test_a_hidden_namespace_appears_and_goes_on_the_linux_host_it_is_added_to(
+    guest: Guest, served: Served
+) -> None:
+    port = free_tcp_port()
+    with served.rpc() as rpc:
+        rpc.call("bdev_malloc_create", name="Vis1", num_blocks=2048, block_size=512)
+        rpc.call("bdev_malloc_create", name="Vis2", num_blocks=4096, block_size=512)
+        rpc.call("bdev_malloc_create", name="Vis3", num_blocks=2048, block_size=512)
+        _create(rpc, VIS_NQN, port, "Vis1")
+        rpc.call(
+            "nvmf_subsystem_add_ns",
+            nqn=VIS_NQN,
+            namespace={"bdev_name": "Vis2", "nsid": 2, "no_auto_visible": True},
+        )
+        rpc.call("nvmf_ns_add_host", nqn=VIS_NQN, nsid=2, host=OTHER_HOSTNQN)
+    guest.run(
+        f"nvme connect -t tcp -a {Guest.host_address} -s {port} -n {VIS_NQN} "
+        f"--hostnqn {LINUX_HOSTNQN}"
+    )
+    first = _dev(guest, VIS_NQN)
+    with served.rpc() as rpc:
+        # Visible to every host: the event makes the kernel rescan the active list,
+        # which would bring namespace 2 too if this host could see it.
+        rpc.call("nvmf_subsystem_add_ns", nqn=VIS_NQN, namespace={"bdev_name": "Vis3", "nsid": 3})
+    _dev(guest, VIS_NQN, 3)
+    guest.run(f"sh /usr/local/bin/ns-gone {VIS_NQN} 2")  # never there
+    with served.rpc() as rpc:
+        rpc.call("nvmf_ns_add_host", nqn=VIS_NQN, nsid=2, host=LINUX_HOSTNQN)
+    second = _dev(guest, VIS_NQN, 2)  # no reconnect: the event alone
+    name = second.removeprefix("/dev/")
+    assert int(guest.run(f"cat /sys/block/{name}/size").output) == 4096
+    guest.run(
+        "dd if=/dev/urandom of=/tmp/v2 bs=4096 count=4 2>/dev/null && "
+        f"dd if=/tmp/v2 of={second} bs=4096 oflag=direct 2>/dev/null && "
+        f"dd if={second} of=/tmp/w2 bs=4096 count=4 iflag=direct 2>/dev/null && cmp /tmp/v2 /tmp/w2"
+    )
+    with served.rpc() as rpc:
+        assert rpc.call("nvmf_ns_remove_host", nqn=VIS_NQN, nsid=2, host=LINUX_HOSTNQN) is True
+        (sub,) = rpc.call("nvmf_get_subsystems", nqn=VIS_NQN)
+    guest.run(f"sh /usr/local/bin/ns-gone {VIS_NQN} 2")
+    assert _dev(guest, VIS_NQN) == first
+    assert guest.run(f"sh /usr/local/bin/ctrl-state {VIS_NQN} live 5").output.strip() == "live"
+    (ns2,) = [ns for ns in sub["namespaces"] if ns["nsid"] == 2]
+    assert ns2["no_auto_visible"] is True and ns2["hosts"] == [{"nqn": OTHER_HOSTNQN}]
+    assert "disconnected 1 controller" in guest.run(f"nvme disconnect -n {VIS_NQN}").output
+
+
+GROW_NQN = "nqn.2024-11.dev.pynvmf:control-plane-grow"
+
+
+def test_a_grown_file_namespace_takes_its_size_on_the_linux_host(
+    guest: Guest, served: Served, tmp_path: Path
+) -> None:
+    image = tmp_path / "grow.img"
+    image.write_bytes(b"")
+    os.truncate(image, 16 * MIB)
+    port = free_tcp_port()
+    with served.rpc() as rpc:
+        rpc.call("bdev_aio_create", name="Grow0", filename=str(image), block_size=512)
+        _create(rpc, GROW_NQN, port, "Grow0")
+    guest.run(f"nvme connect -t tcp -a {Guest.host_address} -s {port} -n {GROW_NQN}")
+    dev = _dev(guest, GROW_NQN)
+    assert int(guest.run(f"blockdev --getsize64 {dev}").output) == 16 * MIB
+    os.truncate(image, 48 * MIB)  # grown outside, then rescanned: SPDK's way
+    with served.rpc() as rpc:
+        assert rpc.call("bdev_aio_rescan", name="Grow0") is True
+    # No reconnect: the Namespace Attribute Changed event makes the host revalidate.
+    size = guest.run(
+        f"i=0; while [ $i -lt 100 ] && [ $(blockdev --getsize64 {dev}) != {48 * MIB} ]; "
+        f"do i=$((i + 1)); sleep 0.1; done; blockdev --getsize64 {dev}"
+    ).output
+    assert int(size) == 48 * MIB
+    # The blocks past the old end are there: written and read back by the host.
+    guest.run(
+        "dd if=/dev/urandom of=/tmp/g1 bs=4096 count=4 2>/dev/null && "
+        f"dd if=/tmp/g1 of={dev} bs=4096 seek={40 * MIB // 4096} oflag=direct 2>/dev/null && "
+        f"dd if={dev} of=/tmp/g2 bs=4096 skip={40 * MIB // 4096} count=4 iflag=direct "
+        "2>/dev/null && cmp /tmp/g1 /tmp/g2"
+    )
+    with served.rpc() as rpc:
+        assert rpc.call("pynvmf_bdev_resize", name="Grow0", size_bytes=64 * MIB) == 64 * MIB // 512
+    size = guest.run(
+        f"i=0; while [ $i -lt 100 ] && [ $(blockdev --getsize64 {dev}) != {64 * MIB} ]; "
+        f"do i=$((i + 1)); sleep 0.1; done; blockdev --getsize64 {dev}"
+    ).output
+    assert int(size) == 64 * MIB
+    assert guest.run(f"sh /usr/local/bin/ctrl-state {GROW_NQN} live 5").output.strip() == "live"
+    assert "disconnected 1 controller" in guest.run(f"nvme disconnect -n {GROW_NQN}").output

@@ -18,7 +18,9 @@ import pytest
 
 from pynvmf.auth import DhchapKey
 from pynvmf.host import NvmeAuthenticationError, connect
+from pynvmf.host.errors import NvmeStatusError
 from pynvmf.rpc.server import method_table
+from pynvmf.spec.opcodes import IoOpcode
 from tests.support.ceph_cluster import CephCluster
 from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
@@ -198,7 +200,12 @@ def test_rpc_py_reads_bdev_notifications(
     configuration (--json) created. Before the test below, which checks that every SPDK
     method was called."""
     _proc, spdk = served
-    assert spdk.json("notify_get_types") == ["bdev_register", "bdev_unregister", "bdev_resize"]
+    assert spdk.json("notify_get_types") == [
+        "bdev_register",
+        "bdev_unregister",
+        "bdev_resize",
+        "nvmf_keep_alive_timeout",
+    ]
     assert spdk.json("notify_get_notifications") == []
     spdk.run("bdev_malloc_create", "-b", "Malloc0", "8", "512")
     spdk.run("bdev_malloc_create", "-b", "Malloc1", "8", "512")
@@ -225,6 +232,193 @@ def test_rpc_py_reads_bdev_notifications(
         ]
     finally:
         second.stop()
+
+
+def serve_two_bdevs(spdk: Spdk) -> int:
+    """Malloc0 (8 MiB) as namespace 1 and Malloc1 as namespace 2 of NQN, on a new port."""
+    port = free_tcp_port()
+    spdk.run("bdev_malloc_create", "-b", "Malloc0", "8", "512")
+    spdk.run("bdev_malloc_create", "-b", "Malloc1", "8", "512")
+    spdk.run("nvmf_create_transport", "-t", "TCP")
+    spdk.run("nvmf_create_subsystem", NQN, "-a")
+    spdk.run("nvmf_subsystem_add_ns", NQN, "Malloc0", "-n", "1")
+    spdk.run("nvmf_subsystem_add_ns", NQN, "Malloc1", "-n", "2")
+    listen = ("-t", "tcp", "-a", "127.0.0.1", "-s", str(port), "-f", "ipv4")
+    spdk.run("nvmf_subsystem_add_listener", NQN, *listen)
+    return port
+
+
+# What known_workload sends: I/O commands in all, and each bdev's iostat counts.
+WORKLOAD_COMMANDS = 15
+WORKLOAD_IOSTAT = {
+    "Malloc0": {"bytes_read": 5 * 8192, "num_read_ops": 5, "bytes_written": 3 * 4096,
+                "num_write_ops": 3, "bytes_unmapped": 0, "num_unmap_ops": 0,
+                "bytes_copied": 0, "num_copy_ops": 0},
+    "Malloc1": {"bytes_read": 2 * 512, "num_read_ops": 2, "bytes_written": 0,
+                "num_write_ops": 0, "bytes_unmapped": 0, "num_unmap_ops": 1,
+                "bytes_copied": 0, "num_copy_ops": 0},
+}  # fmt: skip
+
+
+async def known_workload(ctrl: Any) -> None:
+    """WORKLOAD_COMMANDS commands: those WORKLOAD_IOSTAT counts, a Read that fails (past
+    the end: not counted, as SPDK's bdev layer counts only successful I/O), and commands
+    SPDK's iostat does not count (Write Zeroes, Flush)."""
+    ns1, ns2 = ctrl.namespace(1), ctrl.namespace(2)
+    for i in range(3):
+        await ns1.write(i * 8, bytes(4096))
+    for i in range(5):
+        await ns1.read(i * 16, memoryview(bytearray(8192)))
+    with pytest.raises(NvmeStatusError):
+        await ctrl.io_command(IoOpcode.READ, 1, 16384, 0, 0, into=memoryview(bytearray(512)))
+    for _ in range(2):
+        await ns2.read(8, memoryview(bytearray(512)))
+    await ns2.deallocate(0, 16)
+    await ns1.write_zeroes(64, 8)
+    await ns1.flush()
+    await ns2.flush()
+
+
+def iostat_counts(answer: dict[str, Any]) -> dict[str, dict[str, int]]:
+    counts = {}
+    for bdev in answer["bdevs"]:
+        counts[bdev["name"]] = {k: bdev[k] for k in WORKLOAD_IOSTAT["Malloc0"]}
+    return counts
+
+
+IOSTAT_FIELDS = [
+    "name",
+    *WORKLOAD_IOSTAT["Malloc0"],
+    *(f"{m}{op}_latency_ticks" for op in ("read", "write", "unmap", "copy")
+      for m in ("", "max_", "min_")),
+    "io_error",
+]  # fmt: skip
+
+
+def test_rpc_py_reads_iostat_and_poll_group_statistics(tmp_path: Path) -> None:
+    """bdev_get_iostat, nvmf_get_stats, nvmf_subsystem_get_qpairs and thread_get_stats
+    through rpc.py's command line after a known workload from pynvmf's host: exact counts
+    per bdev, v25.09's fields in its order, SPDK's errors. Before the test below, which
+    checks that every SPDK method was called. One process (--cores 1): the counts are
+    there when the commands complete."""
+    proc, spdk = start(tmp_path, "--empty", "--cores", "1")
+    try:
+        check_iostat_and_poll_group(spdk)
+    finally:
+        proc.stop()
+
+
+def check_iostat_and_poll_group(spdk: Spdk) -> None:
+    assert spdk.json("bdev_get_iostat")["bdevs"] == []
+    port = serve_two_bdevs(spdk)
+    connected, release = threading.Event(), threading.Event()
+
+    async def hold() -> None:
+        async with await connect("127.0.0.1", port, NQN, hostnqn=HOST, queues=2) as ctrl:
+            await known_workload(ctrl)
+            connected.set()
+            await asyncio.to_thread(release.wait, 60)
+
+    thread = threading.Thread(target=lambda: asyncio.run(hold()), daemon=True)
+    thread.start()
+    try:
+        assert connected.wait(30)
+        answer = spdk.json("bdev_get_iostat")
+        assert answer["tick_rate"] == 1_000_000_000 and answer["ticks"] > 0
+        assert [list(b) for b in answer["bdevs"]] == [IOSTAT_FIELDS, IOSTAT_FIELDS]
+        assert iostat_counts(answer) == WORKLOAD_IOSTAT
+        (one,) = spdk.json("bdev_get_iostat", "-b", "Malloc1")["bdevs"]
+        assert one["name"] == "Malloc1" and one["num_read_ops"] == 2
+        assert one["read_latency_ticks"] == 0 and one["io_error"] == {}
+
+        qpairs = spdk.json("nvmf_subsystem_get_qpairs", NQN)
+        assert [(q["qid"], q["thread"]) for q in qpairs] == [
+            (0, "nvmf_tgt_poll_group_000"),
+            (1, "nvmf_tgt_poll_group_000"),
+            (2, "nvmf_tgt_poll_group_000"),
+        ]
+        stats = spdk.json("nvmf_get_stats")
+        (group,) = stats["poll_groups"]
+        assert stats["tick_rate"] == 1_000_000_000
+        assert {k: v for k, v in group.items() if k != "transports"} == {
+            "name": "nvmf_tgt_poll_group_000",
+            "admin_qpairs": 1,
+            "io_qpairs": 2,
+            "current_admin_qpairs": 1,
+            "current_io_qpairs": 2,
+            "pending_bdev_io": 0,
+            "completed_nvme_io": WORKLOAD_COMMANDS,
+        }
+        assert group["transports"][0]["trtype"] == "TCP"
+        threads = spdk.json("thread_get_stats")
+        (main,) = threads["threads"]
+        assert threads["tick_rate"] == 1_000_000_000
+        assert list(main) == [
+            "name", "id", "cpumask", "busy", "idle",
+            "active_pollers_count", "timed_pollers_count", "paused_pollers_count",
+        ]  # fmt: skip
+        assert main["name"] == "nvmf_tgt_poll_group_000" and main["id"] == 1
+        assert main["busy"] > 0 and main["idle"] > 0 and int(main["cpumask"], 16) > 0
+    finally:
+        release.set()
+        thread.join(30)
+
+    # The queues gone, the counts stay; the namespace removed, its bdev keeps them.
+    stats = spdk.json("nvmf_get_stats")
+    assert stats["poll_groups"][0]["current_io_qpairs"] == 0
+    assert stats["poll_groups"][0]["io_qpairs"] == 2
+    spdk.run("nvmf_subsystem_remove_ns", NQN, "1")
+    assert iostat_counts(spdk.json("bdev_get_iostat")) == WORKLOAD_IOSTAT
+    # SPDK's errors: no such bdev (-ENODEV), per_channel without a name (-EINVAL).
+    bad = spdk.run("bdev_get_iostat", "-b", "Nothing", check=False)
+    assert bad.returncode != 0
+    assert '"code": -19' in bad.stdout + bad.stderr and "No such device" in bad.stdout + bad.stderr
+    bad = spdk.run("bdev_get_iostat", "-c", check=False)
+    assert (
+        '"code": -22' in bad.stdout + bad.stderr and "Invalid argument" in bad.stdout + bad.stderr
+    )
+    bad = spdk.run("bdev_get_iostat", "-b", "Malloc0", "-c", check=False)
+    assert bad.returncode != 0 and "per_channel: " in bad.stdout + bad.stderr
+    called.update({"bdev_get_iostat", "thread_get_stats"})
+
+
+def test_rpc_py_reads_poll_groups_of_worker_processes(tmp_path: Path) -> None:
+    """With --cores 2, nvmf_get_stats, thread_get_stats and nvmf_subsystem_get_qpairs
+    name a poll group per process, and the workers' commands reach bdev_get_iostat and
+    their groups' counts exactly (they report every half second at most)."""
+    proc, spdk = start(tmp_path, "--empty", "--cores", "2")
+    try:
+        port = serve_two_bdevs(spdk)
+
+        async def run() -> None:
+            async with await connect("127.0.0.1", port, NQN, hostnqn=HOST, queues=2) as ctrl:
+                await known_workload(ctrl)
+
+        asyncio.run(run())
+        names = [f"nvmf_tgt_poll_group_00{i}" for i in range(3)]
+        deadline = 30.0
+        while True:
+            groups = spdk.json("nvmf_get_stats")["poll_groups"]
+            assert [g["name"] for g in groups] == names
+            workers_done = sum(g["completed_nvme_io"] for g in groups[1:])
+            assert workers_done <= WORKLOAD_COMMANDS
+            if workers_done == WORKLOAD_COMMANDS:
+                break
+            deadline -= 0.1
+            assert deadline > 0, groups
+            threading.Event().wait(0.1)
+        main = groups[0]
+        # The admin queue stayed here; the two I/O queues went to the workers.
+        assert main["admin_qpairs"] == 1 and main["io_qpairs"] == 0
+        assert main["completed_nvme_io"] == 0
+        assert sum(g["io_qpairs"] for g in groups[1:]) == 2
+        assert all(g["current_io_qpairs"] == 0 for g in groups)
+        assert iostat_counts(spdk.json("bdev_get_iostat")) == WORKLOAD_IOSTAT
+        threads = spdk.json("thread_get_stats")["threads"]
+        assert [(t["name"], t["id"]) for t in threads] == [(n, i + 1) for i, n in enumerate(names)]
+        assert all(t["busy"] > 0 for t in threads)
+    finally:
+        proc.stop()
 
 
 def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
@@ -392,11 +586,12 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
         qpairs = spdk.json("nvmf_subsystem_get_qpairs", NQN)
         assert sorted(q["qid"] for q in qpairs) == [0, 1, 2]
         assert all(q["peer_address"]["traddr"] == "127.0.0.1" for q in qpairs)
-        (group,) = spdk.json("nvmf_get_stats")["poll_groups"]
-        assert group["current_io_qpairs"] == 2 and group["current_admin_qpairs"] == 1
+        # A poll group per process: the main one and the workers that took the I/O queues.
+        groups = spdk.json("nvmf_get_stats")["poll_groups"]
+        assert sum(g["current_io_qpairs"] for g in groups) == 2
+        assert [g["current_admin_qpairs"] for g in groups] == [1] + [0] * (len(groups) - 1)
         asyncio.run(tls_round_trip(tls_port))
-        (group,) = spdk.json("nvmf_get_stats")["poll_groups"]
-        tls = group["transports"][0]["tls"]
+        tls = spdk.json("nvmf_get_stats")["poll_groups"][0]["transports"][0]["tls"]
         assert tls["handshakes"] == 2 and tls["handshake_failures"] == 0
         assert tls["ktls_tx"] + tls["user_space_tx"] == 2
         note("nvmf_subsystem_get_controllers", "nvmf_subsystem_get_qpairs", "nvmf_get_stats")

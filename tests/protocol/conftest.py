@@ -6,13 +6,22 @@ host library's fixtures in the same directory.
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pynvmf.block.memory import MemoryDevice
+from pynvmf.host import connect
+from pynvmf.host.controller import Controller
+from pynvmf.rpc.jsonrpc import JsonStream
+from pynvmf.rpc.server import RpcServer, control_plane
+from pynvmf.spec.identify import Oaes
+from pynvmf.spec.opcodes import FeatureId
 from pynvmf.target.budget import ConnectionLimits
 from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
@@ -163,3 +172,56 @@ async def raw_target_factory() -> AsyncIterator[RawTargetFactory]:
 async def raw_target(raw_target_factory: RawTargetFactory) -> RawTarget:
     """The default target: see `raw_default_subsystems`."""
     return await raw_target_factory()
+
+
+@dataclass
+class RawRpcTarget:
+    """The default raw target with its RPC server on a Unix socket."""
+
+    raw: RawTarget
+    socket: str
+
+    @property
+    def target(self) -> Target:
+        return self.raw.target
+
+    async def call(self, method: str, **params: Any) -> Any:
+        """The whole JSON-RPC answer (`result` or `error`) to one call."""
+        reader, writer = await asyncio.open_unix_connection(self.socket)
+        try:
+            request = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+            writer.write(json.dumps(request).encode())
+            stream = JsonStream()
+            async with asyncio.timeout(30):
+                while True:
+                    data = await reader.read(65536)
+                    assert data, "the RPC server closed the connection"
+                    texts = stream.feed(data)
+                    if texts:
+                        return json.loads(texts[0])
+        finally:
+            writer.close()
+
+    async def ok(self, method: str, **params: Any) -> Any:
+        answer = await self.call(method, **params)
+        assert "error" not in answer, answer
+        return answer["result"]
+
+    async def host(self, hostnqn: str, subnqn: str = RAW_SUBNQN) -> Controller:
+        """pynvmf's host as `hostnqn`, with Namespace Attribute Changed events enabled."""
+        port = self.target.ports[0]
+        ctrl = await connect(port.address, port.port, subnqn, hostnqn=hostnqn, queues=1)
+        await ctrl.set_features(FeatureId.ASYNC_EVENT, Oaes.NS_ATTR)
+        return ctrl
+
+
+@pytest.fixture
+async def raw_rpc_target(
+    raw_target_factory: RawTargetFactory, tmp_path: Path
+) -> AsyncIterator[RawRpcTarget]:
+    raw = await raw_target_factory()
+    server = RpcServer(control_plane(raw.target))
+    path = str(tmp_path / "rpc.sock")
+    await server.listen_unix(path)
+    yield RawRpcTarget(raw, path)
+    await server.close()

@@ -21,7 +21,7 @@ from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
 from tests.protocol.conftest import RAW_NS1_BLOCK, RAW_SUBNQN, RawTarget
-from tests.support.raw import rw_sqe
+from tests.support.raw import HOSTNQN, rw_sqe
 from tests.support.scrape import Samples, http_get, samples_of, scrape, series, value
 
 NQN = "nqn.2024-01.org.pynvmf:metrics"
@@ -260,8 +260,11 @@ async def test_digest_errors_and_term_reqs_count_on_open_and_closed_connections(
     assert value(m, "pynvmf_term_reqs_sent_total") == 1
 
 
-async def test_a_keep_alive_expiry_is_counted(raw_target: RawTarget) -> None:
+async def test_a_keep_alive_expiry_is_counted_and_notified(raw_target: RawTarget) -> None:
     assert value(_collected(raw_target.target), "pynvmf_keep_alive_expiries_total") == 0
     admin = await raw_target.admin(kato=500)
     await admin.expect_eof(timeout=10)
     assert value(_collected(raw_target.target), "pynvmf_keep_alive_expiries_total") == 1
+    # A gateway that polls SPDK's notify_get_notifications learns which host went silent.
+    notes = raw_target.target.notifications.read()
+    assert [n.ctx for n in notes if n.type == "nvmf_keep_alive_timeout"] == [HOSTNQN]

@@ -5,6 +5,7 @@ metrics.listen, and the RPC that moves the endpoint."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import socket
 import subprocess
@@ -17,8 +18,10 @@ from pynvmf.config.native import DEFAULT_NQN
 from pynvmf.host import connect
 from pynvmf.host.errors import NvmeStatusError
 from pynvmf.rpc.client import RpcClient, RpcClientError
+from pynvmf.spec import command as C
 from pynvmf.spec.opcodes import IoOpcode
 from tests.support.ports import free_tcp_port
+from tests.support.raw import RawQueue
 from tests.support.scrape import Samples, scrape, value
 from tests.support.target_process import TargetProcess
 
@@ -149,6 +152,37 @@ def test_the_configuration_file_names_the_endpoint_and_the_rpc_moves_it(
         proc.stop()
 
 
+def test_a_saved_configuration_restores_the_endpoint(tmp_path: Path) -> None:
+    # Set over the RPC (not by the file or an option), saved, and the target started again
+    # from what was saved: it serves its metrics where the first one did.
+    socket_path = str(tmp_path / "rpc.sock")
+    saved_path = tmp_path / "saved.json"
+    config = {
+        "ports": [{"address": "127.0.0.1", "port": 0}],
+        "subsystems": [{"nqn": DEFAULT_NQN, "namespaces": [{"nsid": 1, "memory": 1 << 20}]}],
+    }
+    first = TargetProcess(config, tmp_path, ["--rpc-socket", socket_path])
+    first.start()
+    try:
+        with RpcClient(socket_path) as rpc:
+            where = rpc.call("pynvmf_metrics_listen", address="127.0.0.1", port=0)
+            assert rpc.call("pynvmf_save_config", path=str(saved_path)) is True
+    finally:
+        first.stop()
+    saved = json.loads(saved_path.read_text())
+    assert saved["metrics"] == {"listen": f"127.0.0.1:{where['port']}"}
+    again_dir = tmp_path / "again"
+    again_dir.mkdir()
+    again = TargetProcess(saved, again_dir)
+    again.start()
+    try:
+        assert _metrics_address(again) == ("127.0.0.1", where["port"])
+        m = asyncio.run(scrape("127.0.0.1", where["port"]))
+        assert value(m, "pynvmf_namespaces", subsystem=DEFAULT_NQN) == 1
+    finally:
+        again.stop()
+
+
 HOST_2 = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000c2"
 _COMMAND_FAMILIES = (
     "pynvmf_commands_total",
@@ -246,5 +280,57 @@ def test_command_counts_of_two_hosts_on_worker_processes_are_exact_and_survive_t
         want.update(_want(HOST, 1, 7, opcode="write"))
         want.update(_want(HOST, 1, 6 * 4096 + 512, "command_bytes", direction="write"))
         asyncio.run(_scrape_commands_until(address, want))
+    finally:
+        proc.stop()
+
+
+async def _in_flight_until(address: tuple[str, int], want: float) -> None:
+    """Scrape until the subsystem's commands in flight are `want` (a worker's come with
+    its report, every half second at most). Fails past a deadline."""
+    async with asyncio.timeout(30):
+        while (
+            value(await scrape(*address), "pynvmf_commands_in_flight", subsystem=DEFAULT_NQN)
+            != want
+        ):
+            await asyncio.sleep(0.05)
+
+
+def _fused(opcode: int, cid: int, fuse: int) -> bytes:
+    return C.build_sqe(
+        opcode, cid, 1, cdw10=8, sgl_type=C.SGL_DATA_BLOCK_OFFSET, sgl_length=512,
+        flags=0x40 | fuse,
+    )  # fmt: skip
+
+
+def test_a_command_held_on_a_worker_is_in_flight_until_it_completes(tmp_path: Path) -> None:
+    """The first of a fused pair waits on its worker for the second: the worker's report
+    says it is in flight, and its next one that it is not any more."""
+    config = {
+        "ports": [{"address": "127.0.0.1", "port": 0}],
+        "subsystems": [{"nqn": DEFAULT_NQN, "namespaces": [{"nsid": 1, "memory": 1 << 20}]}],
+        "metrics": {"listen": "127.0.0.1:0"},
+    }
+    proc = TargetProcess(config, tmp_path, ["--cores", "2"])
+    proc.start()
+
+    async def run(address: tuple[str, int]) -> None:
+        admin = await RawQueue.open(proc.address, proc.port)
+        io = await RawQueue.open(proc.address, proc.port)
+        try:
+            assert (await admin.connect(DEFAULT_NQN, hostnqn=HOST)).status == 0
+            await admin.enable()
+            done = await io.connect(DEFAULT_NQN, hostnqn=HOST, qid=1, cntlid=admin.cntlid)
+            assert done.status == 0
+            first = io.submit_nowait(_fused(IoOpcode.COMPARE, 1, 1), bytes(512))
+            await _in_flight_until(address, 1)
+            second = io.submit_nowait(_fused(IoOpcode.WRITE, 2, 2), bytes(512))
+            assert (await first).status == 0 and (await second).status == 0
+            await _in_flight_until(address, 0)
+        finally:
+            await io.close()
+            await admin.close()
+
+    try:
+        asyncio.run(run(_metrics_address(proc)))
     finally:
         proc.stop()

@@ -511,3 +511,46 @@ async def test_a_data_digest_error_on_a_worker_reaches_the_metrics(
             await asyncio.sleep(0.05)
     m = samples_of(endpoint.exposition().decode())
     assert value(m, "pynvmf_data_digest_errors_total") == 1
+
+
+async def test_a_hidden_namespace_reaches_the_workers_for_its_host_only(
+    start: Start, hosts: Hosts
+) -> None:
+    target = await start()
+    a = await hosts(target, HOST_A, queues=2)
+    b = await hosts(target, HOST_B, queues=2)
+    device = target.memory_device(BLOCKS * BLOCK, BLOCK)
+    target.add_namespace(
+        NQN, NamedDevice.wrap("hidden", device, owned=True), nsid=2, auto_visible=False
+    )
+    await a.set_features(FeatureId.ASYNC_EVENT, Oaes.NS_ATTR)
+    aer = asyncio.ensure_future(a.admin_command(AdminOpcode.ASYNC_EVENT_REQUEST))
+    await target.ns_add_host(NQN, 2, HOST_A[0])
+    await asyncio.wait_for(aer, 10)  # sent once every worker has A's view
+    data = b"\x3c" * BLOCK
+    for queue in a.io_queues:
+        await _write(queue, 0, data, nsid=2)
+        assert await _read(queue, 0, 1, nsid=2) == data
+    for queue in b.io_queues:
+        assert await _status_of(_read(queue, 0, 1, nsid=2)) == Status.INVALID_NS
+    await target.ns_remove_host(NQN, 2, HOST_A[0])
+    for queue in a.io_queues:
+        assert await _status_of(_read(queue, 0, 1, nsid=2)) == Status.INVALID_NS
+
+
+async def test_a_grown_file_is_served_at_its_new_size_by_every_worker(
+    start: Start, hosts: Hosts, tmp_path: Path
+) -> None:
+    path = tmp_path / "grow.img"
+    target = await start(file=path)
+    ctrl = await hosts(target, queues=2)
+    assert _placement(target) == [1, 1]
+    await ctrl.set_features(FeatureId.ASYNC_EVENT, Oaes.NS_ATTR)
+    aer = asyncio.ensure_future(ctrl.admin_command(AdminOpcode.ASYNC_EVENT_REQUEST))
+    os.truncate(path, 2 * BLOCKS * BLOCK)
+    assert await target.resize_block_device("file") == 2 * BLOCKS
+    await asyncio.wait_for(aer, 10)  # sent once every worker took the size
+    data = b"\x7e" * BLOCK
+    for i, queue in enumerate(ctrl.io_queues):
+        await _write(queue, 2 * BLOCKS - 1 - i, data)
+        assert await _read(queue, 2 * BLOCKS - 1 - i, 1) == data

@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -139,3 +141,74 @@ def test_the_context_is_not_asked_for_a_record_filtered_out(
 
     ContextLog(logger, context).info("not emitted")
     assert asked == [] and stream.getvalue() == ""
+
+
+# -- what nothing caught ----------------------------------------------------------------------
+
+CRASHES = {
+    "main": "raise RuntimeError('boom\\nsecond line')",
+    "thread": (
+        "import threading\n"
+        "t = threading.Thread(target=lambda: 1 / 0, name='doomed')\n"
+        "t.start(); t.join()"
+    ),
+    # A callback's exception, reported by the loop's default exception handler.
+    "asyncio": (
+        "import asyncio\n"
+        "async def main():\n"
+        "    asyncio.get_running_loop().call_soon(lambda: {}['missing'])\n"
+        "    await asyncio.sleep(0)\n"
+        "asyncio.run(main())"
+    ),
+}
+
+
+def _crash(where: str, log_format: str) -> subprocess.CompletedProcess[str]:
+    code = (
+        "import logging\nfrom pynvmf.logs import configure\n"
+        f"configure(logging.WARNING, {log_format!r})\n{CRASHES[where]}\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+@pytest.mark.parametrize(
+    ("where", "status", "level", "message", "error"),
+    [
+        (
+            "main",
+            1,
+            "CRITICAL",
+            "uncaught exception: RuntimeError: boom\nsecond line",
+            "RuntimeError",
+        ),
+        (
+            "thread",
+            0,
+            "CRITICAL",
+            "uncaught exception in thread doomed: ZeroDivisionError",
+            "ZeroDivisionError",
+        ),
+        ("asyncio", 0, "ERROR", "Exception in callback", "KeyError"),
+    ],
+)
+def test_an_uncaught_exception_is_one_json_record(
+    where: str, status: int, level: str, message: str, error: str
+) -> None:
+    done = _crash(where, "json")
+    assert done.returncode == status, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr  # one record, no raw traceback around it
+    record = json.loads(lines[0])
+    assert record["level"] == level
+    assert record["message"].startswith(message)
+    assert record["exception"].startswith("Traceback (most recent call last):")
+    assert f"\n{error}" in record["exception"]
+
+
+def test_with_text_logs_a_crash_is_the_interpreters_traceback() -> None:
+    done = _crash("main", "text")
+    assert done.returncode == 1
+    assert done.stderr.startswith("Traceback (most recent call last):")
+    assert done.stderr.endswith("RuntimeError: boom\nsecond line\n")

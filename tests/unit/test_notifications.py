@@ -84,6 +84,7 @@ async def test_rpc_devices_are_notified_and_read_with_id_and_max(tmp_path: Path)
         "bdev_register",
         "bdev_unregister",
         "bdev_resize",
+        "nvmf_keep_alive_timeout",
     ]
     assert await cp.call("notify_get_notifications", {}) == []
     await cp.call("bdev_malloc_create", {"num_blocks": 2048, "block_size": 512})

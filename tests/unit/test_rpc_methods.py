@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from pynvmf.config.native import apply_config, config_of
+from pynvmf.config.native import apply_config, config_of, metrics_listen_of
 from pynvmf.config.spdk import load_spdk_config, spdk_config
+from pynvmf.metrics.endpoint import MetricsEndpoint
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, RpcError
 from pynvmf.rpc.methods import ControlPlane
 from pynvmf.rpc.server import control_plane
@@ -117,6 +118,30 @@ async def test_pynvmf_format_loads_back_into_the_same_target(
     assert await cp.call("pynvmf_get_config", {}) == written
     for t in (cp.target, again):
         await t.stop()
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "::1"])
+async def test_the_saved_configuration_names_where_the_metrics_endpoint_listens(
+    tmp_path: Path, address: str
+) -> None:
+    target = Target()
+    metrics = MetricsEndpoint(target)
+    cp = control_plane(target, metrics=metrics)
+    assert "metrics" not in await cp.call("pynvmf_get_config", {})  # not listening
+    _, port = await metrics.listen(address, 0)
+    try:
+        path = tmp_path / "saved.json"
+        assert await cp.call("pynvmf_save_config", {"path": str(path)}) is True
+        saved = json.loads(path.read_text())
+        where = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+        assert saved["metrics"] == {"listen": where}
+        assert metrics_listen_of(saved) == (address, port)
+        # SPDK's and nvmetcli's formats have no place for it.
+        assert "metrics" not in json.dumps(await cp.call("pynvmf_get_config", {"format": "spdk"}))
+    finally:
+        await metrics.close()
+        await target.stop()
+    assert "metrics" not in await cp.call("pynvmf_get_config", {})
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pynvmf.rpc.methods import MethodTable
 from pynvmf.rpc.spdk import (
     bdev,
+    bdev_iostat,
     bdev_rbd,
     framework,
     keyring,
@@ -25,17 +26,20 @@ from pynvmf.rpc.spdk import (
     nvmf_stats,
     nvmf_subsystem,
     nvmf_transport,
+    thread,
 )
 
 FAMILIES = (
     framework,
     bdev,
+    bdev_iostat,
     bdev_rbd,
     nvmf_transport,
     nvmf_subsystem,
     keyring,
     nvmf_stats,
     notify,
+    thread,
     nvmf_discovery,
     log,
 )

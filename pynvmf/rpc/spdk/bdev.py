@@ -116,6 +116,16 @@ async def bdev_aio_delete(cp: ControlPlane, p: Params) -> bool:
     return await _delete_bdev(cp, p, D.FILE)
 
 
+@method("bdev_aio_rescan")
+async def bdev_aio_rescan(cp: ControlPlane, p: Params) -> bool:
+    """The file or block device grew: its bdev, and the namespaces on it, take the size
+    (hosts are told)."""
+    name = p.string("name")
+    p.done()
+    await apply_change(cp.target.resize_block_device(name), {})
+    return True
+
+
 @method("bdev_get_bdevs")
 async def bdev_get_bdevs(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
     name = p.string("name", None)

@@ -14,13 +14,11 @@ from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane, MethodTable, Params
 from pynvmf.rpc.spdk.calls import no_target_name
 from pynvmf.spec.opcodes import DISCOVERY_NQN
+from pynvmf.target.poll_groups import TICK_RATE
 from pynvmf.target.subsystem import Subsystem
 
 table = MethodTable()
 method = table.register
-
-
-TICK_RATE = 1_000_000_000  # nvmf_get_stats' ticks per second: pynvmf counts nanoseconds
 
 
 def _subsystem_or_discovery(cp: ControlPlane, p: Params) -> Subsystem:
@@ -49,6 +47,8 @@ async def nvmf_subsystem_get_controllers(cp: ControlPlane, p: Params) -> list[di
             "hostnqn": ctrl.hostnqn,
             "hostid": _hostid(ctrl.hostid),
             "num_io_qpairs": len(ctrl.queues),
+            # pynvmf's own: the keep-alive timeout the host set.
+            "kato_ms": ctrl.kato_ms,
         }
         for _, ctrl in sorted(subsystem.controllers.items())
     ]
@@ -64,7 +64,7 @@ async def nvmf_subsystem_get_qpairs(cp: ControlPlane, p: Params) -> list[dict[st
                 "cntlid": ctrl.cntlid,
                 "qid": qid,
                 "state": "enabled",
-                "thread": "pynvmf",
+                "thread": cp.target.poll_group_of(queue),
                 "hostnqn": ctrl.hostnqn,
                 "listen_address": trid(queue.port),
             }
@@ -76,6 +76,10 @@ async def nvmf_subsystem_get_qpairs(cp: ControlPlane, p: Params) -> list[dict[st
                     "traddr": peer_host,
                     "trsvcid": str(peer_port),
                 }
+            if queue.auth is not None:
+                entry["auth"] = queue.auth.describe()
+            # pynvmf's own: whether the queue's connection is TLS.
+            entry["tls"] = queue.tls_psk is not None
             qpairs.append(entry)
     return qpairs
 
@@ -85,30 +89,24 @@ async def nvmf_get_stats(cp: ControlPlane, p: Params) -> dict[str, Any]:
     no_target_name(p)
     p.done()
     target = cp.target
-    controllers = [
-        ctrl
-        for subsystem in [target.discovery, *target.subsystems.values()]
-        for ctrl in subsystem.controllers.values()
-    ]
-    current_io = sum(len([q for q in ctrl.queues if q]) for ctrl in controllers)
-    current_admin = sum(1 for ctrl in controllers if 0 in ctrl.queues)
-    completed = sum(
-        s.stats.read_cmds + s.stats.write_cmds + s.stats.copy_cmds
-        for s in target.subsystems.values()
-    )
-    return {
-        "tick_rate": TICK_RATE,
-        "poll_groups": [
+    groups = []
+    for index, group in enumerate(target.poll_groups()):
+        transport: dict[str, Any] = {"trtype": "TCP"}  # SPDK's TCP transport adds nothing
+        if index == 0:
+            # pynvmf's own field: the secure channel's per-connection decisions, all of
+            # them made in the main process.
+            transport["tls"] = target.tls_counters.as_dict()
+        groups.append(
             {
-                "name": "pynvmf",
-                "admin_qpairs": target.counters.admin_queues,
-                "io_qpairs": target.counters.io_queues,
-                "current_admin_qpairs": current_admin,
-                "current_io_qpairs": current_io,
+                "name": group.name,
+                "admin_qpairs": group.admin_qpairs,
+                "io_qpairs": group.io_qpairs,
+                "current_admin_qpairs": group.current_admin_qpairs,
+                "current_io_qpairs": group.current_io_qpairs,
+                # A command waits for a device in asyncio, not in a queue of its own.
                 "pending_bdev_io": 0,
-                "completed_nvme_io": completed,
-                # pynvmf's own field: the secure channel's per-connection decisions.
-                "transports": [{"trtype": "TCP", "tls": target.tls_counters.as_dict()}],
+                "completed_nvme_io": group.completed_nvme_io,
+                "transports": [transport],
             }
-        ],
-    }
+        )
+    return {"tick_rate": TICK_RATE, "poll_groups": groups}

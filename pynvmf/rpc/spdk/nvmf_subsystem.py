@@ -108,6 +108,8 @@ def _subsystem_json(target: Target, subsystem: Subsystem) -> dict[str, Any]:
             "eui64": ns.eui64.hex().upper(),
             "uuid": str(ns.uuid),
             "anagrpid": ns.anagrpid,
+            "no_auto_visible": not ns.auto_visible,
+            **({} if ns.auto_visible else {"hosts": [{"nqn": h} for h in sorted(ns.hosts)]}),
         }
         for _, ns in sorted(subsystem.namespaces.items())
     ]
@@ -250,7 +252,7 @@ async def nvmf_subsystem_add_ns(cp: ControlPlane, p: Params) -> int:
     eui64 = ns.hex_bytes("eui64", 8)
     ptpl_file = ns.string("ptpl_file", None)
     anagrpid = ns.integer("anagrpid", 0, high=0xFFFFFFFF)
-    ns.refuse_unless("no_auto_visible", (False,), "pynvmf shows every namespace to every host")
+    no_auto_visible = ns.boolean("no_auto_visible", False)
     ns.ignore("hide_metadata")  # pynvmf's namespaces have no metadata to hide
     ns.done()
     p.done()
@@ -264,10 +266,36 @@ async def nvmf_subsystem_add_ns(cp: ControlPlane, p: Params) -> int:
             eui64=eui64,
             ptpl_file=None if ptpl_file is None else Path(ptpl_file),
             anagrpid=anagrpid or None,
+            auto_visible=not no_auto_visible,
         ),
         _NS_NAMES,
     )
     return added.nsid
+
+
+@method("nvmf_ns_add_host")
+async def nvmf_ns_add_host(cp: ControlPlane, p: Params) -> bool:
+    """Attach a namespace added with no_auto_visible to a host's controllers."""
+    nqn, nsid, host = _ns_host_params(p)
+    await apply_change(cp.target.ns_add_host(nqn, nsid, host), {"hostnqn": "host"})
+    return True
+
+
+@method("nvmf_ns_remove_host")
+async def nvmf_ns_remove_host(cp: ControlPlane, p: Params) -> bool:
+    """Detach it from that host's controllers (answered once their commands finished)."""
+    nqn, nsid, host = _ns_host_params(p)
+    await apply_change(cp.target.ns_remove_host(nqn, nsid, host), {"hostnqn": "host"})
+    return True
+
+
+def _ns_host_params(p: Params) -> tuple[str, int, str]:
+    nqn = p.string("nqn")
+    nsid = p.integer("nsid", low=1, high=0xFFFFFFFE)
+    host = p.string("host")
+    no_target_name(p)
+    p.done()
+    return nqn, nsid, host
 
 
 @method("nvmf_subsystem_remove_ns")

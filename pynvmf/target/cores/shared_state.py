@@ -8,7 +8,7 @@ Everything here is plain data that pickles: no sockets, no devices.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from pynvmf.block.file import FileDevice
 from pynvmf.block.shared_memory import SharedMemoryDevice
@@ -28,11 +28,16 @@ ADOPT = "adopt"  # (Adoption) + the connection's socket
 CONTROLLER = "controller"  # (ControllerInfo): a controller's I/O-relevant state; request
 QUEUE_CLOSE = "queue_close"  # (queue token, reason)
 RESERVATION = "reservation"  # (nqn, nsid, seq, state, preempted host IDs): request
+# (nqn, nsid, host NQNs): the hosts a namespace without auto_visible is attached to;
+# request, answered once the commands of controllers it was detached from finished
+NAMESPACE_HOSTS = "namespace_hosts"
+# (nqn, nsid): the namespace's file grew, take its size; request
+NAMESPACE_RESIZED = "namespace_resized"
 EXIT = "exit"  # ()
 # Worker -> main process.
 QUEUE_CLOSED = "queue_closed"  # (queue token)
 # (controller tokens with traffic, {token: [ErrorLogEntry]}, {nqn: stats}, TransportCounts,
-#  command_counts.Report)
+#  command_counts.Report, {nqn: I/O commands in flight})
 ACTIVITY = "activity"
 FORWARD = "forward"  # (controller token, sqe bytes, data or None): request -> its Outcome
 
@@ -45,13 +50,18 @@ class TransportCounts:
     data_digest_errors: int = 0
     term_reqs_sent: int = 0
     budget_waits: int = 0
+    # Copy's bytes by the planner's path (TargetCounters.copied).
+    copy_offloaded_bytes: int = 0
+    copy_emulated_bytes: int = 0
 
     def __sub__(self, other: TransportCounts) -> TransportCounts:
         return TransportCounts(
-            self.data_digest_errors - other.data_digest_errors,
-            self.term_reqs_sent - other.term_reqs_sent,
-            self.budget_waits - other.budget_waits,
+            *(getattr(self, f.name) - getattr(other, f.name) for f in fields(self))
         )
+
+    def valid(self) -> bool:
+        """Counts that only grow."""
+        return all(getattr(self, f.name) >= 0 for f in fields(self))
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +107,9 @@ class NamespaceSpec:
     reservation: ReservationState | None = None
     reservation_seq: int = 0
     anagrpid: int = DEFAULT_GROUP
+    # Attached to every host's controllers, or to those of `hosts` only.
+    auto_visible: bool = True
+    hosts: tuple[str, ...] = ()
 
 
 def shareable(ns: Namespace) -> bool:
@@ -123,6 +136,8 @@ def namespace_spec(ns: Namespace, reservation_seq: int) -> NamespaceSpec:
             reservation=reservation,
             reservation_seq=reservation_seq,
             anagrpid=ns.anagrpid,
+            auto_visible=ns.auto_visible,
+            hosts=tuple(sorted(ns.hosts)),
         )
     assert isinstance(device, FileDevice)
     return NamespaceSpec(
@@ -136,6 +151,8 @@ def namespace_spec(ns: Namespace, reservation_seq: int) -> NamespaceSpec:
         reservation=reservation,
         reservation_seq=reservation_seq,
         anagrpid=ns.anagrpid,
+        auto_visible=ns.auto_visible,
+        hosts=tuple(sorted(ns.hosts)),
     )
 
 

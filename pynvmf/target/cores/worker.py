@@ -24,6 +24,7 @@ import sys
 from typing import Any
 
 from pynvmf.aio import install_uvloop
+from pynvmf.block.device import Resizable
 from pynvmf.block.file import FileDevice
 from pynvmf.block.shared_memory import SharedMemoryDevice
 from pynvmf.logs import configure
@@ -37,7 +38,7 @@ from pynvmf.target.controller import Controller
 from pynvmf.target.cores import shared_state as S
 from pynvmf.target.cores.ana_table import AnaView
 from pynvmf.target.cores.ipc import Channel
-from pynvmf.target.drain import commands_waiting, drain
+from pynvmf.target.drain import commands_waiting, commands_waiting_on, drain
 from pynvmf.target.outcome import Outcome
 from pynvmf.target.port import Port
 from pynvmf.target.protocol import TargetProtocol
@@ -118,6 +119,7 @@ class Worker:
         self.ana_table = -1
         self._reported_errors: dict[int, int] = {}
         self._reported_transport = S.TransportCounts()
+        self._reported_in_flight: dict[str, int] = {}
         self._report_handle: asyncio.TimerHandle | None = None
 
     async def run(self) -> None:
@@ -162,6 +164,10 @@ class Worker:
             return self._reservation(*args)
         if kind == S.NAMESPACE_GONE:
             return self._namespace_gone(*args)
+        if kind == S.NAMESPACE_HOSTS:
+            return self._namespace_hosts(*args)
+        if kind == S.NAMESPACE_RESIZED:
+            return self._namespace_resized(*args)
         if kind == S.NAMESPACE_ANA_GROUP:
             self._namespace_ana_group(*args)
             return None
@@ -220,10 +226,19 @@ class Worker:
             )
         old = subsystem.namespaces.get(spec.nsid)
         # The identities are the main process's business (Identify runs there).
-        ns = Namespace.create(nqn, spec.nsid, device, spec.kind, anagrpid=spec.anagrpid)
+        ns = Namespace.create(
+            nqn,
+            spec.nsid,
+            device,
+            spec.kind,
+            anagrpid=spec.anagrpid,
+            auto_visible=spec.auto_visible,
+        )
+        ns.hosts = set(spec.hosts)
         if old is not None:
             old.reservation.detach()
         subsystem.namespaces[spec.nsid] = ns
+        subsystem.refresh_views(spec.nsid)
         ns.reservation.attach(subsystem.registered, spec.nsid)
         self._apply_reservation(nqn, ns, spec.reservation_seq, spec.reservation)
         if old is not None:
@@ -270,10 +285,33 @@ class Worker:
         ns = subsystem.namespaces.pop(nsid, None)
         if ns is None:
             return
+        subsystem.refresh_views(nsid)
         ns.reservation.detach()
         self.reservation_seq.pop((nqn, nsid), None)
         await drain(commands_waiting(subsystem), subsystem)
         await ns.device.close()
+
+    async def _namespace_hosts(self, nqn: str, nsid: int, hosts: tuple[str, ...]) -> None:
+        assert self.target is not None
+        subsystem = self.target.subsystems.get(nqn)
+        ns = subsystem.namespaces.get(nsid) if subsystem is not None else None
+        if subsystem is None or ns is None:
+            return
+        ns.hosts = set(hosts)
+        detached = [c for c in subsystem.refresh_views(nsid) if nsid not in c.namespaces]
+        await drain(commands_waiting_on(detached), subsystem)
+
+    def _namespace_resized(self, nqn: str, nsid: int) -> int:
+        """The size this process now serves namespace `nsid` with (in blocks)."""
+        assert self.target is not None
+        subsystem = self.target.subsystems.get(nqn)
+        ns = subsystem.namespaces.get(nsid) if subsystem is not None else None
+        if ns is None:
+            return 0
+        device = ns.device
+        if isinstance(device, Resizable):
+            return device.rescan()
+        return device.capabilities.num_blocks
 
     async def _subsystem_gone(self, nqn: str) -> None:
         assert self.target is not None
@@ -423,9 +461,13 @@ class Worker:
         transport = self._transport_counts()
         fresh = transport - self._reported_transport
         self._reported_transport = transport
-        busy = traffic or errors or stats or commands or fresh != _NOTHING
+        # A gauge: sent when it changed.
+        in_flight = {} if self.target is None else self.target.commands_in_flight()
+        moved = in_flight != self._reported_in_flight
+        self._reported_in_flight = in_flight
+        busy = traffic or errors or stats or commands or fresh != _NOTHING or moved
         if busy and self.channel is not None:
-            self.channel.send(S.ACTIVITY, traffic, errors, stats, fresh, commands)
+            self.channel.send(S.ACTIVITY, traffic, errors, stats, fresh, commands, in_flight)
         if not self.done.is_set():
             self._schedule_report()
 
@@ -440,7 +482,13 @@ class Worker:
             for protocol in port.connections:
                 digest_errors += protocol.conn.stats.data_digest_errors
                 term_reqs += protocol.conn.stats.term_reqs_sent
-        return S.TransportCounts(digest_errors, term_reqs, self.target.memory_pool.waits)
+        return S.TransportCounts(
+            digest_errors,
+            term_reqs,
+            self.target.memory_pool.waits,
+            counters.copy_offloaded_bytes,
+            counters.copy_emulated_bytes,
+        )
 
     def controller_token(self, ctrl: Controller) -> int | None:
         return self.tokens.get(id(ctrl))

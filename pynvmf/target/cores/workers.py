@@ -56,6 +56,7 @@ from pynvmf.target.cores.ana_table import AnaTable
 from pynvmf.target.cores.ipc import Channel, RemoteError, socket_pair, wait_all
 from pynvmf.target.limits import MAX_TRANSFER
 from pynvmf.target.outcome import Outcome
+from pynvmf.target.poll_groups import PollGroup, group_name, report_commands
 from pynvmf.target.port import Port
 from pynvmf.target.target import Target
 from pynvmf.tcp.target import Request
@@ -107,8 +108,10 @@ class RemoteQueue:
         self.port = port
         self.peer_address = peer_address
         self.admitted_from = admitted_from
-        # No command of a remote queue waits here (drain.commands_waiting).
+        # No command of a remote queue waits here (drain.commands_waiting), and none is
+        # in flight here: its worker reports those (WorkerHandle.in_flight).
         self.commands_waiting: set[asyncio.Task[None]] = set()
+        self.commands_in_flight = 0
         self.closed = False
 
     def close(self, reason: str) -> None:
@@ -135,6 +138,12 @@ class WorkerHandle:
         self.queues: dict[int, RemoteQueue] = {}
         self.started = 0.0
         self.state = WorkerState.DOWN
+        # Its poll group's counts (target/poll_groups.py), kept across a replaced process:
+        # I/O queues handed to it, and the I/O commands its reports counted.
+        self.adopted = 0
+        self.completed = 0
+        # I/O commands in flight on its queues by subsystem NQN, as of its last report.
+        self.in_flight: dict[str, int] = {}
 
     @property
     def alive(self) -> bool:
@@ -282,6 +291,7 @@ class WorkerPool:
         worker.state = WorkerState.DOWN
         worker.channel = None
         queues, worker.queues = worker.queues, {}
+        worker.in_flight = {}  # its commands ended with it
         if queues and not self._stopping:
             log.error(
                 "worker %d (pid %d) is gone with %d I/O queues; their hosts reconnect",
@@ -365,6 +375,7 @@ class WorkerPool:
         qid = queue.qid
         rq = RemoteQueue(worker, token, ctrl, qid, port, queue.peer_address, protocol.peer_address)
         worker.queues[token] = rq
+        worker.adopted += 1
         ctrl.queues[qid] = rq
         # The connection leaves this process: the queue is no longer this controller's
         # here (its closing must not remove the remote one), and the connection's
@@ -447,7 +458,7 @@ class WorkerPool:
                 self._queue_gone(rq)
             return None
         if kind == S.ACTIVITY:
-            self._activity(*args)
+            self._activity(worker, *args)
             return None
         if kind == S.FORWARD:
             return self._forwarded(*args)
@@ -456,12 +467,20 @@ class WorkerPool:
 
     def _activity(
         self,
+        worker: WorkerHandle,
         traffic: list[int],
         errors: dict[int, list[Any]],
         stats: dict[str, tuple[int, ...]],
         transport: S.TransportCounts,
         commands: Report,
+        in_flight: dict[str, int],
     ) -> None:
+        if isinstance(in_flight, dict) and all(
+            isinstance(k, str) and isinstance(n, int) and n >= 0 for k, n in in_flight.items()
+        ):
+            worker.in_flight = in_flight
+        else:
+            log.error("commands in flight from a worker refused: %r", in_flight)
         ctrls = self._ctrls
         for token in traffic:
             ctrl = ctrls.get(token)
@@ -492,13 +511,17 @@ class WorkerPool:
             self.target.command_counts.add(commands)
         except ValueError as exc:
             log.error("command counts from a worker refused: %s", exc)
-        if min(transport.data_digest_errors, transport.term_reqs_sent, transport.budget_waits) < 0:
+        else:
+            worker.completed += report_commands(commands)
+        if not transport.valid():
             log.error("transport counts from a worker refused: %s", transport)
             return
         counters = self.target.counters
         counters.data_digest_errors += transport.data_digest_errors
         counters.term_reqs_sent += transport.term_reqs_sent
         counters.worker_budget_waits += transport.budget_waits
+        counters.copy_offloaded_bytes += transport.copy_offloaded_bytes
+        counters.copy_emulated_bytes += transport.copy_emulated_bytes
 
     async def _forwarded(
         self, ctrl_token: int, sqe_bytes: bytes, data: bytes | None, length: int
@@ -564,6 +587,20 @@ class WorkerPool:
     async def namespace_removing(self, nqn: str, nsid: int) -> None:
         await wait_all([w.request(S.NAMESPACE_GONE, nqn, nsid) for w in self._live()])
 
+    async def namespace_hosts(self, nqn: str, ns: Namespace) -> None:
+        """Tell every worker which hosts namespace `ns` is attached to; answered once the
+        commands of the controllers it was detached from finished."""
+        if not S.shareable(ns):
+            return
+        hosts = tuple(sorted(ns.hosts))
+        await wait_all([w.request(S.NAMESPACE_HOSTS, nqn, ns.nsid, hosts) for w in self._live()])
+
+    async def namespace_resized(self, nqn: str, ns: Namespace) -> None:
+        """Have every worker take the new size of `ns`'s file; answered once they did."""
+        if not S.shareable(ns):
+            return
+        await wait_all([w.request(S.NAMESPACE_RESIZED, nqn, ns.nsid) for w in self._live()])
+
     async def subsystem_removed(self, nqn: str) -> None:
         await wait_all([w.request(S.SUBSYSTEM_GONE, nqn) for w in self._live()])
         # No worker reads its places in the ANA table any more.
@@ -616,7 +653,7 @@ class _ForwardedIo:
 
     def __init__(self, ctrl: Controller) -> None:
         self.ctrl = ctrl
-        self.namespaces = ctrl.subsystem.namespaces
+        self.namespaces = ctrl.namespaces
         self.queue = self
 
     async def fetch_data(self, req: Request) -> bytearray:
@@ -640,6 +677,42 @@ class MultiCoreTarget(Target):
 
     def hand_off(self, queue: TargetQueue, req: Request, result: int) -> bool:
         return self.workers.hand_off(queue, req, result)
+
+    def poll_group_of(self, queue: object) -> str:
+        if isinstance(queue, RemoteQueue):
+            return group_name(queue.worker.index + 1)
+        return super().poll_group_of(queue)
+
+    def commands_in_flight(self) -> dict[str, int]:
+        counts = super().commands_in_flight()
+        for worker in self.workers.workers:
+            for nqn, n in worker.in_flight.items():
+                if nqn in counts:
+                    counts[nqn] += n
+        return counts
+
+    def poll_groups(self) -> list[PollGroup]:
+        """This process's poll group (what it serves itself), then one per worker."""
+        (main,) = super().poll_groups()
+        groups = [main]
+        for worker in self.workers.workers:
+            current = len(worker.queues)
+            main.current_io_qpairs -= current
+            main.io_qpairs -= worker.adopted
+            main.completed_nvme_io -= worker.completed
+            groups.append(
+                PollGroup(
+                    name=group_name(worker.index + 1),
+                    pid=worker.pid if worker.alive else 0,
+                    admin_qpairs=0,  # admin queues stay in the main process
+                    io_qpairs=worker.adopted,
+                    current_admin_qpairs=0,
+                    current_io_qpairs=current,
+                    completed_nvme_io=worker.completed,
+                    started=worker.started,
+                )
+            )
+        return groups
 
     async def controller_changed(self, ctrl: Controller) -> None:
         await self.workers.controller_changed(ctrl)
@@ -693,6 +766,44 @@ class MultiCoreTarget(Target):
         # The workers first: once they answered, none of their commands uses it.
         await self.workers.namespace_removing(nqn, nsid)
         return await super().remove_namespace(nqn, nsid)
+
+    async def ns_add_host(self, nqn: str, nsid: int, hostnqn: str) -> list[Controller]:
+        # The events wait until every worker has the host's view: a host uses the
+        # namespace once it heard of it, maybe through a worker.
+        subsystem = self.subsystems.get(nqn)
+        held = [] if subsystem is None else _on_workers(subsystem)
+        for ctrl in held:
+            ctrl.hold_events()
+        try:
+            attached = await super().ns_add_host(nqn, nsid, hostnqn)
+            await self.workers.namespace_hosts(nqn, self.subsystems[nqn].namespaces[nsid])
+        finally:
+            for ctrl in held:
+                ctrl.release_events()
+        return attached
+
+    async def ns_remove_host(self, nqn: str, nsid: int, hostnqn: str) -> list[Controller]:
+        # Here first (new commands here fail at once), then the workers, whose answer
+        # says their commands to it finished.
+        detached = await super().ns_remove_host(nqn, nsid, hostnqn)
+        await self.workers.namespace_hosts(nqn, self.subsystems[nqn].namespaces[nsid])
+        return detached
+
+    async def resize_block_device(self, name: str, size_bytes: int | None = None) -> int:
+        # The events wait until every worker serves the new size: a host reads past the
+        # old end once it heard of the change, maybe through a worker.
+        users = self.device_users(name)
+        held = [ctrl for subsystem, _ns in users for ctrl in _on_workers(subsystem)]
+        for ctrl in held:
+            ctrl.hold_events()
+        try:
+            num_blocks = await super().resize_block_device(name, size_bytes)
+            for subsystem, ns in users:
+                await self.workers.namespace_resized(subsystem.nqn, ns)
+        finally:
+            for ctrl in held:
+                ctrl.release_events()
+        return num_blocks
 
     async def remove_subsystem(self, nqn: str) -> None:
         await super().remove_subsystem(nqn)
