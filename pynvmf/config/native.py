@@ -30,6 +30,7 @@ from pynvmf.target import devices as D
 from pynvmf.target.changes import ChangeError
 from pynvmf.target.devices import NamedDevice
 from pynvmf.target.port import Port, endpoint
+from pynvmf.target.referrals import Referral
 from pynvmf.target.subsystem import CNTLID_MAX, CNTLID_MIN, DEFAULT_VERSION, Subsystem
 from pynvmf.target.target import Target
 from pynvmf.tcp.target import TransportConfig
@@ -51,6 +52,7 @@ _TOP_KEYS = {
     "keyring",
     "gateway",
     "metrics",
+    "referrals",
 }
 _METRICS_KEYS = {"listen"}
 _KEY_KEYS = {"name", "path"}
@@ -95,6 +97,7 @@ _SUBSYSTEM_KEYS = {
 _ANA_GROUP_KEYS = {"grpid", "state", "listeners"}
 _ANA_LISTENER_KEYS = {"address", "port", "state"}
 _PEER_KEYS = {"address", "port", "portid"}
+_REFERRAL_KEYS = {"address", "port", "subnqn", "secure_channel"}
 _DEVICE_KEYS = {"memory", "file", "rbd", "size", "create", "block_size", "read_only"}
 _RBD_KEYS = {"pool", "image", "conf", "client", "options", "io_timeout"}
 _NAMESPACE_KEYS = _DEVICE_KEYS | {
@@ -421,6 +424,20 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
         # ANA states of single listeners, once the listeners exist.
         for where, _nqn, apply in listener_states:
             _change(where, apply)
+        # Referrals once the target's own listeners exist (none may point at them).
+        for i, spec in enumerate(top.items("referrals")):
+            where = f"referrals[{i}]"
+            r = Reader(spec, where, _REFERRAL_KEYS)
+            address = r.get("address", str)
+            if address is None:
+                raise ConfigError(f"{where}.address: missing")
+            referral = Referral(
+                address,
+                r.get("port", int, DISCOVERY_PORT),
+                r.get("subnqn", str, DISCOVERY_NQN),
+                r.get("secure_channel", bool, False),
+            )
+            _change(where, lambda referral=referral: target.add_referral(referral))
     except (KeyError, TypeError) as exc:
         raise ConfigError(f"invalid configuration: {exc!r}") from exc
 
@@ -789,6 +806,16 @@ def config_of(target: Target, *, metrics_listen: tuple[str, int] | None = None) 
             spec.update(_transport_dict(port.transport, target.transport))
             discovery.append(spec)
     config["discovery_ports"] = discovery
+    if target.referrals:
+        config["referrals"] = [
+            {
+                "address": r.address,
+                "port": r.port,
+                "subnqn": r.subnqn,
+                "secure_channel": r.secure_channel,
+            }
+            for r in target.referrals
+        ]
     return config
 
 

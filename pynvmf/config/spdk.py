@@ -11,6 +11,7 @@ keyring) is refused, naming it, rather than dropped.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
@@ -23,6 +24,7 @@ from pynvmf.target.controller import MAX_IO_QUEUES, QUEUE_ENTRIES
 from pynvmf.target.devices import NamedDevice
 from pynvmf.target.limits import MAX_TRANSFER
 from pynvmf.target.port import Port, SecureChannelPolicy
+from pynvmf.target.referrals import Referral
 from pynvmf.target.subsystem import Subsystem
 from pynvmf.target.target import Target
 
@@ -137,6 +139,20 @@ def trid(port: Port) -> dict[str, str]:
     }
 
 
+def referral_json(referral: Referral) -> dict[str, Any]:
+    """A referral as SPDK lists it and as its nvmf_discovery_add_referral takes it."""
+    return {
+        "address": {
+            "trtype": "TCP",
+            "adrfam": "IPv6" if ":" in referral.address else "IPv4",
+            "traddr": referral.address,
+            "trsvcid": str(referral.port),
+        },
+        "secure_channel": referral.secure_channel,
+        "subnqn": referral.subnqn,
+    }
+
+
 def listeners_of(target: Target, nqn: str) -> list[Port]:
     if nqn == DISCOVERY_NQN:
         return list(target.ports)
@@ -168,6 +184,11 @@ def nvmf_config(target: Target) -> list[dict[str, Any]]:
             )
         if port.discovery_only or port.discovery_listener:
             config.append(_listener_call(DISCOVERY_NQN, port))
+    # SPDK writes the referrals after the transports, before the subsystems.
+    config += [
+        {"method": "nvmf_discovery_add_referral", "params": referral_json(r)}
+        for r in target.referrals
+    ]
     defaults = Subsystem("defaults")
     for subsystem in target.subsystems.values():
         for key in ("max_io_queues", "version", "firmware", "ieee_oui"):
@@ -226,6 +247,7 @@ def nvmf_config(target: Target) -> list[dict[str, Any]]:
                             "uuid": str(ns.uuid),
                             "anagrpid": ns.anagrpid,
                             "no_auto_visible": not ns.auto_visible,
+                            **_ptpl_json(ns.reservation.ptpl_file),
                         },
                     },
                 }
@@ -253,6 +275,10 @@ def nvmf_config(target: Target) -> list[dict[str, Any]]:
                         }
                     )
     return config
+
+
+def _ptpl_json(path: Path | None) -> dict[str, str]:
+    return {} if path is None else {"ptpl_file": str(path)}
 
 
 def _listener_call(nqn: str, port: Port) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """The discovery log: what a host's discovery controller tells it about where the
 target's subsystems are reached (every I/O port that exposes a subsystem the host may
-use, the listeners other gateways told the target of, and the discovery subsystem
-answering), and how each port's secure channel is described in it."""
+use, the listeners other gateways told the target of, the referrals to other discovery
+controllers, and the discovery subsystem answering), and how each port's secure channel
+is described in it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 from pynvmf.spec import logpages as L
 from pynvmf.spec.opcodes import DISCOVERY_NQN
 from pynvmf.target.port import Port, SecureChannelPolicy
+from pynvmf.target.referrals import Referral
 
 if TYPE_CHECKING:
     from pynvmf.target.queue import TargetQueue
@@ -25,8 +27,9 @@ _TREQ = {
 
 
 def discovery_log(target: Target, hostnqn: str, queue: TargetQueue) -> bytes:
-    """Every subsystem the host may use on every I/O port, then the discovery
-    subsystem answering this request."""
+    """Every subsystem the host may use on every I/O port, the referrals (every host
+    gets them, as SPDK gives them), then the discovery subsystem answering this
+    request."""
     entries = []
     for port in target.ports:
         if port.discovery_only:
@@ -39,6 +42,7 @@ def discovery_log(target: Target, hostnqn: str, queue: TargetQueue) -> bytes:
             for address, port_number, portid in subsystem.peer_listeners:
                 peer = Port(address, port_number, portid=portid)
                 entries.append(_entry(peer, subsystem.nqn, L.SubType.NVME, queue))
+    entries.extend(_referral_entry(r) for r in target.referrals)
     entries.append(_entry(queue.port, DISCOVERY_NQN, L.SubType.CURRENT_DISCOVERY, queue))
     return L.discovery_log(target.genctr, entries)
 
@@ -65,4 +69,22 @@ def _entry(port: Port, nqn: str, subtype: int, queue: TargetQueue) -> L.Discover
         trsvcid=str(port.port),
         subnqn=nqn,
         traddr=address,
+    )
+
+
+def _referral_entry(referral: Referral) -> L.DiscoveryLogEntry:
+    return L.DiscoveryLogEntry(
+        trtype=L.TrType.TCP,
+        adrfam=L.AdrFam.IPV6 if ":" in referral.address else L.AdrFam.IPV4,
+        subtype=L.SubType.DISCOVERY if referral.is_discovery else L.SubType.NVME,
+        # "Not specified" rather than SPDK's "not required" without a secure channel,
+        # for the reason _entry gives (libnvme 1.3 would ask for TLS).
+        treq=L.Treq.REQUIRED if referral.secure_channel else L.Treq.NOT_SPECIFIED,
+        tsas=bytes([L.TcpSecType.TLS13 if referral.secure_channel else L.TcpSecType.NONE]),
+        portid=0,  # the port's ID on the other system is not known here (SPDK: 0 too)
+        cntlid=0xFFFF,
+        asqsz=32,
+        trsvcid=str(referral.port),
+        subnqn=referral.subnqn,
+        traddr=referral.address,
     )

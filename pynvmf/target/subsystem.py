@@ -38,8 +38,8 @@ class Namespace:
     eui64: bytes
     # The name of the target's block device behind the namespace (Target.block_devices).
     device_name: str = ""
-    # The ANA group the namespace belongs to (Identify Namespace ANAGRPID), fixed while
-    # the namespace exists.
+    # The ANA group the namespace belongs to (Identify Namespace ANAGRPID); moved only by
+    # Target.set_namespace_ana_group, which tells the hosts.
     anagrpid: int = DEFAULT_GROUP
     # Shared by every controller's queues: a fused Compare and Write excludes the others' writes.
     gate: WriteGate = field(default_factory=WriteGate, repr=False, compare=False)

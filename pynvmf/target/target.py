@@ -80,6 +80,7 @@ from pynvmf.target.port import (
     secure_channel_policy,
 )
 from pynvmf.target.protocol import BusyPoller, TargetProtocol
+from pynvmf.target.referrals import Referral, check_referral
 from pynvmf.target.subsystem import (
     CNTLID_MAX,
     CNTLID_MIN,
@@ -177,6 +178,8 @@ class Target:
         self.transport = transport or TransportConfig()
         self.max_subsystems = MAX_SUBSYSTEMS
         self.genctr = 1
+        # Where the discovery log sends hosts besides this target (SPDK's referrals).
+        self.referrals: list[Referral] = []
         self.started = time.monotonic()
         self.counters = TargetCounters()
         # Secure-channel decisions (handshakes, kTLS or user space per direction).
@@ -676,6 +679,27 @@ class Target:
             ctrl.ana_changed()
         self._changed(nqn)
         return ns
+
+    def set_namespace_ana_group(self, nqn: str, nsid: int, anagrpid: int) -> None:
+        """Move namespace `nsid` to ANA group `anagrpid` (created, optimized on every
+        listener, if new), as SPDK's nvmf_subsystem_set_ns_ana_group: hosts get the
+        Namespace Attribute Changed and ANA Change events and read ANAGRPID again."""
+        subsystem = self._subsystem(nqn)
+        check_grpid(anagrpid)
+        ns = subsystem.namespaces.get(nsid)
+        if ns is None:
+            raise ChangeError("nsid", f"{nqn} has no namespace {nsid!r}")
+        if ns.anagrpid == anagrpid:
+            return
+        old = subsystem.ana.group(ns.anagrpid)
+        ns.anagrpid = anagrpid
+        new = subsystem.ana.add(anagrpid)
+        subsystem.ana.changed([new] if old is None else [old, new])
+        log.info("namespace %d of %s moved to ANA group %d", nsid, nqn, anagrpid)
+        for ctrl in list(subsystem.controllers.values()):
+            ctrl.namespace_changed(nsid)
+            ctrl.ana_changed()
+        self._changed(nqn)
 
     def _free_nsid(self, subsystem: Subsystem) -> int:
         limit = subsystem.max_namespaces or NSID_MAX
@@ -1216,6 +1240,30 @@ class Target:
         raise ChangeError("address", f"{address} {port_number} is not a peer listener of {nqn}")
 
     # -- discovery ------------------------------------------------------------------------
+
+    def add_referral(self, referral: Referral) -> bool:
+        """List `referral` in every host's discovery log; False (and nothing changes) if
+        the same referral is there already, as SPDK ignores it."""
+        check_referral(referral, self.ports)
+        if self.find_referral(referral.address, referral.port, referral.subnqn) is not None:
+            return False
+        self.referrals.append(referral)
+        self._discovery_changed()
+        return True
+
+    def remove_referral(self, address: str, port_number: int, subnqn: str) -> Referral:
+        found = self.find_referral(address, port_number, subnqn)
+        if found is None:
+            raise ChangeError("address", f"no referral to {address} {port_number} {subnqn}")
+        self.referrals.remove(found)
+        self._discovery_changed()
+        return found
+
+    def find_referral(self, address: str, port_number: int, subnqn: str) -> Referral | None:
+        for referral in self.referrals:
+            if referral.same(address, port_number, subnqn):
+                return referral
+        return None
 
     def _discovery_changed(self) -> None:
         """What some host's discovery log holds may have changed: a new generation, and

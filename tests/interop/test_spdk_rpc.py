@@ -63,6 +63,27 @@ class Spdk:
     def json(self, *args: str) -> Any:
         return json.loads(self.run(*args).stdout)
 
+    def library(self, function: str, **params: Any) -> Any:
+        """spdk.rpc's `function` (module.name) called as a program using the library
+        (Ceph's gateway) calls it, in a process of its own."""
+        module, name = function.rsplit(".", 1)
+        code = (
+            "import json, sys\n"
+            "from spdk.rpc.client import JSONRPCClient\n"
+            f"from spdk.rpc.{module} import {name} as f\n"
+            "client = JSONRPCClient(sys.argv[1])\n"
+            "print(json.dumps(f(client, **json.loads(sys.argv[2]))))\n"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", code, self.socket, json.dumps(params)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 0, f"spdk.rpc.{function}:\n{result.stdout}{result.stderr}"
+        return json.loads(result.stdout)
+
 
 def start(workdir: Path, *args: str) -> tuple[TargetProcess, Spdk]:
     workdir.mkdir(exist_ok=True)
@@ -578,6 +599,65 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
         release.set()
         thread.join(30)
 
+    # Referrals, as rpc.py takes them; one to the target's own listener is refused.
+    referral = ["-t", "tcp", "-a", "192.0.2.7", "-s", "4420", "-f", "ipv4"]
+    spdk.run("nvmf_discovery_add_referral", *referral)
+    spdk.run("nvmf_discovery_add_referral", *referral[:5], "4421", "-n", NQN, "-k")
+    spdk.run("nvmf_discovery_add_referral", *referral[:5], "4422")
+    spdk.run("nvmf_discovery_remove_referral", *referral[:5], "4422")
+    assert spdk.json("nvmf_discovery_get_referrals") == [
+        {
+            "address": {
+                "trtype": "TCP",
+                "adrfam": "IPv4",
+                "traddr": "192.0.2.7",
+                "trsvcid": "4420",
+            },
+            "secure_channel": False,
+            "subnqn": "nqn.2014-08.org.nvmexpress.discovery",
+        },
+        {
+            "address": {
+                "trtype": "TCP",
+                "adrfam": "IPv4",
+                "traddr": "192.0.2.7",
+                "trsvcid": "4421",
+            },
+            "secure_channel": True,
+            "subnqn": NQN,
+        },
+    ]
+    bad = spdk.run("nvmf_discovery_add_referral", *listen, "-f", "ipv4", check=False)
+    assert bad.returncode != 0 and "address.traddr: " in bad.stdout + bad.stderr
+    assert len(spdk.json("nvmf_discovery_get_referrals")) == 2
+    note("nvmf_discovery_add_referral", "nvmf_discovery_remove_referral")
+    note("nvmf_discovery_get_referrals")
+
+    # What Ceph's gateway calls: logging, and a namespace's ANA group.
+    # rpc.py's own log_set_level command fails in v25.09 (its JSONRPCClient has a method
+    # of that name, for the client's logging): call spdk.rpc.log as Ceph's gateway does.
+    spdk.library("log.log_set_level", level="DEBUG")
+    assert spdk.json("log_get_level") == "DEBUG"
+    spdk.run("log_set_print_level", "NOTICE")
+    assert spdk.json("log_get_print_level") == "NOTICE"
+    spdk.run("log_set_flag", "nvmf_tcp")
+    assert spdk.json("log_get_flags")["nvmf_tcp"] is True
+    spdk.run("log_clear_flag", "nvmf_tcp")
+    assert spdk.json("log_get_flags")["nvmf_tcp"] is False
+    bad = spdk.run("log_set_flag", "no_such_flag", check=False)
+    assert bad.returncode != 0 and "invalid log flag" in bad.stdout + bad.stderr
+    bad = spdk.run("log_set_print_level", "LOUD", check=False)
+    assert bad.returncode != 0 and "invalid log level" in bad.stdout + bad.stderr
+    spdk.library("log.log_set_level", level="NOTICE")
+    note("log_set_level", "log_get_level", "log_set_print_level", "log_get_print_level")
+    note("log_set_flag", "log_get_flags", "log_clear_flag")
+    spdk.run("nvmf_subsystem_set_ns_ana_group", NQN, "5", "2")
+    (sub,) = spdk.json("nvmf_get_subsystems", NQN)
+    assert [n["anagrpid"] for n in sub["namespaces"]] == [1, 2]
+    bad = spdk.run("nvmf_subsystem_set_ns_ana_group", NQN, "9", "2", check=False)
+    assert bad.returncode != 0 and "nsid: " in bad.stdout + bad.stderr
+    note("nvmf_subsystem_set_ns_ana_group")
+
     saved = spdk.run("save_config").stdout
     nvmf_only = json.loads(spdk.run("save_subsystem_config", "-n", "nvmf").stdout)
     by_name = {s["subsystem"]: s["config"] for s in json.loads(saved)["subsystems"]}
@@ -585,6 +665,8 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
     assert [c["params"]["name"] for c in by_name["keyring"]] == [*keys, "psk0"]
     assert not any(k.representation().split(":")[2][:12] in saved for k in keys.values())
     assert TLS_KEY.split(":")[2] not in saved
+    referrals = [c for c in by_name["nvmf"] if c["method"] == "nvmf_discovery_add_referral"]
+    assert [c["params"]["address"]["trsvcid"] for c in referrals] == ["4420", "4421"]
     note("framework_get_config")
 
     # The host with keys authenticates with the ones set last, and with no others.

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from pynvmf.host import NvmeConnectionError, NvmeError, connect, discover
+from pynvmf.host import NvmeConnectionError, NvmeError, NvmeStatusError, connect, discover
 from pynvmf.rpc.client import RpcClient
 from pynvmf.rpc.jsonrpc import JsonStream
 from pynvmf.rpc.server import RpcServer, control_plane
@@ -419,6 +419,115 @@ async def test_discovery_controllers_that_asked_hear_of_new_subsystems(rig: Rig)
     finally:
         with contextlib.suppress(NvmeError):
             await ctrl.close()
+
+
+REFERRED_NQN = "nqn.2024-01.io.pynvmf.test:referred"
+
+
+async def test_referrals_are_in_the_discovery_log_with_a_new_generation_and_an_event(
+    rig: Rig,
+) -> None:
+    port = rig.target.ports[0]
+    ctrl = await connect(port.address, port.port, DISCOVERY_NQN, queues=0, kato_ms=0)
+    try:
+        await ctrl.set_features(FeatureId.ASYNC_EVENT, Oaes.DISCOVERY_CHANGE)
+        before = L.DiscoveryLogHeader.unpack(
+            await ctrl.get_log_page(L.LogPageId.DISCOVERY, L.DISC_HEADER_SIZE)
+        ).genctr
+        aer = await arm_event(ctrl)
+        rpc = await rig.rpc()
+        elsewhere = {"trtype": "TCP", "adrfam": "IPv4", "traddr": "192.0.2.7", "trsvcid": "4420"}
+        assert await rpc.call("nvmf_discovery_add_referral", address=elsewhere) is True
+        assert event(await asyncio.wait_for(aer, 10)) == (2, 0xF0, L.LogPageId.DISCOVERY)
+        await rpc.call(
+            "nvmf_discovery_add_referral",
+            address={**elsewhere, "trsvcid": "4421"},
+            subnqn=REFERRED_NQN,
+            secure_channel=True,
+        )
+        # The same referral again: SPDK takes it and changes nothing.
+        genctr = rig.target.genctr
+        assert await rpc.call("nvmf_discovery_add_referral", address=elsewhere) is True
+        assert rig.target.genctr == genctr
+        header = L.DiscoveryLogHeader.unpack(
+            await ctrl.get_log_page(L.LogPageId.DISCOVERY, L.DISC_HEADER_SIZE)
+        )
+        assert header.genctr == before + 2
+        entries = await discover(port.address, port.port)
+        referrals = [e for e in entries if e.traddr == "192.0.2.7"]
+        assert [(e.subtype, e.trsvcid, e.subnqn) for e in referrals] == [
+            (L.SubType.DISCOVERY, "4420", DISCOVERY_NQN),
+            (L.SubType.NVME, "4421", REFERRED_NQN),
+        ]
+        assert [e.treq & L.Treq.SECURE_CHANNEL_MASK for e in referrals] == [
+            L.Treq.NOT_SPECIFIED,
+            L.Treq.REQUIRED,
+        ]
+        assert await rpc.call("nvmf_discovery_get_referrals") == [
+            {"address": elsewhere, "secure_channel": False, "subnqn": DISCOVERY_NQN},
+            {
+                "address": {**elsewhere, "trsvcid": "4421"},
+                "secure_channel": True,
+                "subnqn": REFERRED_NQN,
+            },
+        ]
+        aer = await arm_event(ctrl)
+        assert await rpc.call("nvmf_discovery_remove_referral", address=elsewhere) is True
+        assert event(await asyncio.wait_for(aer, 10)) == (2, 0xF0, L.LogPageId.DISCOVERY)
+        entries = await discover(port.address, port.port)
+        assert [e.trsvcid for e in entries if e.traddr == "192.0.2.7"] == ["4421"]
+        await rpc.close()
+    finally:
+        with contextlib.suppress(NvmeError):
+            await ctrl.close()
+
+
+async def test_a_referral_to_the_targets_own_listener_is_refused_and_nothing_changes(
+    rig: Rig,
+) -> None:
+    port = rig.target.ports[0]
+    rpc = await rig.rpc()
+    genctr = rig.target.genctr
+    own = {"trtype": "TCP", "adrfam": "IPv4", "traddr": port.address, "trsvcid": str(port.port)}
+    rid = rpc.request("nvmf_discovery_add_referral", address=own)
+    response = await rpc.recv()
+    assert response["id"] == rid
+    assert response["error"]["message"].startswith("address.traddr: ")
+    assert "own listener" in response["error"]["message"]
+    rid = rpc.request(
+        "nvmf_discovery_remove_referral",
+        address={**own, "traddr": "192.0.2.9"},
+    )
+    response = await rpc.recv()
+    assert response["error"] == {"code": -32603, "message": "Unable to remove a referral."}
+    assert rig.target.genctr == genctr and rig.target.referrals == []
+    assert await rpc.call("nvmf_discovery_get_referrals") == []
+    await rpc.close()
+
+
+async def test_a_subsystems_controller_ids_come_from_its_range_and_a_full_one_refuses(
+    rig: Rig,
+) -> None:
+    """nvmf_create_subsystem's min_cntlid/max_cntlid: a Connect past the range's last free
+    ID gets Connect Controller Busy (as nvmet answers; SPDK: Internal Error)."""
+    rpc = await rig.rpc()
+    port = free_tcp_port()
+    await rpc.call(
+        "nvmf_create_subsystem", nqn=NEW_NQN, allow_any_host=True, min_cntlid=7, max_cntlid=7
+    )
+    await rpc.call(
+        "nvmf_subsystem_add_listener",
+        nqn=NEW_NQN,
+        listen_address={"trtype": "tcp", "traddr": "127.0.0.1", "trsvcid": str(port)},
+    )
+    (sub,) = await rpc.call("nvmf_get_subsystems", nqn=NEW_NQN)
+    assert (sub["min_cntlid"], sub["max_cntlid"]) == (7, 7)
+    async with await connect("127.0.0.1", port, NEW_NQN, queues=0) as first:
+        assert first.cntlid == 7
+        with pytest.raises(NvmeStatusError) as refused:
+            await connect("127.0.0.1", port, NEW_NQN, queues=0)
+        assert refused.value.status == Status.CONNECT_CTRL_BUSY and refused.value.dnr
+    await rpc.close()
 
 
 async def test_removing_a_listener_tears_down_controllers_through_it(rig: Rig) -> None:

@@ -17,6 +17,7 @@ from pynvmf.spec.logpages import AnaState
 from pynvmf.spec.opcodes import DISCOVERY_NQN, NOTICE_ANA_CHANGE, AdminOpcode, FeatureId
 from pynvmf.spec.status import Status
 from pynvmf.target.changes import ChangeError
+from pynvmf.target.cores.workers import MultiCoreTarget
 from pynvmf.target.devices import NamedDevice
 from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Subsystem
@@ -348,3 +349,31 @@ async def test_discovery_entries_leave_the_secure_channel_unspecified(
     q = await two_ports.admin(DISCOVERY_NQN)
     page = await _discovery(q)
     assert page.entries and all(e.treq & 0x3 == L.Treq.NOT_SPECIFIED for e in page.entries)
+
+
+async def test_a_namespace_moved_to_another_ana_group_is_judged_by_it_on_a_worker() -> None:
+    """--cores: the worker serving the I/O queue judges the moved namespace's I/O by its
+    new group's state (inaccessible here) by the time the host hears of the move."""
+    target = MultiCoreTarget(1, ports=[Port("127.0.0.1", 0)])
+    target.add_subsystem(RAW_SUBNQN)
+    device = target.memory_device(64 * 512, 512)
+    target.add_namespace(RAW_SUBNQN, NamedDevice.wrap("moved", device, owned=True), nsid=1)
+    await target.start()
+    raw = RawTarget(target)
+    try:
+        admin = await raw.admin()
+        io = await raw.io_queue(admin, 1)
+        assert target.workers is not None
+        assert [len(w.queues) for w in target.workers.workers] == [1]
+        assert (await io.read(1, 0, 1, 512)).status == 0
+        target.subsystems[RAW_SUBNQN].ana.add(2, AnaState.INACCESSIBLE)
+        await enable_ana_events(admin)
+        aer = admin.cmd_nowait(AdminOpcode.ASYNC_EVENT_REQUEST)
+        target.set_namespace_ana_group(RAW_SUBNQN, 1, 2)
+        # The event comes once the worker took the move: I/O after it sees the new group.
+        done = await asyncio.wait_for(aer, 10)
+        assert (done.status, done.result) == (0, ANA_EVENT)
+        assert (await io.read(1, 0, 1, 512)).status == Status.ANA_INACCESSIBLE
+        assert target.subsystems[RAW_SUBNQN].namespaces[1].anagrpid == 2
+    finally:
+        await raw.aclose()

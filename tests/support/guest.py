@@ -64,8 +64,9 @@ newest cannot stand for it:
   equal): ``test_linux_host.py``, ``test_linux_host_reservations.py``,
   ``test_linux_host_compare.py``, ``test_linux_host_cores.py``,
   ``test_linux_host_rbd.py``, ``test_linux_multipath.py``,
-  ``test_linux_multipath_rbd.py``, ``test_linux_target.py`` and
-  ``test_linux_target_copy.py``;
+  ``test_linux_multipath_rbd.py``, ``test_linux_target.py``,
+  ``test_linux_target_copy.py`` and ``test_linux_discovery_referrals.py`` (nvme-cli
+  follows referrals: 2.3's libnvme and 2.16's);
 - ``linux-6.12`` and ``linux-7``: ``test_linux_auth.py`` and ``test_linux_tls.py`` (6.1
   has neither; 6.12's nvmet authenticates every queue, its nvme-cli derives TLS keys the
   "compat" way and its tlshd cannot do SHA-384 keys: ``Peer.nvmet_auth_admin_only``,

@@ -20,7 +20,9 @@ from pynvmf.rpc.spdk import (
     bdev_rbd,
     framework,
     keyring,
+    log,
     notify,
+    nvmf_discovery,
     nvmf_stats,
     nvmf_subsystem,
     nvmf_transport,
@@ -38,6 +40,8 @@ FAMILIES = (
     nvmf_stats,
     notify,
     thread,
+    nvmf_discovery,
+    log,
 )
 
 table = MethodTable()

@@ -4,7 +4,6 @@ namespaces and their hosts.
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ from pynvmf.config.spdk import (
 )
 from pynvmf.rpc.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane, MethodTable, Params
-from pynvmf.rpc.spdk.calls import apply_change, change_now, check_trtype, no_target_name
+from pynvmf.rpc.spdk.calls import apply_change, change_now, listen_address, no_target_name
 from pynvmf.spec.logpages import AnaState
 from pynvmf.spec.opcodes import DISCOVERY_NQN
 from pynvmf.target import ana
@@ -134,38 +133,13 @@ async def nvmf_get_subsystems(cp: ControlPlane, p: Params) -> list[dict[str, Any
 # -- listeners -----------------------------------------------------------------------------
 
 
-def _listen_address(p: Params, key: str = "listen_address") -> tuple[str, int]:
-    a = p.nested(key)
-    assert a is not None
-    check_trtype(a)
-    adrfam = a.string("adrfam", "ipv4")
-    traddr = a.string("traddr")
-    trsvcid = a.string("trsvcid")
-    a.done()
-    try:
-        ip = ipaddress.ip_address(traddr)
-    except ValueError:
-        raise RpcError(
-            INVALID_PARAMS, f"{a.name('traddr')}: {traddr!r} is not an IP address"
-        ) from None
-    if adrfam.lower() not in ("ipv4", "ipv6"):
-        raise RpcError(
-            INVALID_PARAMS, f"{a.name('adrfam')}: {adrfam!r}: pynvmf serves IPv4 and IPv6"
-        )
-    if adrfam.lower() != f"ipv{ip.version}":
-        raise RpcError(INVALID_PARAMS, f"{a.name('adrfam')}: {adrfam} does not match {traddr}")
-    if not trsvcid.isdigit() or not 1 <= int(trsvcid) <= 0xFFFF:
-        raise RpcError(INVALID_PARAMS, f"{a.name('trsvcid')}: {trsvcid!r} is not a TCP port")
-    return traddr, int(trsvcid)
-
-
 _LISTENER_NAMES = {"address": "listen_address.traddr", "port": "listen_address.trsvcid"}
 
 
 @method("nvmf_subsystem_add_listener")
 async def nvmf_subsystem_add_listener(cp: ControlPlane, p: Params) -> bool:
     nqn = p.string("nqn")
-    address, port = _listen_address(p)
+    address, port = listen_address(p, "listen_address")
     no_target_name(p)
     secure = p.boolean("secure_channel", False)
     ana_state = p.string("ana_state", None)
@@ -205,7 +179,7 @@ def _ana_state(p: Params, name: str) -> AnaState:
 @method("nvmf_subsystem_listener_set_ana_state")
 async def nvmf_subsystem_listener_set_ana_state(cp: ControlPlane, p: Params) -> bool:
     nqn = p.string("nqn")
-    address, port = _listen_address(p)
+    address, port = listen_address(p, "listen_address")
     name = p.string("ana_state")
     anagrpid = p.integer("anagrpid", 0, high=0xFFFFFFFF)
     no_target_name(p)
@@ -221,7 +195,7 @@ async def nvmf_subsystem_listener_set_ana_state(cp: ControlPlane, p: Params) -> 
 @method("nvmf_subsystem_remove_listener")
 async def nvmf_subsystem_remove_listener(cp: ControlPlane, p: Params) -> bool:
     nqn = p.string("nqn")
-    address, port = _listen_address(p)
+    address, port = listen_address(p, "listen_address")
     no_target_name(p)
     p.ignore("secure_channel", "ana_state", "sock_impl")  # SPDK's decoder takes them here too
     p.done()
@@ -331,6 +305,17 @@ async def nvmf_subsystem_remove_ns(cp: ControlPlane, p: Params) -> bool:
     no_target_name(p)
     p.done()
     await apply_change(cp.target.remove_namespace(nqn, nsid), {})
+    return True
+
+
+@method("nvmf_subsystem_set_ns_ana_group")
+async def nvmf_subsystem_set_ns_ana_group(cp: ControlPlane, p: Params) -> bool:
+    nqn = p.string("nqn")
+    nsid = p.integer("nsid", high=0xFFFFFFFF)
+    anagrpid = p.integer("anagrpid", high=0xFFFFFFFF)
+    no_target_name(p)
+    p.done()
+    change_now(lambda: cp.target.set_namespace_ana_group(nqn, nsid, anagrpid), {})
     return True
 
 

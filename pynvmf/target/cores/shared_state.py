@@ -22,6 +22,7 @@ from pynvmf.tcp.config import EstablishedState, TransportConfig
 INIT = "init"  # (WorkerInit) + the ANA table's memfd: the first message
 NAMESPACE = "namespace"  # (nqn, SubsystemInfo, NamespaceSpec) + memfd: add or replace; request
 NAMESPACE_GONE = "namespace_gone"  # (nqn, nsid): request, answered once drained and closed
+NAMESPACE_ANA_GROUP = "namespace_ana_group"  # (nqn, nsid, anagrpid): request
 SUBSYSTEM_GONE = "subsystem_gone"  # (nqn): request
 ADOPT = "adopt"  # (Adoption) + the connection's socket
 CONTROLLER = "controller"  # (ControllerInfo): a controller's I/O-relevant state; request

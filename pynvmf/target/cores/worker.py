@@ -168,6 +168,9 @@ class Worker:
             return self._namespace_hosts(*args)
         if kind == S.NAMESPACE_RESIZED:
             return self._namespace_resized(*args)
+        if kind == S.NAMESPACE_ANA_GROUP:
+            self._namespace_ana_group(*args)
+            return None
         if kind == S.SUBSYSTEM_GONE:
             return self._subsystem_gone(*args)
         if kind == S.EXIT:
@@ -264,6 +267,15 @@ class Worker:
             # Preempt and Abort: the preempted hosts' commands admitted here have ended
             # before the preempting command completes.
             await ns.reservation.wait_for(preempted)
+
+    def _namespace_ana_group(self, nqn: str, nsid: int, anagrpid: int) -> None:
+        """The namespace moved to another ANA group: its I/O is judged by that group's
+        state from the next command on (the device stays as it is)."""
+        assert self.target is not None
+        subsystem = self.target.subsystems.get(nqn)
+        ns = None if subsystem is None else subsystem.namespaces.get(nsid)
+        if ns is not None:
+            ns.anagrpid = anagrpid
 
     async def _namespace_gone(self, nqn: str, nsid: int) -> None:
         assert self.target is not None

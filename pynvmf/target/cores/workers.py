@@ -574,6 +574,16 @@ class WorkerPool:
             futures.append(fut)
         return futures
 
+    def namespace_ana_group(self, nqn: str, nsid: int, anagrpid: int) -> list[asyncio.Future[Any]]:
+        """Tell every worker namespace `nsid` moved to group `anagrpid`; the futures of
+        their answers."""
+        futures = []
+        for worker in self._live():
+            fut = worker.request(S.NAMESPACE_ANA_GROUP, nqn, nsid, anagrpid)
+            fut.add_done_callback(_ignore_result)
+            futures.append(fut)
+        return futures
+
     async def namespace_removing(self, nqn: str, nsid: int) -> None:
         await wait_all([w.request(S.NAMESPACE_GONE, nqn, nsid) for w in self._live()])
 
@@ -798,6 +808,25 @@ class MultiCoreTarget(Target):
     async def remove_subsystem(self, nqn: str) -> None:
         await super().remove_subsystem(nqn)
         await self.workers.subsystem_removed(nqn)
+
+    def set_namespace_ana_group(self, nqn: str, nsid: int, anagrpid: int) -> None:
+        # As add_namespace: the events wait, on controllers with queues on workers, until
+        # every worker judges the namespace's I/O by its new group.
+        subsystem = self.subsystems.get(nqn)
+        held = [] if subsystem is None else _on_workers(subsystem)
+        for ctrl in held:
+            ctrl.hold_events()
+        try:
+            super().set_namespace_ana_group(nqn, nsid, anagrpid)
+        except BaseException:
+            for ctrl in held:
+                ctrl.release_events()
+            raise
+        answers = self.workers.namespace_ana_group(nqn, nsid, anagrpid)
+        if held:
+            task = asyncio.get_running_loop().create_task(_release_when(held, answers))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
 
 def _on_workers(subsystem: Subsystem) -> list[Controller]:
