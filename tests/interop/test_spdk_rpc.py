@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -658,6 +659,23 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
     assert bad.returncode != 0 and "nsid: " in bad.stdout + bad.stderr
     note("nvmf_subsystem_set_ns_ana_group")
 
+    # A namespace one host sees, and a file that grew: rpc.py's own arguments.
+    spdk.run("bdev_malloc_create", "-b", "Hidden0", "8", "512")
+    spdk.run("nvmf_subsystem_add_ns", NQN, "Hidden0", "-n", "7", "-i")
+    spdk.run("nvmf_ns_add_host", NQN, "7", HOST)
+    spdk.run("nvmf_ns_add_host", NQN, "7", AUTH_HOST)
+    spdk.run("nvmf_ns_remove_host", NQN, "7", AUTH_HOST)
+    (sub,) = spdk.json("nvmf_get_subsystems", NQN)
+    (hidden,) = [n for n in sub["namespaces"] if n["nsid"] == 7]
+    assert hidden["no_auto_visible"] is True and hidden["hosts"] == [{"nqn": HOST}]
+    bad = spdk.run("nvmf_ns_add_host", NQN, "1", HOST, check=False)
+    assert bad.returncode != 0 and "nsid: " in bad.stdout + bad.stderr
+    os.truncate(image, 32 << 20)
+    spdk.run("bdev_aio_rescan", "Aio0")
+    (aio,) = spdk.json("bdev_get_bdevs", "-b", "Aio0")
+    assert aio["num_blocks"] == (32 << 20) // 4096
+    note("nvmf_ns_add_host", "nvmf_ns_remove_host", "bdev_aio_rescan")
+
     saved = spdk.run("save_config").stdout
     nvmf_only = json.loads(spdk.run("save_subsystem_config", "-n", "nvmf").stdout)
     by_name = {s["subsystem"]: s["config"] for s in json.loads(saved)["subsystems"]}
@@ -705,6 +723,7 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
     spdk.run("nvmf_subsystem_remove_ns", NQN, "5")
     spdk.run("nvmf_delete_subsystem", NQN)
     spdk.run("bdev_malloc_delete", "Malloc0")
+    spdk.run("bdev_malloc_delete", "Hidden0")
     spdk.run("bdev_aio_delete", "Aio0")
     assert spdk.json("bdev_get_bdevs") == []
     assert [s["nqn"] for s in spdk.json("nvmf_get_subsystems")] == [
@@ -735,7 +754,7 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
 
         async def io() -> None:
             async with await connect("127.0.0.1", io_port, NQN, hostnqn=HOST) as ctrl:
-                assert sorted(ctrl.namespaces) == [1, 5]
+                assert sorted(ctrl.namespaces) == [1, 5, 7]  # 7: this host's alone
 
         asyncio.run(io())
     finally:

@@ -62,11 +62,13 @@ from pynvmf.target.target import Target
 from pynvmf.tcp.target import Request
 
 if TYPE_CHECKING:
+    from pynvmf.auth.controller import ControllerAuth
     from pynvmf.block.memory import MemoryDevice
     from pynvmf.target.controller import Controller
     from pynvmf.target.devices import NamedDevice
     from pynvmf.target.queue import TargetQueue
     from pynvmf.target.subsystem import Namespace, Subsystem
+    from pynvmf.tcp.psk import TlsPsk
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,7 @@ class RemoteQueue:
         port: Port,
         peer_address: tuple[str, int] | None,
         admitted_from: str,
+        tls_psk: TlsPsk | None = None,
     ) -> None:
         self.worker = worker
         self.token = token
@@ -108,6 +111,10 @@ class RemoteQueue:
         self.port = port
         self.peer_address = peer_address
         self.admitted_from = admitted_from
+        # What the statistics calls show of its security, as of a TargetQueue: a queue
+        # that authenticates stays in this process, so a remote one never has `auth`.
+        self.auth: ControllerAuth | None = None
+        self.tls_psk = tls_psk
         # No command of a remote queue waits here (drain.commands_waiting), and none is
         # in flight here: its worker reports those (WorkerHandle.in_flight).
         self.commands_waiting: set[asyncio.Task[None]] = set()
@@ -373,7 +380,9 @@ class WorkerPool:
             connect=S.ValidatedConnect(req.sqe, ConnectCommand.from_sqe(req.sqe), result),
         )
         qid = queue.qid
-        rq = RemoteQueue(worker, token, ctrl, qid, port, queue.peer_address, protocol.peer_address)
+        rq = RemoteQueue(
+            worker, token, ctrl, qid, port, queue.peer_address, protocol.peer_address, queue.tls_psk
+        )
         worker.queues[token] = rq
         worker.adopted += 1
         ctrl.queues[qid] = rq
