@@ -21,6 +21,11 @@
   http://address:port/metrics (moving the endpoint if it listens already; port 0 picks
   one); returns where it listens. pynvmf_metrics_stop {}: stop serving them.
   pynvmf_metrics_get_listen {}: where they are served, or null.
+- pynvmf_get_host_stats {subsystem?}: every host's (or one subsystem's hosts') counts of
+  commands, bytes and errors per namespace and, while latency tracking is on, their
+  latency and stage histograms (docs/metrics.md, "Per-host statistics").
+- pynvmf_set_latency_tracking {enable}: time commands (latency histograms) or stop;
+  the metrics endpoint turns it on when it starts listening.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from pynvmf.config.native import ConfigError, config_of
 from pynvmf.config.nvmetcli import nvmetcli_config
 from pynvmf.config.spdk import spdk_config
 from pynvmf.metrics.endpoint import MetricsEndpoint, MetricsListenError
+from pynvmf.metrics.host_stats import host_stats
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane, MethodTable, Params, change_error
 from pynvmf.target.changes import ChangeError
@@ -225,3 +231,20 @@ async def pynvmf_metrics_stop(cp: ControlPlane, p: Params) -> bool:
 async def pynvmf_metrics_get_listen(cp: ControlPlane, p: Params) -> dict[str, Any] | None:
     p.done()
     return _listen_result(_metrics(cp).address)
+
+
+@method("pynvmf_get_host_stats")
+async def pynvmf_get_host_stats(cp: ControlPlane, p: Params) -> dict[str, Any]:
+    subnqn = p.string("subsystem", None)
+    p.done()
+    if subnqn is not None and subnqn not in cp.target.subsystems:
+        raise RpcError(INVALID_PARAMS, f"subsystem: no subsystem {subnqn!r}")
+    return host_stats(cp.target, subnqn)
+
+
+@method("pynvmf_set_latency_tracking")
+async def pynvmf_set_latency_tracking(cp: ControlPlane, p: Params) -> bool:
+    enable = p.boolean("enable")
+    p.done()
+    cp.target.command_counts.set_tracking(enable)
+    return True

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
@@ -138,6 +139,8 @@ class IoHandler:
         takes the general path, which decides the status."""
         sqe = req.sqe
         opcode = sqe.opcode
+        if self.counts.tracking:
+            req.started = time.monotonic_ns()
         if opcode in (_READ, _WRITE, _COPY) and not self.registered and not self.ana.any_blocked:
             ns = self.namespaces.get(sqe.nsid)
             if ns is not None:
@@ -168,6 +171,8 @@ class IoHandler:
                                 counts = self.counts.namespace(sqe.nsid)
                             counts.writes += 1
                             counts.write_bytes += req.length
+                            if req.started:
+                                self.timed(sqe.nsid, _WRITE, req)
                             self.queue.conn.complete(req, 0)
                             return
                 except (ValueError, TypeError):
@@ -206,6 +211,8 @@ class IoHandler:
             counts = self.counts.namespace(sqe.nsid)
         counts.reads += 1
         counts.read_bytes += length
+        if req.started:
+            self.timed(sqe.nsid, _READ, req)
         self.queue.conn.complete(req, 0, 0, data)
         return True
 
@@ -246,6 +253,8 @@ class IoHandler:
         counts = self.counts.namespace(sqe.nsid)
         counts.copies += 1
         counts.copy_bytes += nlb << shift
+        if req.started:
+            self.timed(sqe.nsid, _COPY, req)
         self.queue.conn.complete(req, 0)
         return True
 
@@ -302,6 +311,13 @@ class IoHandler:
         self.counts.namespace(nsid).command(slot, status, req.length)
         if status:
             self.counts.error(nsid, slot, status)
+        if req.started:
+            self.timed(nsid, slot, req)
+
+    def timed(self, nsid: int, slot: int, req: Request) -> None:
+        """A timed command (dispatched while latency tracking was on) completes now."""
+        if self.counts.tracking:
+            self.counts.timed(nsid, slot, req.started, time.monotonic_ns())
 
     def path_status(self, nsid: int) -> int:
         """The ANA path-related status a command to `nsid` gets through this queue's

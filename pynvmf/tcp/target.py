@@ -104,6 +104,7 @@ class Request:
         "reusable",
         "sent",
         "sqe",
+        "started",
         "ttag",
     )
 
@@ -124,6 +125,8 @@ class Request:
         # Controller-to-host data already sent with send_data (a Read sent in pieces).
         self.sent = 0
         self.on_data: Callable[[Request], None] | None = None
+        # When the command was dispatched (monotonic ns), while latency tracking is on.
+        self.started = 0
 
 
 @dataclass(slots=True)
