@@ -246,5 +246,5 @@ async def pynvmf_get_host_stats(cp: ControlPlane, p: Params) -> dict[str, Any]:
 async def pynvmf_set_latency_tracking(cp: ControlPlane, p: Params) -> bool:
     enable = p.boolean("enable")
     p.done()
-    cp.target.command_counts.set_tracking(enable)
+    cp.target.set_latency_tracking(enable)
     return True

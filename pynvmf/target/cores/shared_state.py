@@ -28,6 +28,7 @@ CONTROLLER = "controller"  # (ControllerInfo): a controller's I/O-relevant state
 QUEUE_CLOSE = "queue_close"  # (queue token, reason)
 RESERVATION = "reservation"  # (nqn, nsid, seq, state, preempted host IDs): request
 EXIT = "exit"  # ()
+LATENCY_TRACKING = "latency_tracking"  # (enable): time commands (command_counts.py) or stop
 # Worker -> main process.
 QUEUE_CLOSED = "queue_closed"  # (queue token)
 # (controller tokens with traffic, {token: [ErrorLogEntry]}, {nqn: stats}, TransportCounts,
