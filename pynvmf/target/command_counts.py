@@ -194,12 +194,18 @@ class HostCounts:
         self.tracking = tracking
         self.stages: dict[str, list[int]] = {stage: new_histogram() for stage in STAGES}
 
-    def timed(self, nsid: int, slot: int, started: int, now: int) -> None:
+    def timed(self, nsid: int, slot: int, started: int, waited: int, now: int) -> None:
         """A command of opcode slot `slot` to `nsid` dispatched at `started` completed
-        at `now` (monotonic ns): its latency, and its time on the device."""
+        at `now` (monotonic ns), having waited `waited` ns of it for data or a buffer
+        (`waited`): its latency, and the rest its time on the device."""
         ns = now - started
         observe(self.namespace(nsid).latency_of(slot), ns)
-        observe(self.stages["device"], ns)
+        observe(self.stages["device"], ns - waited)
+
+    def waited(self, stage: str, ns: int) -> None:
+        """A command waited `ns` nanoseconds in `stage` (data: for the host's data after
+        R2T; budget: for a data buffer)."""
+        observe(self.stages[stage], ns)
 
     def namespace(self, nsid: int) -> NamespaceCounts:
         counts = self.namespaces.get(nsid)

@@ -317,7 +317,21 @@ class IoHandler:
     def timed(self, nsid: int, slot: int, req: Request) -> None:
         """A timed command (dispatched while latency tracking was on) completes now."""
         if self.counts.tracking:
-            self.counts.timed(nsid, slot, req.started, time.monotonic_ns())
+            self.counts.timed(nsid, slot, req.started, req.waited, time.monotonic_ns())
+
+    def waited(self, req: Request, stage: str, since: int) -> None:
+        """A timed command waited from `since` until now in `stage` (command_counts.STAGES)."""
+        ns = time.monotonic_ns() - since
+        req.waited += ns
+        if self.counts.tracking:
+            self.counts.waited(stage, ns)
+
+    async def take_budget(self, req: Request, n: int) -> None:
+        """Wait until the connection's budget has `n` bytes for `req` (and take them)."""
+        since = time.monotonic_ns() if req.started else 0
+        await self.budget.take(n)
+        if since:
+            self.waited(req, "budget", since)
 
     def path_status(self, nsid: int) -> int:
         """The ANA path-related status a command to `nsid` gets through this queue's
@@ -363,7 +377,7 @@ class IoHandler:
         if length > UNCHARGED_READ:
             budget = self.budget
             if not budget.try_take(length):
-                await budget.take(length)
+                await self.take_budget(req, length)
             req.charge = length
         data = bytearray(length)
         await ns.device.read(slba, memoryview(data))
@@ -385,7 +399,7 @@ class IoHandler:
         while True:
             n = min(READ_CHUNK, length - offset)
             if not budget.try_take(n):
-                await budget.take(n)
+                await self.take_budget(req, n)
             req.charge += n
             buf = bytearray(n)
             await device.read(lba, memoryview(buf))
@@ -583,7 +597,7 @@ class IoHandler:
             return CMD_SIZE_LIMIT_EXCEEDED | DNR, 0, None
         need = plan.memory
         if need and not budget.try_take(need):
-            await budget.take(need)
+            await self.take_budget(req, need)
         try:
             await ns.gate.enter()
             try:

@@ -100,7 +100,8 @@ async def test_histogram_counts_equal_command_counts_and_sums_are_plausible(
     )  # fmt: skip
     assert inf == commands
     stages = _by(series(m, "pynvmf_command_stage_seconds_count"), "stage")
-    assert stages == {("device",): 12}
+    # One command waited for host data (the R2T write); none for a buffer.
+    assert stages == {("device",): 12, ("data",): 1}
 
     cp = control_plane(target)
     stats = await cp.call("pynvmf_get_host_stats", {})
@@ -121,7 +122,10 @@ async def test_histogram_counts_equal_command_counts_and_sums_are_plausible(
             assert len(h["buckets"]) == len(BUCKETS) + 1
             assert sum(h["buckets"]) == h["count"] and 0 < h["sum"] < wall
     assert hosts[HOST_A]["stages"]["device"]["count"] == 10
+    assert hosts[HOST_A]["stages"]["data"]["count"] == 1
+    assert 0 < hosts[HOST_A]["stages"]["data"]["sum"] < a[1]["latency"]["write"]["sum"]
     assert hosts[HOST_B]["stages"]["device"]["count"] == 2
+    assert hosts[HOST_B]["stages"]["data"]["count"] == 0  # reads of a memory namespace
     assert set(hosts[HOST_B]["stages"]) == {"receive", "data", "budget", "device", "send"}
     only = await cp.call("pynvmf_get_host_stats", {"subsystem": NQN})
     assert len(only["hosts"]) == 2
@@ -174,7 +178,7 @@ def test_a_report_carries_histograms_once_and_a_bad_one_adds_nothing() -> None:
     worker.set_tracking(True)
     host = worker.of(NQN, HOST_A)
     assert host.tracking
-    host.timed(1, 2, 1_000, 51_000)  # a 50 us Read
+    host.timed(1, 2, 1_000, 0, 51_000)  # a 50 us Read
     report = worker.take()
     assert worker.take() == []
     main.add(report)
