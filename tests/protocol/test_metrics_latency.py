@@ -4,6 +4,7 @@ the counters count, its sum is plausible, and with latency tracking off there ar
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,6 +16,7 @@ from pynvmf.host import connect
 from pynvmf.metrics.endpoint import MetricsEndpoint
 from pynvmf.rpc.jsonrpc import RpcError
 from pynvmf.rpc.server import control_plane
+from pynvmf.target.budget import ConnectionLimits
 from pynvmf.target.command_counts import BUCKETS, CommandCounts, new_histogram, observe
 from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
@@ -201,3 +203,29 @@ def test_a_report_carries_histograms_once_and_a_bad_one_adds_nothing() -> None:
         main.add([(NQN, HOST_B, {}, {}, {}, {"elsewhere": want})])
     assert (NQN, HOST_B) not in main.hosts
     assert got.namespaces[1].latency == {2: want}
+
+
+async def test_a_command_that_waits_for_a_buffer_has_a_budget_sample() -> None:
+    subsystem = Subsystem(NQN)
+    subsystem.add_namespace(Namespace.create(NQN, 1, MemoryDevice(8 << 20, 512), "memory:1"))
+    port = Port("127.0.0.1", 0)
+    # One 128 KiB write's buffer at a time: the others wait for it.
+    target = Target([subsystem], [port], limits=ConnectionLimits(connection_data=128 << 10))
+    target.set_latency_tracking(True)
+    await target.start()
+    try:
+        host = await connect("127.0.0.1", port.port, NQN, hostnqn=HOST_A)
+        try:
+            ns = host.namespace(1)
+            await asyncio.gather(*(ns.write(i * 256, bytes(128 << 10)) for i in range(4)))
+        finally:
+            await host.close()
+        stats = await control_plane(target).call("pynvmf_get_host_stats", {})
+    finally:
+        await target.stop()
+    (only,) = stats["hosts"]
+    stages = only["stages"]
+    assert stages["data"]["count"] == 4
+    assert stages["device"]["count"] == 4
+    assert 1 <= stages["budget"]["count"] <= 3
+    assert stages["budget"]["sum"] > 0
