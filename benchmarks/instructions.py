@@ -15,6 +15,8 @@ hand them over.
         instructions per command under valgrind --tool=callgrind (deterministic, so
         usable on a shared machine): the count for 2N commands minus that for N,
         over N, so the setup cancels out.
+    --latency-tracking: with commands timed (latency histograms), as while the metrics
+        endpoint listens.
 
 Run it in two checkouts to compare them; docs/performance.md records the results. It
 measures whichever path the checkout imports: the pure-Python source, or the compiled hot
@@ -96,7 +98,7 @@ class FakeTransport:
         pass
 
 
-def rig(workload: str, batch: int) -> tuple[Callable[[], None], int]:
+def rig(workload: str, batch: int, tracking: bool = False) -> tuple[Callable[[], None], int]:
     """A bound I/O queue behind a TargetProtocol; returns (feed one batch, commands per
     batch)."""
     from pynvmf.block.memory import MemoryDevice
@@ -114,6 +116,7 @@ def rig(workload: str, batch: int) -> tuple[Callable[[], None], int]:
     subsystem.add_namespace(Namespace.create(nqn, 1, device, "memory:1"))
     port = Port("127.0.0.1", 0, transport=TransportConfig(inline_data_size=16 * KiB))
     target = Target([subsystem], [port])
+    target.command_counts.set_tracking(tracking)
     ctrl = Controller(
         target,
         subsystem,
@@ -161,14 +164,14 @@ def rig(workload: str, batch: int) -> tuple[Callable[[], None], int]:
     return feed, batch
 
 
-async def run(workload: str, batch: int, count: int) -> None:
-    feed, per = rig(workload, batch)
+async def run(workload: str, batch: int, count: int, tracking: bool) -> None:
+    feed, per = rig(workload, batch, tracking)
     for _ in range(count // per):
         feed()
 
 
-async def timed(workload: str, batch: int, runs: int, count: int) -> float:
-    feed, per = rig(workload, batch)
+async def timed(workload: str, batch: int, runs: int, count: int, tracking: bool) -> float:
+    feed, per = rig(workload, batch, tracking)
     for _ in range(200 // per + 1):
         feed()
     results = []
@@ -183,7 +186,7 @@ async def timed(workload: str, batch: int, runs: int, count: int) -> float:
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 
 
-def callgrind(workload: str, batch: int, count: int) -> float:
+def callgrind(workload: str, batch: int, count: int, tracking: bool) -> float:
     def instructions(n: int) -> int:
         out = subprocess.run(
             [
@@ -198,6 +201,7 @@ def callgrind(workload: str, batch: int, count: int) -> float:
                 workload,
                 "--batch",
                 str(batch),
+                *(["--latency-tracking"] if tracking else []),
             ],
             capture_output=True,
             text=True,
@@ -217,12 +221,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--callgrind", action="store_true", help="instructions per command")
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)  # one run, no output
+    parser.add_argument("--latency-tracking", action="store_true", help="time every command")
     args = parser.parse_args()
     names = args.workloads.split(",")
     # As `pynvmf target` does at start: freed read buffers stay in the heap for the next.
     tune_for_io_buffers()
     if args.count is not None:
-        asyncio.run(run(names[0], args.batch, args.count))
+        asyncio.run(run(names[0], args.batch, args.count, args.latency_tracking))
         return
     from pynvmf.compiled import compiled_modules
 
@@ -232,13 +237,13 @@ def main() -> None:
     )
     for name in names:
         if args.callgrind:
+            n = callgrind(name, args.batch, 3200, args.latency_tracking)
             print(
-                f"{name:<16} batch {args.batch:>2}: "
-                f"{callgrind(name, args.batch, 3200):>9,.0f} instructions per command",
+                f"{name:<16} batch {args.batch:>2}: {n:>9,.0f} instructions per command",
                 flush=True,
             )
         else:
-            ns = asyncio.run(timed(name, args.batch, args.runs, 20000))
+            ns = asyncio.run(timed(name, args.batch, args.runs, 20000, args.latency_tracking))
             print(f"{name:<16} batch {args.batch:>2}: {ns:>7.0f} ns per command", flush=True)
 
 

@@ -19,7 +19,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from pynvmf.metrics.labels import DEFAULT_HOST_LIMIT, BoundedLabels, label_value
@@ -27,7 +32,9 @@ from pynvmf.spec.opcodes import NSID_ALL
 from pynvmf.spec.status import Status
 from pynvmf.target import ana
 from pynvmf.target.command_counts import (
+    BUCKETS,
     COPY_BYTES,
+    HISTOGRAM_LENGTH,
     NO_NAMESPACE,
     OPCODE_SLOTS,
     OTHER_OPCODE,
@@ -233,6 +240,58 @@ def _commands(s: Scrape) -> Iterator[Metric]:
     )
 
 
+def _histogram(
+    name: str, documentation: str, labels: list[str], histograms: dict[tuple[str, ...], list[int]]
+) -> HistogramMetricFamily:
+    """A family of histograms kept as command_counts's lists (per-bucket counts, then the
+    sum in ns), given cumulative as Prometheus has them."""
+    family = HistogramMetricFamily(name, documentation, labels=labels)
+    bounds = [repr(b) for b in BUCKETS] + ["+Inf"]
+    for key, histogram in sorted(histograms.items()):
+        buckets = []
+        total = 0
+        for bound, n in zip(bounds, histogram[: HISTOGRAM_LENGTH - 1], strict=True):
+            total += n
+            buckets.append((bound, total))
+        family.add_metric(list(key), buckets, histogram[HISTOGRAM_LENGTH - 1] / 1e9)
+    return family
+
+
+def _add_into(into: dict[tuple[str, ...], list[int]], key: tuple[str, ...], h: list[int]) -> None:
+    sums = into.setdefault(key, [0] * HISTOGRAM_LENGTH)
+    for i, n in enumerate(h):
+        sums[i] += n
+
+
+def _latency(s: Scrape) -> Iterator[Metric]:
+    """Latency and stage histograms: only while latency tracking is on (or some were
+    kept from when it was); summed over hosts, to keep the label sets few."""
+    latency: dict[tuple[str, ...], list[int]] = {}
+    stages: dict[tuple[str, ...], list[int]] = {}
+    for (subnqn, _hostnqn), counts in s.target.command_counts.hosts.items():
+        sub = label_value(subnqn)
+        for nsid, per_ns in counts.namespaces.items():
+            for slot, histogram in per_ns.latency.items():
+                _add_into(latency, (sub, _nsid_label(nsid), OPCODE_LABELS[slot]), histogram)
+        for stage, histogram in counts.stages.items():
+            if any(histogram):
+                _add_into(stages, (stage,), histogram)
+    if not latency and not stages:
+        return
+    yield _histogram(
+        "pynvmf_command_latency_seconds",
+        "I/O commands' time from dispatch to completion, by subsystem, namespace and opcode",
+        ["subsystem", "nsid", "opcode"],
+        latency,
+    )
+    yield _histogram(
+        "pynvmf_command_stage_seconds",
+        "Where I/O commands' time goes, by stage (docs/metrics.md)",
+        ["stage"],
+        stages,
+    )
+
+
 def _ana(s: Scrape) -> Iterator[Metric]:
     target = s.target
     state = GaugeMetricFamily(
@@ -397,6 +456,7 @@ SOURCES: tuple[Source, ...] = (
     _commands,
     _in_flight,
     _copies,
+    _latency,
     _ana,
     _tls,
     _auth,

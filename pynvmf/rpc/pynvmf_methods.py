@@ -25,6 +25,11 @@
 - pynvmf_bdev_resize {name, size_bytes}: grow a file bdev's regular file to size_bytes
   (bdev_aio_rescan takes a size that grew outside); the namespaces on it and their hosts
   see the new size. Returns the number of blocks.
+- pynvmf_get_host_stats {subsystem?}: every host's (or one subsystem's hosts') counts of
+  commands, bytes and errors per namespace and, while latency tracking is on, their
+  latency and stage histograms (docs/metrics.md, "Per-host statistics").
+- pynvmf_set_latency_tracking {enable}: time commands (latency histograms) or stop;
+  the metrics endpoint turns it on when it starts listening.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from pynvmf.config.native import ConfigError, config_of
 from pynvmf.config.nvmetcli import nvmetcli_config
 from pynvmf.config.spdk import spdk_config
 from pynvmf.metrics.endpoint import MetricsEndpoint, MetricsListenError
+from pynvmf.metrics.host_stats import host_stats
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane, MethodTable, Params, change_error
 from pynvmf.target.changes import ChangeError
@@ -242,3 +248,20 @@ async def pynvmf_metrics_stop(cp: ControlPlane, p: Params) -> bool:
 async def pynvmf_metrics_get_listen(cp: ControlPlane, p: Params) -> dict[str, Any] | None:
     p.done()
     return _listen_result(_metrics(cp).address)
+
+
+@method("pynvmf_get_host_stats")
+async def pynvmf_get_host_stats(cp: ControlPlane, p: Params) -> dict[str, Any]:
+    subnqn = p.string("subsystem", None)
+    p.done()
+    if subnqn is not None and subnqn not in cp.target.subsystems:
+        raise RpcError(INVALID_PARAMS, f"subsystem: no subsystem {subnqn!r}")
+    return host_stats(cp.target, subnqn)
+
+
+@method("pynvmf_set_latency_tracking")
+async def pynvmf_set_latency_tracking(cp: ControlPlane, p: Params) -> bool:
+    enable = p.boolean("enable")
+    p.done()
+    cp.target.set_latency_tracking(enable)
+    return True

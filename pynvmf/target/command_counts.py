@@ -28,6 +28,7 @@ kept apart: the others are counted in (subsystem, OTHER_HOST).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Final
 
@@ -48,8 +49,53 @@ _READ: Final = int(IoOpcode.READ)
 _WRITE: Final = int(IoOpcode.WRITE)
 _COPY: Final = int(IoOpcode.COPY)
 
-# A report of a worker: (subsystem NQN, host NQN, {nsid: counts}, {(nsid, slot, status): n})
-Report = list[tuple[str, str, dict[int, list[int]], dict[tuple[int, int, int], int]]]
+# Latency histograms' bucket upper bounds: 10 us to 10 s, 1-2.5-5 a decade (+Inf implied).
+BUCKETS: Final[tuple[float, ...]] = (
+    *(m * 10.0**e for e in range(-5, 1) for m in (1.0, 2.5, 5.0)),
+    10.0,
+)
+BUCKETS_NS: Final[list[int]] = [round(b * 1e9) for b in BUCKETS]
+# A histogram as a list: its per-bucket counts (len(BUCKETS) + 1, the last +Inf), then the
+# sum of its samples in ns.
+HISTOGRAM_LENGTH: Final = len(BUCKETS) + 2
+# Where a command's time goes (docs/metrics.md); a host's histograms of each.
+STAGES: Final = ("receive", "data", "budget", "device", "send")
+
+# Histograms of a worker's report: {nsid: {opcode slot: histogram}} and {stage: histogram}.
+Latency = dict[int, dict[int, list[int]]]
+Stages = dict[str, list[int]]
+# A report of a worker: (subsystem NQN, host NQN, {nsid: counts}, {(nsid, slot, status): n},
+# latency, stages)
+Report = list[
+    tuple[str, str, dict[int, list[int]], dict[tuple[int, int, int], int], Latency, Stages]
+]
+
+
+def new_histogram() -> list[int]:
+    return [0] * HISTOGRAM_LENGTH
+
+
+def observe(histogram: list[int], ns: int) -> None:
+    """Count a sample of `ns` nanoseconds in `histogram` (a list, new_histogram's)."""
+    histogram[bisect_left(BUCKETS_NS, ns)] += 1
+    histogram[HISTOGRAM_LENGTH - 1] += ns
+
+
+def histogram_count(histogram: list[int]) -> int:
+    return sum(histogram[: HISTOGRAM_LENGTH - 1])
+
+
+def _add_histogram(into: list[int], histogram: list[int]) -> None:
+    for i in range(HISTOGRAM_LENGTH):
+        into[i] += histogram[i]
+
+
+def _is_histogram(histogram: object) -> bool:
+    return (
+        isinstance(histogram, list)
+        and len(histogram) == HISTOGRAM_LENGTH
+        and all(isinstance(n, int) and n >= 0 for n in histogram)
+    )
 
 
 def opcode_slot(opcode: int) -> int:
@@ -60,7 +106,16 @@ class NamespaceCounts:
     """One host's commands to one namespace. As a list (`as_list`, a worker's report):
     commands by opcode slot, then read, write and copy bytes (SLOTS ints)."""
 
-    __slots__ = ("copies", "copy_bytes", "opcodes", "read_bytes", "reads", "write_bytes", "writes")
+    __slots__ = (
+        "copies",
+        "copy_bytes",
+        "latency",
+        "opcodes",
+        "read_bytes",
+        "reads",
+        "write_bytes",
+        "writes",
+    )
 
     def __init__(self) -> None:
         self.reads = 0
@@ -71,6 +126,14 @@ class NamespaceCounts:
         self.copy_bytes = 0  # data copied within the target by Copy
         # Commands of the other opcodes, by opcode slot.
         self.opcodes: list[int] = [0] * (OTHER_OPCODE + 1)
+        # Latency histograms by opcode slot, while latency tracking is on.
+        self.latency: dict[int, list[int]] = {}
+
+    def latency_of(self, slot: int) -> list[int]:
+        histogram = self.latency.get(slot)
+        if histogram is None:
+            histogram = self.latency[slot] = new_histogram()
+        return histogram
 
     def command(self, slot: int, status: int, length: int) -> None:
         """A command of opcode slot `slot` completed with `status`, `length` the bytes
@@ -121,12 +184,43 @@ class NamespaceCounts:
 class HostCounts:
     """One host's counts in one subsystem."""
 
-    __slots__ = ("errors", "namespaces")
+    __slots__ = ("device", "errors", "namespaces", "stages", "tracking")
 
-    def __init__(self) -> None:
+    def __init__(self, tracking: bool = False) -> None:
         # IoHandler adds to these in place (a namespace's object is never replaced).
         self.namespaces: dict[int, NamespaceCounts] = {}
         self.errors: dict[tuple[int, int, int], int] = {}
+        # Whether IoHandler times this host's commands (CommandCounts.set_tracking).
+        self.tracking = tracking
+        self.stages: dict[str, list[int]] = {stage: new_histogram() for stage in STAGES}
+        # stages["device"], which every timed command adds to: no look-up by name.
+        self.device = self.stages["device"]
+
+    def timed(self, nsid: int, slot: int, started: int, waited: int, now: int) -> None:
+        """A command of opcode slot `slot` to `nsid` dispatched at `started` completed
+        at `now` (monotonic ns), having waited `waited` ns of it for data or a buffer
+        (`waited`): its latency, and the rest its time on the device."""
+        ns = now - started
+        counts = self.namespaces.get(nsid)
+        if counts is None:
+            counts = self.namespace(nsid)
+        histogram = counts.latency.get(slot)
+        if histogram is None:
+            histogram = counts.latency_of(slot)
+        bucket = bisect_left(BUCKETS_NS, ns)
+        histogram[bucket] += 1
+        histogram[HISTOGRAM_LENGTH - 1] += ns
+        if waited:
+            ns -= waited
+            bucket = bisect_left(BUCKETS_NS, ns)
+        device = self.device
+        device[bucket] += 1
+        device[HISTOGRAM_LENGTH - 1] += ns
+
+    def waited(self, stage: str, ns: int) -> None:
+        """A command waited `ns` nanoseconds in `stage` (data: for the host's data after
+        R2T; budget: for a data buffer)."""
+        observe(self.stages[stage], ns)
 
     def namespace(self, nsid: int) -> NamespaceCounts:
         counts = self.namespaces.get(nsid)
@@ -138,30 +232,71 @@ class HostCounts:
         key = (nsid, slot, status & STATUS_MASK)
         self.errors[key] = self.errors.get(key, 0) + 1
 
-    def take(self) -> tuple[dict[int, list[int]], dict[tuple[int, int, int], int]]:
-        """The counts so far (the namespaces with any), and zero from now on, in place."""
+    def take(
+        self,
+    ) -> tuple[dict[int, list[int]], dict[tuple[int, int, int], int], Latency, Stages]:
+        """The counts and histograms so far (the namespaces and stages with any), and
+        zero from now on, in place."""
         namespaces = {}
+        latency: Latency = {}
         for nsid, counts in self.namespaces.items():
             taken = counts.take()
             if any(taken):
                 namespaces[nsid] = taken
+            if counts.latency:
+                latency[nsid] = counts.latency
+                counts.latency = {}
         errors = dict(self.errors)
         self.errors.clear()
-        return namespaces, errors
+        stages: Stages = {}
+        for stage, histogram in self.stages.items():
+            if any(histogram):
+                stages[stage] = histogram
+                self.stages[stage] = new_histogram()
+        self.device = self.stages["device"]
+        return namespaces, errors, latency, stages
 
     def add(
-        self, namespaces: dict[int, list[int]], errors: dict[tuple[int, int, int], int]
+        self,
+        namespaces: dict[int, list[int]],
+        errors: dict[tuple[int, int, int], int],
+        latency: Latency,
+        stages: Stages,
     ) -> None:
         for nsid, counts in namespaces.items():
             self.namespace(nsid).add(counts)
         for key, n in errors.items():
             self.errors[key] = self.errors.get(key, 0) + n
+        for nsid, histograms in latency.items():
+            ns_counts = self.namespace(nsid)
+            for slot, histogram in histograms.items():
+                _add_histogram(ns_counts.latency_of(slot), histogram)
+        for stage, histogram in stages.items():
+            _add_histogram(self.stages[stage], histogram)
 
 
-def _check(namespaces: object, errors: object) -> None:
+def _check(namespaces: object, errors: object, latency: object, stages: object) -> None:
     """A worker's report refused (ValueError) unless it is counts that only grow."""
-    if not isinstance(namespaces, dict) or not isinstance(errors, dict):
+    if (
+        not isinstance(namespaces, dict)
+        or not isinstance(errors, dict)
+        or not isinstance(latency, dict)
+        or not isinstance(stages, dict)
+    ):
         raise ValueError("not counts of commands")
+    for nsid, histograms in latency.items():
+        if (
+            not isinstance(nsid, int)
+            or not isinstance(histograms, dict)
+            or not all(
+                isinstance(slot, int) and 0 <= slot <= OTHER_OPCODE and _is_histogram(h)
+                for slot, h in histograms.items()
+            )
+        ):
+            raise ValueError(f"not latency histograms of namespace {nsid!r}")
+    for stage, histogram in stages.items():
+        if stage not in STAGES or not _is_histogram(histogram):
+            raise ValueError(f"not a histogram of stage {stage!r}")
     for nsid, counts in namespaces.items():
         if (
             not isinstance(nsid, int)
@@ -188,6 +323,13 @@ class CommandCounts:
     def __init__(self, max_hosts: int = MAX_HOSTS) -> None:
         self.max_hosts = max_hosts
         self.hosts: dict[tuple[str, str], HostCounts] = {}
+        self.tracking = False
+
+    def set_tracking(self, enable: bool) -> None:
+        """Time every host's commands (latency histograms) from now on, or stop."""
+        self.tracking = enable
+        for counts in self.hosts.values():
+            counts.tracking = enable
 
     def of(self, subnqn: str, hostnqn: str) -> HostCounts:
         """Where the commands of `hostnqn` to `subnqn` are counted (kept for ever)."""
@@ -198,16 +340,16 @@ class CommandCounts:
                 hostnqn = OTHER_HOST
                 counts = hosts.get((subnqn, hostnqn))
             if counts is None:
-                counts = hosts[subnqn, hostnqn] = HostCounts()
+                counts = hosts[subnqn, hostnqn] = HostCounts(self.tracking)
         return counts
 
     def take(self) -> Report:
         """Every host's counts since the last take, for a worker's report."""
         report: Report = []
         for (subnqn, hostnqn), counts in self.hosts.items():
-            namespaces, errors = counts.take()
-            if namespaces or errors:
-                report.append((subnqn, hostnqn, namespaces, errors))
+            namespaces, errors, latency, stages = counts.take()
+            if namespaces or errors or latency or stages:
+                report.append((subnqn, hostnqn, namespaces, errors, latency, stages))
         return report
 
     def add(self, report: Report) -> None:
@@ -216,14 +358,14 @@ class CommandCounts:
         for entry in report:
             if (
                 not isinstance(entry, tuple)
-                or len(entry) != 4
+                or len(entry) != 6
                 or not isinstance(entry[0], str)
                 or not isinstance(entry[1], str)
             ):
                 raise ValueError(f"not counts of commands: {entry!r}")
-            _check(entry[2], entry[3])
-        for subnqn, hostnqn, namespaces, errors in report:
-            self.of(subnqn, hostnqn).add(namespaces, errors)
+            _check(entry[2], entry[3], entry[4], entry[5])
+        for subnqn, hostnqn, namespaces, errors, latency, stages in report:
+            self.of(subnqn, hostnqn).add(namespaces, errors, latency, stages)
 
 
 @dataclass

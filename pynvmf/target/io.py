@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
@@ -140,6 +141,8 @@ class IoHandler:
         takes the general path, which decides the status."""
         sqe = req.sqe
         opcode = sqe.opcode
+        if self.counts.tracking:
+            req.started = time.monotonic_ns()
         if opcode in (_READ, _WRITE, _COPY) and not self.registered and not self.ana.any_blocked:
             ns = self.namespaces.get(sqe.nsid)
             if ns is not None:
@@ -170,6 +173,8 @@ class IoHandler:
                                 counts = self.counts.namespace(sqe.nsid)
                             counts.writes += 1
                             counts.write_bytes += req.length
+                            if req.started:
+                                self.timed(sqe.nsid, _WRITE, req)
                             self.queue.conn.complete(req, 0)
                             return
                 except (ValueError, TypeError):
@@ -208,6 +213,8 @@ class IoHandler:
             counts = self.counts.namespace(sqe.nsid)
         counts.reads += 1
         counts.read_bytes += length
+        if req.started:
+            self.timed(sqe.nsid, _READ, req)
         self.queue.conn.complete(req, 0, 0, data)
         return True
 
@@ -248,6 +255,8 @@ class IoHandler:
         counts = self.counts.namespace(sqe.nsid)
         counts.copies += 1
         counts.copy_bytes += nlb << shift
+        if req.started:
+            self.timed(sqe.nsid, _COPY, req)
         self.queue.conn.complete(req, 0)
         return True
 
@@ -304,6 +313,27 @@ class IoHandler:
         self.counts.namespace(nsid).command(slot, status, req.length)
         if status:
             self.counts.error(nsid, slot, status)
+        if req.started:
+            self.timed(nsid, slot, req)
+
+    def timed(self, nsid: int, slot: int, req: Request) -> None:
+        """A timed command (dispatched while latency tracking was on) completes now."""
+        if self.counts.tracking:
+            self.counts.timed(nsid, slot, req.started, req.waited, time.monotonic_ns())
+
+    def waited(self, req: Request, stage: str, since: int) -> None:
+        """A timed command waited from `since` until now in `stage` (command_counts.STAGES)."""
+        ns = time.monotonic_ns() - since
+        req.waited += ns
+        if self.counts.tracking:
+            self.counts.waited(stage, ns)
+
+    async def take_budget(self, req: Request, n: int) -> None:
+        """Wait until the connection's budget has `n` bytes for `req` (and take them)."""
+        since = time.monotonic_ns() if req.started else 0
+        await self.budget.take(n)
+        if since:
+            self.waited(req, "budget", since)
 
     def path_status(self, nsid: int) -> int:
         """The ANA path-related status a command to `nsid` gets through this queue's
@@ -349,7 +379,7 @@ class IoHandler:
         if length > UNCHARGED_READ:
             budget = self.budget
             if not budget.try_take(length):
-                await budget.take(length)
+                await self.take_budget(req, length)
             req.charge = length
         data = bytearray(length)
         await ns.device.read(slba, memoryview(data))
@@ -371,7 +401,7 @@ class IoHandler:
         while True:
             n = min(READ_CHUNK, length - offset)
             if not budget.try_take(n):
-                await budget.take(n)
+                await self.take_budget(req, n)
             req.charge += n
             buf = bytearray(n)
             await device.read(lba, memoryview(buf))
@@ -570,7 +600,7 @@ class IoHandler:
             return CMD_SIZE_LIMIT_EXCEEDED | DNR, 0, None
         need = plan.memory
         if need and not budget.try_take(need):
-            await budget.take(need)
+            await self.take_budget(req, need)
         try:
             await ns.gate.enter()
             try:

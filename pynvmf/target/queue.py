@@ -289,7 +289,11 @@ class TargetQueue:
         transport gives the charge back when the command completes."""
         budget = self.budget
         if not budget.try_take(n):
-            await budget.take(n)
+            io = self.io
+            if io is not None:
+                await io.take_budget(req, n)
+            else:
+                await budget.take(n)
         req.charge += n
 
     async def fetch_data(self, req: Request) -> bytearray:
@@ -299,9 +303,14 @@ class TargetQueue:
         fut: asyncio.Future[bytearray] = asyncio.get_running_loop().create_future()
         self._waiters.add(fut)
         arrived = functools.partial(_deliver, fut)
+        # A timed command's wait for the data is its `data` stage (metrics).
+        since = time.monotonic_ns() if req.started else 0
         self.conn.fetch_data(req, arrived)
         try:
-            return await fut
+            data = await fut
+            if since and self.io is not None:
+                self.io.waited(req, "data", since)
+            return data
         finally:
             self._waiters.discard(fut)
             # A failed future holds its exception, whose traceback holds this frame: the

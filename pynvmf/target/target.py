@@ -344,6 +344,11 @@ class Target:
         """A Set Features changed what I/O reads of `ctrl`: whatever serves its queues
         elsewhere takes the change before the host hears of it. Nothing, here."""
 
+    def set_latency_tracking(self, enable: bool) -> None:
+        """Time every I/O command (latency histograms: command_counts.py) from now on,
+        or stop, wherever the I/O queues are served."""
+        self.command_counts.set_tracking(enable)
+
     def set_transport(self, config: TransportConfig) -> None:
         """The transport options of the listeners add_listener opens from now on."""
         check_transport(config)

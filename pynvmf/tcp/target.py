@@ -104,7 +104,9 @@ class Request:
         "reusable",
         "sent",
         "sqe",
+        "started",
         "ttag",
+        "waited",
     )
 
     def __init__(self, sqe: Sqe) -> None:
@@ -124,6 +126,10 @@ class Request:
         # Controller-to-host data already sent with send_data (a Read sent in pieces).
         self.sent = 0
         self.on_data: Callable[[Request], None] | None = None
+        # When the command was dispatched (monotonic ns), while latency tracking is on,
+        # and the ns of that it waited for host data or a buffer (not the device's).
+        self.started = 0
+        self.waited = 0
 
 
 @dataclass(slots=True)

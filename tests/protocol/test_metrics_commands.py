@@ -169,7 +169,7 @@ def test_a_report_is_taken_once_and_a_bad_one_adds_nothing() -> None:
     got = main.of(NQN, HOST_A)
     assert got.namespaces[1].reads == 6
     assert got.errors == {(1, IoOpcode.READ, Status.LBA_OUT_OF_RANGE): 2}
-    bad = [(NQN, HOST_B, {1: [-1] + [0] * 35}, {})]
+    bad = [(NQN, HOST_B, {1: [-1] + [0] * 35}, {}, {}, {})]
     with pytest.raises(ValueError):
         main.add(report + bad)
     assert got.namespaces[1].reads == 6

@@ -265,6 +265,23 @@ def test_command_counts_of_two_hosts_on_worker_processes_are_exact_and_survive_t
             **_want(HOST_2, 1, 1, "command_errors", opcode="read", status="lba_out_of_range"),
         }
         asyncio.run(_scrape_commands_until(address, want))
+        with RpcClient(socket_path) as rpc:
+            stats = rpc.call("pynvmf_get_host_stats")
+        # The workers' latency histograms came with their counts: one sample a command.
+        assert stats["latency_tracking"] is True
+        timed = {
+            (h["host"], ns["nsid"]): {op: hist["count"] for op, hist in ns["latency"].items()}
+            for h in stats["hosts"]
+            for ns in h["namespaces"]
+        }
+        assert timed == {
+            (HOST, 1): {"write": 6},
+            (HOST, 2): {"read": 4},
+            (HOST_2, 1): {"flush": 1, "read": 1},
+            (HOST_2, 2): {"read": 3},
+        }
+        stages = {h["host"]: h["stages"]["device"]["count"] for h in stats["hosts"]}
+        assert stages == {HOST: 10, HOST_2: 5}
         # The subsystem deleted and created again: its hosts' counts go on from where
         # they were.
         with RpcClient(socket_path) as rpc:

@@ -150,5 +150,14 @@ def test_prometheus_scrapes_the_target_and_answers_promql(
         # A rate over the samples Prometheus holds: the reads happened, so it is above 0.
         rate = f"rate({reads}[1m])"
         prometheus.until(lambda: (prometheus.value(rate) or 0) > 0, "a read rate")
+        # The latency histogram (the endpoint listening times commands): as many reads, and
+        # PromQL's quantile of its buckets is a latency within them.
+        timed = 'sum(pynvmf_command_latency_seconds_count{opcode="read"})'
+        prometheus.until(lambda: prometheus.value(timed) == 9, "9 timed reads")
+        p99 = (
+            "histogram_quantile(0.99, sum by (le) "
+            '(pynvmf_command_latency_seconds_bucket{opcode="read"}))'
+        )
+        assert 0 < (prometheus.value(p99) or 0) <= 10
     finally:
         prometheus.stop()

@@ -34,6 +34,7 @@ NAMESPACE_HOSTS = "namespace_hosts"
 # (nqn, nsid): the namespace's file grew, take its size; request
 NAMESPACE_RESIZED = "namespace_resized"
 EXIT = "exit"  # ()
+LATENCY_TRACKING = "latency_tracking"  # (enable): time commands (command_counts.py) or stop
 # Worker -> main process.
 QUEUE_CLOSED = "queue_closed"  # (queue token)
 # (controller tokens with traffic, {token: [ErrorLogEntry]}, {nqn: stats}, TransportCounts,

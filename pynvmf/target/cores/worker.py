@@ -106,6 +106,8 @@ class Worker:
         self.sock = sock
         self.index = -1
         self.target: Target | None = None
+        # Whether to time commands (LATENCY_TRACKING), also before the target exists.
+        self.latency_tracking = False
         self.channel: Channel | None = None
         self.done = asyncio.Event()
         self.protocols: dict[int, WorkerProtocol] = {}
@@ -176,6 +178,12 @@ class Worker:
         if kind == S.EXIT:
             self.done.set()
             return None
+        if kind == S.LATENCY_TRACKING:
+            # It may come before INIT's target exists (_init awaits): kept for it.
+            self.latency_tracking = args[0] is True
+            if self.target is not None:
+                self.target.set_latency_tracking(self.latency_tracking)
+            return None
         log.error("worker: unknown message %r", kind)
         return None
 
@@ -194,6 +202,7 @@ class Worker:
             ),
             busy_poll_us=init.busy_poll_us,
         )
+        self.target.set_latency_tracking(self.latency_tracking)
         await self.target.start()  # no ports: only the sweep of unfinished input
         self._schedule_report()
         return os.getpid()

@@ -239,6 +239,8 @@ class WorkerPool:
             busy_poll_us=self.target.busy_poll_us,
         )
         ready = worker.request(S.INIT, init, fds=[os.dup(self.ana_table.fileno())])
+        if self.target.command_counts.tracking:
+            worker.channel_send(S.LATENCY_TRACKING, True)
         # Everything the worker must know before its first queue: every namespace.
         waits = [ready]
         for subsystem in list(self.target.subsystems.values()):
@@ -610,6 +612,11 @@ class WorkerPool:
             return
         await wait_all([w.request(S.NAMESPACE_RESIZED, nqn, ns.nsid) for w in self._live()])
 
+    def latency_tracking(self, enable: bool) -> None:
+        """Every worker times its commands from now on, or stops."""
+        for worker in self._live():
+            worker.channel_send(S.LATENCY_TRACKING, enable)
+
     async def subsystem_removed(self, nqn: str) -> None:
         await wait_all([w.request(S.SUBSYSTEM_GONE, nqn) for w in self._live()])
         # No worker reads its places in the ANA table any more.
@@ -725,6 +732,10 @@ class MultiCoreTarget(Target):
 
     async def controller_changed(self, ctrl: Controller) -> None:
         await self.workers.controller_changed(ctrl)
+
+    def set_latency_tracking(self, enable: bool) -> None:
+        super().set_latency_tracking(enable)
+        self.workers.latency_tracking(enable)
 
     async def start(self) -> None:
         for subsystem in self.subsystems.values():
