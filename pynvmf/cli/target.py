@@ -96,6 +96,12 @@ def add_target_command(sub: Any) -> None:
         "overrides the configuration file's metrics.listen)",
     )
     p.add_argument(
+        "--latency-tracking",
+        action="store_true",
+        help="time every I/O command: latency and stage histograms in the metrics and in "
+        "pynvmf_get_host_stats (costs the hot path, docs/metrics.md; also over the RPC)",
+    )
+    p.add_argument(
         "--listen",
         action="append",
         default=[],
@@ -348,6 +354,8 @@ async def _run_target(args: argparse.Namespace) -> int:
         cp, gateway_config, metrics_listen = await _load(target, args, stop, metrics)
         if not target.ports and not (args.rpc_socket or args.rpc_listen):
             raise ConfigError("the configuration has no ports (and there is no RPC to add some)")
+        if args.latency_tracking:
+            target.set_latency_tracking(True)
         if metrics_listen is not None:
             # First of all that listens: a port it cannot have leaves nothing started.
             await metrics.listen(*metrics_listen)

@@ -76,9 +76,6 @@ class MetricsEndpoint:
             await old.wait_closed()
         bound = server.sockets[0].getsockname()
         self.address = (bound[0], bound[1])
-        # What is scraped includes the latency histograms: commands are timed from now on
-        # (pynvmf_set_latency_tracking turns it off again).
-        self.target.set_latency_tracking(True)
         log.info("metrics at http://%s:%d%s", address, self.address[1], PATH)
         return self.address
 

@@ -29,7 +29,7 @@
   commands, bytes and errors per namespace and, while latency tracking is on, their
   latency and stage histograms (docs/metrics.md, "Per-host statistics").
 - pynvmf_set_latency_tracking {enable}: time commands (latency histograms) or stop;
-  the metrics endpoint turns it on when it starts listening.
+  off unless asked (this or `pynvmf target --latency-tracking`): it costs the hot path.
 """
 
 from __future__ import annotations

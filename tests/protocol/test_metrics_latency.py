@@ -42,6 +42,7 @@ async def served() -> AsyncIterator[tuple[Target, Port, MetricsEndpoint]]:
     target, port = _target()
     endpoint = MetricsEndpoint(target)
     await endpoint.listen("127.0.0.1", 0)
+    target.set_latency_tracking(True)  # `pynvmf target --latency-tracking`
     await target.start()
     yield target, port, endpoint
     await endpoint.close()
@@ -138,10 +139,11 @@ async def test_with_tracking_off_there_are_no_histograms() -> None:
     endpoint = MetricsEndpoint(target)
     await target.start()
     try:
-        await endpoint.listen("127.0.0.1", 0)  # turns tracking on ...
+        await endpoint.listen("127.0.0.1", 0)  # the endpoint alone times nothing
         cp = control_plane(target)
+        assert await cp.call("pynvmf_set_latency_tracking", {"enable": True}) is True
         assert await cp.call("pynvmf_set_latency_tracking", {"enable": False}) is True
-        await _workload(port)  # ... and the RPC off again
+        await _workload(port)
         assert endpoint.address is not None
         m = await scrape(*endpoint.address)
         stats = await cp.call("pynvmf_get_host_stats", {})

@@ -248,7 +248,9 @@ def test_command_counts_of_two_hosts_on_worker_processes_are_exact_and_survive_t
         ],
         "metrics": {"listen": "127.0.0.1:0"},
     }
-    proc = TargetProcess(config, tmp_path, ["--cores", "2", "--rpc-socket", socket_path])
+    proc = TargetProcess(
+        config, tmp_path, ["--cores", "2", "--rpc-socket", socket_path, "--latency-tracking"]
+    )
     proc.start()
     try:
         address = _metrics_address(proc)

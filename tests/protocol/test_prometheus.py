@@ -109,7 +109,7 @@ def target(tmp_path: Path) -> Iterator[tuple[TargetProcess, str]]:
         tmp_path,
         [
             *("--listen", "127.0.0.1:0", "--discovery-port", "0", "--cores", "1"),
-            *("--metrics-listen", f"127.0.0.1:{metrics_port}"),
+            *("--metrics-listen", f"127.0.0.1:{metrics_port}", "--latency-tracking"),
         ],
     )
     proc.start()
@@ -150,7 +150,7 @@ def test_prometheus_scrapes_the_target_and_answers_promql(
         # A rate over the samples Prometheus holds: the reads happened, so it is above 0.
         rate = f"rate({reads}[1m])"
         prometheus.until(lambda: (prometheus.value(rate) or 0) > 0, "a read rate")
-        # The latency histogram (the endpoint listening times commands): as many reads, and
+        # The latency histogram (--latency-tracking): as many reads, and
         # PromQL's quantile of its buckets is a latency within them.
         timed = 'sum(pynvmf_command_latency_seconds_count{opcode="read"})'
         prometheus.until(lambda: prometheus.value(timed) == 9, "9 timed reads")

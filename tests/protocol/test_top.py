@@ -5,10 +5,8 @@ Two kinds of test:
   terminal with its keys, the error of a target without the method, and no rich needed
   for the plain tables), against pynvmf's own RPC server with a stand-in
   pynvmf_get_host_stats that answers literal answers in the agreed shape;
-- END TO END, against `pynvmf target` after a known workload of the host library. It
-  needs pynvmf_get_host_stats (branch `latency`): until that is merged it skips on
-  "method not found", and only then (see _host_stats_or_skip: remove that skip once
-  `latency` is merged).
+- END TO END, against `pynvmf target --latency-tracking` after a known workload of the
+  host library.
 """
 
 from __future__ import annotations
@@ -29,8 +27,7 @@ import pytest
 from pynvmf.cli.top_view import HEADERS, STAGES, Snapshot, rows, snapshot, view
 from pynvmf.host import connect
 from pynvmf.host.errors import NvmeStatusError
-from pynvmf.rpc.client import RpcClient, RpcClientError
-from pynvmf.rpc.jsonrpc import METHOD_NOT_FOUND
+from pynvmf.rpc.client import RpcClient
 from pynvmf.rpc.methods import ControlPlane, MethodTable, Params
 from pynvmf.rpc.server import RpcServer
 from pynvmf.spec.opcodes import IoOpcode
@@ -318,17 +315,11 @@ async def test_live_view_shows_rows_sorts_on_a_key_and_quits_on_q(tmp_path: Path
         assert await asyncio.to_thread(use) == 0
 
 
-# -- end to end: pynvmf target and pynvmf_get_host_stats (branch `latency`) -------------------
+# -- end to end: pynvmf target and pynvmf_get_host_stats ----------------------------------
 
 
-def _host_stats_or_skip(rpc: RpcClient) -> Snapshot:
-    try:
-        return snapshot(rpc.call("pynvmf_get_host_stats"))
-    except RpcClientError as exc:
-        # REMOVE THIS SKIP once branch `latency` (pynvmf_get_host_stats) is merged.
-        if exc.code == METHOD_NOT_FOUND:
-            pytest.skip("pynvmf_get_host_stats is not on this branch yet (branch latency)")
-        raise
+def _host_stats(rpc: RpcClient) -> Snapshot:
+    return snapshot(rpc.call("pynvmf_get_host_stats"))
 
 
 async def _reads(proc: TargetProcess, count: int | None, stop: asyncio.Event | None = None) -> int:
@@ -362,7 +353,10 @@ def _target(tmp_path: Path, cores: int) -> Iterator[tuple[TargetProcess, str]]:
     proc = TargetProcess(
         config,
         tmp_path,
-        ["--discovery-port", "0", "--rpc-socket", socket_path, "--cores", str(cores)],
+        [
+            *("--discovery-port", "0", "--rpc-socket", socket_path, "--cores", str(cores)),
+            "--latency-tracking",
+        ],
     )
     proc.start()
     try:
@@ -378,13 +372,13 @@ def _commands(stats: Snapshot) -> dict[str, int]:
 @pytest.mark.parametrize("cores", [1, 2])
 async def test_end_to_end_rates_match_a_known_workload(tmp_path: Path, cores: int) -> None:
     with _target(tmp_path, cores) as (proc, socket_path), RpcClient(socket_path) as rpc:
-        earlier = _host_stats_or_skip(rpc)
+        earlier = _host_stats(rpc)
         await _reads(proc, 200)
         await _writes_and_errors(proc, 100, 3)
         # With --cores 2 the workers report their counts every half second at most: ask
         # until both hosts' are in (a deadline, not a guess).
         async with asyncio.timeout(30):
-            while _commands(later := _host_stats_or_skip(rpc)) != {READER: 200, WRITER: 103}:
+            while _commands(later := _host_stats(rpc)) != {READER: 200, WRITER: 103}:
                 await asyncio.sleep(0.05)
     elapsed = later.seconds - earlier.seconds
     by_host = {(r.subsystem, r.host, r.nsid): r for r in rows(earlier, later)}
@@ -396,14 +390,14 @@ async def test_end_to_end_rates_match_a_known_workload(tmp_path: Path, cores: in
     assert round(writer.iops * elapsed) == 103
     assert round(writer.write_mbs * 1e6 * elapsed) == 100 * 4096
     assert round(writer.errors * elapsed) == 3
-    if later.latency_tracking:
-        for row in (reader, writer):
-            assert row.p50 is not None and row.p99 is not None
-            assert 0 < row.p50 <= row.p99
-        # Each host's commands passed through the stages: some stage has a p99.
-        stages = {line[1]: line[2:] for line in view(earlier, later, "host", True).lines}
-        for host in (READER, WRITER):
-            assert any(cell != "-" for cell in stages[host]), stages
+    assert later.latency_tracking
+    for row in (reader, writer):
+        assert row.p50 is not None and row.p99 is not None
+        assert 0 < row.p50 <= row.p99
+    # Each host's commands passed through the stages: some stage has a p99.
+    stages = {line[1]: line[2:] for line in view(earlier, later, "host", True).lines}
+    for host in (READER, WRITER):
+        assert any(cell != "-" for cell in stages[host]), stages
 
 
 async def test_end_to_end_once_shows_the_busy_host_first(tmp_path: Path) -> None:
@@ -411,7 +405,7 @@ async def test_end_to_end_once_shows_the_busy_host_first(tmp_path: Path) -> None
     # report theirs every half second, a lag as long as the interval).
     with _target(tmp_path, 1) as (proc, socket_path):
         with RpcClient(socket_path) as rpc:
-            _host_stats_or_skip(rpc)
+            _host_stats(rpc)
         await _writes_and_errors(proc, 10, 0)
         stop = asyncio.Event()
         reading = asyncio.create_task(_reads(proc, None, stop))
@@ -425,5 +419,5 @@ async def test_end_to_end_once_shows_the_busy_host_first(tmp_path: Path) -> None
     assert first[:3] == [SUB, READER, "1"]
     assert int(first[3].replace(",", "")) > 0 and float(first[4]) > 0
     assert second[:4] == [SUB, WRITER, "1", "0"]
-    if "-" not in first[6:8]:  # latency tracked: the reader's p50 and p99 have units
-        assert all(cell.endswith(("us", "ms", "s")) for cell in first[6:8])
+    # Latency tracked: the reader's p50 and p99 have units.
+    assert all(cell.endswith(("us", "ms", "s")) for cell in first[6:8]), first
