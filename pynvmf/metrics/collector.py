@@ -27,7 +27,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from pynvmf.metrics.labels import DEFAULT_HOST_LIMIT, BoundedLabels, label_value
+from pynvmf.metrics.labels import DEFAULT_HOST_LIMIT, OPCODE_LABELS, BoundedLabels, label_value
 from pynvmf.spec.opcodes import NSID_ALL
 from pynvmf.spec.status import Status
 from pynvmf.target import ana
@@ -36,24 +36,16 @@ from pynvmf.target.command_counts import (
     COPY_BYTES,
     HISTOGRAM_LENGTH,
     NO_NAMESPACE,
-    OPCODE_SLOTS,
     OTHER_OPCODE,
     READ_BYTES,
     WRITE_BYTES,
 )
-from pynvmf.target.io import IO_COMMANDS
 
 if TYPE_CHECKING:
     from pynvmf.target.target import Target
 
 # kTLS fallback reasons come from the kernel's answers: a handful, but not ours to bound.
 FALLBACK_REASON_LIMIT = 32
-# The `opcode` label of each opcode slot (command_counts.py): the NVM command set's
-# commands by name, any other opcode as "other".
-OPCODE_LABELS: tuple[str, ...] = tuple(
-    IO_COMMANDS[op].name if op in IO_COMMANDS and op < OPCODE_SLOTS else "other"
-    for op in range(OTHER_OPCODE + 1)
-)
 _DIRECTIONS = (("read", READ_BYTES), ("write", WRITE_BYTES), ("copy", COPY_BYTES))
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from pynvmf.metrics.collector import OPCODE_LABELS
+from pynvmf.metrics.labels import OPCODE_LABELS
 from pynvmf.target.command_counts import (
     BUCKETS,
     COPY_BYTES,

@@ -11,6 +11,17 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 
+from pynvmf.target.command_counts import OPCODE_SLOTS, OTHER_OPCODE
+from pynvmf.target.io import IO_COMMANDS
+
+# The `opcode` label of each opcode slot (command_counts.py): the NVM command set's
+# commands by name, any other opcode as "other". Here, not in collector.py, so that what
+# answers pynvmf_get_host_stats does not import prometheus-client.
+OPCODE_LABELS: tuple[str, ...] = tuple(
+    IO_COMMANDS[op].name if op in IO_COMMANDS and op < OPCODE_SLOTS else "other"
+    for op in range(OTHER_OPCODE + 1)
+)
+
 # An NQN is at most 223 bytes (NVMe Base 2.1, 4.5): a legitimate one is never cut.
 MAX_LABEL_CHARS = 256
 # What a value cut short keeps of itself: a prefix and a hash of the whole, so that two

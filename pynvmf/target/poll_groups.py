@@ -48,11 +48,8 @@ def completed_commands(counts: CommandCounts) -> int:
 
 def report_commands(report: Report) -> int:
     """The I/O commands in a worker's report of command counts (CommandCounts.take)."""
-    return sum(
-        sum(counts[: OTHER_OPCODE + 1])
-        for _sub, _host, namespaces, _errors in report
-        for counts in namespaces.values()
-    )
+    # An entry: subsystem NQN, host NQN, {nsid: counts}, then errors and histograms.
+    return sum(sum(counts[: OTHER_OPCODE + 1]) for entry in report for counts in entry[2].values())
 
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
