@@ -7,7 +7,6 @@ host library's fixtures in the same directory.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.host import connect
 from pynvmf.host.controller import Controller
-from pynvmf.rpc.jsonrpc import JsonStream
+from pynvmf.rpc.client import RpcClient, RpcClientError
 from pynvmf.rpc.server import RpcServer, control_plane
 from pynvmf.spec.identify import Oaes
 from pynvmf.spec.opcodes import FeatureId
@@ -186,21 +185,19 @@ class RawRpcTarget:
         return self.raw.target
 
     async def call(self, method: str, **params: Any) -> Any:
-        """The whole JSON-RPC answer (`result` or `error`) to one call."""
-        reader, writer = await asyncio.open_unix_connection(self.socket)
-        try:
-            request = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
-            writer.write(json.dumps(request).encode())
-            stream = JsonStream()
-            async with asyncio.timeout(30):
-                while True:
-                    data = await reader.read(65536)
-                    assert data, "the RPC server closed the connection"
-                    texts = stream.feed(data)
-                    if texts:
-                        return json.loads(texts[0])
-        finally:
-            writer.close()
+        """The whole JSON-RPC answer (`result` or `error`) to one call, through pynvmf's
+        own RPC client (in a thread: the target answers on this event loop)."""
+
+        def call() -> dict[str, Any]:
+            with RpcClient(self.socket, timeout=30) as client:
+                try:
+                    return {"result": client.call(method, params)}
+                except RpcClientError as exc:
+                    if exc.code is None:
+                        raise  # no answer at all: not an error response
+                    return {"error": {"code": exc.code, "message": exc.message}}
+
+        return await asyncio.to_thread(call)
 
     async def ok(self, method: str, **params: Any) -> Any:
         answer = await self.call(method, **params)

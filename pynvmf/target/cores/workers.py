@@ -806,7 +806,12 @@ class MultiCoreTarget(Target):
         # Here first (new commands here fail at once), then the workers, whose answer
         # says their commands to it finished.
         detached = await super().ns_remove_host(nqn, nsid, hostnqn)
-        await self.workers.namespace_hosts(nqn, self.subsystems[nqn].namespaces[nsid])
+        # The namespace (or its subsystem) may have gone while this one's commands drained:
+        # its removal told the workers then.
+        subsystem = self.subsystems.get(nqn)
+        ns = subsystem.namespaces.get(nsid) if subsystem is not None else None
+        if ns is not None:
+            await self.workers.namespace_hosts(nqn, ns)
         return detached
 
     async def resize_block_device(self, name: str, size_bytes: int | None = None) -> int:
