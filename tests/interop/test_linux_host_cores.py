@@ -173,9 +173,10 @@ def test_a_killed_worker_the_kernel_host_reconnects_and_reads_its_data(
         guest.run(f"nvme disconnect -n {MEM}")
 
 
-def _smart_log(guest: Guest, nqn: str, writes: int) -> dict[str, object]:
+def _smart_log(guest: Guest, nqn: str, writes: int, reads: int) -> dict[str, object]:
     """`nvme smart-log` of the controller of `nqn` once it counts `writes` write commands
-    (the workers report their counts to the main process a few times a second)."""
+    and `reads` read commands (the workers report their counts to the main process a few
+    times a second, so a log read just after the I/O may not hold the last of it yet)."""
     deadline = time.monotonic() + 30
     while True:
         out = guest.run(
@@ -184,7 +185,10 @@ def _smart_log(guest: Guest, nqn: str, writes: int) -> dict[str, object]:
             "done"
         ).output
         smart: dict[str, object] = json.loads(out[out.index("{") :])
-        if int(str(smart["host_write_commands"])) >= writes:
+        if (
+            int(str(smart["host_write_commands"])) >= writes
+            and int(str(smart["host_read_commands"])) >= reads
+        ):
             return smart
         assert time.monotonic() < deadline, smart
         time.sleep(0.2)  # the next poll of the condition above
@@ -207,7 +211,7 @@ def test_the_smart_log_of_a_subsystem_created_again_counts_its_own_commands(
                 f"dd if=/dev/zero of={dev} bs=4k count={writes} oflag=direct 2>/dev/null && "
                 f"dd if={dev} of=/dev/null bs=4k count={reads} iflag=direct 2>/dev/null"
             )
-            return _smart_log(guest, SMART, writes)
+            return _smart_log(guest, SMART, writes, reads)
         finally:
             guest.run(f"nvme disconnect -n {SMART}")
 
