@@ -25,7 +25,7 @@ from pynvmf.spec.auth import dhgroup_from_name, hash_from_name
 from pynvmf.spec.logpages import AnaState
 from pynvmf.spec.opcodes import DISCOVERY_NQN
 from pynvmf.spec.ports import DISCOVERY_PORT, NVME_TCP_PORT
-from pynvmf.target import ana
+from pynvmf.target import ana, qos
 from pynvmf.target import devices as D
 from pynvmf.target.changes import ChangeError
 from pynvmf.target.devices import NamedDevice
@@ -98,7 +98,7 @@ _ANA_GROUP_KEYS = {"grpid", "state", "listeners"}
 _ANA_LISTENER_KEYS = {"address", "port", "state"}
 _PEER_KEYS = {"address", "port", "portid"}
 _REFERRAL_KEYS = {"address", "port", "subnqn", "secure_channel"}
-_DEVICE_KEYS = {"memory", "file", "rbd", "size", "create", "block_size", "read_only"}
+_DEVICE_KEYS = {"memory", "file", "rbd", "size", "create", "block_size", "read_only", "qos"}
 _RBD_KEYS = {"pool", "image", "conf", "client", "options", "io_timeout"}
 _NAMESPACE_KEYS = _DEVICE_KEYS | {
     "nsid",
@@ -372,6 +372,7 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
                 raise ConfigError(f"{where}.name: a device needs a name")
             entry = open_device(spec, where, name, owned=False, memory=target.memory_device)
             _change(where, lambda entry=entry: target.add_block_device(entry), entry)
+            await apply_qos(target, spec, where, name)
         for i, spec in enumerate(top.items("keyring")):
             where = f"keyring[{i}]"
             r = Reader(spec, where, _KEY_KEYS)
@@ -382,6 +383,10 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
         listener_states: list[tuple[str, str, Callable[[], Any]]] = []
         for i, spec in enumerate(top.items("subsystems")):
             add_subsystem_spec(target, spec, f"subsystems[{i}]", listener_states)
+            for j, ns_spec in enumerate(spec.get("namespaces") or []):
+                # A namespace's own device is named after it (add_namespace_spec).
+                name = ns_spec.get("device") or f"{spec['nqn']}/{ns_spec.get('nsid', j + 1)}"
+                await apply_qos(target, ns_spec, f"subsystems[{i}].namespaces[{j}]", name)
         ports = top.items("ports")
         for i, spec in enumerate(ports):
             where = f"ports[{i}]"
@@ -657,6 +662,22 @@ def default_ptpl_file(entry: NamedDevice) -> Path | None:
     return None
 
 
+async def apply_qos(target: Target, spec: dict[str, Any], where: str, name: str) -> None:
+    """The rate limits a device's "qos" gives (SPDK's names, target/qos.py), if any."""
+    limits = spec.get("qos")
+    if limits is None:
+        return
+    where = f"{where}.qos"
+    if not isinstance(limits, dict):
+        raise ConfigError(f"{where}: must be an object")
+    for key, value in limits.items():
+        if key not in qos.LIMIT_NAMES:
+            raise ConfigError(f"{where}.{key}: unknown (known: {', '.join(qos.LIMIT_NAMES)})")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{where}.{key}: {value!r} is not a whole number >= 0")
+    await _change_async(where, target.set_qos_limits(name, limits))
+
+
 def _change(where: str, apply: Callable[[], Any], opened: NamedDevice | None = None) -> Any:
     try:
         return apply()
@@ -850,6 +871,8 @@ def device_spec_of(entry: NamedDevice, *, with_name: bool) -> dict[str, Any]:
         out["block_size"] = entry.block_size
     if with_name and entry.uuid is not None:
         out["uuid"] = str(entry.uuid)
+    if entry.qos is not None:
+        out["qos"] = {k: v for k, v in entry.qos.limits.as_dict().items() if v}
     return out
 
 

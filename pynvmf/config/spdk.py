@@ -67,6 +67,12 @@ def bdev_config(target: Target) -> list[dict[str, Any]]:
             raise RpcError(
                 INVALID_PARAMS, f"name: bdev {entry.name!r} is neither memory nor a file"
             )
+        if entry.qos is not None:
+            # As SPDK writes it: right after the bdev, the limits in force only.
+            limits = {k: v for k, v in entry.qos.limits.as_dict().items() if v}
+            config.append(
+                {"method": "bdev_set_qos_limit", "params": {"name": entry.name, **limits}}
+            )
     return config
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pynvmf.block.device import BlockDevice
 from pynvmf.block.file import FileDevice
@@ -19,6 +20,9 @@ from pynvmf.block.memory import MemoryDevice
 
 # No Ceph import: pynvmf.block.rbd loads the bindings only when an image is opened.
 from pynvmf.block.rbd import RbdDevice
+
+if TYPE_CHECKING:
+    from pynvmf.target.qos_gate import QosGate
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +43,8 @@ class NamedDevice:
     # and NGUID unless they are given theirs. None: namespaces derive theirs.
     uuid: uuid.UUID | None = None
     owned: bool = False
+    # Its rate limits (SPDK's bdev QoS), set by Target.set_qos_limits; None: none.
+    qos: QosGate | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def wrap(

@@ -51,6 +51,7 @@ from pynvmf.target.outcome import Outcome
 
 if TYPE_CHECKING:
     from pynvmf.target.controller import Controller
+    from pynvmf.target.qos_gate import QosGate
     from pynvmf.target.queue import TargetQueue
     from pynvmf.target.subsystem import Namespace
     from pynvmf.tcp.target import Request
@@ -145,7 +146,8 @@ class IoHandler:
             req.started = time.monotonic_ns()
         if opcode in (_READ, _WRITE, _COPY) and not self.registered and not self.ana.any_blocked:
             ns = self.namespaces.get(sqe.nsid)
-            if ns is not None:
+            # A namespace with rate limits takes the general path, which waits its turn.
+            if ns is not None and ns.qos is None:
                 inplace: InPlace | None = getattr(ns.device, "inplace", None)
                 try:
                     if inplace is None:
@@ -335,6 +337,14 @@ class IoHandler:
         if since:
             self.waited(req, "budget", since)
 
+    async def qos_wait(self, req: Request, gate: QosGate, is_read: bool, length: int) -> None:
+        """Wait until the namespace's rate limits admit `req` (qos_gate.py): counted in
+        the `budget` stage, as a wait for what the target rations."""
+        since = time.monotonic_ns() if req.started else 0
+        await gate.wait(is_read, length)
+        if since:
+            self.waited(req, "budget", since)
+
     def path_status(self, nsid: int) -> int:
         """The ANA path-related status a command to `nsid` gets through this queue's
         port, or 0 (served; also for NSIDs naming no one namespace, which get the
@@ -374,6 +384,9 @@ class IoHandler:
         status, ns, slba, _nlb, length = self.rw_target(req)
         if status or ns is None:
             return status, 0, None
+        gate = ns.qos
+        if gate is not None and not gate.try_admit(True, length):
+            await self.qos_wait(req, gate, True, length)
         if length > READ_CHUNK:
             return await self._read_in_pieces(req, ns, slba, length)
         if length > UNCHARGED_READ:
@@ -420,6 +433,10 @@ class IoHandler:
         status, ns, slba, _nlb, length = self.rw_target(req)
         if status or ns is None:
             return status, 0, None
+        # Before the data is asked for: a waiting Write holds no buffer for it.
+        gate = ns.qos
+        if gate is not None and not gate.try_admit(False, length):
+            await self.qos_wait(req, gate, False, length)
         data = req.data if req.data is not None else await self.queue.fetch_data(req)
         fua = bool(req.sqe.cdw12 & RW_FUA) or not self.ctrl.volatile_write_cache
         # Writes stay out of a fused Compare and Write on the namespace (fused.WriteGate);

@@ -20,6 +20,7 @@ from pynvmf.tcp.psk import ConfiguredPsk
 if TYPE_CHECKING:
     from pynvmf.auth.controller import HostAuthConfig
     from pynvmf.target.controller import Controller
+    from pynvmf.target.qos_gate import QosGate
 
 # Dynamic controller IDs: 0xFFF0 and above are reserved by the specification.
 CNTLID_MIN = 1
@@ -53,6 +54,9 @@ class Namespace:
     # decides what a change means for connected hosts (Subsystem.refresh_views).
     auto_visible: bool = True
     hosts: set[str] = field(default_factory=set, compare=False)
+    # Its device's rate limits (qos_gate.py), the same object as the NamedDevice's; None
+    # while the device has none: the I/O path's one test for an unlimited namespace.
+    qos: QosGate | None = field(default=None, repr=False, compare=False)
 
     def visible_to(self, hostnqn: str) -> bool:
         return self.auto_visible or hostnqn in self.hosts

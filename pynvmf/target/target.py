@@ -80,6 +80,8 @@ from pynvmf.target.port import (
     secure_channel_policy,
 )
 from pynvmf.target.protocol import BusyPoller, TargetProtocol
+from pynvmf.target.qos import QosLimits
+from pynvmf.target.qos_gate import QosGate
 from pynvmf.target.referrals import Referral, check_referral
 from pynvmf.target.subsystem import (
     CNTLID_MAX,
@@ -349,6 +351,16 @@ class Target:
         or stop, wherever the I/O queues are served."""
         self.command_counts.set_tracking(enable)
 
+    def qos_gate(self, limits: QosLimits) -> QosGate:
+        """New rate limits for a block device: paced by this process alone, or by the
+        worker processes too (then with a lock they share)."""
+        return QosGate.create(limits)
+
+    async def qos_changed(self, name: str) -> None:
+        """Block device `name` got rate limits, or lost them: whatever serves its
+        namespace's I/O elsewhere applies them before the change is answered. Nothing,
+        here."""
+
     def set_transport(self, config: TransportConfig) -> None:
         """The transport options of the listeners add_listener opens from now on."""
         check_transport(config)
@@ -377,6 +389,9 @@ class Target:
     def _drop_device(self, entry: NamedDevice) -> None:
         """The one way a block device leaves the target (it is closed after)."""
         del self.block_devices[entry.name]
+        if entry.qos is not None:
+            entry.qos.close()
+            entry.qos = None
         self.device_io.device_gone(entry.name)
         self.notifications.send(BDEV_UNREGISTER, entry.name)
 
@@ -428,6 +443,30 @@ class Target:
         for nqn in {subsystem.nqn for subsystem, _ns in users}:
             self._changed(nqn)
         return num_blocks
+
+    async def set_qos_limits(self, name: str, given: dict[str, int]) -> QosLimits:
+        """Change the rate limits of block device `name` (SPDK's bdev_set_qos_limit:
+        `given` by qos.LIMIT_NAMES, 0 removes one, one not given keeps its value), shared
+        by every host and queue of the namespace on it, at once, commands waiting
+        included. The limits now in force (SPDK's rounding applied, qos.normalized)."""
+        entry = self._block_device(name)
+        gate = entry.qos
+        limits = (gate.limits if gate is not None else QosLimits()).changed(given)
+        if gate is not None and limits.any:
+            gate.set_limits(limits)
+        elif gate is not None or limits.any:
+            entry.qos = self.qos_gate(limits) if limits.any else None
+            for _subsystem, ns in self.device_users(name):
+                ns.qos = entry.qos
+            try:
+                await self.qos_changed(name)
+            finally:
+                if gate is not None:
+                    gate.close()  # its waiting commands go, unlimited
+        log.info("block device %s: rate limits %s", name, limits.as_dict())
+        for nqn in {subsystem.nqn for subsystem, _ns in self.device_users(name)}:
+            self._changed(nqn)
+        return limits
 
     def _block_device(self, name: str, field: str = "name") -> NamedDevice:
         entry = self.block_devices.get(name)
@@ -670,6 +709,7 @@ class Target:
                 if mine == theirs and any(mine):
                     raise ChangeError(what, f"namespace {other.nsid} of {nqn} has it")
         ns.hosts = hosts
+        ns.qos = entry.qos
         if isinstance(device, NamedDevice):
             self._place_device(entry)
         subsystem.namespaces[nsid] = ns

@@ -4,6 +4,7 @@ and those for every block device (bdev_get_bdevs, bdev_wait_for_examine).
 
 from __future__ import annotations
 
+import logging
 import uuid as uuid_mod
 from typing import Any
 
@@ -12,9 +13,13 @@ from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane, MethodTable, Params, change_error
 from pynvmf.rpc.spdk.calls import apply_change
 from pynvmf.target import devices as D
+from pynvmf.target import qos
 from pynvmf.target.changes import ChangeError
 from pynvmf.target.devices import NamedDevice
+from pynvmf.target.qos import QosLimits
 from pynvmf.target.target import Target
+
+log = logging.getLogger(__name__)
 
 table = MethodTable()
 method = table.register
@@ -126,6 +131,31 @@ async def bdev_aio_rescan(cp: ControlPlane, p: Params) -> bool:
     return True
 
 
+@method("bdev_set_qos_limit")
+async def bdev_set_qos_limit(cp: ControlPlane, p: Params) -> bool:
+    """A bdev's rate limits, as SPDK's: 0 removes one, one left out keeps its value; an
+    IOPS limit that is not a multiple of 1,000 is rounded up to one, as SPDK does (with
+    a line in the log). The namespace on it is paced from the next command on."""
+    name = p.string("name")
+    given = {key: p.integer(key, None) for key in qos.LIMIT_NAMES}
+    p.done()
+    given = {key: value for key, value in given.items() if value is not None}
+    if not given:
+        raise RpcError(INVALID_PARAMS, f"{', '.join(qos.LIMIT_NAMES)}: no rate limits specified")
+    limits = await apply_change(cp.target.set_qos_limits(name, given), {})
+    rounded = [key for key, value in given.items() if value and value != limits.as_dict()[key]]
+    for key in rounded:
+        log.warning(
+            "bdev %s: %s %d is not a multiple of %d: rounded up to %d",
+            name,
+            key,
+            given[key],
+            qos.IOS_PER_SEC_STEP,
+            limits.as_dict()[key],
+        )
+    return True
+
+
 @method("bdev_get_bdevs")
 async def bdev_get_bdevs(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
     name = p.string("name", None)
@@ -154,6 +184,8 @@ def _bdev_json(target: Target, entry: NamedDevice) -> dict[str, Any]:
     }
     if entry.uuid:
         out["uuid"] = str(entry.uuid)
+    limits = entry.qos.limits if entry.qos is not None else QosLimits()
+    out["assigned_rate_limits"] = limits.as_dict()
     out["claimed"] = bool(target.device_users(entry.name))
     out["zoned"] = False
     out["supported_io_types"] = {

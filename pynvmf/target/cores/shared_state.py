@@ -33,6 +33,9 @@ RESERVATION = "reservation"  # (nqn, nsid, seq, state, preempted host IDs): requ
 NAMESPACE_HOSTS = "namespace_hosts"
 # (nqn, nsid): the namespace's file grew, take its size; request
 NAMESPACE_RESIZED = "namespace_resized"
+# (nqn, nsid, lock name): the namespace's device has rate limits, paced in the state of the
+# memfd that comes with it (qos_gate.py), or (nqn, nsid, None): none any more; request
+QOS = "qos"
 EXIT = "exit"  # ()
 LATENCY_TRACKING = "latency_tracking"  # (enable): time commands (command_counts.py) or stop
 # Worker -> main process.

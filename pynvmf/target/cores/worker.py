@@ -42,6 +42,7 @@ from pynvmf.target.drain import commands_waiting, commands_waiting_on, drain
 from pynvmf.target.outcome import Outcome
 from pynvmf.target.port import Port
 from pynvmf.target.protocol import TargetProtocol
+from pynvmf.target.qos_gate import QosGate
 from pynvmf.target.reservations import ReservationState
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
@@ -123,6 +124,9 @@ class Worker:
         self._reported_transport = S.TransportCounts()
         self._reported_in_flight: dict[str, int] = {}
         self._report_handle: asyncio.TimerHandle | None = None
+        # The rate limits of namespaces' devices (qos_gate.py), by (NQN, NSID): kept
+        # apart from the namespaces, since either message may come first.
+        self.qos: dict[tuple[str, int], QosGate] = {}
 
     async def run(self) -> None:
         self.channel = Channel(self.sock, self._on_message, self.done.set)
@@ -150,6 +154,9 @@ class Worker:
             return self._adopt(args[0], fds[0])
         if kind == S.INIT:
             return self._init(args[0], fds[0])
+        if kind == S.QOS:
+            self._qos(*args, fds[0] if fds else None)
+            return None
         for fd in fds[1:] if kind == S.NAMESPACE else fds:
             os.close(fd)
         if kind == S.NAMESPACE:
@@ -244,6 +251,7 @@ class Worker:
             auto_visible=spec.auto_visible,
         )
         ns.hosts = set(spec.hosts)
+        ns.qos = self.qos.get((nqn, spec.nsid))
         if old is not None:
             old.reservation.detach()
         subsystem.namespaces[spec.nsid] = ns
@@ -291,6 +299,7 @@ class Worker:
         subsystem = self.target.subsystems.get(nqn)
         if subsystem is None:
             return
+        self._qos_gone(nqn, nsid)
         ns = subsystem.namespaces.pop(nsid, None)
         if ns is None:
             return
@@ -299,6 +308,26 @@ class Worker:
         self.reservation_seq.pop((nqn, nsid), None)
         await drain(commands_waiting(subsystem), subsystem)
         await ns.device.close()
+
+    def _qos(self, nqn: str, nsid: int, lock_name: str | None, fd: int | None) -> None:
+        """Pace namespace `nsid` by the state in `fd` (its device's rate limits, shared
+        with the main process and the other workers), or, without a lock name, no more."""
+        self._qos_gone(nqn, nsid)
+        gate = None
+        if lock_name is not None and fd is not None:
+            gate = self.qos[(nqn, nsid)] = QosGate.open(fd, lock_name)
+        elif fd is not None:
+            os.close(fd)
+        assert self.target is not None
+        subsystem = self.target.subsystems.get(nqn)
+        ns = subsystem.namespaces.get(nsid) if subsystem is not None else None
+        if ns is not None:
+            ns.qos = gate
+
+    def _qos_gone(self, nqn: str, nsid: int) -> None:
+        gate = self.qos.pop((nqn, nsid), None)
+        if gate is not None:
+            gate.close()  # its waiting commands go
 
     async def _namespace_hosts(self, nqn: str, nsid: int, hosts: tuple[str, ...]) -> None:
         assert self.target is not None
@@ -332,6 +361,7 @@ class Worker:
             ctrl.destroy("subsystem removed")
         await drain(waiting)
         for ns in subsystem.namespaces.values():
+            self._qos_gone(nqn, ns.nsid)
             ns.reservation.detach()
             self.reservation_seq.pop((nqn, ns.nsid), None)
             await ns.device.close()

@@ -58,6 +58,8 @@ from pynvmf.target.limits import MAX_TRANSFER
 from pynvmf.target.outcome import Outcome
 from pynvmf.target.poll_groups import PollGroup, group_name, report_commands
 from pynvmf.target.port import Port
+from pynvmf.target.qos import QosLimits
+from pynvmf.target.qos_gate import QosGate
 from pynvmf.target.target import Target
 from pynvmf.tcp.target import Request
 
@@ -247,6 +249,8 @@ class WorkerPool:
             for ns in list(subsystem.namespaces.values()):
                 if S.shareable(ns):
                     waits.append(self._send_namespace(worker, subsystem.nqn, ns))
+                    if ns.qos is not None:
+                        waits.append(self._send_qos(worker, subsystem.nqn, ns))
         try:
             await asyncio.wait_for(asyncio.gather(*waits), START_TIMEOUT_S)
         except (TimeoutError, ConnectionError) as exc:
@@ -570,6 +574,12 @@ class WorkerPool:
         info = self._subsystem_info(subsystem)
         return worker.request(S.NAMESPACE, nqn, info, spec, fds=fds)
 
+    def _send_qos(self, worker: WorkerHandle, nqn: str, ns: Namespace) -> asyncio.Future[Any]:
+        gate = ns.qos
+        if gate is None:
+            return worker.request(S.QOS, nqn, ns.nsid, None)
+        return worker.request(S.QOS, nqn, ns.nsid, gate.lock_name, fds=[os.dup(gate.fd)])
+
     def _live(self) -> list[WorkerHandle]:
         return [w for w in self.workers if w.alive]
 
@@ -583,7 +593,18 @@ class WorkerPool:
             fut = self._send_namespace(worker, nqn, ns)
             fut.add_done_callback(_ignore_result)
             futures.append(fut)
+            if ns.qos is not None:
+                fut = self._send_qos(worker, nqn, ns)
+                fut.add_done_callback(_ignore_result)
+                futures.append(fut)
         return futures
+
+    async def qos_changed(self, nqn: str, ns: Namespace) -> None:
+        """Every worker paces `ns` by its device's limits from now on, or stops (a
+        command waiting there goes)."""
+        if not S.shareable(ns):
+            return
+        await wait_all([self._send_qos(w, nqn, ns) for w in self._live()])
 
     def namespace_ana_group(self, nqn: str, nsid: int, anagrpid: int) -> list[asyncio.Future[Any]]:
         """Tell every worker namespace `nsid` moved to group `anagrpid`; the futures of
@@ -690,6 +711,14 @@ class MultiCoreTarget(Target):
 
     def memory_device(self, size_bytes: int, block_size: int) -> MemoryDevice:
         return SharedMemoryDevice(size_bytes, block_size)
+
+    def qos_gate(self, limits: QosLimits) -> QosGate:
+        # The workers pace against the same state: each admission under one semaphore.
+        return QosGate.create(limits, range_locks.RangeLocks.create(1))
+
+    async def qos_changed(self, name: str) -> None:
+        for subsystem, ns in self.device_users(name):
+            await self.workers.qos_changed(subsystem.nqn, ns)
 
     def hand_off(self, queue: TargetQueue, req: Request, result: int) -> bool:
         return self.workers.hand_off(queue, req, result)
