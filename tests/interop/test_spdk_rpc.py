@@ -676,6 +676,24 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
     assert aio["num_blocks"] == (32 << 20) // 4096
     note("nvmf_ns_add_host", "nvmf_ns_remove_host", "bdev_aio_rescan")
 
+    # Rate limits: an IOPS limit that is not a multiple of 1,000 is rounded up, as SPDK
+    # rounds it; an unknown bdev is refused, naming the parameter.
+    spdk.run("bdev_set_qos_limit", "Aio0", "--rw-ios-per-sec", "2500", "--w-mbytes-per-sec", "8")
+    spdk.run("bdev_set_qos_limit", "Aio0", "--r-mbytes-per-sec", "4")
+    spdk.run("bdev_set_qos_limit", "Aio0", "--r-mbytes-per-sec", "0")
+    (aio,) = spdk.json("bdev_get_bdevs", "-b", "Aio0")
+    assert aio["assigned_rate_limits"] == {
+        "rw_ios_per_sec": 3000,
+        "rw_mbytes_per_sec": 0,
+        "r_mbytes_per_sec": 0,
+        "w_mbytes_per_sec": 8,
+    }
+    bad = spdk.run("bdev_set_qos_limit", "Nope0", "--rw-ios-per-sec", "1000", check=False)
+    assert bad.returncode != 0 and "name: " in bad.stdout + bad.stderr
+    bad = spdk.run("bdev_set_qos_limit", "Aio0", check=False)
+    assert bad.returncode != 0 and "rw_ios_per_sec" in bad.stdout + bad.stderr
+    note("bdev_set_qos_limit")
+
     saved = spdk.run("save_config").stdout
     nvmf_only = json.loads(spdk.run("save_subsystem_config", "-n", "nvmf").stdout)
     by_name = {s["subsystem"]: s["config"] for s in json.loads(saved)["subsystems"]}
@@ -685,6 +703,13 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
     assert TLS_KEY.split(":")[2] not in saved
     referrals = [c for c in by_name["nvmf"] if c["method"] == "nvmf_discovery_add_referral"]
     assert [c["params"]["address"]["trsvcid"] for c in referrals] == ["4420", "4421"]
+    # The limits in force, right after their bdev, as SPDK writes them.
+    bdevs = by_name["bdev"]
+    aio_at = next(i for i, c in enumerate(bdevs) if c["method"] == "bdev_aio_create")
+    assert bdevs[aio_at + 1] == {
+        "method": "bdev_set_qos_limit",
+        "params": {"name": "Aio0", "rw_ios_per_sec": 3000, "w_mbytes_per_sec": 8},
+    }
     note("framework_get_config")
 
     # The host with keys authenticates with the ones set last, and with no others.

@@ -318,8 +318,9 @@ class Worker:
             gate = self.qos[(nqn, nsid)] = QosGate.open(fd, lock_name)
         elif fd is not None:
             os.close(fd)
-        assert self.target is not None
-        subsystem = self.target.subsystems.get(nqn)
+        # (It may come before INIT's target exists, or before the namespace: _namespace
+        # finds it then.)
+        subsystem = self.target.subsystems.get(nqn) if self.target is not None else None
         ns = subsystem.namespaces.get(nsid) if subsystem is not None else None
         if ns is not None:
             ns.qos = gate
