@@ -38,6 +38,8 @@ class QosGate:
         self.lock = lock
         self._waiting: deque[tuple[asyncio.Future[None], bool, int]] = deque()
         self._timer: asyncio.TimerHandle | None = None
+        # When the timer's head was to be admitted (qos.admit's `due_at`).
+        self._due_at = 0
         self.closed = False
 
     @classmethod
@@ -108,10 +110,10 @@ class QosGate:
 
     # -- the waiting queue -----------------------------------------------------------
 
-    def _admit(self, is_read: bool, nbytes: int) -> int:
+    def _admit(self, is_read: bool, nbytes: int, due_at: int = 0) -> int:
         self._hold()
         try:
-            return qos.admit(self._state, is_read, nbytes, time.monotonic_ns())
+            return qos.admit(self._state, is_read, nbytes, time.monotonic_ns(), due_at)
         finally:
             self._release()
 
@@ -124,7 +126,7 @@ class QosGate:
             if fut.done():  # its command went away (the connection closed)
                 waiting.popleft()
                 continue
-            wait_ns = self._admit(is_read, nbytes)
+            wait_ns = self._admit(is_read, nbytes, self._due_at)
             if wait_ns:
                 self._schedule(wait_ns)
                 return
@@ -137,6 +139,7 @@ class QosGate:
         if self._timer is not None:
             self._timer.cancel()
         loop = asyncio.get_running_loop()
+        self._due_at = time.monotonic_ns() + wait_ns
         self._timer = loop.call_at(loop.time() + wait_ns / _NS_PER_S, self._run)
 
     def _hold(self) -> None:

@@ -77,14 +77,42 @@ def test_bandwidth_over_time_is_the_limit() -> None:
 
 def test_read_and_write_limits_count_their_own_direction() -> None:
     view = state(QosLimits(r_mbytes_per_sec=1, w_mbytes_per_sec=2))
-    reads = admitted_in(view, 5.0, is_read=True, nbytes=4096)
+    reads = admitted_in(view, 10.0, is_read=True, nbytes=4096)
     view = state(QosLimits(r_mbytes_per_sec=1, w_mbytes_per_sec=2))
-    writes = admitted_in(view, 5.0, is_read=False, nbytes=4096)
-    assert reads * 4096 == pytest.approx(5 * MIB, rel=0.01)
-    assert writes * 4096 == pytest.approx(10 * MIB, rel=0.01)
+    writes = admitted_in(view, 10.0, is_read=False, nbytes=4096)
+    # Ten seconds' worth and the first burst (TOLERANCE_NS of the limit).
+    assert reads * 4096 == pytest.approx(10.05 * MIB, rel=0.001)
+    assert writes * 4096 == pytest.approx(20.1 * MIB, rel=0.001)
     # A write limit alone never holds a read back.
     view = state(QosLimits(w_mbytes_per_sec=1))
     assert all(admit(view, True, 1 << 20, 0) == 0 for _ in range(100))
+
+
+def test_a_waiter_woken_late_loses_no_rate_but_makes_up_no_more_than_max_late() -> None:
+    """A busy machine wakes the waiting command 80 ms after it was due, every time:
+    charged from when it was due, the rate holds; charged from when it woke, a third of
+    it is lost. A waiter stopped for a second makes up MAX_LATE_NS of it, no more."""
+
+    def late_run(made_up: bool) -> int:
+        view = state(QosLimits(rw_ios_per_sec=1000))
+        now, n, due_at = 0, 0, 0
+        while now < 10 * S:
+            wait = admit(view, True, 4096, now, due_at if made_up else 0)
+            if wait:
+                due_at = now + wait
+                now = due_at + 80_000_000
+            else:
+                n += 1
+        return n
+
+    assert late_run(True) == pytest.approx(10_000, rel=0.01)
+    assert late_run(False) < 0.8 * 10_000
+    view = state(QosLimits(rw_ios_per_sec=1000))
+    now = S
+    n = 0
+    while not admit(view, True, 4096, now, due_at=1):
+        n += 1
+    assert n == (qos.MAX_LATE_NS + TOLERANCE_NS) // 1_000_000
 
 
 def test_a_command_larger_than_the_tolerance_overruns_and_the_next_waits_it_out() -> None:
@@ -105,9 +133,8 @@ def test_a_refused_command_charges_no_limit() -> None:
 
 def test_changing_a_rate_forgets_that_limits_backlog_only() -> None:
     view = state(QosLimits(rw_ios_per_sec=1000, rw_mbytes_per_sec=1))
-    for _ in range(10):
-        admit(view, True, 4096, 0)
-    assert admit(view, True, 4096, 0)
+    while not admit(view, True, 4096, 0):
+        pass
     set_rates(view, QosLimits(rw_ios_per_sec=2000, rw_mbytes_per_sec=1))
     assert view[qos.LIMITS + qos.RW_IOS] == 0
     assert view[qos.LIMITS + qos.RW_BYTES] > 0
