@@ -156,6 +156,9 @@ def shared_keys(target: Target, gateway_id: str) -> dict[str, str]:
                 # themselves, so the key describes it.
                 del ns["device"]
                 ns.update(device_spec_of(entry, with_name=False))
+                # Rate limits are each gateway's own (bdev_set_qos_limit on it): a change
+                # of them is no change of the namespace the others serve.
+                ns.pop("qos", None)
             out[f"namespace {nqn} {ns['nsid']}"] = _dump(ns)
         for host in hosts:
             hostnqn = host if isinstance(host, str) else host["nqn"]

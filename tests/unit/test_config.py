@@ -229,3 +229,46 @@ def test_metrics_listen_of_a_wrong_configuration_names_the_key(
 ) -> None:
     with pytest.raises(ConfigError, match=error):
         metrics_listen_of({"metrics": metrics})
+
+
+async def test_rate_limits_of_devices_and_namespaces_round_trip() -> None:
+    """`qos` on a named device and on a namespace's own device: applied (SPDK's rounding
+    included), written back by config_of, and refused naming the key when wrong."""
+    config = {
+        "ports": [{"address": "127.0.0.1", "port": 0}],
+        "discovery_ports": [],
+        "devices": [{"name": "D0", "memory": "1M", "qos": {"rw_ios_per_sec": 1500}}],
+        "subsystems": [
+            {
+                "nqn": "nqn.a:1",
+                "namespaces": [
+                    {"nsid": 1, "device": "D0"},
+                    {"nsid": 2, "memory": "1M", "qos": {"w_mbytes_per_sec": 8}},
+                    {"nsid": 3, "memory": "1M"},
+                ],
+            }
+        ],
+    }
+    target = await build_target(config)
+    try:
+        namespaces = target.subsystems["nqn.a:1"].namespaces
+        assert namespaces[1].qos is not None and namespaces[2].qos is not None
+        assert namespaces[1].qos.limits.rw_ios_per_sec == 2000
+        assert namespaces[2].qos.limits.w_mbytes_per_sec == 8
+        assert namespaces[3].qos is None
+        saved = config_of(target)
+        assert saved["devices"][0]["qos"] == {"rw_ios_per_sec": 2000}
+        saved_ns = {ns["nsid"]: ns for ns in saved["subsystems"][0]["namespaces"]}
+        assert saved_ns[2]["qos"] == {"w_mbytes_per_sec": 8}
+        assert "qos" not in saved_ns[3]
+    finally:
+        await target.stop()
+    for qos, key in [
+        ({"iops": 1000}, "devices[0].qos.iops"),
+        ({"rw_ios_per_sec": -1}, "devices[0].qos.rw_ios_per_sec"),
+        ("fast", "devices[0].qos"),
+    ]:
+        bad = {**config, "devices": [{"name": "D0", "memory": "1M", "qos": qos}]}
+        with pytest.raises(ConfigError) as raised:
+            await build_target(bad)
+        assert str(raised.value).startswith(key + ":"), raised.value
