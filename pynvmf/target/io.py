@@ -384,9 +384,9 @@ class IoHandler:
         status, ns, slba, _nlb, length = self.rw_target(req)
         if status or ns is None:
             return status, 0, None
-        gate = ns.qos
-        if gate is not None and not gate.try_admit(True, length):
-            await self.qos_wait(req, gate, True, length)
+        qos = ns.qos
+        if qos is not None and not qos.try_admit(True, length):
+            await self.qos_wait(req, qos, True, length)
         if length > READ_CHUNK:
             return await self._read_in_pieces(req, ns, slba, length)
         if length > UNCHARGED_READ:
@@ -434,9 +434,9 @@ class IoHandler:
         if status or ns is None:
             return status, 0, None
         # Before the data is asked for: a waiting Write holds no buffer for it.
-        gate = ns.qos
-        if gate is not None and not gate.try_admit(False, length):
-            await self.qos_wait(req, gate, False, length)
+        qos = ns.qos
+        if qos is not None and not qos.try_admit(False, length):
+            await self.qos_wait(req, qos, False, length)
         data = req.data if req.data is not None else await self.queue.fetch_data(req)
         fua = bool(req.sqe.cdw12 & RW_FUA) or not self.ctrl.volatile_write_cache
         # Writes stay out of a fused Compare and Write on the namespace (fused.WriteGate);
