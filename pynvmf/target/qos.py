@@ -41,8 +41,9 @@ STATE_BYTES: Final = STATE_LENGTH * 8
 # SPDK: an IOPS limit is a multiple of this; a bandwidth limit is whole MiB/s.
 IOS_PER_SEC_STEP: Final = 1000
 MIB: Final = 1 << 20
-# SPDK caps a bandwidth limit so that it fits 64 bits in bytes.
-MAX_MBYTES_PER_SEC: Final = ((1 << 64) - 1) // MIB
+# SPDK caps a bandwidth limit so that it fits 64 bits in bytes; the state holds signed
+# 64-bit integers, so here one bit less (8 EiB/s: no limit in effect, either way).
+MAX_MBYTES_PER_SEC: Final = ((1 << 63) - 1) // MIB
 # How far ahead of now what was admitted may be paid for: the burst a limit allows. SPDK
 # admits one 1 ms timeslice's worth at once, and loses the quota of a timeslice in which
 # no command was there to use it; its commands come back from the host within that.

@@ -53,8 +53,13 @@ class QosGate:
 
     @classmethod
     def open(cls, fd: int, lock_name: str) -> QosGate:
-        """Another process's state: its memfd (now this gate's) and its lock's name."""
-        return cls(fd, RangeLocks.open(lock_name, 1) if lock_name else None)
+        """Another process's state: its memfd (now this gate's, closed if this fails)
+        and its lock's name."""
+        try:
+            return cls(fd, RangeLocks.open(lock_name, 1) if lock_name else None)
+        except BaseException:
+            os.close(fd)
+            raise
 
     @property
     def lock_name(self) -> str:
