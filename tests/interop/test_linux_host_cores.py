@@ -6,7 +6,8 @@ four I/O queues (two default, two write queues) that land on both workers, data
 written through one CPU's queue is verified through the other's, when a worker
 is killed the kernel host reconnects by itself and reads its data back, and
 `nvme smart-log` of a subsystem removed and created again (over RPC) counts that
-subsystem's commands only.
+subsystem's commands only, and fio against a rate-limited namespace (bdev_set_qos_limit)
+measures the limit across both workers.
 """
 
 from __future__ import annotations
