@@ -48,8 +48,11 @@ def compiled_modules() -> list[str]:
 
 
 def stale_modules() -> list[str]:
-    """The compiled HOT_MODULES whose source changed after they were built: they run the
-    old code until `make compiled` runs again."""
+    """The compiled HOT_MODULES whose source changed after they were built, in a source
+    tree: they run the old code until `make compiled` runs again."""
+    if not (Path(__file__).resolve().parents[1] / "setup.py").is_file():
+        # An installed wheel: its files' times are when pip unpacked them, in no order.
+        return []
     stale = []
     for name in compiled_modules():
         built = Path(importlib.import_module(name).__file__ or "")
