@@ -10,6 +10,7 @@ chooses its path (tests/conftest.py). pyproject.toml holds everything else."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from setuptools import Extension, setup
@@ -70,8 +71,9 @@ class BuildHotModules(build_ext):
                 if os.path.exists(path):
                     os.remove(path)
             self.extensions = []
-            # The compiler's whole command line is in `exc`: its last words are the reason.
-            _say(f"the compiled build failed (...{str(exc)[-60:]}): installing pure Python")
+            # The compiler's whole command line is in `exc`: its status is the reason.
+            reason = re.sub(r"\[.*\]", "[...]", str(exc), flags=re.DOTALL)
+            _say(f"the compiled build failed ({reason}): installing pure Python")
 
 
 def hot_extensions() -> list[Extension]:
