@@ -735,7 +735,7 @@ class SharedConfig:
             subsystem = target.subsystems.get(nqn)
             ns = subsystem.namespaces.get(nsid) if subsystem is not None else None
             if value is None:
-                if f"namespace {nqn} {nsid}" not in remote:
+                if f"namespace {nqn} {nsid_text}" not in remote:
                     return  # the namespace goes too: its removal tells the hosts once
                 if ns is not None and not ns.auto_visible and hostnqn in ns.hosts:
                     await target.ns_remove_host(nqn, nsid, hostnqn)

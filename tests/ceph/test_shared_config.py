@@ -515,6 +515,12 @@ async def test_namespace_hosts_and_ana_group_reach_the_other_gateway_in_place(
     c = await gateways("gw-c", _file([]))
     ns_c = c.target.subsystems[NQN1].namespaces[1]
     assert (ns_c.auto_visible, ns_c.hosts, ns_c.anagrpid) == (False, {HOST_B, HOST_C}, 2)
+    # Removed with its hosts: the keys go together, and every gateway drops it.
+    await c.call("nvmf_subsystem_remove_ns", nqn=NQN1, nsid=1)
+    for gw in (a, b):
+        await gw.shared.wait_for(lambda gw=gw: not gw.target.subsystems[NQN1].namespaces)
+    assert not [k for k in _object(ceph_cluster, group_object) if k.startswith("namespace")]
+    assert not (a.shared.errors or b.shared.errors or c.shared.errors)
 
 
 async def test_namespace_keys_of_earlier_gateways_still_load(
