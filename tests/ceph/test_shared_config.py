@@ -562,3 +562,81 @@ async def test_namespace_keys_of_earlier_gateways_still_load(
     b = await gateways("gw-b", _file([]))
     await a.call("nvmf_ns_remove_host", nqn=NQN1, nsid=2, host=HOST)
     await b.shared.wait_for(lambda: b.target.subsystems[NQN1].namespaces[2].hosts == {HOST_B})
+
+
+async def test_a_namespace_moved_to_another_ana_group_takes_that_groups_state_on_each_gateway(
+    ceph_cluster: CephCluster, rbd_image: Callable[[int], str], group_object: str
+) -> None:
+    """Two Gateways, A owning GROUP and B owning GROUP + 1: a namespace moved from GROUP
+    to GROUP + 1 through A's control plane (nvmf_subsystem_set_ns_ana_group, as Ceph's
+    namespace_change_load_balancing_group calls it) is the same namespace on B, now in
+    the group B owns: optimized on B, inaccessible on A, and each gateway watches its
+    image in its new group."""
+    other = GROUP + 1
+    with ceph_cluster.admin().open_ioctx(ceph_cluster.pool) as io:
+        for grpid in (GROUP, other):
+            with contextlib.suppress(Exception):
+                io.remove_object(LEASE_PREFIX + str(grpid))
+    first, second = rbd_image(4 * MiB), rbd_image(4 * MiB)
+
+    def gateway_config(name: str, index: int, preferred: int) -> GatewayConfig:
+        return GatewayConfig.parse(
+            {
+                "id": name,
+                "pool": ceph_cluster.pool,
+                "ceph_conf": str(ceph_cluster.conf),
+                "groups": [GROUP, other],
+                "preferred": [preferred],
+                "lease": 3,
+                "index": index,
+                "shared_config": {"object": group_object},
+            }
+        )
+
+    owned: dict[tuple[str, int], S] = {}
+    settled = asyncio.Event()
+
+    def announce(name: str) -> Callable[[int, S], None]:
+        def said(grpid: int, state: S) -> None:
+            owned[name, grpid] = state
+            if owned.get(("a", GROUP)) is S.OPTIMIZED and owned.get(("b", other)) is S.OPTIMIZED:
+                settled.set()
+
+        return said
+
+    namespaces = [
+        {"rbd": _rbd(ceph_cluster, first), "anagrpid": GROUP},
+        {"rbd": _rbd(ceph_cluster, second), "anagrpid": other},
+    ]
+    ta = await build_target(_file([{"nqn": NQN1, "namespaces": namespaces}]))
+    tb = await build_target(_file([]))
+    ga = Gateway(ta, gateway_config("gw-a", 0, GROUP), announce=announce("a"))
+    gb = Gateway(tb, gateway_config("gw-b", 1, other), announce=announce("b"))
+    try:
+        for gw in (ga, gb):
+            assert await gw.share() is not None
+            gw.setup()
+            await gw.start()
+            await gw.target.start()
+        await asyncio.wait_for(settled.wait(), 60)
+        assert ga.shared is not None and gb.shared is not None
+        ns_b = tb.subsystems[NQN1].namespaces[1]
+        cp = control_plane(ta)
+        cp.settle = ga.shared.flush
+        await cp.call(
+            "nvmf_subsystem_set_ns_ana_group", {"nqn": NQN1, "nsid": 1, "anagrpid": other}
+        )
+        await gb.shared.wait_for(lambda: ns_b.anagrpid == other)
+        assert tb.subsystems[NQN1].namespaces[1] is ns_b  # moved, not added again
+        for target, optimized in ((ta, GROUP), (tb, other)):
+            subsystem = target.subsystems[NQN1]
+            assert subsystem.ana_members() == {other: [1, 2]}
+            assert subsystem.ana.groups[other].state is (
+                S.OPTIMIZED if optimized == other else S.INACCESSIBLE
+            )
+        assert [d.image_name for d in gb._devices[other]] == [first, second]
+        assert GROUP not in gb._devices
+    finally:
+        for gw in (gb, ga):
+            await gw.stop()
+            await gw.target.stop()
