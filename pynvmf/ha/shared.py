@@ -296,7 +296,7 @@ class SharedConfig:
                 await self._seed()
             else:
                 await self._adopt(remote)
-            await self._watch_object()
+            await self._ensure_watch()
         self.target.add_change_listener(self._local_change)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
@@ -377,11 +377,10 @@ class SharedConfig:
                 return
             try:
                 async with self._lock:
-                    if self._watch is None:
-                        await self._watch_object()
                     if self._dirty or await self._read_version() != self._version:
                         await self._sync()
                     else:
+                        await self._ensure_watch()
                         await self._tell()
             except asyncio.CancelledError:
                 raise
@@ -498,6 +497,13 @@ class SharedConfig:
         self._notifies.add(task)
         task.add_done_callback(self._notifies.discard)
 
+    async def _ensure_watch(self) -> None:
+        """Watch the object if it exists and this gateway does not watch it (any more):
+        checked after every read and write, so that a gateway that finds the object made
+        again (removed by hand, seeded by another) watches it before it tells anyone."""
+        if self._watch is None and self._exists:
+            await self._watch_object()
+
     async def _watch_object(self) -> None:
         if not self._exists:
             return
@@ -578,6 +584,7 @@ class SharedConfig:
         while True:
             if remote is None:
                 remote = await self._read()
+            await self._ensure_watch()
             if not self._exists and self._known:
                 # Removed under the running gateways (by hand): not "every subsystem
                 # removed", which would take them from every host; this gateway's go back.
@@ -613,6 +620,7 @@ class SharedConfig:
                 remote = None
                 continue
             self._upgrades = {}
+            await self._ensure_watch()  # the object may be this write's
             for key, value in changes.items():
                 if value is None:
                     remote.pop(key, None)
