@@ -30,6 +30,7 @@ from pynvmf.auth.keys import DhchapKey
 from pynvmf.block.copy import CopyReport
 from pynvmf.block.device import Resizable
 from pynvmf.block.memory import MemoryDevice
+from pynvmf.logs import LogLevels, set_log_levels
 from pynvmf.malloc import trim
 from pynvmf.spec.auth import DhGroupId, HashId
 from pynvmf.spec.command import COPY_CDFE_FORMATS
@@ -348,6 +349,11 @@ class Target:
         """Time every I/O command (latency histograms: command_counts.py) from now on,
         or stop, wherever the I/O queues are served."""
         self.command_counts.set_tracking(enable)
+
+    async def set_log_levels(self, levels: LogLevels) -> None:
+        """Log as `levels` says from now on, in this process and wherever I/O queues are
+        served (the worker processes): once it returns, every process does."""
+        set_log_levels(levels)
 
     def set_transport(self, config: TransportConfig) -> None:
         """The transport options of the listeners add_listener opens from now on."""

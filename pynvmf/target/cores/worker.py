@@ -27,7 +27,7 @@ from pynvmf.aio import install_uvloop
 from pynvmf.block.device import Resizable
 from pynvmf.block.file import FileDevice
 from pynvmf.block.shared_memory import SharedMemoryDevice
-from pynvmf.logs import configure
+from pynvmf.logs import LogLevels, configure, set_log_levels
 from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import Status
 from pynvmf.target import fabrics
@@ -108,6 +108,8 @@ class Worker:
         self.target: Target | None = None
         # Whether to time commands (LATENCY_TRACKING), also before the target exists.
         self.latency_tracking = False
+        # The newest LOG_LEVELS, kept for _init if they came before it configured logging.
+        self.log_levels: LogLevels | None = None
         self.channel: Channel | None = None
         self.done = asyncio.Event()
         self.protocols: dict[int, WorkerProtocol] = {}
@@ -184,6 +186,11 @@ class Worker:
             if self.target is not None:
                 self.target.set_latency_tracking(self.latency_tracking)
             return None
+        if kind == S.LOG_LEVELS:
+            self.log_levels = args[0]
+            if self.index >= 0:  # logging configured (_init set the index with it)
+                set_log_levels(args[0])
+            return None
         log.error("worker: unknown message %r", kind)
         return None
 
@@ -191,6 +198,7 @@ class Worker:
         self.index = init.index
         self.ana_table = ana_fd
         configure(init.log_level, init.log_format, worker=init.index)
+        set_log_levels(self.log_levels or init.log_levels)
         self.target = Target(
             limits=ConnectionLimits(
                 max_connections=_UNLIMITED,
