@@ -205,6 +205,7 @@ class Target:
         # the rescans those started.
         self._size_listeners: dict[str, Callable[[], None]] = {}
         self._rescans: set[asyncio.Future[None]] = set()
+        self._resizing = asyncio.Lock()
         self._state = TargetState.NEW
         for subsystem in subsystems:
             self._adopt(subsystem)
@@ -431,14 +432,17 @@ class Target:
             raise ChangeError(
                 "name", f"{name!r} cannot change size (a file, memory or RBD device can)"
             )
-        before = device.capabilities.num_blocks
-        try:
-            if size_bytes is None:
-                num_blocks = await device.rescan()
-            else:
-                num_blocks = await device.grow(size_bytes)
-        except (ValueError, OSError) as exc:
-            raise ChangeError("name" if size_bytes is None else "size", str(exc)) from exc
+        # One at a time: a rescan the watch started while a grow is under way compares
+        # with the size that grow left.
+        async with self._resizing:
+            before = device.capabilities.num_blocks
+            try:
+                if size_bytes is None:
+                    num_blocks = await device.rescan()
+                else:
+                    num_blocks = await device.grow(size_bytes)
+            except (ValueError, OSError) as exc:
+                raise ChangeError("name" if size_bytes is None else "size", str(exc)) from exc
         if num_blocks == before:
             return num_blocks  # as SPDK: no size change, no event and no notification
         users = self.device_users(name)
