@@ -295,6 +295,9 @@ class RbdDevice:
         self._medium = Medium((("rbd", self._fsid, pool, image_id),))
         self._header = f"rbd_header.{image_id}"
         self._watch: Any = None
+        self._watch_lock = threading.Lock()
+        self._watch_broken = False
+        self._lost_watches: list[Any] = []
         self._size_listeners: list[tuple[SizeListener, asyncio.AbstractEventLoop]] = []
         self._resizing = asyncio.Lock()
         self._state = DeviceState.OK
@@ -463,8 +466,13 @@ class RbdDevice:
         """Take the size the image has now, in whole blocks; the new number of blocks.
         ValueError, the size kept, if it shrank (a host may hold data past the new end);
         StorageUnavailable if the cluster does not answer."""
+
+        def stored_size() -> int:  # in a thread
+            self._rewatch_if_lost()
+            return self._stored_size()
+
         async with self._resizing:
-            return self._take(await self._blocking("size", self._stored_size))
+            return self._take(await self._blocking("size", stored_size))
 
     async def grow(self, size_bytes: int) -> int:
         """Resize the image to `size_bytes` (whole blocks, at least its size) and take that
@@ -525,24 +533,43 @@ class RbdDevice:
         """Watch the image's header object (blocking). Without the watch the device still
         serves; only another client's resize goes unnoticed until a rescan."""
         rados, _ = bindings()
-        try:
-            self._watch = self._conn.ioctx(self._pool).watch(
-                self._header, self._header_notified, self._watch_lost
-            )
-        except (rados.Error, OSError) as exc:
-            log.warning(
-                "RBD image %s/%s: cannot watch its header (%s): a resize by another client "
-                "will not be seen",
-                self._pool,
-                self._name,
-                exc,
-            )
+        with self._watch_lock:
+            if self._closing:
+                return
+            try:
+                self._watch = self._conn.ioctx(self._pool).watch(
+                    self._header, self._header_notified, self._watch_lost
+                )
+            except (rados.Error, OSError) as exc:
+                log.warning(
+                    "RBD image %s/%s: cannot watch its header (%s): a resize by another "
+                    "client will not be seen",
+                    self._pool,
+                    self._name,
+                    exc,
+                )
 
     def _stop_watch(self) -> None:
-        watch, self._watch = self._watch, None
-        if watch is not None:
+        """End the watch (blocking; before the image is closed and the connection shut
+        down, never at the same time: the lock). A lost watch of a fenced client is left
+        alone: librados cannot unwatch for a blocklisted client."""
+        with self._watch_lock:
+            watch, self._watch = self._watch, None
+            if watch is None:
+                return
+            if self._conn.fenced or self._state is DeviceState.FENCED:
+                self._lost_watches.append(watch)
+                return
             with contextlib.suppress(Exception):
                 watch.close()
+
+    def _rewatch_if_lost(self) -> None:
+        """Watch again after a transient loss (an OSD restarted, the watch timed out), in
+        a rescan's thread (blocking)."""
+        if self._watch_broken and not self._conn.fenced:
+            self._watch_broken = False
+            self._stop_watch()
+            self._start_watch()
 
     def _header_notified(self, *_args: Any) -> None:  # on a librados thread
         for listener, loop in list(self._size_listeners):
@@ -550,15 +577,11 @@ class RbdDevice:
                 loop.call_soon_threadsafe(listener)
 
     def _watch_lost(self, *args: Any) -> None:  # on a librados thread: (watch id, error)
+        # Nothing blocking here, nor in a thread of its own that could outlive the
+        # connection: the rescan the listeners start watches again (_rewatch_if_lost).
         log.warning("RBD image %s/%s: header watch lost (%s)", self._pool, self._name, args[-1])
-
-        def again() -> None:
-            self._stop_watch()
-            if not self._closing:
-                self._start_watch()
-                self._header_notified()  # a resize while unwatched
-
-        threading.Thread(target=again, name="rbd-rewatch", daemon=True).start()
+        self._watch_broken = True
+        self._header_notified()
 
     # -- I/O ----------------------------------------------------------------------------------
 
