@@ -23,7 +23,7 @@ import pytest
 
 from pynvmf.rpc.client import RpcClient, RpcClientError
 from pynvmf.spec.opcodes import DISCOVERY_NQN
-from tests.interop.test_linux_host import DEV_FOR
+from tests.interop.test_linux_host import DEV_FOR, wait_size
 from tests.support.guest import OLDEST_AND_NEWEST, Guest, Peer
 from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
@@ -404,15 +404,6 @@ def test_a_grown_file_namespace_takes_its_size_on_the_linux_host(
 
 
 GROW_MEM_NQN = "nqn.2024-11.dev.pynvmf:control-plane-grow-memory"
-
-
-def wait_size(guest: Guest, dev: str, size: int) -> int:
-    """The size of `dev` once it is `size` (or what it is after 10 s)."""
-    out = guest.run(
-        f"i=0; while [ $i -lt 100 ] && [ $(blockdev --getsize64 {dev}) != {size} ]; "
-        f"do i=$((i + 1)); sleep 0.1; done; blockdev --getsize64 {dev}"
-    ).output
-    return int(out)
 
 
 def test_a_grown_memory_namespace_keeps_its_data_and_takes_its_size_on_the_linux_host(

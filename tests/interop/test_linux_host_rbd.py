@@ -206,28 +206,37 @@ def _no_io_errors(guest: Guest) -> None:
 # -- the command line: `pynvmf target --rbd` ---------------------------------------------------
 
 
-def test_pynvmf_target_rbd_command_line_serves_the_image(
-    guest: Guest, ceph_cluster: CephCluster, tmp_path: Path
-) -> None:
-    ceph_cluster.create_image(CLI_IMAGE, 64 * MIB)
-    port = free_tcp_port()
+def _rbd_target_process(
+    cluster: CephCluster, workdir: Path, image: str, nqn: str, port: int, *extra: str
+) -> TargetProcess:
+    """`pynvmf target --rbd` serving `image` as `nqn` on `port`, started."""
     proc = TargetProcess(
         None,
-        tmp_path,
+        workdir,
         [
             "--rbd",
-            f"rbd/{CLI_IMAGE}",
+            f"rbd/{image}",
             "--ceph-conf",
-            str(ceph_cluster.conf),
+            str(cluster.conf),
             "--listen",
             f"127.0.0.1:{port}",
             "--discovery-port",
             "0",
             "--nqn",
-            CLI,
+            nqn,
+            *extra,
         ],
     )
     proc.start()
+    return proc
+
+
+def test_pynvmf_target_rbd_command_line_serves_the_image(
+    guest: Guest, ceph_cluster: CephCluster, tmp_path: Path
+) -> None:
+    ceph_cluster.create_image(CLI_IMAGE, 64 * MIB)
+    port = free_tcp_port()
+    proc = _rbd_target_process(ceph_cluster, tmp_path, CLI_IMAGE, CLI, port)
     try:
         ss = Subsys(CLI, port, 64 * MIB)
         host.check_connect_identify_and_list(guest, ss)
@@ -246,15 +255,6 @@ GROW = f"{PREFIX}-grow"
 GROW_IMAGE = "interop-linux-host-grow"
 
 
-def _wait_size(guest: Guest, dev: str, size: int) -> int:
-    """The size of `dev` once it is `size` (or what it is after 10 s)."""
-    out = guest.run(
-        f"i=0; while [ $i -lt 100 ] && [ $(blockdev --getsize64 {dev}) != {size} ]; "
-        f"do i=$((i + 1)); sleep 0.1; done; blockdev --getsize64 {dev}"
-    ).output
-    return int(out)
-
-
 def test_an_image_grown_over_rpc_and_by_another_ceph_client_takes_its_size_on_the_host(
     guest: Guest, ceph_cluster: CephCluster, tmp_path: Path
 ) -> None:
@@ -265,25 +265,9 @@ def test_an_image_grown_over_rpc_and_by_another_ceph_client_takes_its_size_on_th
     ceph_cluster.create_image(GROW_IMAGE, 16 * MIB)
     port = free_tcp_port()
     rpc_socket = str(tmp_path / "rpc.sock")
-    proc = TargetProcess(
-        None,
-        tmp_path,
-        [
-            "--rbd",
-            f"rbd/{GROW_IMAGE}",
-            "--ceph-conf",
-            str(ceph_cluster.conf),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--discovery-port",
-            "0",
-            "--nqn",
-            GROW,
-            "--rpc-socket",
-            rpc_socket,
-        ],
+    proc = _rbd_target_process(
+        ceph_cluster, tmp_path, GROW_IMAGE, GROW, port, "--rpc-socket", rpc_socket
     )
-    proc.start()
     try:
         dev = host.connect(guest, port, GROW)
         assert int(guest.run(f"blockdev --getsize64 {dev}").output) == 16 * MIB
@@ -294,14 +278,14 @@ def test_an_image_grown_over_rpc_and_by_another_ceph_client_takes_its_size_on_th
                 if b["product_name"] == "Ceph Rbd Disk"
             ]
             assert rpc.call("bdev_rbd_resize", name=name, new_size=32) is True
-        assert _wait_size(guest, dev, 32 * MIB) == 32 * MIB
+        assert host.wait_size(guest, dev, 32 * MIB) == 32 * MIB
         subprocess.run(
             ["rbd", "-c", str(ceph_cluster.conf), "resize", "--size", "48M", f"rbd/{GROW_IMAGE}"],
             check=True,
             capture_output=True,
             timeout=60,
         )
-        assert _wait_size(guest, dev, 48 * MIB) == 48 * MIB
+        assert host.wait_size(guest, dev, 48 * MIB) == 48 * MIB
         offset = 40 * MIB
         digest = guest.run(
             "dd if=/dev/urandom of=/tmp/r1 bs=65536 count=1 2>/dev/null && "
