@@ -2,11 +2,14 @@
 namespace added over RPC appears on the host without a reconnect and goes again when
 removed; a removed subsystem takes the host's controller out of `live`, and the host
 reconnects by itself once the subsystem is back; a persistent discovery controller
-hears of new subsystems; and blktests' NVME_TARGET_CONTROL script sets up what the
-host then connects to.
+hears of new subsystems; blktests' NVME_TARGET_CONTROL script sets up what the
+host then connects to; a namespace visible to chosen hosts appears and goes on this one;
+a file namespace and a memory namespace that grow take their new size on the host's
+block device without a reconnect.
 
-One guest boot and one target process (`pynvmf target --empty` with its RPC on a Unix
-socket and on TCP) serve the whole module.
+On Linux 6.1 and 7 (6.12 with PYNVMF_GUEST_EVERY_PEER=1: tests/support/guest.py's rule):
+per peer, one guest boot and one target process (`pynvmf target --empty` with its RPC
+on a Unix socket and on TCP) serve the whole module.
 """
 
 from __future__ import annotations
