@@ -156,6 +156,10 @@ class RadosConnection:
         self._ioctxs: dict[str, Any] = {}
         # The devices on this client: fencing it fences them all at once.
         self.devices: weakref.WeakSet[RbdDevice] = weakref.WeakSet()
+        # Watches librados cannot end (lost by a fenced client: an unwatch then makes
+        # librados abort the process), held until the client is shut down, so that no
+        # finalizer tries before (after, it finds the client gone and does nothing).
+        self._unended_watches: list[Any] = []
 
     @classmethod
     def get(cls, spec: ClusterSpec, *, timeout: int = DEFAULT_CONNECT_TIMEOUT) -> RadosConnection:
@@ -191,6 +195,10 @@ class RadosConnection:
             self._ioctxs[pool] = io
         return io
 
+    def hold_watch(self, watch: Any) -> None:
+        """Keep a watch that cannot be ended until this client is shut down."""
+        self._unended_watches.append(watch)
+
     @property
     def address(self) -> str:
         """This client's address as `osd blocklist add` takes it."""
@@ -209,6 +217,7 @@ class RadosConnection:
         self._ioctxs.clear()
         with contextlib.suppress(Exception):
             self.cluster.shutdown()
+        self._unended_watches.clear()
 
 
 def _connect(spec: ClusterSpec, timeout: int) -> Any:
@@ -297,7 +306,7 @@ class RbdDevice:
         self._watch: Any = None
         self._watch_lock = threading.Lock()
         self._watch_broken = False
-        self._lost_watches: list[Any] = []
+        self._watch_fenced = False
         self._size_listeners: list[tuple[SizeListener, asyncio.AbstractEventLoop]] = []
         self._resizing = asyncio.Lock()
         self._state = DeviceState.OK
@@ -551,24 +560,25 @@ class RbdDevice:
 
     def _stop_watch(self) -> None:
         """End the watch (blocking; before the image is closed and the connection shut
-        down, never at the same time: the lock). A lost watch of a fenced client is left
-        alone: librados cannot unwatch for a blocklisted client."""
+        down, never at the same time: the lock). A lost watch, or any watch of a fenced
+        client, is never unwatched but left to the connection (RadosConnection.hold_watch):
+        an unwatch for a blocklisted client crashed librados (abort, segfault)."""
         with self._watch_lock:
             watch, self._watch = self._watch, None
             if watch is None:
                 return
-            if self._conn.fenced or self._state is DeviceState.FENCED:
-                self._lost_watches.append(watch)
+            if self._watch_broken or self._conn.fenced or self._state is DeviceState.FENCED:
+                self._conn.hold_watch(watch)
                 return
             with contextlib.suppress(Exception):
                 watch.close()
 
     def _rewatch_if_lost(self) -> None:
         """Watch again after a transient loss (an OSD restarted, the watch timed out), in
-        a rescan's thread (blocking)."""
-        if self._watch_broken and not self._conn.fenced:
+        a rescan's thread (blocking); never for a fenced client."""
+        if self._watch_broken and not self._watch_fenced and not self._conn.fenced:
+            self._stop_watch()  # held, not unwatched
             self._watch_broken = False
-            self._stop_watch()
             self._start_watch()
 
     def _header_notified(self, *_args: Any) -> None:  # on a librados thread
@@ -576,10 +586,16 @@ class RbdDevice:
             with contextlib.suppress(RuntimeError):  # that loop is closed
                 loop.call_soon_threadsafe(listener)
 
-    def _watch_lost(self, *args: Any) -> None:  # on a librados thread: (watch id, error)
+    def _watch_lost(self, *args: Any) -> None:  # on a librados thread: ([watch id,] error)
         # Nothing blocking here, nor in a thread of its own that could outlive the
         # connection: the rescan the listeners start watches again (_rewatch_if_lost).
+        watch = self._watch
+        if watch is None or (len(args) > 1 and args[0] != watch.get_id()):
+            return  # a watch already replaced
+        code = abs(args[-1]) if isinstance(args[-1], int) else 0
         log.warning("RBD image %s/%s: header watch lost (%s)", self._pool, self._name, args[-1])
+        if code == errno.ESHUTDOWN:  # blocklisted: fenced, for good
+            self._watch_fenced = True
         self._watch_broken = True
         self._header_notified()
 
