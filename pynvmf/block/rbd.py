@@ -40,9 +40,9 @@ Size: `grow` resizes the image (never smaller: SPDK's bdev_rbd_resize refuses th
 another gateway) is heard through a watch on the image's header object
 (rbd_header.<id>), the object librbd's own update_watch listens on (Debian's python3-rbd
 16.2 has no update_watch): every notify on it (a header update, a lock changing hands)
-calls the size listeners (block.device.GrowsOutside), and the target rescans. The size is
-read from the header itself (cls_rbd get_size) rather than from the open image, whose
-own watch may hear of the same notify a moment later.
+calls the size listeners (block.device.GrowsOutside), and the target rescans: it reads the
+size from the header itself (cls_rbd get_size), then has the open image refresh to it
+(its aio requests never refresh it), which librbd's own watch lets it do a moment later.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ import errno
 import logging
 import struct
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -476,12 +477,12 @@ class RbdDevice:
         ValueError, the size kept, if it shrank (a host may hold data past the new end);
         StorageUnavailable if the cluster does not answer."""
 
-        def stored_size() -> int:  # in a thread
+        def served_size() -> int:  # in a thread
             self._rewatch_if_lost()
-            return self._stored_size()
+            return self._served_size(self._stored_size())
 
         async with self._resizing:
-            return self._take(await self._blocking("size", stored_size))
+            return self._take(await self._blocking("size", served_size))
 
     async def grow(self, size_bytes: int) -> int:
         """Resize the image to `size_bytes` (whole blocks, at least its size) and take that
@@ -496,8 +497,8 @@ class RbdDevice:
 
         def resize() -> int:  # in a thread
             stored = self._stored_size()
-            if stored >= size_bytes:
-                return stored
+            if stored >= size_bytes:  # another client grew it that far meanwhile
+                return self._served_size(stored)
             self._image.resize(size_bytes, allow_shrink=False)
             return size_bytes
 
@@ -514,6 +515,21 @@ class RbdDevice:
             log.info("RBD image %s/%s: %d bytes", self._pool, self._name, size)
             self._caps = replace(self._caps, num_blocks=size >> self._shift)
         return self._caps.num_blocks
+
+    def _served_size(self, stored: int) -> int:
+        """The size the open image serves once it took `stored`, the header's (blocking).
+        librbd's aio requests are checked against the size the image last refreshed to,
+        and never refresh it (a write past the old end fails with EINVAL although the
+        header says otherwise); a synchronous call (size()) refreshes it, once librbd's
+        own watch on the header heard of the change. That watch hears the same notify as
+        this device's, a moment apart: wait for it, as long as a request may take, and
+        serve what librbd serves."""
+        deadline = time.monotonic() + self._io_timeout
+        served = int(self._image.size())
+        while served < stored and time.monotonic() < deadline:
+            time.sleep(0.005)
+            served = int(self._image.size())
+        return served
 
     def _stored_size(self) -> int:
         """The size the image's header holds now. Blocking."""

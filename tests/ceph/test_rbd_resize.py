@@ -134,3 +134,30 @@ async def test_a_resize_by_another_ceph_client_reaches_the_host(
         assert (await ctrl.identify_namespace(1)).nsze == 20 * MiB // BLOCK
     finally:
         await ctrl.close()
+
+
+async def test_a_resize_on_one_gateway_reaches_the_hosts_of_another(
+    ceph_cluster: CephCluster, rbd_image: Callable[[int], str]
+) -> None:
+    """Two targets serve one image (two gateways, two paths): bdev_rbd_resize on the first
+    reaches the host connected to the second through the second's watch."""
+    image = rbd_image(8 * MiB)
+    first = await build_target(_config(ceph_cluster, image))
+    second = await build_target(_config(ceph_cluster, image))
+    try:
+        await first.start()
+        await second.start()
+        ctrl = await _host(second)
+        try:
+            aer = asyncio.ensure_future(ctrl.admin_command(AdminOpcode.ASYNC_EVENT_REQUEST))
+            await asyncio.sleep(0)
+            (name,) = [n for n, e in first.block_devices.items() if e.kind == "rbd"]
+            assert await control_plane(first).call(
+                "bdev_rbd_resize", {"name": name, "new_size": 24}
+            )
+            await _grown(ctrl, aer, 24 * MiB // BLOCK)
+        finally:
+            await ctrl.close()
+    finally:
+        await second.stop()
+        await first.stop()
