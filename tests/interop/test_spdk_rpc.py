@@ -174,6 +174,12 @@ def test_rpc_py_drives_the_rbd_methods(
             return bytes(buf)
 
     assert asyncio.run(io()) == b"r" * 4096
+    # rpc.py's bdev_rbd_resize NAME NEW_SIZE (MiB): the image grows, never shrinks.
+    assert spdk.run("bdev_rbd_resize", "Ceph0", "16").stdout.strip() == "true"
+    (bdev,) = spdk.json("bdev_get_bdevs", "-b", "Ceph0")
+    assert bdev["num_blocks"] == 4096
+    smaller = spdk.run("bdev_rbd_resize", "Ceph0", "8", check=False)
+    assert smaller.returncode != 0 and "new_size" in smaller.stdout + smaller.stderr
     saved = json.loads(spdk.run("save_config").stdout)
     (bdev_subsystem,) = [s for s in saved["subsystems"] if s["subsystem"] == "bdev"]
     methods = [c["method"] for c in bdev_subsystem["config"]]
@@ -187,6 +193,7 @@ def test_rpc_py_drives_the_rbd_methods(
             "bdev_rbd_register_cluster",
             "bdev_rbd_get_clusters_info",
             "bdev_rbd_create",
+            "bdev_rbd_resize",
             "bdev_rbd_delete",
             "bdev_rbd_unregister_cluster",
         }

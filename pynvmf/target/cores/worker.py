@@ -318,7 +318,7 @@ class Worker:
         detached = [c for c in subsystem.refresh_views(nsid) if nsid not in c.namespaces]
         await drain(commands_waiting_on(detached), subsystem)
 
-    def _namespace_resized(self, nqn: str, nsid: int) -> int:
+    async def _namespace_resized(self, nqn: str, nsid: int) -> int:
         """The size this process now serves namespace `nsid` with (in blocks)."""
         assert self.target is not None
         subsystem = self.target.subsystems.get(nqn)
@@ -327,7 +327,7 @@ class Worker:
             return 0
         device = ns.device
         if isinstance(device, Resizable):
-            return device.rescan()
+            return await device.rescan()
         return device.capabilities.num_blocks
 
     async def _subsystem_gone(self, nqn: str) -> None:
