@@ -11,14 +11,17 @@ $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || bash scripts/install-system-deps.sh --python
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	PYNVMF_PURE=1 $(BIN)/pip install -q -e '.[test]'
 	touch $@
 
 # The optional RBD backend's bindings (Debian's python3-rados/python3-rbd), when installed.
 setup: $(BIN)/.installed
 	@$(BIN)/python scripts/link-ceph-bindings.py
 
+# The compiled build where it can be made (a C compiler), pure Python otherwise; the
+# target's first line says which runs.
 run: setup
+	$(MAKE) compiled || { $(MAKE) clean-compiled; echo "pynvmf: no compiled build here: running pure Python (slower)"; }
 	$(BIN)/pynvmf target $(ARGS)
 
 system-deps:
@@ -47,22 +50,25 @@ test: system-deps setup lint
 	$(MAKE) clean-compiled
 
 $(BIN)/.compiled-installed: $(BIN)/.installed pyproject.toml
-	$(BIN)/pip install -q -e '.[test,compiled]'
+	PYNVMF_PURE=1 $(BIN)/pip install -q -e '.[test,compiled]'
 	touch $@
 
-# Opt-in: the modules setup.py lists, compiled by mypyc from the same source into
-# extensions next to it, which Python then imports instead of the .py files; tests run
-# on that path only with PYNVMF_COMPILED=1 (tests/conftest.py). `make clean-compiled`
-# returns the tree to pure Python.
-# (The touch: a build whose generated C did not change relinks nothing, and the guard
-# compares the extensions' times with their sources'.)
+# The modules setup.py lists, compiled by mypyc from the same source, built as the wheel
+# a user's `pip install .` builds (so that the suite tests that wheel's extensions), then
+# unpacked next to their sources, where Python imports them instead of the .py files;
+# tests run on that path only with PYNVMF_COMPILED=1 (tests/conftest.py).
+# `make clean-compiled` returns the tree to pure Python. (The touch: a build whose
+# generated C did not change relinks nothing, and the guard compares the extensions'
+# times with their sources'.)
 compiled: $(BIN)/.compiled-installed
-	PYNVMF_MYPYC=1 $(BIN)/python setup.py -q build_ext --inplace
+	rm -rf build/wheel
+	PYNVMF_MYPYC=1 $(BIN)/pip wheel -q --no-deps --no-build-isolation -w build/wheel .
+	$(BIN)/python scripts/unpack-compiled.py build/wheel/pynvmf-*.whl
 	find pynvmf -name '*.so' -exec touch {} +
 
 clean-compiled:
 	find pynvmf -name '*.so' -delete
-	rm -rf build/mypyc build/lib.* build/temp.*
+	rm -rf build/mypyc build/lib.* build/temp.* build/bdist.* build/wheel
 
 $(BIN)/.bench-installed: $(BIN)/.installed pyproject.toml
 	$(BIN)/pip install -q -e '.[test,bench]'

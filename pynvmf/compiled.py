@@ -48,8 +48,11 @@ def compiled_modules() -> list[str]:
 
 
 def stale_modules() -> list[str]:
-    """The compiled HOT_MODULES whose source changed after they were built: they run the
-    old code until `make compiled` runs again."""
+    """The compiled HOT_MODULES whose source changed after they were built, in a source
+    tree: they run the old code until `make compiled` runs again."""
+    if not (Path(__file__).resolve().parents[1] / "setup.py").is_file():
+        # An installed wheel: its files' times are when pip unpacked them, in no order.
+        return []
     stale = []
     for name in compiled_modules():
         built = Path(importlib.import_module(name).__file__ or "")
@@ -57,3 +60,17 @@ def stale_modules() -> list[str]:
         if source.is_file() and source.stat().st_mtime > built.stat().st_mtime:
             stale.append(name)
     return stale
+
+
+def build_description() -> str:
+    """Which build runs, in words: what `pynvmf --version` and the target's first line say."""
+    compiled = compiled_modules()
+    if not compiled:
+        return "pure Python (no compiled modules: `pip install .` or `make compiled` builds them)"
+    if len(compiled) < len(HOT_MODULES):
+        missing = sorted(set(HOT_MODULES) - set(compiled))
+        return f"partly compiled: {', '.join(missing)} pure Python (a build left incomplete)"
+    stale = stale_modules()
+    if stale:
+        return f"compiled (mypyc), but {', '.join(stale)} changed since: `make compiled`"
+    return f"compiled (mypyc, {len(compiled)} hot modules)"

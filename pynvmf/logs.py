@@ -28,6 +28,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Protocol
@@ -216,3 +217,54 @@ def _exception_text(exc_type: type[BaseException], exc: BaseException | None) ->
 def configured_format() -> str:
     """The format configure() chose for this process (what its workers log in)."""
     return _configured
+
+
+@dataclass(frozen=True, slots=True)
+class LogLevels:
+    """What a running process may change in how it logs (SPDK's log methods do), as data
+    that a worker process of --cores takes too: the levels set on pynvmf's loggers, by
+    name (the others follow their parents), and the level of the stderr handlers (what
+    is printed of what is logged; NOTSET: everything)."""
+
+    loggers: tuple[tuple[str, int], ...] = ()
+    print_level: int = logging.NOTSET
+
+    def with_logger(self, name: str, level: int) -> LogLevels:
+        """These levels with logger `name` at `level` (NOTSET: following its parent)."""
+        loggers = dict(self.loggers)
+        loggers.pop(name, None)
+        if level != logging.NOTSET:
+            loggers[name] = level
+        return LogLevels(tuple(sorted(loggers.items())), self.print_level)
+
+    def with_print_level(self, level: int) -> LogLevels:
+        return LogLevels(self.loggers, level)
+
+
+def _ours(name: str) -> bool:
+    return name == "pynvmf" or name.startswith("pynvmf.")
+
+
+def log_levels() -> LogLevels:
+    """This process's LogLevels."""
+    loggers = sorted(
+        (name, logger.level)
+        for name, logger in logging.Logger.manager.loggerDict.items()
+        if isinstance(logger, logging.Logger) and _ours(name) and logger.level != logging.NOTSET
+    )
+    handlers = logging.getLogger().handlers
+    print_level = min((h.level for h in handlers), default=logging.NOTSET)
+    return LogLevels(tuple(loggers), print_level)
+
+
+def set_log_levels(levels: LogLevels) -> None:
+    """Log in this process as `levels` says: a pynvmf logger it does not name follows its
+    parent."""
+    named = dict(levels.loggers)
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if isinstance(logger, logging.Logger) and _ours(name) and name not in named:
+            logger.setLevel(logging.NOTSET)
+    for name, level in named.items():
+        logging.getLogger(name).setLevel(level)
+    for handler in logging.getLogger().handlers:
+        handler.setLevel(levels.print_level)

@@ -7,7 +7,7 @@ probing the device type.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -79,16 +79,33 @@ class BlockDevice(Protocol):
 @runtime_checkable
 class Resizable(Protocol):
     """A device whose size may change while it serves (only growing: a host may hold
-    data past a smaller end). Both return the new number of blocks and raise ValueError,
-    the size kept, for a size they cannot take."""
+    data past a smaller end). Both return the new number of blocks and raise ValueError
+    (or OSError: storage that did not answer), the size kept, for a size they cannot
+    take. Coroutines, since the storage may be across a network (RBD); no I/O of the
+    device sees a size between the old and the new."""
 
-    def rescan(self) -> int:
+    async def rescan(self) -> int:
         """Take the size the storage has now (it grew outside this process)."""
         ...
 
-    def grow(self, size_bytes: int) -> int:
+    async def grow(self, size_bytes: int) -> int:
         """Extend the storage to `size_bytes` and take that size."""
         ...
+
+
+# Called on the event loop's thread that added it, with no argument.
+SizeListener = Callable[[], None]
+
+
+@runtime_checkable
+class GrowsOutside(Protocol):
+    """A Resizable device whose storage others may grow while it serves (an RBD image
+    another Ceph client resizes), and which hears of it: its listeners are called then
+    (the target rescans it, block.device.Resizable)."""
+
+    def add_size_listener(self, listener: SizeListener) -> None: ...
+
+    def remove_size_listener(self, listener: SizeListener) -> None: ...
 
 
 @runtime_checkable

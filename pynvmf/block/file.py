@@ -247,7 +247,7 @@ class FileDevice:
     def capabilities(self) -> Capabilities:
         return self._caps
 
-    def rescan(self) -> int:
+    async def rescan(self) -> int:
         """Take the size the file or block device has now (it grew: `truncate`, `lvextend`,
         another process), in whole blocks; the new number of blocks. ValueError, and the
         size kept, if it shrank (the host may hold data past the new end) or a regular
@@ -270,7 +270,7 @@ class FileDevice:
         self._caps = replace(self._caps, num_blocks=size >> self._shift)
         return self._caps.num_blocks
 
-    def grow(self, size_bytes: int) -> int:
+    async def grow(self, size_bytes: int) -> int:
         """Extend a regular file to `size_bytes` (sparse) and take that size; the new
         number of blocks. ValueError for a block device, a read-only file, a size that
         is smaller or not whole blocks."""
@@ -282,7 +282,7 @@ class FileDevice:
                 f"{self._size} bytes"
             )
         os.ftruncate(self._fd, size_bytes)
-        return self.rescan()
+        return await self.rescan()
 
     @property
     def path(self) -> str:

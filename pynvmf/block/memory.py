@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from dataclasses import replace
 
 from pynvmf.block.device import Buffer, Capabilities, Medium, block_shift, check_range
 from pynvmf.block.inplace import InPlace
@@ -133,6 +134,49 @@ class MemoryDevice:
     def medium(self) -> Medium:
         """Storage of its own, shared with no other device (block.device.KnownMedium)."""
         return self._medium
+
+    # -- size --------------------------------------------------------------------
+
+    async def rescan(self) -> int:
+        """The number of blocks: nothing outside this device changes a private mapping's
+        size (block.device.Resizable)."""
+        if self._map.closed:
+            raise ValueError("device is closed")
+        return self._caps.num_blocks
+
+    async def grow(self, size_bytes: int) -> int:
+        """Take `size_bytes` (whole blocks, at least the present size): the blocks kept,
+        the new ones zeroes; the new number of blocks. ValueError, the size kept, for a
+        smaller size (as a file device: a host may hold data past the new end), one that
+        is not whole blocks, or memory that cannot be had."""
+        if self._map.closed:
+            raise ValueError("device is closed")
+        if not isinstance(size_bytes, int) or size_bytes < self._size or size_bytes & self._mask:
+            raise ValueError(
+                f"{size_bytes} is not a multiple of {self._caps.block_size} of at least "
+                f"{self._size} bytes"
+            )
+        if size_bytes > self._size:
+            self._extend(size_bytes)
+            self._size = size_bytes
+            self._caps = replace(self._caps, num_blocks=size_bytes >> self._shift)
+            self._mapped()
+        return self._caps.num_blocks
+
+    def _extend(self, size_bytes: int) -> None:
+        """Make the mapping `size_bytes` long, its bytes kept: mremap, which moves page
+        table entries, never the data (pages never touched stay unallocated). No I/O is
+        under way meanwhile: every method of this device completes without suspending."""
+        self.inplace = None
+        self._view.release()
+        try:
+            self._map.resize(size_bytes)
+        except (BufferError, OSError) as exc:
+            # BufferError: a caller still holds a view of the memory (mremap may move it).
+            raise ValueError(f"cannot extend the memory to {size_bytes} bytes: {exc}") from None
+        finally:
+            self._view = memoryview(self._map)
+            self._mapped()
 
     # -- I/O ---------------------------------------------------------------------
 

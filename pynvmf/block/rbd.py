@@ -34,6 +34,15 @@ since a write that reached an OSD may still land: fencing (the blocklist), not t
 timeout, is what makes such a write harmless to another gateway.
 Other librbd errors are OSErrors with librbd's errno (the target's media-error
 statuses).
+
+Size: `grow` resizes the image (never smaller: SPDK's bdev_rbd_resize refuses that too),
+`rescan` takes the size the image's header holds. Another client's resize (`rbd resize`,
+another gateway) is heard through a watch on the image's header object
+(rbd_header.<id>), the object librbd's own update_watch listens on (Debian's python3-rbd
+16.2 has no update_watch): every notify on it (a header update, a lock changing hands)
+calls the size listeners (block.device.GrowsOutside), and the target rescans: it reads the
+size from the header itself (cls_rbd get_size), then has the open image refresh to it
+(its aio requests never refresh it), which librbd's own watch lets it do a moment later.
 """
 
 from __future__ import annotations
@@ -42,10 +51,12 @@ import asyncio
 import contextlib
 import errno
 import logging
+import struct
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -53,6 +64,7 @@ from pynvmf.block.device import (
     Buffer,
     Capabilities,
     Medium,
+    SizeListener,
     StorageUnavailable,
     block_shift,
     check_range,
@@ -63,6 +75,10 @@ log = logging.getLogger(__name__)
 DEFAULT_IO_TIMEOUT = 30.0  # seconds a request may take before the storage counts as gone
 DEFAULT_CONNECT_TIMEOUT = 20  # seconds (rados connect takes an int)
 DEFAULT_POOL = "rbd"
+# cls_rbd's get_size takes a snapshot id: the image itself (CEPH_NOSNAP); it answers the
+# object order (u8) and the size (u64), little-endian.
+_GET_SIZE_OF_HEAD = struct.pack("<Q", (1 << 64) - 2)
+_GET_SIZE_ANSWER = struct.Struct("<BQ")
 
 
 class RbdUnavailable(ImportError):
@@ -141,6 +157,10 @@ class RadosConnection:
         self._ioctxs: dict[str, Any] = {}
         # The devices on this client: fencing it fences them all at once.
         self.devices: weakref.WeakSet[RbdDevice] = weakref.WeakSet()
+        # Watches librados cannot end (lost by a fenced client: an unwatch then makes
+        # librados abort the process), held until the client is shut down, so that no
+        # finalizer tries before (after, it finds the client gone and does nothing).
+        self._unended_watches: list[Any] = []
 
     @classmethod
     def get(cls, spec: ClusterSpec, *, timeout: int = DEFAULT_CONNECT_TIMEOUT) -> RadosConnection:
@@ -176,6 +196,10 @@ class RadosConnection:
             self._ioctxs[pool] = io
         return io
 
+    def hold_watch(self, watch: Any) -> None:
+        """Keep a watch that cannot be ended until this client is shut down."""
+        self._unended_watches.append(watch)
+
     @property
     def address(self) -> str:
         """This client's address as `osd blocklist add` takes it."""
@@ -194,6 +218,7 @@ class RadosConnection:
         self._ioctxs.clear()
         with contextlib.suppress(Exception):
             self.cluster.shutdown()
+        self._unended_watches.clear()
 
 
 def _connect(spec: ClusterSpec, timeout: int) -> Any:
@@ -276,7 +301,15 @@ class RbdDevice:
         # The image's id names its data objects: the same image opened twice (or by two
         # gateways) is one storage, whatever it is called (a rename keeps the id).
         self._fsid = str(connection.cluster.get_fsid())
-        self._medium = Medium((("rbd", self._fsid, pool, image.id()),))
+        image_id = image.id()
+        self._medium = Medium((("rbd", self._fsid, pool, image_id),))
+        self._header = f"rbd_header.{image_id}"
+        self._watch: Any = None
+        self._watch_lock = threading.Lock()
+        self._watch_broken = False
+        self._watch_fenced = False
+        self._size_listeners: list[tuple[SizeListener, asyncio.AbstractEventLoop]] = []
+        self._resizing = asyncio.Lock()
         self._state = DeviceState.OK
         self._listeners: list[StateListener] = []
         self._inflight = 0
@@ -318,7 +351,7 @@ class RbdDevice:
             except rbd.Error as exc:
                 raise _os_error(exc, f"opening RBD image {pool}/{image}") from None
             try:
-                return cls(
+                device = cls(
                     conn,
                     img,
                     pool=pool,
@@ -330,6 +363,8 @@ class RbdDevice:
             except BaseException:
                 img.close()
                 raise
+            device._start_watch()
+            return device
         except BaseException:
             conn.release()
             raise
@@ -425,6 +460,160 @@ class RbdDevice:
                 log.exception("RBD state listener %r failed", listener)
         if state is DeviceState.FENCED and not self._conn.fenced:
             self._conn.mark_fenced()
+
+    # -- size ---------------------------------------------------------------------------------
+
+    def add_size_listener(self, listener: SizeListener) -> None:
+        """`listener()` is called on the running event loop's thread whenever the image's
+        header changed (another client resized it, the exclusive lock moved...): the
+        caller rescans (block.device.GrowsOutside). Must be called on that loop."""
+        self._size_listeners.append((listener, asyncio.get_running_loop()))
+
+    def remove_size_listener(self, listener: SizeListener) -> None:
+        self._size_listeners = [e for e in self._size_listeners if e[0] is not listener]
+
+    async def rescan(self) -> int:
+        """Take the size the image has now, in whole blocks; the new number of blocks.
+        ValueError, the size kept, if it shrank (a host may hold data past the new end);
+        StorageUnavailable if the cluster does not answer."""
+
+        def served_size() -> int:  # in a thread
+            self._rewatch_if_lost()
+            return self._served_size(self._stored_size())
+
+        async with self._resizing:
+            return self._take(await self._blocking("size", served_size))
+
+    async def grow(self, size_bytes: int) -> int:
+        """Resize the image to `size_bytes` (whole blocks, at least its size) and take that
+        size; the new number of blocks. An image another client grew further meanwhile
+        keeps its size (librbd is told never to shrink)."""
+        self._writable()
+        if size_bytes & self._mask or size_bytes < self._caps.size:
+            raise ValueError(
+                f"{size_bytes} is not a multiple of {self._caps.block_size} of at least "
+                f"{self._caps.size} bytes"
+            )
+
+        def resize() -> int:  # in a thread
+            stored = self._stored_size()
+            if stored >= size_bytes:  # another client grew it that far meanwhile
+                return self._served_size(stored)
+            self._image.resize(size_bytes, allow_shrink=False)
+            return size_bytes
+
+        async with self._resizing:
+            return self._take(await self._blocking("resize", resize))
+
+    def _take(self, size: int) -> int:
+        size -= size & self._mask
+        if size < self._caps.size:
+            raise ValueError(
+                f"RBD image {self._pool}/{self._name} shrank from {self._caps.size} to {size} bytes"
+            )
+        if size != self._caps.size:
+            log.info("RBD image %s/%s: %d bytes", self._pool, self._name, size)
+            self._caps = replace(self._caps, num_blocks=size >> self._shift)
+        return self._caps.num_blocks
+
+    def _served_size(self, stored: int) -> int:
+        """The size the open image serves once it took `stored`, the header's (blocking).
+        librbd's aio requests are checked against the size the image last refreshed to,
+        and never refresh it (a write past the old end fails with EINVAL although the
+        header says otherwise); a synchronous call (size()) refreshes it, once librbd's
+        own watch on the header heard of the change. That watch hears the same notify as
+        this device's, a moment apart: wait for it, as long as a request may take, and
+        serve what librbd serves."""
+        deadline = time.monotonic() + self._io_timeout
+        served = int(self._image.size())
+        while served < stored and time.monotonic() < deadline:
+            time.sleep(0.005)
+            served = int(self._image.size())
+        return served
+
+    def _stored_size(self) -> int:
+        """The size the image's header holds now. Blocking."""
+        _ret, out = self._conn.ioctx(self._pool).execute(
+            self._header, "rbd", "get_size", _GET_SIZE_OF_HEAD
+        )
+        _order, size = _GET_SIZE_ANSWER.unpack_from(out)
+        return int(size)
+
+    async def _blocking(self, what: str, call: Callable[[], Any]) -> Any:
+        """A blocking librados/librbd call in a thread, bounded by `io_timeout` as every
+        request is (a call that times out is left to finish in its thread)."""
+        self._open()
+        rados, rbd = bindings()
+        task = asyncio.ensure_future(asyncio.to_thread(call))
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), self._io_timeout)
+        except TimeoutError:
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            self._timed_out(fut, what)
+            return await fut
+        except (rados.Error, rbd.Error) as exc:
+            raise self._failure(what, abs(getattr(exc, "errno", None) or errno.EIO)) from None
+
+    def _start_watch(self) -> None:
+        """Watch the image's header object (blocking). Without the watch the device still
+        serves; only another client's resize goes unnoticed until a rescan."""
+        rados, _ = bindings()
+        with self._watch_lock:
+            if self._closing:
+                return
+            try:
+                self._watch = self._conn.ioctx(self._pool).watch(
+                    self._header, self._header_notified, self._watch_lost
+                )
+            except (rados.Error, OSError) as exc:
+                log.warning(
+                    "RBD image %s/%s: cannot watch its header (%s): a resize by another "
+                    "client will not be seen",
+                    self._pool,
+                    self._name,
+                    exc,
+                )
+
+    def _stop_watch(self) -> None:
+        """End the watch (blocking; before the image is closed and the connection shut
+        down, never at the same time: the lock). A lost watch, or any watch of a fenced
+        client, is never unwatched but left to the connection (RadosConnection.hold_watch):
+        an unwatch for a blocklisted client crashed librados (abort, segfault)."""
+        with self._watch_lock:
+            watch, self._watch = self._watch, None
+            if watch is None:
+                return
+            if self._watch_broken or self._conn.fenced or self._state is DeviceState.FENCED:
+                self._conn.hold_watch(watch)
+                return
+            with contextlib.suppress(Exception):
+                watch.close()
+
+    def _rewatch_if_lost(self) -> None:
+        """Watch again after a transient loss (an OSD restarted, the watch timed out), in
+        a rescan's thread (blocking); never for a fenced client."""
+        if self._watch_broken and not self._watch_fenced and not self._conn.fenced:
+            self._stop_watch()  # held, not unwatched
+            self._watch_broken = False
+            self._start_watch()
+
+    def _header_notified(self, *_args: Any) -> None:  # on a librados thread
+        for listener, loop in list(self._size_listeners):
+            with contextlib.suppress(RuntimeError):  # that loop is closed
+                loop.call_soon_threadsafe(listener)
+
+    def _watch_lost(self, *args: Any) -> None:  # on a librados thread: ([watch id,] error)
+        # Nothing blocking here, nor in a thread of its own that could outlive the
+        # connection: the rescan the listeners start watches again (_rewatch_if_lost).
+        watch = self._watch
+        if watch is None or (len(args) > 1 and args[0] != watch.get_id()):
+            return  # a watch already replaced
+        code = abs(args[-1]) if isinstance(args[-1], int) else 0
+        log.warning("RBD image %s/%s: header watch lost (%s)", self._pool, self._name, args[-1])
+        if code == errno.ESHUTDOWN:  # blocklisted: fenced, for good
+            self._watch_fenced = True
+        self._watch_broken = True
+        self._header_notified()
 
     # -- I/O ----------------------------------------------------------------------------------
 
@@ -534,6 +723,7 @@ class RbdDevice:
     def _close_image(self) -> bool:
         # Also for a fenced client: librbd closes a blocklisted image at once, and an
         # image must be closed before its cluster connection is shut down.
+        self._stop_watch()
         try:
             self._image.close()
         except Exception as exc:

@@ -18,6 +18,7 @@ as zeroes in every process.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 
@@ -87,6 +88,35 @@ class SharedMemoryDevice(MemoryDevice):
         if locks is None:
             raise ValueError("device is closed")
         return locks.name, locks.count
+
+    async def rescan(self) -> int:
+        """Take the size the memfd has now (the process that created it grew it: every
+        other process that maps it takes the size this way); the new number of blocks."""
+        if self._fd < 0:
+            raise ValueError("device is closed")
+        size = os.fstat(self._fd).st_size
+        if size < self.capabilities.size or size & (self.capabilities.block_size - 1):
+            raise ValueError(
+                f"shared memory of {size} bytes, not whole blocks of at least "
+                f"{self.capabilities.size}"
+            )
+        return await super().grow(size)
+
+    def _extend(self, size_bytes: int) -> None:
+        """Extend the memfd (if this process has not) and map it again at the new size:
+        its pages are the same in every process, so nothing is copied. A view of the old
+        mapping still held elsewhere keeps that mapping until it goes."""
+        if os.fstat(self._fd).st_size < size_bytes:
+            os.ftruncate(self._fd, size_bytes)
+        new = mmap.mmap(self._fd, size_bytes, flags=mmap.MAP_SHARED)
+        old = self._map
+        self.inplace = None
+        self._view.release()
+        self._map = new
+        self._view = memoryview(new)
+        self._mapped()
+        with contextlib.suppress(BufferError):
+            old.close()
 
     def close_sync(self) -> None:
         super().close_sync()

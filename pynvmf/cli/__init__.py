@@ -32,6 +32,9 @@ def build_parser() -> Parser:
         prog="pynvmf",
         description="An NVMe/TCP target, and host commands with nvme-cli's options (docs/cli.md).",
     )
+    parser.add_argument(
+        "--version", action=_Version, nargs=0, help="the version, and which build runs"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_target_command(sub)
     add_host_commands(sub)
@@ -41,6 +44,18 @@ def build_parser() -> Parser:
     add_top_command(sub)
     add_controllers_command(sub)
     return parser
+
+
+class _Version(argparse.Action):
+    """--version: computed when asked, since which build runs means importing the hot
+    modules (argparse's own version action takes a string made for every command)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        from pynvmf import __version__
+        from pynvmf.compiled import build_description
+
+        print(f"pynvmf {__version__}: {build_description()}")
+        parser.exit()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,8 +16,10 @@ import signal
 import sys
 from typing import Any
 
+from pynvmf import __version__
 from pynvmf.aio import install_uvloop
 from pynvmf.cli.common import size, verbose_option
+from pynvmf.compiled import build_description
 from pynvmf.config.native import (
     DEFAULT_NQN,
     ConfigError,
@@ -240,6 +242,7 @@ def _print_banner(
     target: Target, rpc: RpcServer | None, socket_path: str | None, metrics: MetricsEndpoint
 ) -> None:
     io_ports = [p for p in target.ports if not p.discovery_only]
+    print(f"build pynvmf {__version__}: {build_description()}", flush=True)
     for port in target.ports:
         kind = "discovery" if port.discovery_only else "nvme"
         print(f"listening {kind} {port}", flush=True)

@@ -22,7 +22,7 @@ from pynvmf.target import ana
 from pynvmf.target import devices as D
 from pynvmf.target.controller import MAX_IO_QUEUES, QUEUE_ENTRIES
 from pynvmf.target.devices import NamedDevice
-from pynvmf.target.limits import MAX_TRANSFER
+from pynvmf.target.limits import MAX_TRANSFER, reported_nn
 from pynvmf.target.port import Port, SecureChannelPolicy
 from pynvmf.target.referrals import Referral
 from pynvmf.target.subsystem import Subsystem
@@ -210,8 +210,9 @@ def nvmf_config(target: Target) -> list[dict[str, Any]]:
             "serial_number": subsystem.serial,
             "model_number": subsystem.model,
         }
-        if subsystem.max_namespaces:
-            params["max_namespaces"] = subsystem.max_namespaces
+        # Always the limit: without it nvmf_create_subsystem makes SPDK's 32. A subsystem
+        # of pynvmf's own configuration has none; the NN its hosts saw stands for it.
+        params["max_namespaces"] = subsystem.max_namespaces or reported_nn(subsystem)
         params.update(
             min_cntlid=subsystem.cntlid_min, max_cntlid=subsystem.cntlid_max, ana_reporting=True
         )

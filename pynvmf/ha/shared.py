@@ -7,7 +7,10 @@ that changes on its own, with pynvmf's own configuration format as JSON values:
 
     subsystem <nqn>                    the subsystem's settings (serial, model,
                                        allow_any_host, ...: no hosts, no namespaces)
-    namespace <nqn> <nsid>             one namespace (RBD inline, UUID/NGUID/EUI-64)
+    namespace <nqn> <nsid>             one namespace (RBD inline, UUID/NGUID/EUI-64,
+                                       its ANA group, auto_visible)
+    namespace_host <nqn> <nsid> <hostnqn>   a namespace without auto_visible is
+                                       attached to that host (nvmf_ns_add_host)
     host <nqn> <hostnqn>               one allowed host (keys by keyring name)
     listener <gateway> <nqn> <addr> <port>   where gateway <gateway> serves <nqn>
     version                            a counter, bumped by every write
@@ -15,7 +18,20 @@ that changes on its own, with pynvmf's own configuration format as JSON values:
 (NQNs hold no spaces, so a space separates a key's fields.) What only one gateway
 decides stays out: its controller ID range and ANA states (pynvmf.ha.gateway), its
 ports (its file; each gateway records its own listeners so that every gateway's
-discovery log lists the others' as peer listeners).
+discovery log lists the others' as peer listeners) and its discovery referrals (a
+referral points this gateway's hosts elsewhere, most often to the other gateways: the
+same list on every gateway would point each at itself; the other gateways' paths are
+in every discovery log already, as peer listeners, which is how ceph-nvmeof's
+discovery service lists them too).
+
+A namespace's ANA group is part of its key, and a change of that alone is applied in
+place (nvmf_subsystem_set_ns_ana_group), as ceph-nvmeof's state update does: the
+namespace is not removed and added again, so its hosts keep their I/O and
+reservations. The hosts a namespace is attached to are keys of their own, so that two
+gateways attaching two hosts at once both keep theirs; each is applied with
+nvmf_ns_add_host / nvmf_ns_remove_host, so that on every gateway only that host's
+controllers are told. (A namespace key with a "hosts" list, as gateways wrote them
+before the namespace_host keys, is read as those keys and written back as them.)
 
 One key per namespace and host, and a write that changes only the keys that changed
 here, is what lets two gateways change the same subsystem at once without losing
@@ -67,6 +83,7 @@ from pynvmf.config.native import (
     subsystem_spec_of,
 )
 from pynvmf.target import devices as D
+from pynvmf.target.ana import DEFAULT_GROUP
 from pynvmf.target.changes import ChangeError
 from pynvmf.target.target import Target
 
@@ -81,7 +98,8 @@ _GATEWAY_SUBSYSTEM_KEYS = ("cntlid_min", "cntlid_max")
 # Settings of a subsystem a change of which the Target can apply while it runs.
 _RUNTIME_SUBSYSTEM_KEYS = {"allow_any_host"}
 _UNSPECIFIED = {"0.0.0.0", "::", ""}
-_ORDER = {"subsystem": 0, "namespace": 1, "host": 2, "listener": 3}
+_ORDER = {"subsystem": 0, "namespace": 1, "namespace_host": 2, "host": 3, "listener": 4}
+_FIELDS = {"subsystem": 1, "namespace": 2, "namespace_host": 3, "host": 2, "listener": 4}
 _PAGE = 1000  # omap entries per read (the OSD caps one read's entries)
 
 
@@ -117,7 +135,7 @@ def _fields(key: str) -> tuple[str, list[str]]:
     """A key's kind and fields, or ConfigError for a key this version does not know."""
     kind, _, rest = key.partition(" ")
     words = rest.split(" ")
-    wanted = {"subsystem": 1, "namespace": 2, "host": 2, "listener": 4}.get(kind)
+    wanted = _FIELDS.get(kind)
     if wanted is None or len(words) != wanted or not all(words):
         raise ConfigError(f"{key!r}: unknown key")
     return kind, words
@@ -159,6 +177,8 @@ def shared_keys(target: Target, gateway_id: str) -> dict[str, str]:
                 # Rate limits are each gateway's own (bdev_set_qos_limit on it): a change
                 # of them is no change of the namespace the others serve.
                 ns.pop("qos", None)
+            for hostnqn in ns.pop("hosts", []):
+                out[f"namespace_host {nqn} {ns['nsid']} {hostnqn}"] = _dump({})
             out[f"namespace {nqn} {ns['nsid']}"] = _dump(ns)
         for host in hosts:
             hostnqn = host if isinstance(host, str) else host["nqn"]
@@ -173,6 +193,48 @@ def shared_keys(target: Target, gateway_id: str) -> dict[str, str]:
                 {"address": address, "port": port.port}
             )
     return out
+
+
+def upgraded(keys: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """`keys` with each namespace key's "hosts" list (the form before namespace_host
+    keys) taken out into namespace_host keys; and the keys that differ, to write back."""
+    out = dict(keys)
+    rewrites: dict[str, str] = {}
+    for key, text in keys.items():
+        if not key.startswith("namespace "):
+            continue
+        try:
+            _kind, (nqn, nsid) = _fields(key)
+            value = json.loads(text)
+        except (ConfigError, ValueError):
+            continue  # refused by name when applied
+        hosts = value.get("hosts") if isinstance(value, dict) else None
+        if not isinstance(hosts, list) or not all(
+            isinstance(h, str) and h and " " not in h for h in hosts
+        ):
+            continue  # none, or not a host list: applying it names what is wrong
+        del value["hosts"]
+        out[key] = rewrites[key] = _dump(value)
+        for hostnqn in hosts:
+            host_key = f"namespace_host {nqn} {nsid} {hostnqn}"
+            out[host_key] = rewrites[host_key] = _dump({})
+    return out, rewrites
+
+
+def _moved_to(mine: str | None, value: Any) -> int | None:
+    """The ANA group a namespace moved to, if its key changed in that alone."""
+    if mine is None or not isinstance(value, dict):
+        return None
+    try:
+        old = json.loads(mine)
+    except ValueError:
+        return None
+    group = value.get("anagrpid", DEFAULT_GROUP)
+    old.pop("anagrpid", None)
+    rest = {k: v for k, v in value.items() if k != "anagrpid"}
+    if old != rest or not isinstance(group, int) or isinstance(group, bool):
+        return None
+    return group
 
 
 class LostRace(Exception):
@@ -203,6 +265,9 @@ class SharedConfig:
         self._known: dict[str, str] = {}
         self._synced: dict[str, str] = {}
         self._version: str | None = None  # the object's version key; None: no object
+        # Keys of the object in an earlier form, as the last read upgraded them: written
+        # with the next write.
+        self._upgrades: dict[str, str] = {}
         self._exists = False
         self._conn: RadosConnection | None = None
         self._watch: Any = None
@@ -234,7 +299,7 @@ class SharedConfig:
                 await self._seed()
             else:
                 await self._adopt(remote)
-            await self._watch_object()
+            await self._ensure_watch()
         self.target.add_change_listener(self._local_change)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
@@ -315,11 +380,10 @@ class SharedConfig:
                 return
             try:
                 async with self._lock:
-                    if self._watch is None:
-                        await self._watch_object()
                     if self._dirty or await self._read_version() != self._version:
                         await self._sync()
                     else:
+                        await self._ensure_watch()
                         await self._tell()
             except asyncio.CancelledError:
                 raise
@@ -367,6 +431,7 @@ class SharedConfig:
                 out[key] = _dump(json.loads(value))
             except (ValueError, UnicodeDecodeError):
                 out[key] = value.decode(errors="replace")  # refused when applied, by name
+        out, self._upgrades = upgraded(out)
         return out
 
     async def _read_version(self) -> str | None:
@@ -434,6 +499,13 @@ class SharedConfig:
         task = asyncio.get_running_loop().create_task(asyncio.to_thread(notify))
         self._notifies.add(task)
         task.add_done_callback(self._notifies.discard)
+
+    async def _ensure_watch(self) -> None:
+        """Watch the object if it exists and this gateway does not watch it (any more):
+        checked after every read and write, so that a gateway that finds the object made
+        again (removed by hand, seeded by another) watches it before it tells anyone."""
+        if self._watch is None and self._exists:
+            await self._watch_object()
 
     async def _watch_object(self) -> None:
         if not self._exists:
@@ -515,6 +587,7 @@ class SharedConfig:
         while True:
             if remote is None:
                 remote = await self._read()
+            await self._ensure_watch()
             if not self._exists and self._known:
                 # Removed under the running gateways (by hand): not "every subsystem
                 # removed", which would take them from every host; this gateway's go back.
@@ -539,16 +612,18 @@ class SharedConfig:
                         changes[key] = local.get(key)
                 elif local.get(key) != self._synced.get(key):
                     changes[key] = local.get(key)
-            if not changes:
+            if not changes and not self._upgrades:
                 self._known = dict(remote)
                 await self._tell()
                 return
             try:
-                await self._write(changes)
+                await self._write({**self._upgrades, **changes})
             except LostRace:
                 self.races += 1
                 remote = None
                 continue
+            self._upgrades = {}
+            await self._ensure_watch()  # the object may be this write's
             for key, value in changes.items():
                 if value is None:
                     remote.pop(key, None)
@@ -583,7 +658,7 @@ class SharedConfig:
         try:
             for key in removed + added:
                 try:
-                    await self._apply(key, remote.get(key), local.get(key))
+                    await self._apply(key, remote.get(key), local.get(key), remote)
                 except (ConfigError, ChangeError, OSError, ValueError, TypeError) as exc:
                     self._refused(key, exc)
                 if key in remote:
@@ -600,7 +675,9 @@ class SharedConfig:
         log.error("shared configuration %s: %s (not applied)", self.object_name, message)
         self.errors.append(message)
 
-    async def _apply(self, key: str, value_text: str | None, mine: str | None) -> None:
+    async def _apply(
+        self, key: str, value_text: str | None, mine: str | None, remote: dict[str, str]
+    ) -> None:
         kind, words = _fields(key)
         if value_text is not None and value_text == mine:
             return  # this gateway has it already
@@ -641,6 +718,10 @@ class SharedConfig:
             nsid = int(nsid_text)
             subsystem = target.subsystems.get(nqn)
             if subsystem is not None and nsid in subsystem.namespaces:
+                group = _moved_to(mine, value)
+                if group is not None:  # the same namespace in another ANA group
+                    target.set_namespace_ana_group(nqn, nsid, group)
+                    return
                 await target.remove_namespace(nqn, nsid)  # removed, or changed: again
             if value is None:
                 return
@@ -648,7 +729,32 @@ class SharedConfig:
                 raise ConfigError(f"no subsystem {nqn}")
             if not isinstance(value, dict) or value.get("nsid", nsid) != nsid:
                 raise ConfigError(f"not namespace {nsid}")
+            if "hosts" in value:
+                raise ConfigError("hosts: not a key of a shared namespace (namespace_host keys)")
+            prefix = f"namespace_host {nqn} {nsid} "
+            hosts = sorted(k[len(prefix) :] for k in remote if k.startswith(prefix))
+            if hosts and value.get("auto_visible") is False:
+                # Added again (it changed): attached to its hosts from the start.
+                value = {**value, "hosts": hosts}
             add_namespace_spec(target, nqn, value, key, nsid)
+            return
+        if kind == "namespace_host":
+            nqn, nsid_text, hostnqn = words
+            if not nsid_text.isdigit():
+                raise ConfigError(f"{nsid_text!r} is not an NSID")
+            nsid = int(nsid_text)
+            subsystem = target.subsystems.get(nqn)
+            ns = subsystem.namespaces.get(nsid) if subsystem is not None else None
+            if value is None:
+                if f"namespace {nqn} {nsid_text}" not in remote:
+                    return  # the namespace goes too: its removal tells the hosts once
+                if ns is not None and not ns.auto_visible and hostnqn in ns.hosts:
+                    await target.ns_remove_host(nqn, nsid, hostnqn)
+                return
+            if ns is None:
+                raise ConfigError(f"no namespace {nsid} in {nqn}")
+            if hostnqn not in ns.hosts:
+                await target.ns_add_host(nqn, nsid, hostnqn)
             return
         if kind == "host":
             nqn, hostnqn = words

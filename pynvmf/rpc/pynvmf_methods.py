@@ -22,9 +22,10 @@
   http://address:port/metrics (moving the endpoint if it listens already; port 0 picks
   one); returns where it listens. pynvmf_metrics_stop {}: stop serving them.
   pynvmf_metrics_get_listen {}: where they are served, or null.
-- pynvmf_bdev_resize {name, size_bytes}: grow a file bdev's regular file to size_bytes
-  (bdev_aio_rescan takes a size that grew outside); the namespaces on it and their hosts
-  see the new size. Returns the number of blocks.
+- pynvmf_bdev_resize {name, size_bytes}: grow a bdev to size_bytes: a file bdev's regular
+  file, a memory bdev (its data kept), an RBD image (bdev_aio_rescan takes a size that
+  grew outside); never shrink. The namespaces on it and their hosts see the new size.
+  Returns the number of blocks.
 - pynvmf_get_host_stats {subsystem?}: every host's (or one subsystem's hosts') counts of
   commands, bytes and errors per namespace and, while latency tracking is on, their
   latency and stage histograms (docs/metrics.md, "Per-host statistics").

@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING
 from pynvmf.auth.controller import ALL_DHGROUPS, ALL_HASHES, HostAuthConfig
 from pynvmf.auth.keys import DhchapKey
 from pynvmf.block.copy import CopyReport
-from pynvmf.block.device import Resizable
+from pynvmf.block.device import GrowsOutside, Resizable
 from pynvmf.block.memory import MemoryDevice
+from pynvmf.logs import LogLevels, set_log_levels
 from pynvmf.malloc import trim
 from pynvmf.spec.auth import DhGroupId, HashId
 from pynvmf.spec.command import COPY_CDFE_FORMATS
@@ -203,6 +204,11 @@ class Target:
         self._sweeper: asyncio.TimerHandle | None = None
         # Told the NQN of every subsystem whose configuration changed (see _changed).
         self._change_listeners: list[ChangeListener] = []
+        # Per block device that hears of outside growth (GrowsOutside): its listener, and
+        # the rescans those started.
+        self._size_listeners: dict[str, Callable[[], None]] = {}
+        self._rescans: set[asyncio.Future[None]] = set()
+        self._resizing = asyncio.Lock()
         self._state = TargetState.NEW
         for subsystem in subsystems:
             self._adopt(subsystem)
@@ -264,6 +270,8 @@ class Target:
         self._enter(TargetState.STOPPED)
         if self._sweeper is not None:
             self._sweeper.cancel()
+        for task in list(self._rescans):
+            task.cancel()
         servers = [port.server for port in self.ports if port.server is not None]
         for server in servers:
             server.close()
@@ -361,6 +369,11 @@ class Target:
         namespace's I/O elsewhere applies them before the change is answered. Nothing,
         here."""
 
+    async def set_log_levels(self, levels: LogLevels) -> None:
+        """Log as `levels` says from now on, in this process and wherever I/O queues are
+        served (the worker processes): once it returns, every process does."""
+        set_log_levels(levels)
+
     def set_transport(self, config: TransportConfig) -> None:
         """The transport options of the listeners add_listener opens from now on."""
         check_transport(config)
@@ -385,9 +398,17 @@ class Target:
         """The one way a block device joins the target, whoever adds it."""
         self.block_devices[entry.name] = entry
         self.notifications.send(BDEV_REGISTER, entry.name)
+        device = entry.device
+        if isinstance(device, GrowsOutside):
+            listener = self._size_listener(entry.name)
+            self._size_listeners[entry.name] = listener
+            device.add_size_listener(listener)
 
     def _drop_device(self, entry: NamedDevice) -> None:
         """The one way a block device leaves the target (it is closed after)."""
+        listener = self._size_listeners.pop(entry.name, None)
+        if listener is not None and isinstance(entry.device, GrowsOutside):
+            entry.device.remove_size_listener(listener)
         del self.block_devices[entry.name]
         if entry.qos is not None:
             entry.qos.close()
@@ -418,21 +439,33 @@ class Target:
             await close_device(entry)
 
     async def resize_block_device(self, name: str, size_bytes: int | None = None) -> int:
-        """Block device `name` takes a new size: `size_bytes` (a regular file is extended
-        to it), or, without it, the size its file or block device has now (it grew
-        outside: SPDK's bdev_aio_rescan). Every controller that sees a namespace on it is
-        told (Namespace Attribute Changed, Changed Namespace List): a Linux host's block
-        device takes the size without reconnecting. Only growing: a smaller size is
+        """Block device `name` takes a new size: `size_bytes` (a regular file, memory or an
+        RBD image is extended to it), or, without it, the size its storage has now (it
+        grew outside: SPDK's bdev_aio_rescan, another Ceph client's resize). Every
+        controller that sees a namespace on it is told (Namespace Attribute Changed,
+        Changed Namespace List): a Linux host's block device takes the size without
+        reconnecting. Only growing: a smaller size is
         refused, the size kept (a host may hold data past the new end). The new number
         of blocks."""
         entry = self._block_device(name)
         device = entry.device
         if not isinstance(device, Resizable):
-            raise ChangeError("name", f"{name!r} cannot change size (a file or block device can)")
-        try:
-            num_blocks = device.rescan() if size_bytes is None else device.grow(size_bytes)
-        except ValueError as exc:
-            raise ChangeError("name" if size_bytes is None else "size", str(exc)) from exc
+            raise ChangeError(
+                "name", f"{name!r} cannot change size (a file, memory or RBD device can)"
+            )
+        # One at a time: a rescan the watch started while a grow is under way compares
+        # with the size that grow left.
+        async with self._resizing:
+            before = device.capabilities.num_blocks
+            try:
+                if size_bytes is None:
+                    num_blocks = await device.rescan()
+                else:
+                    num_blocks = await device.grow(size_bytes)
+            except (ValueError, OSError) as exc:
+                raise ChangeError("name" if size_bytes is None else "size", str(exc)) from exc
+        if num_blocks == before:
+            return num_blocks  # as SPDK: no size change, no event and no notification
         users = self.device_users(name)
         log.info("block device %s: %d blocks", name, num_blocks)
         for subsystem, ns in users:
@@ -467,6 +500,25 @@ class Target:
         for nqn in {subsystem.nqn for subsystem, _ns in self.device_users(name)}:
             self._changed(nqn)
         return limits
+
+    def _size_listener(self, name: str) -> Callable[[], None]:
+        """What block device `name` calls when its storage may have grown outside (another
+        Ceph client resized the image): it is rescanned, as bdev_aio_rescan would."""
+
+        def changed() -> None:
+            task = asyncio.ensure_future(self._rescan_grown(name))
+            self._rescans.add(task)
+            task.add_done_callback(self._rescans.discard)
+
+        return changed
+
+    async def _rescan_grown(self, name: str) -> None:
+        if name not in self.block_devices:
+            return
+        try:
+            await self.resize_block_device(name)
+        except ChangeError as exc:
+            log.warning("block device %s: the size it has now is not taken: %s", name, exc)
 
     def _block_device(self, name: str, field: str = "name") -> NamedDevice:
         entry = self.block_devices.get(name)

@@ -3,7 +3,8 @@ gateways (two Targets in this process, each with its own RPC server) on one pool
 one group object. What the RPC changes on one appears on the other, whose host can do
 I/O to it; removals follow; changes made on both at once are both kept; a gateway
 started later gets everything; bad object content is named and left, and the gateway
-goes on serving."""
+goes on serving. A namespace's hosts and ANA group change in place on every gateway,
+and keys written by earlier gateways still load."""
 
 from __future__ import annotations
 
@@ -25,10 +26,15 @@ from pynvmf.ha.gateway import Gateway, GatewayConfig
 from pynvmf.ha.lease import OBJECT_PREFIX as LEASE_PREFIX
 from pynvmf.ha.shared import VERSION_KEY, SharedConfig
 from pynvmf.host import connect
+from pynvmf.host.controller import Controller
 from pynvmf.rpc.client import RpcClient
 from pynvmf.rpc.methods import ControlPlane
 from pynvmf.rpc.server import RpcServer, control_plane
+from pynvmf.spec import identify as I
+from pynvmf.spec import logpages as L
+from pynvmf.spec.identify import Oaes
 from pynvmf.spec.logpages import AnaState as S
+from pynvmf.spec.opcodes import AdminOpcode, FeatureId, IoOpcode
 from pynvmf.target.target import Target
 from tests.support.ceph_cluster import CephCluster
 
@@ -399,3 +405,238 @@ async def test_an_object_removed_under_the_gateways_is_seeded_again(
     await a.call("nvmf_subsystem_remove_host", nqn=NQN1, host=HOST)
     await b.shared.wait_for(lambda: not b.target.subsystems[NQN1].allowed_hosts, 20)
     assert NQN1 in a.target.subsystems
+
+
+HOST_C = "nqn.2014-08.org.nvmexpress:uuid:5e0f3a3c-0d6b-4c57-9d0f-0000000000c3"
+
+
+async def _host(gw: Gw, hostnqn: str) -> Controller:
+    """pynvmf's host on `gw` as `hostnqn`, told of namespace changes."""
+    ctrl = await connect("127.0.0.1", gw.port, NQN1, hostnqn=hostnqn, queues=1)
+    await ctrl.set_features(FeatureId.ASYNC_EVENT, Oaes.NS_ATTR)
+    return ctrl
+
+
+_armed: list[asyncio.Future[int]] = []
+
+
+def _arm(ctrl: Controller) -> asyncio.Future[int]:
+    """An Asynchronous Event Request outstanding on `ctrl` (it fails when `ctrl` closes)."""
+    future = asyncio.ensure_future(ctrl.admin_command(AdminOpcode.ASYNC_EVENT_REQUEST))
+    _armed.append(future)
+    return future
+
+
+async def _told(ctrl: Controller, event: asyncio.Future[int]) -> list[int]:
+    """The namespaces the event that `ctrl` was sent names (reading the log, as a host
+    does, lets the next event of its kind be sent)."""
+    await asyncio.wait_for(event, 30)
+    return L.ChangedNsList.unpack(await ctrl.get_log_page(L.LogPageId.CHANGED_NS, 4096)).nsids
+
+
+async def _read(ctrl: Controller) -> None:
+    await ctrl.io_command(IoOpcode.READ, 1, 0, 0, 0, into=memoryview(bytearray(512)))
+
+
+async def _active(ctrl: Controller) -> list[int]:
+    buf = bytearray(I.IDENTIFY_DATA_SIZE)
+    await ctrl.admin_command(AdminOpcode.IDENTIFY, 0, I.Cns.NS_ACTIVE_LIST, into=memoryview(buf))
+    return I.NsIdList.unpack(buf).nsids
+
+
+async def test_namespace_hosts_and_ana_group_reach_the_other_gateway_in_place(
+    ceph_cluster: CephCluster, rbd_image: Callable[[int], str], gateways: Any, group_object: str
+) -> None:
+    """nvmf_ns_add_host / _remove_host and nvmf_subsystem_set_ns_ana_group on A: B
+    attaches, detaches and moves the same namespace (not removed and added again), and
+    on B only the controllers of the host named are told; a referral stays A's."""
+    image = rbd_image(4 * MiB)
+    ns_spec = {"rbd": _rbd(ceph_cluster, image), "auto_visible": False}
+    a = await gateways("gw-a", _file([{"nqn": NQN1, "namespaces": [ns_spec]}]))
+    b = await gateways("gw-b", _file([]))
+    ns_b = b.target.subsystems[NQN1].namespaces[1]
+    assert not ns_b.auto_visible and not ns_b.hosts
+    on_b, other_on_b = await _host(b, HOST), await _host(b, HOST_B)
+    try:
+        told, not_told = _arm(on_b), _arm(other_on_b)
+        assert 1 not in await _active(on_b)
+        assert await a.call("nvmf_ns_add_host", nqn=NQN1, nsid=1, host=HOST)
+        assert await _told(on_b, told) == [1]  # B's controller of that host, told by B
+        assert b.target.subsystems[NQN1].namespaces[1] is ns_b and ns_b.hosts == {HOST}
+        assert await _active(on_b) == [1]
+        await _read(on_b)
+        await other_on_b.admin_command(AdminOpcode.KEEP_ALIVE)
+        assert not not_told.done() and 1 not in await _active(other_on_b)
+        keys = _object(ceph_cluster, group_object)
+        assert keys[f"namespace_host {NQN1} 1 {HOST}"] == "{}"
+        assert "hosts" not in json.loads(keys[f"namespace {NQN1} 1"])
+
+        # Two hosts attached at once, one on each gateway: one key each, both kept.
+        await asyncio.gather(
+            a.call("nvmf_ns_add_host", nqn=NQN1, nsid=1, host=HOST_B),
+            b.call("nvmf_ns_add_host", nqn=NQN1, nsid=1, host=HOST_C),
+        )
+        both = {HOST, HOST_B, HOST_C}
+        await a.shared.wait_for(lambda: a.target.subsystems[NQN1].namespaces[1].hosts == both)
+        await b.shared.wait_for(lambda: ns_b.hosts == both)
+        assert await _told(other_on_b, not_told) == [1]
+        assert await _active(other_on_b) == [1]
+
+        # Detached on A: B's controller of that host is told and loses it; the other not.
+        told, not_told = _arm(on_b), _arm(other_on_b)
+        await a.call("nvmf_ns_remove_host", nqn=NQN1, nsid=1, host=HOST)
+        assert await _told(on_b, told) == [1]
+        assert 1 not in await _active(on_b) and ns_b.hosts == {HOST_B, HOST_C}
+        await other_on_b.admin_command(AdminOpcode.KEEP_ALIVE)
+        assert not not_told.done()
+        assert f"namespace_host {NQN1} 1 {HOST}" not in _object(ceph_cluster, group_object)
+
+        # Moved to ANA group 2 on A: the same namespace on B, in group 2, its host told.
+        await a.call("nvmf_subsystem_set_ns_ana_group", nqn=NQN1, nsid=1, anagrpid=2)
+        assert await _told(other_on_b, not_told) == [1]
+        assert b.target.subsystems[NQN1].namespaces[1] is ns_b and ns_b.anagrpid == 2
+        assert (await other_on_b.identify_namespace(1)).anagrpid == 2
+        await _read(other_on_b)
+
+        # A referral is A's own: not in the object, not on B.
+        await a.call(
+            "nvmf_discovery_add_referral",
+            address={"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.9", "trsvcid": "8009"},
+        )
+        assert a.target.referrals and not b.target.referrals
+        assert not [k for k in _object(ceph_cluster, group_object) if "127.0.0.9" in k]
+    finally:
+        for ctrl in (on_b, other_on_b):
+            await ctrl.close()
+        await asyncio.gather(*_armed, return_exceptions=True)
+        _armed.clear()
+
+    # A gateway started later gets the hosts and the group.
+    c = await gateways("gw-c", _file([]))
+    ns_c = c.target.subsystems[NQN1].namespaces[1]
+    assert (ns_c.auto_visible, ns_c.hosts, ns_c.anagrpid) == (False, {HOST_B, HOST_C}, 2)
+    # Removed with its hosts: the keys go together, and every gateway drops it.
+    await c.call("nvmf_subsystem_remove_ns", nqn=NQN1, nsid=1)
+    for gw in (a, b):
+        await gw.shared.wait_for(lambda gw=gw: not gw.target.subsystems[NQN1].namespaces)
+    assert not [k for k in _object(ceph_cluster, group_object) if k.startswith("namespace")]
+    assert not (a.shared.errors or b.shared.errors or c.shared.errors)
+
+
+async def test_namespace_keys_of_earlier_gateways_still_load(
+    ceph_cluster: CephCluster, rbd_image: Callable[[int], str], gateways: Any, group_object: str
+) -> None:
+    """A namespace key without auto_visible (before per-host visibility) is visible to
+    every host; one with a "hosts" list (before namespace_host keys) is attached to
+    those, and the object is written back with namespace_host keys."""
+    import rados
+
+    first, second = rbd_image(4 * MiB), rbd_image(4 * MiB)
+    old = {
+        f"subsystem {NQN1}": {"serial": "OLDGW", "allow_any_host": True},
+        f"namespace {NQN1} 1": {"nsid": 1, "rbd": _rbd(ceph_cluster, first)},
+        f"namespace {NQN1} 2": {
+            "nsid": 2,
+            "rbd": _rbd(ceph_cluster, second),
+            "auto_visible": False,
+            "hosts": [HOST, HOST_B],
+        },
+    }
+    with ceph_cluster.admin().open_ioctx(ceph_cluster.pool) as io, rados.WriteOpCtx() as op:
+        names = (*old, VERSION_KEY)
+        io.set_omap(op, names, (*(json.dumps(v).encode() for v in old.values()), b"7"))
+        io.operate_write_op(op, group_object)
+    a = await gateways("gw-a", _file([]))
+    assert not a.shared.errors
+    one, two = (a.target.subsystems[NQN1].namespaces[n] for n in (1, 2))
+    assert one.auto_visible and not one.hosts
+    assert not two.auto_visible and two.hosts == {HOST, HOST_B}
+    keys = _object(ceph_cluster, group_object)
+    assert "hosts" not in json.loads(keys[f"namespace {NQN1} 2"])
+    assert {k for k in keys if k.startswith("namespace_host ")} == {
+        f"namespace_host {NQN1} 2 {HOST}",
+        f"namespace_host {NQN1} 2 {HOST_B}",
+    }
+    assert int(keys[VERSION_KEY]) == 8
+    # And the upgraded object is kept in step as any other.
+    b = await gateways("gw-b", _file([]))
+    await a.call("nvmf_ns_remove_host", nqn=NQN1, nsid=2, host=HOST)
+    await b.shared.wait_for(lambda: b.target.subsystems[NQN1].namespaces[2].hosts == {HOST_B})
+
+
+async def test_a_namespace_moved_to_another_ana_group_takes_that_groups_state_on_each_gateway(
+    ceph_cluster: CephCluster, rbd_image: Callable[[int], str], group_object: str
+) -> None:
+    """Two Gateways, A owning GROUP and B owning GROUP + 1: a namespace moved from GROUP
+    to GROUP + 1 through A's control plane (nvmf_subsystem_set_ns_ana_group, as Ceph's
+    namespace_change_load_balancing_group calls it) is the same namespace on B, now in
+    the group B owns: optimized on B, inaccessible on A, and each gateway watches its
+    image in its new group."""
+    other = GROUP + 1
+    with ceph_cluster.admin().open_ioctx(ceph_cluster.pool) as io:
+        for grpid in (GROUP, other):
+            with contextlib.suppress(Exception):
+                io.remove_object(LEASE_PREFIX + str(grpid))
+    first, second = rbd_image(4 * MiB), rbd_image(4 * MiB)
+
+    def gateway_config(name: str, index: int, preferred: int) -> GatewayConfig:
+        return GatewayConfig.parse(
+            {
+                "id": name,
+                "pool": ceph_cluster.pool,
+                "ceph_conf": str(ceph_cluster.conf),
+                "groups": [GROUP, other],
+                "preferred": [preferred],
+                "lease": 3,
+                "index": index,
+                "shared_config": {"object": group_object},
+            }
+        )
+
+    owned: dict[tuple[str, int], S] = {}
+    settled = asyncio.Event()
+
+    def announce(name: str) -> Callable[[int, S], None]:
+        def said(grpid: int, state: S) -> None:
+            owned[name, grpid] = state
+            if owned.get(("a", GROUP)) is S.OPTIMIZED and owned.get(("b", other)) is S.OPTIMIZED:
+                settled.set()
+
+        return said
+
+    namespaces = [
+        {"rbd": _rbd(ceph_cluster, first), "anagrpid": GROUP},
+        {"rbd": _rbd(ceph_cluster, second), "anagrpid": other},
+    ]
+    ta = await build_target(_file([{"nqn": NQN1, "namespaces": namespaces}]))
+    tb = await build_target(_file([]))
+    ga = Gateway(ta, gateway_config("gw-a", 0, GROUP), announce=announce("a"))
+    gb = Gateway(tb, gateway_config("gw-b", 1, other), announce=announce("b"))
+    try:
+        for gw in (ga, gb):
+            assert await gw.share() is not None
+            gw.setup()
+            await gw.start()
+            await gw.target.start()
+        await asyncio.wait_for(settled.wait(), 60)
+        assert ga.shared is not None and gb.shared is not None
+        ns_b = tb.subsystems[NQN1].namespaces[1]
+        cp = control_plane(ta)
+        cp.settle = ga.shared.flush
+        await cp.call(
+            "nvmf_subsystem_set_ns_ana_group", {"nqn": NQN1, "nsid": 1, "anagrpid": other}
+        )
+        await gb.shared.wait_for(lambda: ns_b.anagrpid == other)
+        assert tb.subsystems[NQN1].namespaces[1] is ns_b  # moved, not added again
+        for target, optimized in ((ta, GROUP), (tb, other)):
+            subsystem = target.subsystems[NQN1]
+            assert subsystem.ana_members() == {other: [1, 2]}
+            assert subsystem.ana.groups[other].state is (
+                S.OPTIMIZED if optimized == other else S.INACCESSIBLE
+            )
+        assert [d.image_name for d in gb._devices[other]] == [first, second]
+        assert GROUP not in gb._devices
+    finally:
+        for gw in (gb, ga):
+            await gw.stop()
+            await gw.target.stop()

@@ -2,11 +2,14 @@
 namespace added over RPC appears on the host without a reconnect and goes again when
 removed; a removed subsystem takes the host's controller out of `live`, and the host
 reconnects by itself once the subsystem is back; a persistent discovery controller
-hears of new subsystems; and blktests' NVME_TARGET_CONTROL script sets up what the
-host then connects to.
+hears of new subsystems; blktests' NVME_TARGET_CONTROL script sets up what the
+host then connects to; a namespace visible to chosen hosts appears and goes on this one;
+a file namespace and a memory namespace that grow take their new size on the host's
+block device without a reconnect.
 
-One guest boot and one target process (`pynvmf target --empty` with its RPC on a Unix
-socket and on TCP) serve the whole module.
+On Linux 6.1 and 7 (6.12 with PYNVMF_GUEST_EVERY_PEER=1: tests/support/guest.py's rule):
+per peer, one guest boot and one target process (`pynvmf target --empty` with its RPC
+on a Unix socket and on TCP) serve the whole module.
 """
 
 from __future__ import annotations
@@ -21,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from pynvmf.rpc.client import RpcClient
+from pynvmf.rpc.client import RpcClient, RpcClientError
 from pynvmf.spec.opcodes import DISCOVERY_NQN
-from tests.interop.test_linux_host import DEV_FOR
-from tests.support.guest import Guest
+from tests.interop.test_linux_host import DEV_FOR, wait_size
+from tests.support.guest import OLDEST_AND_NEWEST, Guest, Peer
 from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
 
@@ -33,6 +36,8 @@ NQN = "nqn.2024-11.dev.pynvmf:control-plane"
 NEW_NQN = "nqn.2024-11.dev.pynvmf:control-plane-new"
 NS2_UUID = "6a1c3a2e-93b4-4d0e-9a55-2d1f0c7b9e42"
 SCRIPT = Path(__file__).resolve().parents[2] / "contrib" / "blktests" / "nvme-target-control"
+
+pytestmark = OLDEST_AND_NEWEST.mark()
 
 # Exits 0 once the controller of subsystem $1 has no namespace of NSID $2 (bounded wait).
 NS_GONE = r"""#!/bin/sh
@@ -93,7 +98,8 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(tmp_path_factory: pytest.TempPathFactory, linux_peer: Peer) -> Iterator[Served]:
+    # A target per peer: the tests reuse NQNs and bdev names, each peer's run from scratch.
     workdir = tmp_path_factory.mktemp("control-plane")
     socket_path = str(workdir / "rpc.sock")
     rpc_port, io_port, disc_port = free_tcp_port(), free_tcp_port(), free_tcp_port()
@@ -115,13 +121,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 @pytest.fixture(scope="module")
-def guest(served: Served) -> Iterator[Guest]:
+def guest(served: Served, linux_peer: Peer) -> Iterator[Guest]:
     g = Guest(
         extra_files={
             "/usr/local/bin/dev-for": DEV_FOR,
             "/usr/local/bin/ns-gone": NS_GONE,
             "/usr/local/bin/ctrl-state": CTRL_STATE,
-        }
+        },
+        peer=linux_peer,
     )
     g.start()
     yield g
@@ -384,11 +391,7 @@ def test_a_grown_file_namespace_takes_its_size_on_the_linux_host(
     with served.rpc() as rpc:
         assert rpc.call("bdev_aio_rescan", name="Grow0") is True
     # No reconnect: the Namespace Attribute Changed event makes the host revalidate.
-    size = guest.run(
-        f"i=0; while [ $i -lt 100 ] && [ $(blockdev --getsize64 {dev}) != {48 * MIB} ]; "
-        f"do i=$((i + 1)); sleep 0.1; done; blockdev --getsize64 {dev}"
-    ).output
-    assert int(size) == 48 * MIB
+    assert wait_size(guest, dev, 48 * MIB) == 48 * MIB
     # The blocks past the old end are there: written and read back by the host.
     guest.run(
         "dd if=/dev/urandom of=/tmp/g1 bs=4096 count=4 2>/dev/null && "
@@ -398,10 +401,45 @@ def test_a_grown_file_namespace_takes_its_size_on_the_linux_host(
     )
     with served.rpc() as rpc:
         assert rpc.call("pynvmf_bdev_resize", name="Grow0", size_bytes=64 * MIB) == 64 * MIB // 512
-    size = guest.run(
-        f"i=0; while [ $i -lt 100 ] && [ $(blockdev --getsize64 {dev}) != {64 * MIB} ]; "
-        f"do i=$((i + 1)); sleep 0.1; done; blockdev --getsize64 {dev}"
-    ).output
-    assert int(size) == 64 * MIB
+    assert wait_size(guest, dev, 64 * MIB) == 64 * MIB
     assert guest.run(f"sh /usr/local/bin/ctrl-state {GROW_NQN} live 5").output.strip() == "live"
     assert "disconnected 1 controller" in guest.run(f"nvme disconnect -n {GROW_NQN}").output
+
+
+GROW_MEM_NQN = "nqn.2024-11.dev.pynvmf:control-plane-grow-memory"
+
+
+def test_a_grown_memory_namespace_keeps_its_data_and_takes_its_size_on_the_linux_host(
+    guest: Guest, served: Served
+) -> None:
+    port = free_tcp_port()
+    with served.rpc() as rpc:
+        rpc.call("bdev_malloc_create", name="GrowMem0", num_blocks=16 * MIB // 512, block_size=512)
+        _create(rpc, GROW_MEM_NQN, port, "GrowMem0")
+    guest.run(f"nvme connect -t tcp -a {Guest.host_address} -s {port} -n {GROW_MEM_NQN}")
+    dev = _dev(guest, GROW_MEM_NQN)
+    assert int(guest.run(f"blockdev --getsize64 {dev}").output) == 16 * MIB
+    last = 16 * MIB // 4096 - 4
+    guest.run(
+        "dd if=/dev/urandom of=/tmp/m1 bs=4096 count=4 2>/dev/null && "
+        f"dd if=/tmp/m1 of={dev} bs=4096 seek={last} oflag=direct 2>/dev/null"
+    )
+    with served.rpc() as rpc:
+        assert rpc.call("pynvmf_bdev_resize", name="GrowMem0", size_bytes=48 * MIB) == (
+            48 * MIB // 512
+        )
+    # No reconnect: the Namespace Attribute Changed event makes the host revalidate.
+    assert wait_size(guest, dev, 48 * MIB) == 48 * MIB
+    guest.run(  # the blocks before the old end kept, those past it usable
+        f"dd if={dev} of=/tmp/m2 bs=4096 skip={last} count=4 iflag=direct 2>/dev/null && "
+        "cmp /tmp/m1 /tmp/m2 && "
+        f"dd if=/tmp/m1 of={dev} bs=4096 seek={40 * MIB // 4096} oflag=direct 2>/dev/null && "
+        f"dd if={dev} of=/tmp/m3 bs=4096 skip={40 * MIB // 4096} count=4 iflag=direct "
+        "2>/dev/null && cmp /tmp/m1 /tmp/m3"
+    )
+    # Never smaller: refused, the host's size kept.
+    with served.rpc() as rpc, pytest.raises(RpcClientError, match=r"^size_bytes: "):
+        rpc.call("pynvmf_bdev_resize", name="GrowMem0", size_bytes=16 * MIB)
+    assert int(guest.run(f"blockdev --getsize64 {dev}").output) == 48 * MIB
+    assert guest.run(f"sh /usr/local/bin/ctrl-state {GROW_MEM_NQN} live 5").output.strip() == "live"
+    assert "disconnected 1 controller" in guest.run(f"nvme disconnect -n {GROW_MEM_NQN}").output

@@ -206,6 +206,16 @@ def disconnect(guest: Guest, nqn: str) -> None:
     assert "disconnected 1 controller" in out
 
 
+def wait_size(guest: Guest, dev: str, size: int) -> int:
+    """The size of block device `dev` once it is `size` bytes (a namespace that grew:
+    the host revalidates it on the event), or what it is after 10 s."""
+    out = guest.run(
+        f"i=0; while [ $i -lt 100 ] && [ $(blockdev --getsize64 {dev}) != {size} ]; "
+        f"do i=$((i + 1)); sleep 0.1; done; blockdev --getsize64 {dev}"
+    ).output
+    return int(out)
+
+
 def _ss(target: Setup, nqn: str) -> Subsys:
     return Subsys(nqn, target.io_port, SIZES[nqn], BLOCK_SIZES.get(nqn, 512))
 

@@ -6,8 +6,9 @@ four I/O queues (two default, two write queues) that land on both workers, data
 written through one CPU's queue is verified through the other's, when a worker
 is killed the kernel host reconnects by itself and reads its data back, and
 `nvme smart-log` of a subsystem removed and created again (over RPC) counts that
-subsystem's commands only, and fio against a rate-limited namespace (bdev_set_qos_limit)
-measures the limit across both workers.
+subsystem's commands only, a memory namespace grown over RPC is served at its new
+size by both workers once the host's block device has it, and fio against a
+rate-limited namespace (bdev_set_qos_limit) measures the limit across both workers.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from pynvmf.rpc.client import RpcClient
+from tests.interop.test_linux_host import wait_size
 from tests.support.guest import OLDEST_AND_NEWEST, Guest, Peer
 from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
@@ -34,6 +36,7 @@ MIB = 1 << 20
 MEM = "nqn.2024-11.dev.pynvmf:cores-mem"
 FILE = "nqn.2024-11.dev.pynvmf:cores-file"
 SMART = "nqn.2024-11.dev.pynvmf:cores-smart"
+GROW = "nqn.2024-11.dev.pynvmf:cores-grow"
 
 DEV_FOR = r"""#!/bin/sh
 nqn=$1
@@ -268,3 +271,50 @@ def test_a_rate_limited_namespace_measures_its_limit(guest: Guest, target: Setup
     print(f"{guest.peer.name}: limited {limited} KiB/s, unlimited {free} KiB/s")
     assert abs(limited - 4096) <= 0.05 * 4096, (limited, free)
     assert free > 1.5 * 4096, (limited, free)
+
+
+def test_a_memory_namespace_grown_over_rpc_is_served_at_its_new_size_by_both_workers(
+    guest: Guest, target: Setup
+) -> None:
+    """The workers take the new size before the event: once the kernel host's block
+    device has it, data written past the old end through one CPU's queue (one worker) is
+    verified through the other's."""
+    with RpcClient(target.rpc_socket) as rpc:
+        rpc.call("bdev_malloc_create", name="Grow0", num_blocks=16 * MIB // 512, block_size=512)
+        rpc.call("nvmf_create_subsystem", nqn=GROW, allow_any_host=True)
+        rpc.call("nvmf_subsystem_add_ns", nqn=GROW, namespace={"bdev_name": "Grow0"})
+    try:
+        since = len(target.process.stderr())
+        guest.run(
+            f"nvme connect -t tcp -a {Guest.host_address} -s {target.port} -n {GROW} "
+            "--nr-write-queues=2"
+        )
+        dev = guest.run(f"sh /usr/local/bin/dev-for {GROW}").output.strip()
+        try:
+            assert _handed(target, since) == {0, 1}
+            guest.run(
+                "dd if=/dev/urandom of=/tmp/k1 bs=4096 count=4 2>/dev/null && "
+                f"dd if=/tmp/k1 of={dev} bs=4096 seek={16 * MIB // 4096 - 4} oflag=direct "
+                "2>/dev/null"
+            )
+            with RpcClient(target.rpc_socket) as rpc:
+                grown = rpc.call("pynvmf_bdev_resize", name="Grow0", size_bytes=48 * MIB)
+            assert grown == 48 * MIB // 512
+            assert wait_size(guest, dev, 48 * MIB) == 48 * MIB
+            guest.run(
+                f"dd if={dev} of=/tmp/k2 bs=4096 skip={16 * MIB // 4096 - 4} count=4 "
+                "iflag=direct 2>/dev/null && cmp /tmp/k1 /tmp/k2"
+            )
+            common = "--name=grown --rw=write --bs=64k --size=16m --offset=24m --verify=crc32c"
+            written = _fio(guest, dev, f"{common} --cpus_allowed=0 --do_verify=0")
+            assert written["jobs"][0]["error"] == 0  # type: ignore[index]
+            checked = _fio(guest, dev, f"{common} --cpus_allowed=1 --verify_only --verify_fatal=1")
+            (job,) = checked["jobs"]  # type: ignore[misc]
+            assert job["error"] == 0 and job["read"]["io_bytes"] == 16 * MIB, job
+        finally:
+            guest.run(f"nvme disconnect -n {GROW}")
+    finally:
+        # The target serves the next kernel peer's guest too.
+        with RpcClient(target.rpc_socket) as rpc:
+            rpc.call("nvmf_delete_subsystem", nqn=GROW)
+            rpc.call("bdev_malloc_delete", name="Grow0")

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ from pathlib import Path
 import pytest
 
 from pynvmf.host import Controller
+from pynvmf.rpc.client import RpcClient
 from tests.interop import test_linux_host as host
 from tests.interop import test_linux_host_compare as compare
 from tests.interop import test_linux_host_reservations as resv
@@ -204,28 +206,37 @@ def _no_io_errors(guest: Guest) -> None:
 # -- the command line: `pynvmf target --rbd` ---------------------------------------------------
 
 
-def test_pynvmf_target_rbd_command_line_serves_the_image(
-    guest: Guest, ceph_cluster: CephCluster, tmp_path: Path
-) -> None:
-    ceph_cluster.create_image(CLI_IMAGE, 64 * MIB)
-    port = free_tcp_port()
+def _rbd_target_process(
+    cluster: CephCluster, workdir: Path, image: str, nqn: str, port: int, *extra: str
+) -> TargetProcess:
+    """`pynvmf target --rbd` serving `image` as `nqn` on `port`, started."""
     proc = TargetProcess(
         None,
-        tmp_path,
+        workdir,
         [
             "--rbd",
-            f"rbd/{CLI_IMAGE}",
+            f"rbd/{image}",
             "--ceph-conf",
-            str(ceph_cluster.conf),
+            str(cluster.conf),
             "--listen",
             f"127.0.0.1:{port}",
             "--discovery-port",
             "0",
             "--nqn",
-            CLI,
+            nqn,
+            *extra,
         ],
     )
     proc.start()
+    return proc
+
+
+def test_pynvmf_target_rbd_command_line_serves_the_image(
+    guest: Guest, ceph_cluster: CephCluster, tmp_path: Path
+) -> None:
+    ceph_cluster.create_image(CLI_IMAGE, 64 * MIB)
+    port = free_tcp_port()
+    proc = _rbd_target_process(ceph_cluster, tmp_path, CLI_IMAGE, CLI, port)
     try:
         ss = Subsys(CLI, port, 64 * MIB)
         host.check_connect_identify_and_list(guest, ss)
@@ -238,6 +249,56 @@ def test_pynvmf_target_rbd_command_line_serves_the_image(
             proc.stop()
         finally:
             ceph_cluster.remove_image(CLI_IMAGE)
+
+
+GROW = f"{PREFIX}-grow"
+GROW_IMAGE = "interop-linux-host-grow"
+
+
+def test_an_image_grown_over_rpc_and_by_another_ceph_client_takes_its_size_on_the_host(
+    guest: Guest, ceph_cluster: CephCluster, tmp_path: Path
+) -> None:
+    """bdev_rbd_resize (SPDK's RPC), then `rbd resize` on the machine (another Ceph
+    client, heard through the watch on the image's header): each time the host's block
+    device takes the new size without reconnecting, and the blocks past the old end hold
+    what it writes, in the image."""
+    ceph_cluster.create_image(GROW_IMAGE, 16 * MIB)
+    port = free_tcp_port()
+    rpc_socket = str(tmp_path / "rpc.sock")
+    proc = _rbd_target_process(
+        ceph_cluster, tmp_path, GROW_IMAGE, GROW, port, "--rpc-socket", rpc_socket
+    )
+    try:
+        dev = host.connect(guest, port, GROW)
+        assert int(guest.run(f"blockdev --getsize64 {dev}").output) == 16 * MIB
+        with RpcClient(rpc_socket) as rpc:
+            (name,) = [
+                b["name"]
+                for b in rpc.call("bdev_get_bdevs")
+                if b["product_name"] == "Ceph Rbd Disk"
+            ]
+            assert rpc.call("bdev_rbd_resize", name=name, new_size=32) is True
+        assert host.wait_size(guest, dev, 32 * MIB) == 32 * MIB
+        subprocess.run(
+            ["rbd", "-c", str(ceph_cluster.conf), "resize", "--size", "48M", f"rbd/{GROW_IMAGE}"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        assert host.wait_size(guest, dev, 48 * MIB) == 48 * MIB
+        offset = 40 * MIB
+        digest = guest.run(
+            "dd if=/dev/urandom of=/tmp/r1 bs=65536 count=1 2>/dev/null && "
+            f"dd if=/tmp/r1 of={dev} bs=65536 seek={offset // 65536} oflag=direct 2>/dev/null "
+            "&& sync && sha256sum /tmp/r1"
+        ).output.split()[0]
+        host.disconnect(guest, GROW)  # the shutdown flushes librbd's cache
+        assert _image_sum(ceph_cluster, GROW_IMAGE, offset, 65536) == digest
+    finally:
+        try:
+            proc.stop()
+        finally:
+            ceph_cluster.remove_image(GROW_IMAGE)
 
 
 # -- test_linux_host.py's checks ---------------------------------------------------------------

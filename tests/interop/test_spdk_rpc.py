@@ -174,6 +174,12 @@ def test_rpc_py_drives_the_rbd_methods(
             return bytes(buf)
 
     assert asyncio.run(io()) == b"r" * 4096
+    # rpc.py's bdev_rbd_resize NAME NEW_SIZE (MiB): the image grows, never shrinks.
+    assert spdk.run("bdev_rbd_resize", "Ceph0", "16").stdout.strip() == "true"
+    (bdev,) = spdk.json("bdev_get_bdevs", "-b", "Ceph0")
+    assert bdev["num_blocks"] == 4096
+    smaller = spdk.run("bdev_rbd_resize", "Ceph0", "8", check=False)
+    assert smaller.returncode != 0 and "new_size" in smaller.stdout + smaller.stderr
     saved = json.loads(spdk.run("save_config").stdout)
     (bdev_subsystem,) = [s for s in saved["subsystems"] if s["subsystem"] == "bdev"]
     methods = [c["method"] for c in bdev_subsystem["config"]]
@@ -187,6 +193,7 @@ def test_rpc_py_drives_the_rbd_methods(
             "bdev_rbd_register_cluster",
             "bdev_rbd_get_clusters_info",
             "bdev_rbd_create",
+            "bdev_rbd_resize",
             "bdev_rbd_delete",
             "bdev_rbd_unregister_cluster",
         }
@@ -784,3 +791,89 @@ def test_rpc_py_drives_every_spdk_method_pynvmf_implements(
         asyncio.run(io())
     finally:
         second.stop()
+
+
+def _error(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The JSON-RPC error rpc.py printed for a call that failed."""
+    assert result.returncode != 0, result.stdout
+    text = result.stdout + result.stderr
+    start = text.rindex('"code"')
+    return json.loads("{" + text[start : text.index("}", start)] + "}")
+
+
+def test_rpc_py_subsystem_limits_and_secure_channel_as_spdk(
+    served: tuple[TargetProcess, Spdk],
+) -> None:
+    """nvmf_create_subsystem's max_namespaces (SPDK's 32 when not given), min_cntlid and
+    max_cntlid (1..FFEFh, min <= max), ana_reporting, and nvmf_subsystem_add_listener's
+    secure_channel (refused while any host is allowed), as SPDK v25.09 answers them:
+    the same codes, and nothing made by a refused call."""
+    _proc, spdk = served
+    io_port, tls_port = free_tcp_port(), free_tcp_port()
+    spdk.run("nvmf_create_transport", "-t", "TCP")
+    for args in (("-i", "0"), ("-I", "65520"), ("-i", "10", "-I", "5"), ("-i", "70000")):
+        assert _error(spdk.run("nvmf_create_subsystem", NQN, *args, check=False))["code"] == -32602
+    assert (
+        _error(spdk.run("nvmf_create_subsystem", NQN, "-m", "4294967296", check=False))["code"]
+        == -32602
+    )
+    assert spdk.json("nvmf_get_subsystems")[1:] == []  # none of them made
+    spdk.run("nvmf_create_subsystem", NQN, "-i", "100", "-I", "199", "-r", "-a")
+    spdk.run("nvmf_create_subsystem", NQN + "b", "-m", "2")
+    made, two = spdk.json("nvmf_get_subsystems")[1:]
+    assert (made["max_namespaces"], made["min_cntlid"], made["max_cntlid"]) == (32, 100, 199)
+    assert two["max_namespaces"] == 2
+    for i in range(3):
+        spdk.run("bdev_malloc_create", "-b", f"M{i}", "1", "512")
+    # NSIDs 1..32 without -m, as SPDK: 33 is refused, and so is a third namespace of two.
+    assert (
+        _error(spdk.run("nvmf_subsystem_add_ns", NQN, "M0", "-n", "33", check=False))["code"]
+        == -32602
+    )
+    spdk.run("nvmf_subsystem_add_ns", NQN, "M0", "-n", "32")
+    spdk.run("nvmf_subsystem_add_ns", NQN + "b", "M1")
+    spdk.run("nvmf_subsystem_add_ns", NQN + "b", "M2")
+    spdk.run("bdev_malloc_create", "-b", "M3", "1", "512")
+    assert _error(spdk.run("nvmf_subsystem_add_ns", NQN + "b", "M3", check=False))["code"] == -32602
+
+    # A secure channel while any host may connect: SPDK's refusal, no listener made.
+    listen = ("-t", "tcp", "-a", "127.0.0.1", "-f", "ipv4")
+    refused = spdk.run(
+        "nvmf_subsystem_add_listener",
+        NQN,
+        *listen,
+        "-s",
+        str(tls_port),
+        "--secure-channel",
+        check=False,
+    )
+    assert _error(refused) == {
+        "code": -32603,
+        "message": "Cannot establish secure channel, when 'allow_any_host' is set",
+    }
+    assert spdk.json("nvmf_subsystem_get_listeners", NQN) == []
+    spdk.run("nvmf_subsystem_allow_any_host", "-d", NQN)
+    spdk.run("nvmf_subsystem_add_listener", NQN, *listen, "-s", str(tls_port), "--secure-channel")
+    spdk.run("nvmf_subsystem_add_listener", NQN, *listen, "-s", str(io_port))
+    spdk.run("nvmf_subsystem_add_host", NQN, HOST)
+    saved = spdk.json("save_config")
+    (nvmf,) = [s["config"] for s in saved["subsystems"] if s["subsystem"] == "nvmf"]
+    creates = {
+        c["params"]["nqn"]: c["params"] for c in nvmf if c["method"] == "nvmf_create_subsystem"
+    }
+    assert creates[NQN]["max_namespaces"] == 32 and creates[NQN + "b"]["max_namespaces"] == 2
+    assert (creates[NQN]["min_cntlid"], creates[NQN]["max_cntlid"]) == (100, 199)
+    listeners = {
+        c["params"]["listen_address"]["trsvcid"]: c["params"]["secure_channel"]
+        for c in nvmf
+        if c["method"] == "nvmf_subsystem_add_listener" and c["params"]["nqn"] == NQN
+    }
+    assert listeners == {str(tls_port): True, str(io_port): False}
+
+    async def identify() -> None:
+        async with await connect("127.0.0.1", io_port, NQN, hostnqn=HOST, queues=1) as ctrl:
+            info = await ctrl.identify_controller()
+            assert info.nn == 32 and 100 <= ctrl.cntlid <= 199
+            assert list(ctrl.namespaces) == [32]
+
+    asyncio.run(identify())

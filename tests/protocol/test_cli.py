@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from pynvmf import __version__
+from pynvmf.compiled import build_description
 from pynvmf.config.native import DEFAULT_NQN
 from pynvmf.host import connect
 from tests.support.ports import free_tcp_port
@@ -24,6 +26,7 @@ def test_banner_prints_the_commands_a_linux_host_types(tmp_path: Path) -> None:
     proc.start()
     try:
         out = proc.wait_stdout(f"-n {DEFAULT_NQN}\n")
+        assert out.startswith(f"build pynvmf {__version__}: {build_description()}\n"), out
         assert f"listening nvme 127.0.0.1:{io_port}" in out
         assert f"listening discovery 127.0.0.1:{disc_port}" in out
         assert f"nvme discover -t tcp -a 127.0.0.1 -s {disc_port}\n" in out

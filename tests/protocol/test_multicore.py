@@ -554,3 +554,24 @@ async def test_a_grown_file_is_served_at_its_new_size_by_every_worker(
     for i, queue in enumerate(ctrl.io_queues):
         await _write(queue, 2 * BLOCKS - 1 - i, data)
         assert await _read(queue, 2 * BLOCKS - 1 - i, 1) == data
+
+
+async def test_a_grown_memory_namespace_is_served_at_its_new_size_by_every_worker(
+    start: Start, hosts: Hosts
+) -> None:
+    target = await start(namespaces=1)
+    ctrl = await hosts(target, queues=2)
+    assert _placement(target) == [1, 1]
+    kept = b"\x5a" * BLOCK
+    await _write(ctrl.io_queues[0], BLOCKS - 1, kept)
+    await ctrl.set_features(FeatureId.ASYNC_EVENT, Oaes.NS_ATTR)
+    aer = asyncio.ensure_future(ctrl.admin_command(AdminOpcode.ASYNC_EVENT_REQUEST))
+    assert await target.resize_block_device(f"{NQN}/1", 2 * BLOCKS * BLOCK) == 2 * BLOCKS
+    await asyncio.wait_for(aer, 10)  # sent once every worker took the size
+    data = b"\x7e" * BLOCK
+    for i, queue in enumerate(ctrl.io_queues):
+        assert await _read(queue, BLOCKS - 1, 1) == kept
+        await _write(queue, 2 * BLOCKS - 1 - i, data)
+    # Each worker reads what the other wrote past the old end: one memory.
+    for i, queue in enumerate(reversed(ctrl.io_queues)):
+        assert await _read(queue, 2 * BLOCKS - 2 + i, 1) == data

@@ -91,7 +91,8 @@ async def test_sizes_that_cannot_be_taken_are_refused_and_the_size_kept(
         ("bdev_aio_rescan", {"name": "Nope"}, "name: "),
         ("pynvmf_bdev_resize", {"name": "Grow0", "size_bytes": BLOCKS * BLOCK + 1}, "size_bytes: "),
         ("pynvmf_bdev_resize", {"name": "Grow0", "size_bytes": BLOCK}, "size_bytes: "),
-        ("pynvmf_bdev_resize", {"name": "Mem0", "size_bytes": 1 << 20}, "name: "),
+        ("pynvmf_bdev_resize", {"name": "Mem0", "size_bytes": 32 * 512}, "size_bytes: "),
+        ("pynvmf_bdev_resize", {"name": "Mem0", "size_bytes": 64 * 512 + 100}, "size_bytes: "),
     ]
     for method, params, prefix in cases:
         answer = await raw_rpc_target.call(method, **params)
@@ -99,5 +100,42 @@ async def test_sizes_that_cannot_be_taken_are_refused_and_the_size_kept(
         assert answer["error"]["message"].startswith(prefix), (method, params, answer)
     ns = raw_rpc_target.target.subsystems[RAW_SUBNQN].namespaces[nsid]
     assert ns.num_blocks == BLOCKS
+    assert raw_rpc_target.target.block_devices["Mem0"].device.capabilities.num_blocks == 64
     notes = await raw_rpc_target.ok("notify_get_notifications")
     assert not [n for n in notes if n["type"] == "bdev_resize"]
+
+
+async def test_a_grown_memory_namespace_keeps_its_data_and_is_seen_by_the_host(
+    raw_rpc_target: RawRpcTarget,
+) -> None:
+    await raw_rpc_target.ok("bdev_malloc_create", name="Mem1", num_blocks=BLOCKS, block_size=BLOCK)
+    nsid = await raw_rpc_target.ok(
+        "nvmf_subsystem_add_ns", nqn=RAW_SUBNQN, namespace={"bdev_name": "Mem1"}
+    )
+    ctrl = await raw_rpc_target.host(HOST_A)
+    try:
+        data = os.urandom(BLOCK)
+        await ctrl.io_command(IoOpcode.WRITE, nsid, BLOCKS - 1, 0, 0, data=memoryview(data))
+        assert await _read_status(ctrl, nsid, BLOCKS) == Status.LBA_OUT_OF_RANGE
+        aer = asyncio.ensure_future(ctrl.admin_command(AdminOpcode.ASYNC_EVENT_REQUEST))
+        await asyncio.sleep(0)
+        assert await raw_rpc_target.ok(
+            "pynvmf_bdev_resize", name="Mem1", size_bytes=4 * BLOCKS * BLOCK
+        ) == (4 * BLOCKS)
+        await asyncio.wait_for(aer, 10)
+        changed = L.ChangedNsList.unpack(await ctrl.get_log_page(L.LogPageId.CHANGED_NS, 4096))
+        assert changed.nsids == [nsid]
+        ident = await ctrl.identify_namespace(nsid)
+        assert ident.nsze == ident.ncap == ident.nuse == 4 * BLOCKS
+        back = bytearray(BLOCK)
+        await ctrl.io_command(IoOpcode.READ, nsid, BLOCKS - 1, 0, 0, into=memoryview(back))
+        assert back == data  # kept
+        await ctrl.io_command(IoOpcode.READ, nsid, 4 * BLOCKS - 1, 0, 0, into=memoryview(back))
+        assert back == bytes(BLOCK)  # new blocks read as zeroes
+        await ctrl.io_command(IoOpcode.WRITE, nsid, 4 * BLOCKS - 1, 0, 0, data=memoryview(data))
+        await ctrl.io_command(IoOpcode.READ, nsid, 4 * BLOCKS - 1, 0, 0, into=memoryview(back))
+        assert back == data
+        (bdev,) = await raw_rpc_target.ok("bdev_get_bdevs", name="Mem1")
+        assert bdev["num_blocks"] == 4 * BLOCKS
+    finally:
+        await ctrl.close()

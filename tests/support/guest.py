@@ -65,17 +65,17 @@ newest cannot stand for it:
   ``test_linux_host_compare.py``, ``test_linux_host_cores.py``,
   ``test_linux_host_rbd.py``, ``test_linux_multipath.py``,
   ``test_linux_multipath_rbd.py``, ``test_linux_target.py``,
-  ``test_linux_target_copy.py`` and ``test_linux_discovery_referrals.py`` (nvme-cli
-  follows referrals: 2.3's libnvme and 2.16's);
+  ``test_linux_target_copy.py``, ``test_linux_discovery_referrals.py`` (nvme-cli
+  follows referrals: 2.3's libnvme and 2.16's) and ``test_linux_control_plane.py``
+  (namespaces that come, go, appear to one host and grow, seen by each kernel's rescan);
 - ``linux-6.12`` and ``linux-7``: ``test_linux_auth.py`` and ``test_linux_tls.py`` (6.1
   has neither; 6.12's nvmet authenticates every queue, its nvme-cli derives TLS keys the
   "compat" way and its tlshd cannot do SHA-384 keys: ``Peer.nvmet_auth_admin_only``,
   ``.tls_compat_keys``, ``.tlshd_sha384``);
 - the peers whose nvmet has reservations (``linux-7``):
   ``test_linux_target_reservations.py``;
-- ``linux-6.1`` alone (the default peer): ``test_linux_nvmetcli.py`` and
-  ``test_linux_control_plane.py`` (nvmetcli's configfs layout, the RPC's namespace
-  changes seen by a host).
+- ``linux-6.1`` alone (the default peer): ``test_linux_nvmetcli.py`` (nvmetcli's
+  configfs layout).
 
 So 6.12 (Debian stable) drives I/O with fio verify in the DH-HMAC-CHAP and TLS modules,
 and 7 stands for it in the others. ``PYNVMF_GUEST_EVERY_PEER=1`` runs every module on

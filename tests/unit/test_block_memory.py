@@ -371,3 +371,59 @@ async def test_shared_memory_deallocated_pages_read_back_zero_in_every_mapping()
     finally:
         await other.close()
         await device.close()
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["private", "shared"])
+async def test_grow_keeps_the_data_and_adds_zeroes(shared: bool) -> None:
+    device = SharedMemoryDevice(1 << 20, 512) if shared else MemoryDevice(1 << 20, 512)
+    try:
+        data = pattern(4096, 7)
+        await device.write(2040, data)
+        assert await device.grow(3 << 20) == (3 << 20) // 512
+        assert device.capabilities.num_blocks == (3 << 20) // 512
+        back = bytearray(4096)
+        await device.read(2040, memoryview(back))
+        assert back == data
+        await device.read((3 << 20) // 512 - 8, memoryview(back))
+        assert back == bytes(4096)
+        await device.write((3 << 20) // 512 - 8, data)  # past the old end
+        assert device.read_now((3 << 20) // 512 - 8, 8, 4096) == data  # the in-place path too
+        for size in (1 << 19, (3 << 20) + 100):  # smaller; not whole blocks
+            with pytest.raises(ValueError):
+                await device.grow(size)
+        assert device.capabilities.num_blocks == (3 << 20) // 512
+        assert await device.rescan() == (3 << 20) // 512
+    finally:
+        device.close_sync()
+
+
+async def test_grow_refused_while_a_view_of_the_memory_is_held() -> None:
+    """A private mapping moves when it grows: not while someone holds a view of it;
+    refused, the device as it was."""
+    device = MemoryDevice(1 << 20, 512)
+    try:
+        held = memoryview(device.inplace.view)[:512]  # type: ignore[union-attr]
+        with pytest.raises(ValueError, match="cannot extend"):
+            await device.grow(2 << 20)
+        held.release()
+        await device.write(0, b"x" * 512)
+        assert device.read_now(0, 1, 512) == b"x" * 512
+        assert await device.grow(2 << 20) == (2 << 20) // 512
+    finally:
+        device.close_sync()
+
+
+async def test_shared_memory_grown_in_one_process_is_taken_by_the_others_rescan() -> None:
+    device = SharedMemoryDevice(1 << 20, 512)
+    other = SharedMemoryDevice(1 << 20, 512, fd=os.dup(device.fileno()), locks=device.locks)
+    try:
+        await device.grow(2 << 20)
+        assert other.capabilities.num_blocks == 2048  # until it rescans
+        assert await other.rescan() == 4096
+        await device.write(4095, b"z" * 512)
+        back = bytearray(512)
+        await other.read(4095, memoryview(back))
+        assert back == b"z" * 512
+    finally:
+        other.close_sync()
+        device.close_sync()

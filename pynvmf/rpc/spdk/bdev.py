@@ -127,6 +127,9 @@ async def bdev_aio_rescan(cp: ControlPlane, p: Params) -> bool:
     (hosts are told)."""
     name = p.string("name")
     p.done()
+    entry = cp.target.block_devices.get(name)
+    if entry is None or entry.kind != D.FILE:
+        raise RpcError(INVALID_PARAMS, f"name: no aio bdev named {name!r}")
     await apply_change(cp.target.resize_block_device(name), {})
     return True
 

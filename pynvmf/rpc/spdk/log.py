@@ -5,14 +5,16 @@ SPDK's log level says what is logged, its print level what reaches stderr, and a
 turns on one component's debug messages. Here the level is the "pynvmf" logger's, the
 print level that of the handlers on the root logger (pynvmf.logs.configure's stderr
 handler), and a flag sets one package's logger to DEBUG (cleared: it follows the level
-again). The flags are SPDK's component names for the parts pynvmf has. A worker process
-of `--cores N` keeps the levels it started with.
+again). The flags are SPDK's component names for the parts pynvmf has. Each change goes
+through the Target (set_log_levels), so that the worker processes of `--cores N` log
+as the main process does by the time the method answers.
 """
 
 from __future__ import annotations
 
 import logging
 
+from pynvmf.logs import log_levels
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane, MethodTable, Params
 
@@ -62,13 +64,14 @@ def _level(p: Params) -> int:
     return level
 
 
-def _flag(p: Params) -> logging.Logger:
+def _flag(p: Params) -> str:
+    """The name of the logger flag `flag` turns to DEBUG."""
     name = p.string("flag")
     p.done()
     logger = FLAGS.get(name)
     if logger is None:
         raise RpcError(INVALID_PARAMS, f"flag: {name!r}: invalid log flag")
-    return logging.getLogger(logger)
+    return logger
 
 
 def _print_handlers() -> list[logging.Handler]:
@@ -77,13 +80,13 @@ def _print_handlers() -> list[logging.Handler]:
 
 @method("log_set_flag")
 async def log_set_flag(cp: ControlPlane, p: Params) -> bool:
-    _flag(p).setLevel(logging.DEBUG)
+    await cp.target.set_log_levels(log_levels().with_logger(_flag(p), logging.DEBUG))
     return True
 
 
 @method("log_clear_flag")
 async def log_clear_flag(cp: ControlPlane, p: Params) -> bool:
-    _flag(p).setLevel(logging.NOTSET)
+    await cp.target.set_log_levels(log_levels().with_logger(_flag(p), logging.NOTSET))
     return True
 
 
@@ -98,7 +101,7 @@ async def log_get_flags(cp: ControlPlane, p: Params) -> dict[str, bool]:
 
 @method("log_set_level")
 async def log_set_level(cp: ControlPlane, p: Params) -> bool:
-    logging.getLogger("pynvmf").setLevel(_level(p))
+    await cp.target.set_log_levels(log_levels().with_logger("pynvmf", _level(p)))
     return True
 
 
@@ -110,9 +113,7 @@ async def log_get_level(cp: ControlPlane, p: Params) -> str:
 
 @method("log_set_print_level")
 async def log_set_print_level(cp: ControlPlane, p: Params) -> bool:
-    level = _level(p)
-    for handler in _print_handlers():
-        handler.setLevel(level)
+    await cp.target.set_log_levels(log_levels().with_print_level(_level(p)))
     return True
 
 

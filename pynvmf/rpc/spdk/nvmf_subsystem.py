@@ -26,6 +26,11 @@ from pynvmf.target.target import Target
 table = MethodTable()
 method = table.register
 
+# The namespaces of a subsystem nvmf_create_subsystem makes without max_namespaces (or
+# with 0): SPDK's NVMF_SUBSYSTEM_DEFAULT_NAMESPACES, so NN is 32 and NSIDs 1..32 are
+# valid, as on SPDK. (pynvmf's own configuration and CLI set no limit.)
+DEFAULT_MAX_NAMESPACES = 32
+
 
 @method("nvmf_create_subsystem")
 async def nvmf_create_subsystem(cp: ControlPlane, p: Params) -> bool:
@@ -33,7 +38,7 @@ async def nvmf_create_subsystem(cp: ControlPlane, p: Params) -> bool:
     no_target_name(p)
     serial = p.string("serial_number", "")
     model = p.string("model_number", "pynvmf")
-    max_namespaces = p.integer("max_namespaces", 0, high=0xFFFFFFFF)
+    max_namespaces = p.integer("max_namespaces", 0, high=0xFFFFFFFF) or DEFAULT_MAX_NAMESPACES
     allow_any_host = p.boolean("allow_any_host", False)
     # pynvmf's subsystems always report ANA (as nvmet's do): with one group, optimized
     # on every listener, a host sees what it would without.

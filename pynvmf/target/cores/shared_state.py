@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 
 from pynvmf.block.file import FileDevice
 from pynvmf.block.shared_memory import SharedMemoryDevice
+from pynvmf.logs import LogLevels
 from pynvmf.spec.command import ConnectCommand, Sqe
 from pynvmf.target.ana import DEFAULT_GROUP
 from pynvmf.target.reservations import ReservationState
@@ -38,6 +39,7 @@ NAMESPACE_RESIZED = "namespace_resized"
 QOS = "qos"
 EXIT = "exit"  # ()
 LATENCY_TRACKING = "latency_tracking"  # (enable): time commands (command_counts.py) or stop
+LOG_LEVELS = "log_levels"  # (pynvmf.logs.LogLevels): log as they say; request
 # Worker -> main process.
 QUEUE_CLOSED = "queue_closed"  # (queue token)
 # (controller tokens with traffic, {token: [ErrorLogEntry]}, {nqn: stats}, TransportCounts,
@@ -73,6 +75,8 @@ class WorkerInit:
     index: int
     log_level: int
     log_format: str
+    # What the log methods changed in the main process so far (pynvmf.logs).
+    log_levels: LogLevels
     max_memory: int
     connection_data: int
     connect_deadline_s: float

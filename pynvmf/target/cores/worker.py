@@ -27,7 +27,7 @@ from pynvmf.aio import install_uvloop
 from pynvmf.block.device import Resizable
 from pynvmf.block.file import FileDevice
 from pynvmf.block.shared_memory import SharedMemoryDevice
-from pynvmf.logs import configure
+from pynvmf.logs import LogLevels, configure, set_log_levels
 from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import Status
 from pynvmf.target import fabrics
@@ -109,6 +109,8 @@ class Worker:
         self.target: Target | None = None
         # Whether to time commands (LATENCY_TRACKING), also before the target exists.
         self.latency_tracking = False
+        # The newest LOG_LEVELS, kept for _init if they came before it configured logging.
+        self.log_levels: LogLevels | None = None
         self.channel: Channel | None = None
         self.done = asyncio.Event()
         self.protocols: dict[int, WorkerProtocol] = {}
@@ -191,6 +193,11 @@ class Worker:
             if self.target is not None:
                 self.target.set_latency_tracking(self.latency_tracking)
             return None
+        if kind == S.LOG_LEVELS:
+            self.log_levels = args[0]
+            if self.index >= 0:  # logging configured (_init set the index with it)
+                set_log_levels(args[0])
+            return None
         log.error("worker: unknown message %r", kind)
         return None
 
@@ -198,6 +205,7 @@ class Worker:
         self.index = init.index
         self.ana_table = ana_fd
         configure(init.log_level, init.log_format, worker=init.index)
+        set_log_levels(self.log_levels or init.log_levels)
         self.target = Target(
             limits=ConnectionLimits(
                 max_connections=_UNLIMITED,
@@ -340,7 +348,7 @@ class Worker:
         detached = [c for c in subsystem.refresh_views(nsid) if nsid not in c.namespaces]
         await drain(commands_waiting_on(detached), subsystem)
 
-    def _namespace_resized(self, nqn: str, nsid: int) -> int:
+    async def _namespace_resized(self, nqn: str, nsid: int) -> int:
         """The size this process now serves namespace `nsid` with (in blocks)."""
         assert self.target is not None
         subsystem = self.target.subsystems.get(nqn)
@@ -349,7 +357,7 @@ class Worker:
             return 0
         device = ns.device
         if isinstance(device, Resizable):
-            return device.rescan()
+            return await device.rescan()
         return device.capabilities.num_blocks
 
     async def _subsystem_gone(self, nqn: str) -> None:

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from pynvmf.block import range_locks
 from pynvmf.block.shared_memory import SharedMemoryDevice
-from pynvmf.logs import about, configured_format
+from pynvmf.logs import LogLevels, about, configured_format, log_levels
 from pynvmf.spec.command import ConnectCommand, Sqe
 from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import DNR, Status
@@ -234,6 +234,7 @@ class WorkerPool:
             index=worker.index,
             log_level=logging.getLogger("pynvmf").getEffectiveLevel(),
             log_format=configured_format(),
+            log_levels=log_levels(),
             max_memory=max(capacity // self.count, 64 << 20),
             connection_data=limits.connection_data,
             connect_deadline_s=limits.connect_deadline_s,
@@ -638,6 +639,10 @@ class WorkerPool:
         for worker in self._live():
             worker.channel_send(S.LATENCY_TRACKING, enable)
 
+    async def log_levels(self, levels: LogLevels) -> None:
+        """Every worker logs as `levels` says; answered once they all do."""
+        await wait_all([w.request(S.LOG_LEVELS, levels) for w in self._live()])
+
     async def subsystem_removed(self, nqn: str) -> None:
         await wait_all([w.request(S.SUBSYSTEM_GONE, nqn) for w in self._live()])
         # No worker reads its places in the ANA table any more.
@@ -765,6 +770,10 @@ class MultiCoreTarget(Target):
     def set_latency_tracking(self, enable: bool) -> None:
         super().set_latency_tracking(enable)
         self.workers.latency_tracking(enable)
+
+    async def set_log_levels(self, levels: LogLevels) -> None:
+        await super().set_log_levels(levels)
+        await self.workers.log_levels(levels)
 
     async def start(self) -> None:
         for subsystem in self.subsystems.values():
