@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 from pynvmf.aio import start_eager
 from pynvmf.block import copy as block_copy
@@ -45,7 +45,7 @@ from pynvmf.spec.status import (
 )
 from pynvmf.target import compare, reservations
 from pynvmf.target.budget import READ_CHUNK, UNCHARGED_READ
-from pynvmf.target.command_counts import NO_NAMESPACE, opcode_slot
+from pynvmf.target.command_counts import NO_NAMESPACE, Histogram, opcode_slot
 from pynvmf.target.limits import COPY_FORMATS, MAX_TRANSFER, copy_limits, reported_nn
 from pynvmf.target.outcome import Outcome
 
@@ -141,8 +141,6 @@ class IoHandler:
         takes the general path, which decides the status."""
         sqe = req.sqe
         opcode = sqe.opcode
-        if self.counts.tracking:
-            req.started = time.monotonic_ns()
         if opcode in (_READ, _WRITE, _COPY) and not self.registered and not self.ana.any_blocked:
             ns = self.namespaces.get(sqe.nsid)
             if ns is not None:
@@ -174,7 +172,7 @@ class IoHandler:
                             counts.writes += 1
                             counts.write_bytes += req.length
                             if req.started:
-                                self.timed(sqe.nsid, _WRITE, req)
+                                req.latency = counts.latency_of(_WRITE)
                             self.queue.conn.complete(req, 0)
                             return
                 except (ValueError, TypeError):
@@ -214,7 +212,7 @@ class IoHandler:
         counts.reads += 1
         counts.read_bytes += length
         if req.started:
-            self.timed(sqe.nsid, _READ, req)
+            req.latency = counts.latency_of(_READ)
         self.queue.conn.complete(req, 0, 0, data)
         return True
 
@@ -256,7 +254,7 @@ class IoHandler:
         counts.copies += 1
         counts.copy_bytes += nlb << shift
         if req.started:
-            self.timed(sqe.nsid, _COPY, req)
+            req.latency = counts.latency_of(_COPY)
         self.queue.conn.complete(req, 0)
         return True
 
@@ -310,23 +308,48 @@ class IoHandler:
         if nsid not in self.namespaces and nsid != _NSID_ALL:
             nsid = NO_NAMESPACE
         slot = opcode_slot(sqe.opcode)
-        self.counts.namespace(nsid).command(slot, status, req.length)
+        counts = self.counts.namespace(nsid)
+        counts.command(slot, status, req.length)
         if status:
             self.counts.error(nsid, slot, status)
         if req.started:
-            self.timed(nsid, slot, req)
+            # Off the fast path a command may have waited for anything (a device's
+            # thread, a file): its completion is timed here, where it is handed over.
+            req.completed = time.monotonic_ns()
+            req.latency = counts.latency_of(slot)
 
-    def timed(self, nsid: int, slot: int, req: Request) -> None:
-        """A timed command (dispatched while latency tracking was on) completes now."""
-        if self.counts.tracking:
-            self.counts.timed(nsid, slot, req.started, req.waited, time.monotonic_ns())
+    def sent(self, reqs: list[Request], now: int) -> None:
+        """Timed commands (`req.latency` set where they were counted) whose completions
+        were handed to the socket at `now` (monotonic ns, one clock read a flush): their
+        latency from capsule-in, and its stages (docs/metrics.md). A command the fast
+        path completed during the batch of input that brought it has no clock read of
+        its own: its device stage is 0 and its time from dispatch to the flush is
+        `send` (its completion waits there for the batch's other commands)."""
+        counts = self.counts
+        receive = counts.receive
+        device = counts.device
+        send = counts.send
+        for req in reqs:
+            latency = cast(Histogram, req.latency)
+            started = req.started
+            dispatched = req.dispatched
+            latency.observe(now - started)
+            receive.observe(dispatched - started)
+            completed = req.completed
+            if completed:
+                device.observe(completed - dispatched - req.waited)
+                send.observe(now - completed)
+            else:
+                device.observe(0)
+                send.observe(now - dispatched)
 
     def waited(self, req: Request, stage: str, since: int) -> None:
-        """A timed command waited from `since` until now in `stage` (command_counts.STAGES)."""
+        """A timed command waited from `since` until now in `stage` ("data" or "budget",
+        command_counts.STAGES)."""
         ns = time.monotonic_ns() - since
         req.waited += ns
-        if self.counts.tracking:
-            self.counts.waited(stage, ns)
+        histogram: Histogram = getattr(self.counts, stage)
+        histogram.observe(ns)
 
     async def take_budget(self, req: Request, n: int) -> None:
         """Wait until the connection's budget has `n` bytes for `req` (and take them)."""
