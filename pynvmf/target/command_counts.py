@@ -57,6 +57,9 @@ BUCKETS_NS: Final[list[int]] = [round(b * 1e9) for b in BUCKETS]
 # A histogram as a list: its per-bucket counts (len(BUCKETS) + 1, the last +Inf), then the
 # sum of its samples in ns.
 HISTOGRAM_LENGTH: Final = len(BUCKETS) + 2
+# In a worker's report, a histogram's list goes on with its commands' device time: the
+# sum, the most and the least (0: none) in ns (Histogram.device).
+REPORT_LENGTH: Final = HISTOGRAM_LENGTH + 3
 # Where a command's time goes (docs/metrics.md); a host's histograms of each.
 STAGES: Final = ("receive", "data", "budget", "device", "send")
 
@@ -84,7 +87,7 @@ class Histogram:
     __slots__ = (
         "b0", "b1", "b2", "b3", "b4", "b5", "b6", "b7", "b8", "b9",
         "b10", "b11", "b12", "b13", "b14", "b15", "b16", "b17", "b18", "b19",
-        "total",
+        "device_max", "device_min", "device_total", "total",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -92,6 +95,17 @@ class Histogram:
         self.b7 = self.b8 = self.b9 = self.b10 = self.b11 = self.b12 = self.b13 = 0
         self.b14 = self.b15 = self.b16 = self.b17 = self.b18 = self.b19 = 0
         self.total = 0  # the samples' sum, ns
+        # A latency histogram's successful commands' device time (`device`), as SPDK's
+        # bdev_get_iostat reports a bdev's: sum, most and least (0: none yet), ns.
+        self.device_total = self.device_max = self.device_min = 0
+
+    def device(self, ns: int) -> None:
+        """A successful command of this histogram spent `ns` on the device."""
+        self.device_total += ns
+        if ns > self.device_max:
+            self.device_max = ns
+        if ns < self.device_min or not self.device_min:
+            self.device_min = ns
 
     def observe(self, ns: int) -> None:
         """Count a sample of `ns` nanoseconds: in the first bucket whose bound is >= ns."""
@@ -151,17 +165,24 @@ class Histogram:
         return sum(self.as_list()[: HISTOGRAM_LENGTH - 1])
 
     def take(self) -> list[int]:
-        """`as_list`, and zero from now on (in place: a request whose completion is on
-        its way to the socket holds its histogram)."""
-        taken = self.as_list()
+        """`as_list` and the device time (REPORT_LENGTH ints, a worker's report), and
+        zero from now on (in place: a request whose completion is on its way to the
+        socket holds its histogram)."""
+        taken = [*self.as_list(), self.device_total, self.device_max, self.device_min]
         for name in _HISTOGRAM_FIELDS:
             setattr(self, name, 0)
+        self.device_total = self.device_max = self.device_min = 0
         return taken
 
     def add(self, histogram: list[int]) -> None:
-        """Add `as_list`'s counts (a worker's report)."""
-        for name, n in zip(_HISTOGRAM_FIELDS, histogram, strict=True):
+        """Add `take`'s counts (a worker's report)."""
+        for name, n in zip(_HISTOGRAM_FIELDS, histogram, strict=False):
             setattr(self, name, getattr(self, name) + n)
+        self.device_total += histogram[HISTOGRAM_LENGTH]
+        self.device_max = max(self.device_max, histogram[HISTOGRAM_LENGTH + 1])
+        least = histogram[HISTOGRAM_LENGTH + 2]
+        if least and (least < self.device_min or not self.device_min):
+            self.device_min = least
 
 
 def new_histogram() -> list[int]:
@@ -175,7 +196,7 @@ def histogram_count(histogram: list[int]) -> int:
 def _is_histogram(histogram: object) -> bool:
     return (
         isinstance(histogram, list)
-        and len(histogram) == HISTOGRAM_LENGTH
+        and len(histogram) == REPORT_LENGTH
         and all(isinstance(n, int) and n >= 0 for n in histogram)
     )
 

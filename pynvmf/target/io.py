@@ -315,16 +315,21 @@ class IoHandler:
         if req.started:
             # Off the fast path a command may have waited for anything (a device's
             # thread, a file): its completion is timed here, where it is handed over.
-            req.completed = time.monotonic_ns()
-            req.latency = counts.latency_of(slot)
+            now = req.completed = time.monotonic_ns()
+            latency = req.latency = counts.latency_of(slot)
+            device = now - req.dispatched - req.waited
+            self.counts.device.observe(device)
+            if not status:
+                latency.device(device)
 
     def sent(self, reqs: list[Request], now: int) -> None:
         """Timed commands (`req.latency` set where they were counted) whose completions
         were handed to the socket at `now` (monotonic ns, one clock read a flush): their
         latency from capsule-in, and its stages (docs/metrics.md). A command the fast
         path completed during the batch of input that brought it has no clock read of
-        its own: its device stage is 0 and its time from dispatch to the flush is
-        `send` (its completion waits there for the batch's other commands)."""
+        its own: its completion was handed over no later than this flush, the first
+        clock read after it, so its time from dispatch to here is its device stage
+        (the device and the target's own work on the batch) and its send stage is 0."""
         counts = self.counts
         receive = counts.receive
         device = counts.device
@@ -336,12 +341,13 @@ class IoHandler:
             latency.observe(now - started)
             receive.observe(dispatched - started)
             completed = req.completed
-            if completed:
-                device.observe(completed - dispatched - req.waited)
+            if completed:  # counted, with its device stage, by count()
                 send.observe(now - completed)
             else:
-                device.observe(0)
-                send.observe(now - dispatched)
+                ns = now - dispatched
+                device.observe(ns)
+                latency.device(ns)  # the fast path completes successful commands only
+                send.observe(0)
 
     def waited(self, req: Request, stage: str, since: int) -> None:
         """A timed command waited from `since` until now in `stage` ("data" or "budget",

@@ -53,6 +53,11 @@ def test_a_histogram_counts_a_sample_in_the_bucket_bisect_finds() -> None:
     histogram = Histogram()
     for ns in samples:
         histogram.observe(ns)
+    histogram.device(7)
+    histogram.device(3)
+    histogram.device(5)
     assert histogram.count() == len(samples)
-    assert histogram.take()[-1] == sum(samples)
+    # A worker's report: the counts, the sum, then the device time's sum, most, least.
+    assert histogram.take()[len(BUCKETS_NS) + 1 :] == [sum(samples), 15, 7, 3]
     assert histogram.as_list() == [0] * (len(BUCKETS_NS) + 2)
+    assert (histogram.device_total, histogram.device_max, histogram.device_min) == (0, 0, 0)
