@@ -275,7 +275,7 @@ def _latency(s: Scrape) -> Iterator[Metric]:
         return
     yield _histogram(
         "pynvmf_command_latency_seconds",
-        "I/O commands' time from dispatch to completion, by subsystem, namespace and opcode",
+        "I/O commands' time from capsule-in to completion sent, by subsystem, namespace and opcode",
         ["subsystem", "nsid", "opcode"],
         latency,
     )
