@@ -99,64 +99,64 @@ class Histogram:
         # bdev_get_iostat reports a bdev's: sum, most and least (0: none yet), ns.
         self.device_total = self.device_max = self.device_min = 0
 
-    def device(self, ns: int) -> None:
-        """A successful command of this histogram spent `ns` on the device."""
-        self.device_total += ns
+    def device(self, ns: int, n: int = 1) -> None:
+        """`n` successful commands of this histogram spent `ns` each on the device."""
+        self.device_total += ns * n
         if ns > self.device_max:
             self.device_max = ns
         if ns < self.device_min or not self.device_min:
             self.device_min = ns
 
-    def observe(self, ns: int) -> None:
-        """Count a sample of `ns` nanoseconds: in the first bucket whose bound is >= ns."""
-        self.total += ns
+    def observe(self, ns: int, n: int = 1) -> None:
+        """Count `n` samples of `ns` nanoseconds: in the first bucket whose bound is >= ns."""
+        self.total += ns * n
         if ns <= 1_000_000:
             if ns <= 50_000:
                 if ns <= 10_000:
-                    self.b0 += 1
+                    self.b0 += n
                 elif ns <= 25_000:
-                    self.b1 += 1
+                    self.b1 += n
                 else:
-                    self.b2 += 1
+                    self.b2 += n
             elif ns <= 250_000:
                 if ns <= 100_000:
-                    self.b3 += 1
+                    self.b3 += n
                 else:
-                    self.b4 += 1
+                    self.b4 += n
             elif ns <= 500_000:
-                self.b5 += 1
+                self.b5 += n
             else:
-                self.b6 += 1
+                self.b6 += n
         elif ns <= 50_000_000:
             if ns <= 5_000_000:
                 if ns <= 2_500_000:
-                    self.b7 += 1
+                    self.b7 += n
                 else:
-                    self.b8 += 1
+                    self.b8 += n
             elif ns <= 10_000_000:
-                self.b9 += 1
+                self.b9 += n
             elif ns <= 25_000_000:
-                self.b10 += 1
+                self.b10 += n
             else:
-                self.b11 += 1
+                self.b11 += n
         elif ns <= 1_000_000_000:
             if ns <= 250_000_000:
                 if ns <= 100_000_000:
-                    self.b12 += 1
+                    self.b12 += n
                 else:
-                    self.b13 += 1
+                    self.b13 += n
             elif ns <= 500_000_000:
-                self.b14 += 1
+                self.b14 += n
             else:
-                self.b15 += 1
+                self.b15 += n
         elif ns <= 2_500_000_000:
-            self.b16 += 1
+            self.b16 += n
         elif ns <= 5_000_000_000:
-            self.b17 += 1
+            self.b17 += n
         elif ns <= 10_000_000_000:
-            self.b18 += 1
+            self.b18 += n
         else:
-            self.b19 += 1
+            self.b19 += n
 
     def as_list(self) -> list[int]:
         return [getattr(self, name) for name in _HISTOGRAM_FIELDS]

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, cast
+from typing import TYPE_CHECKING, Final
 
 from pynvmf.aio import start_eager
 from pynvmf.block import copy as block_copy
@@ -172,7 +172,8 @@ class IoHandler:
                             counts.writes += 1
                             counts.write_bytes += req.length
                             if req.started:
-                                req.latency = counts.latency_of(_WRITE)
+                                latency = counts.latency.get(_WRITE)
+                                req.latency = latency or counts.latency_of(_WRITE)
                             self.queue.conn.complete(req, 0)
                             return
                 except (ValueError, TypeError):
@@ -212,7 +213,7 @@ class IoHandler:
         counts.reads += 1
         counts.read_bytes += length
         if req.started:
-            req.latency = counts.latency_of(_READ)
+            req.latency = counts.latency.get(_READ) or counts.latency_of(_READ)
         self.queue.conn.complete(req, 0, 0, data)
         return True
 
@@ -254,7 +255,7 @@ class IoHandler:
         counts.copies += 1
         counts.copy_bytes += nlb << shift
         if req.started:
-            req.latency = counts.latency_of(_COPY)
+            req.latency = counts.latency.get(_COPY) or counts.latency_of(_COPY)
         self.queue.conn.complete(req, 0)
         return True
 
@@ -329,25 +330,41 @@ class IoHandler:
         path completed during the batch of input that brought it has no clock read of
         its own: its completion was handed over no later than this flush, the first
         clock read after it, so its time from dispatch to here is its device stage
-        (the device and the target's own work on the batch) and its send stage is 0."""
+        (the device and the target's own work on the batch) and its send stage is 0.
+        Such commands of one batch are alike (one histogram, the same times): each run
+        of them is counted at once."""
         counts = self.counts
-        receive = counts.receive
-        device = counts.device
-        send = counts.send
+        run: Histogram | None = None  # the run of alike fast-path commands, n of them
+        started = dispatched = n = 0
         for req in reqs:
-            latency = cast(Histogram, req.latency)
-            started = req.started
-            dispatched = req.dispatched
-            latency.observe(now - started)
-            receive.observe(dispatched - started)
-            completed = req.completed
-            if completed:  # counted, with its device stage, by count()
-                send.observe(now - completed)
+            latency = req.latency
+            if latency is None:
+                continue
+            if req.completed:  # off the fast path: count() counted its device stage
+                latency.observe(now - req.started)
+                counts.receive.observe(req.dispatched - req.started)
+                counts.send.observe(now - req.completed)
+            elif latency is run and req.started == started and req.dispatched == dispatched:
+                n += 1
             else:
-                ns = now - dispatched
-                device.observe(ns)
-                latency.device(ns)  # the fast path completes successful commands only
-                send.observe(0)
+                if run is not None:
+                    self._sent_alike(run, started, dispatched, n, now)
+                run, started, dispatched, n = latency, req.started, req.dispatched, 1
+        if run is not None:
+            self._sent_alike(run, started, dispatched, n, now)
+
+    def _sent_alike(
+        self, latency: Histogram, started: int, dispatched: int, n: int, now: int
+    ) -> None:
+        """`n` fast-path commands of `latency`'s opcode and namespace, which began at
+        `started` and were dispatched at `dispatched`, were sent at `now`."""
+        counts = self.counts
+        latency.observe(now - started, n)
+        counts.receive.observe(dispatched - started, n)
+        ns = now - dispatched
+        counts.device.observe(ns, n)
+        latency.device(ns, n)  # the fast path completes successful commands only
+        counts.send.observe(0, n)
 
     def waited(self, req: Request, stage: str, since: int) -> None:
         """A timed command waited from `since` until now in `stage` ("data" or "budget",

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from pynvmf.logs import ContextLog
 from pynvmf.spec import pdu as P
@@ -35,6 +35,10 @@ from pynvmf.spec.opcodes import AdminOpcode, FabricsType
 from pynvmf.spec.status import DNR, Status
 from pynvmf.tcp.config import EstablishedState, TransportConfig
 from pynvmf.tcp.framing import PduConnection, PduReader
+
+if TYPE_CHECKING:
+    # The NVMe layer's, for the type of Request.latency alone (set and read there).
+    from pynvmf.target.command_counts import Histogram
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +145,7 @@ class Request:
         # Where its latency is counted (command_counts.Histogram), set by the NVMe layer
         # where it counts the command: the connection hands the commands that have one
         # to it at the flush that sends their completions (timed_sent).
-        self.latency: object | None = None
+        self.latency: Histogram | None = None
 
 
 @dataclass(slots=True)

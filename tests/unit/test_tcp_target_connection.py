@@ -13,6 +13,7 @@ from pynvmf.spec import command as C
 from pynvmf.spec import pdu as P
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType, IoOpcode
 from pynvmf.spec.status import DNR, Status
+from pynvmf.target.command_counts import Histogram
 from pynvmf.tcp.target import QueueParams, Request, TargetConnection, TransportConfig
 from tests.support.raw import Pdu, capsule, data_pdu, h2c_data, icreq, parse_pdus, rw_sqe
 
@@ -940,7 +941,7 @@ def test_a_completion_is_timed_only_where_the_nvme_layer_counted_it() -> None:
     h.conn.batch_arrived(1_000)
     h.feed(h.capsule(read_sqe(1, 512)) + h.capsule(read_sqe(2, 512)))
     counted, refused = h.requests
-    counted.latency = object()  # IoHandler sets its histogram where it counts it
+    counted.latency = Histogram()  # IoHandler sets it where it counts the command
     h.conn.complete(counted, 0)
     h.conn.complete(refused, Status.INVALID_FIELD | DNR)
     assert h.conn.timed == [counted]
