@@ -264,15 +264,18 @@ def _latency(s: Scrape) -> Iterator[Metric]:
         sub = label_value(subnqn)
         for nsid, per_ns in counts.namespaces.items():
             for slot, histogram in per_ns.latency.items():
-                _add_into(latency, (sub, _nsid_label(nsid), OPCODE_LABELS[slot]), histogram)
+                _add_into(
+                    latency, (sub, _nsid_label(nsid), OPCODE_LABELS[slot]), histogram.as_list()
+                )
         for stage, histogram in counts.stages.items():
-            if any(histogram):
-                _add_into(stages, (stage,), histogram)
+            as_list = histogram.as_list()
+            if any(as_list):
+                _add_into(stages, (stage,), as_list)
     if not latency and not stages:
         return
     yield _histogram(
         "pynvmf_command_latency_seconds",
-        "I/O commands' time from dispatch to completion, by subsystem, namespace and opcode",
+        "I/O commands' time from capsule-in to completion sent, by subsystem, namespace and opcode",
         ["subsystem", "nsid", "opcode"],
         latency,
     )

@@ -68,7 +68,7 @@ def _namespaces(counts: HostCounts, tracking: bool) -> list[dict[str, Any]]:
             for slot, histogram in per_ns.latency.items():
                 # Opcodes from 20h up share a slot, and some below share the label "other".
                 into = latency.setdefault(OPCODE_LABELS[slot], [0] * HISTOGRAM_LENGTH)
-                for i, n in enumerate(histogram):
+                for i, n in enumerate(histogram.as_list()):
                     into[i] += n
             entry["latency"] = {label: histogram_json(h) for label, h in latency.items() if any(h)}
         answer.append(entry)
@@ -95,7 +95,8 @@ def host_stats(target: Target, subnqn: str | None = None) -> dict[str, Any]:
         }
         if tracking:
             entry["stages"] = {
-                stage: histogram_json(histogram) for stage, histogram in counts.stages.items()
+                stage: histogram_json(histogram.as_list())
+                for stage, histogram in counts.stages.items()
             }
         hosts.append(entry)
     return {

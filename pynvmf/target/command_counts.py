@@ -28,7 +28,6 @@ kept apart: the others are counted in (subsystem, OTHER_HOST).
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Final
 
@@ -58,6 +57,9 @@ BUCKETS_NS: Final[list[int]] = [round(b * 1e9) for b in BUCKETS]
 # A histogram as a list: its per-bucket counts (len(BUCKETS) + 1, the last +Inf), then the
 # sum of its samples in ns.
 HISTOGRAM_LENGTH: Final = len(BUCKETS) + 2
+# In a worker's report, a histogram's list goes on with its commands' device time: the
+# sum, the most and the least (0: none) in ns (Histogram.device).
+REPORT_LENGTH: Final = HISTOGRAM_LENGTH + 3
 # Where a command's time goes (docs/metrics.md); a host's histograms of each.
 STAGES: Final = ("receive", "data", "budget", "device", "send")
 
@@ -71,29 +73,130 @@ Report = list[
 ]
 
 
+_HISTOGRAM_FIELDS: Final = (*(f"b{i}" for i in range(len(BUCKETS) + 1)), "total")
+
+
+class Histogram:
+    """A latency histogram: samples in ns counted by BUCKETS (b0 to b19, the last +Inf)
+    and summed. Its fields are ints, not a list, and `observe` finds the bucket with a
+    tree of comparisons against literals: compiled, a sample is a few native compares
+    and two native adds, with no boxed int stored and no call (a list of counts boxes
+    every count it stores, and `bisect` is a generic call). tests/unit/test_command_counts.py
+    checks the tree against BUCKETS_NS. As a list (`as_list`): the 20 counts, then the sum."""
+
+    __slots__ = (
+        "b0", "b1", "b2", "b3", "b4", "b5", "b6", "b7", "b8", "b9",
+        "b10", "b11", "b12", "b13", "b14", "b15", "b16", "b17", "b18", "b19",
+        "device_max", "device_min", "device_total", "total",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.b0 = self.b1 = self.b2 = self.b3 = self.b4 = self.b5 = self.b6 = 0
+        self.b7 = self.b8 = self.b9 = self.b10 = self.b11 = self.b12 = self.b13 = 0
+        self.b14 = self.b15 = self.b16 = self.b17 = self.b18 = self.b19 = 0
+        self.total = 0  # the samples' sum, ns
+        # A latency histogram's successful commands' device time (`device`), as SPDK's
+        # bdev_get_iostat reports a bdev's: sum, most and least (0: none yet), ns.
+        self.device_total = self.device_max = self.device_min = 0
+
+    def device(self, ns: int, n: int = 1) -> None:
+        """`n` successful commands of this histogram spent `ns` each on the device."""
+        self.device_total += ns * n
+        if ns > self.device_max:
+            self.device_max = ns
+        if ns < self.device_min or not self.device_min:
+            self.device_min = ns
+
+    def observe(self, ns: int, n: int = 1) -> None:
+        """Count `n` samples of `ns` nanoseconds: in the first bucket whose bound is >= ns."""
+        self.total += ns * n
+        if ns <= 1_000_000:
+            if ns <= 50_000:
+                if ns <= 10_000:
+                    self.b0 += n
+                elif ns <= 25_000:
+                    self.b1 += n
+                else:
+                    self.b2 += n
+            elif ns <= 250_000:
+                if ns <= 100_000:
+                    self.b3 += n
+                else:
+                    self.b4 += n
+            elif ns <= 500_000:
+                self.b5 += n
+            else:
+                self.b6 += n
+        elif ns <= 50_000_000:
+            if ns <= 5_000_000:
+                if ns <= 2_500_000:
+                    self.b7 += n
+                else:
+                    self.b8 += n
+            elif ns <= 10_000_000:
+                self.b9 += n
+            elif ns <= 25_000_000:
+                self.b10 += n
+            else:
+                self.b11 += n
+        elif ns <= 1_000_000_000:
+            if ns <= 250_000_000:
+                if ns <= 100_000_000:
+                    self.b12 += n
+                else:
+                    self.b13 += n
+            elif ns <= 500_000_000:
+                self.b14 += n
+            else:
+                self.b15 += n
+        elif ns <= 2_500_000_000:
+            self.b16 += n
+        elif ns <= 5_000_000_000:
+            self.b17 += n
+        elif ns <= 10_000_000_000:
+            self.b18 += n
+        else:
+            self.b19 += n
+
+    def as_list(self) -> list[int]:
+        return [getattr(self, name) for name in _HISTOGRAM_FIELDS]
+
+    def count(self) -> int:
+        return sum(self.as_list()[: HISTOGRAM_LENGTH - 1])
+
+    def take(self) -> list[int]:
+        """`as_list` and the device time (REPORT_LENGTH ints, a worker's report), and
+        zero from now on (in place: a request whose completion is on its way to the
+        socket holds its histogram)."""
+        taken = [*self.as_list(), self.device_total, self.device_max, self.device_min]
+        for name in _HISTOGRAM_FIELDS:
+            setattr(self, name, 0)
+        self.device_total = self.device_max = self.device_min = 0
+        return taken
+
+    def add(self, histogram: list[int]) -> None:
+        """Add `take`'s counts (a worker's report)."""
+        for name, n in zip(_HISTOGRAM_FIELDS, histogram, strict=False):
+            setattr(self, name, getattr(self, name) + n)
+        self.device_total += histogram[HISTOGRAM_LENGTH]
+        self.device_max = max(self.device_max, histogram[HISTOGRAM_LENGTH + 1])
+        least = histogram[HISTOGRAM_LENGTH + 2]
+        if least and (least < self.device_min or not self.device_min):
+            self.device_min = least
+
+
 def new_histogram() -> list[int]:
     return [0] * HISTOGRAM_LENGTH
-
-
-def observe(histogram: list[int], ns: int) -> None:
-    """Count a sample of `ns` nanoseconds in `histogram` (a list, new_histogram's)."""
-    histogram[bisect_left(BUCKETS_NS, ns)] += 1
-    histogram[HISTOGRAM_LENGTH - 1] += ns
 
 
 def histogram_count(histogram: list[int]) -> int:
     return sum(histogram[: HISTOGRAM_LENGTH - 1])
 
 
-def _add_histogram(into: list[int], histogram: list[int]) -> None:
-    for i in range(HISTOGRAM_LENGTH):
-        into[i] += histogram[i]
-
-
 def _is_histogram(histogram: object) -> bool:
     return (
         isinstance(histogram, list)
-        and len(histogram) == HISTOGRAM_LENGTH
+        and len(histogram) == REPORT_LENGTH
         and all(isinstance(n, int) and n >= 0 for n in histogram)
     )
 
@@ -126,13 +229,14 @@ class NamespaceCounts:
         self.copy_bytes = 0  # data copied within the target by Copy
         # Commands of the other opcodes, by opcode slot.
         self.opcodes: list[int] = [0] * (OTHER_OPCODE + 1)
-        # Latency histograms by opcode slot, while latency tracking is on.
-        self.latency: dict[int, list[int]] = {}
+        # Latency histograms by opcode slot, while latency tracking is on (never
+        # replaced: a command on its way to the socket holds its histogram).
+        self.latency: dict[int, Histogram] = {}
 
-    def latency_of(self, slot: int) -> list[int]:
+    def latency_of(self, slot: int) -> Histogram:
         histogram = self.latency.get(slot)
         if histogram is None:
-            histogram = self.latency[slot] = new_histogram()
+            histogram = self.latency[slot] = Histogram()
         return histogram
 
     def command(self, slot: int, status: int, length: int) -> None:
@@ -182,45 +286,31 @@ class NamespaceCounts:
 
 
 class HostCounts:
-    """One host's counts in one subsystem."""
+    """One host's counts in one subsystem, and its commands' stage histograms."""
 
-    __slots__ = ("device", "errors", "namespaces", "stages", "tracking")
+    __slots__ = ("budget", "data", "device", "errors", "namespaces", "receive", "send")
 
-    def __init__(self, tracking: bool = False) -> None:
+    def __init__(self) -> None:
         # IoHandler adds to these in place (a namespace's object is never replaced).
         self.namespaces: dict[int, NamespaceCounts] = {}
         self.errors: dict[tuple[int, int, int], int] = {}
-        # Whether IoHandler times this host's commands (CommandCounts.set_tracking).
-        self.tracking = tracking
-        self.stages: dict[str, list[int]] = {stage: new_histogram() for stage in STAGES}
-        # stages["device"], which every timed command adds to: no look-up by name.
-        self.device = self.stages["device"]
+        # Where its timed commands' time went (STAGES): fields, not looked up by name.
+        self.receive = Histogram()
+        self.data = Histogram()
+        self.budget = Histogram()
+        self.device = Histogram()
+        self.send = Histogram()
 
-    def timed(self, nsid: int, slot: int, started: int, waited: int, now: int) -> None:
-        """A command of opcode slot `slot` to `nsid` dispatched at `started` completed
-        at `now` (monotonic ns), having waited `waited` ns of it for data or a buffer
-        (`waited`): its latency, and the rest its time on the device."""
-        ns = now - started
-        counts = self.namespaces.get(nsid)
-        if counts is None:
-            counts = self.namespace(nsid)
-        histogram = counts.latency.get(slot)
-        if histogram is None:
-            histogram = counts.latency_of(slot)
-        bucket = bisect_left(BUCKETS_NS, ns)
-        histogram[bucket] += 1
-        histogram[HISTOGRAM_LENGTH - 1] += ns
-        if waited:
-            ns -= waited
-            bucket = bisect_left(BUCKETS_NS, ns)
-        device = self.device
-        device[bucket] += 1
-        device[HISTOGRAM_LENGTH - 1] += ns
-
-    def waited(self, stage: str, ns: int) -> None:
-        """A command waited `ns` nanoseconds in `stage` (data: for the host's data after
-        R2T; budget: for a data buffer)."""
-        observe(self.stages[stage], ns)
+    @property
+    def stages(self) -> dict[str, Histogram]:
+        """The stage histograms by name, in STAGES's order."""
+        return {
+            "receive": self.receive,
+            "data": self.data,
+            "budget": self.budget,
+            "device": self.device,
+            "send": self.send,
+        }
 
     def namespace(self, nsid: int) -> NamespaceCounts:
         counts = self.namespaces.get(nsid)
@@ -243,17 +333,20 @@ class HostCounts:
             taken = counts.take()
             if any(taken):
                 namespaces[nsid] = taken
-            if counts.latency:
-                latency[nsid] = counts.latency
-                counts.latency = {}
+            histograms = {}
+            for slot, histogram in counts.latency.items():
+                taken_histogram = histogram.take()
+                if any(taken_histogram):
+                    histograms[slot] = taken_histogram
+            if histograms:
+                latency[nsid] = histograms
         errors = dict(self.errors)
         self.errors.clear()
         stages: Stages = {}
         for stage, histogram in self.stages.items():
-            if any(histogram):
-                stages[stage] = histogram
-                self.stages[stage] = new_histogram()
-        self.device = self.stages["device"]
+            taken_histogram = histogram.take()
+            if any(taken_histogram):
+                stages[stage] = taken_histogram
         return namespaces, errors, latency, stages
 
     def add(
@@ -270,9 +363,10 @@ class HostCounts:
         for nsid, histograms in latency.items():
             ns_counts = self.namespace(nsid)
             for slot, histogram in histograms.items():
-                _add_histogram(ns_counts.latency_of(slot), histogram)
+                ns_counts.latency_of(slot).add(histogram)
+        stage_histograms = self.stages
         for stage, histogram in stages.items():
-            _add_histogram(self.stages[stage], histogram)
+            stage_histograms[stage].add(histogram)
 
 
 def _check(namespaces: object, errors: object, latency: object, stages: object) -> None:
@@ -323,13 +417,13 @@ class CommandCounts:
     def __init__(self, max_hosts: int = MAX_HOSTS) -> None:
         self.max_hosts = max_hosts
         self.hosts: dict[tuple[str, str], HostCounts] = {}
+        # Whether the connections time their commands (target/protocol.py reads it at
+        # each batch of input): latency and stage histograms.
         self.tracking = False
 
     def set_tracking(self, enable: bool) -> None:
         """Time every host's commands (latency histograms) from now on, or stop."""
         self.tracking = enable
-        for counts in self.hosts.values():
-            counts.tracking = enable
 
     def of(self, subnqn: str, hostnqn: str) -> HostCounts:
         """Where the commands of `hostnqn` to `subnqn` are counted (kept for ever)."""
@@ -340,7 +434,7 @@ class CommandCounts:
                 hostnqn = OTHER_HOST
                 counts = hosts.get((subnqn, hostnqn))
             if counts is None:
-                counts = hosts[subnqn, hostnqn] = HostCounts(self.tracking)
+                counts = hosts[subnqn, hostnqn] = HostCounts()
         return counts
 
     def take(self) -> Report:

@@ -17,6 +17,7 @@ Zeroes, Compare, Flush and the others are not in SPDK's iostat.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Final
 
 from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.target.command_counts import (
@@ -33,10 +34,14 @@ _DSM = int(IoOpcode.DATASET_MANAGEMENT)
 _COPY = int(IoOpcode.COPY)
 
 
+_LATENCY_OPS: Final = (("read", _READ), ("write", _WRITE), ("unmap", _DSM), ("copy", _COPY))
+
+
 @dataclass
 class DeviceIo:
-    """Successful operations and their bytes (SPDK's spdk_bdev_io_stat's counts, in its
-    order)."""
+    """Successful operations, their bytes and their device time (SPDK's
+    spdk_bdev_io_stat's, in its order; the times in ns, while latency tracking is on:
+    each operation's sum, most and least, 0 for none)."""
 
     bytes_read: int = 0
     num_read_ops: int = 0
@@ -46,6 +51,18 @@ class DeviceIo:
     num_unmap_ops: int = 0
     bytes_copied: int = 0
     num_copy_ops: int = 0
+    read_latency_ticks: int = 0
+    max_read_latency_ticks: int = 0
+    min_read_latency_ticks: int = 0
+    write_latency_ticks: int = 0
+    max_write_latency_ticks: int = 0
+    min_write_latency_ticks: int = 0
+    unmap_latency_ticks: int = 0
+    max_unmap_latency_ticks: int = 0
+    min_unmap_latency_ticks: int = 0
+    copy_latency_ticks: int = 0
+    max_copy_latency_ticks: int = 0
+    min_copy_latency_ticks: int = 0
 
     def add_host(self, nsid: int, host: HostCounts) -> None:
         """Add the commands of one host to namespace `nsid`."""
@@ -66,11 +83,38 @@ class DeviceIo:
         self.num_unmap_ops += counts[_DSM] - failed[_DSM]
         self.bytes_copied += counts[COPY_BYTES]
         self.num_copy_ops += counts[_COPY] - failed[_COPY]
+        for op, slot in _LATENCY_OPS:
+            histogram = per_ns.latency.get(slot)
+            if histogram is not None:
+                self._add_time(op, histogram.device_total, histogram.device_max,
+                               histogram.device_min)  # fmt: skip
+
+    def _add_time(self, op: str, total: int, most: int, least: int) -> None:
+        setattr(self, f"{op}_latency_ticks", getattr(self, f"{op}_latency_ticks") + total)
+        if most > getattr(self, f"max_{op}_latency_ticks"):
+            setattr(self, f"max_{op}_latency_ticks", most)
+        now_least = getattr(self, f"min_{op}_latency_ticks")
+        if least and (not now_least or least < now_least):
+            setattr(self, f"min_{op}_latency_ticks", least)
 
     def plus(self, other: DeviceIo, sign: int = 1) -> DeviceIo:
-        return DeviceIo(
-            *(getattr(self, f.name) + sign * getattr(other, f.name) for f in fields(self))
+        """The sums and counts added (sign 1) or taken off (-1, a baseline); the maxima
+        and minima merged (or, taking off, kept: a baseline's extremes cannot be undone)."""
+        io = DeviceIo(
+            *(
+                getattr(self, f.name) + sign * getattr(other, f.name)
+                if not f.name.startswith(("max_", "min_"))
+                else getattr(self, f.name)
+                for f in fields(self)
+            )
         )
+        if sign > 0:
+            for op, _slot in _LATENCY_OPS:
+                io._add_time(
+                    op, 0, getattr(other, f"max_{op}_latency_ticks"),
+                    getattr(other, f"min_{op}_latency_ticks"),
+                )  # fmt: skip
+        return io
 
 
 def namespace_io(counts: CommandCounts, nqn: str, nsid: int) -> DeviceIo:
@@ -103,6 +147,21 @@ class DeviceIoLedger:
     def device_gone(self, name: str) -> None:
         """A removed device's counts go with it (as SPDK's do with its bdev)."""
         self.past.pop(name, None)
+
+    def reset_extremes(self, name: str, namespaces: list[tuple[str, int]]) -> None:
+        """Device `name`'s maxima and minima of device time start again (SPDK's
+        bdev_get_iostat reset_mode "maxmin"), `namespaces` the (subsystem, NSID) it backs."""
+        past = self.past.get(name)
+        if past is not None:
+            for op, _slot in _LATENCY_OPS:
+                setattr(past, f"max_{op}_latency_ticks", 0)
+                setattr(past, f"min_{op}_latency_ticks", 0)
+        backed = set(namespaces)
+        for (subnqn, _hostnqn), host in self.counts.hosts.items():
+            for nsid, per_ns in host.namespaces.items():
+                if (subnqn, nsid) in backed:
+                    for histogram in per_ns.latency.values():
+                        histogram.device_max = histogram.device_min = 0
 
     def of(self, name: str, namespaces: list[tuple[str, int]]) -> DeviceIo:
         """Device `name`'s counts, `namespaces` the (subsystem, NSID) it backs now."""

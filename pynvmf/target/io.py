@@ -45,7 +45,7 @@ from pynvmf.spec.status import (
 )
 from pynvmf.target import compare, reservations
 from pynvmf.target.budget import READ_CHUNK, UNCHARGED_READ
-from pynvmf.target.command_counts import NO_NAMESPACE, opcode_slot
+from pynvmf.target.command_counts import NO_NAMESPACE, Histogram, opcode_slot
 from pynvmf.target.limits import COPY_FORMATS, MAX_TRANSFER, copy_limits, reported_nn
 from pynvmf.target.outcome import Outcome
 
@@ -142,8 +142,6 @@ class IoHandler:
         takes the general path, which decides the status."""
         sqe = req.sqe
         opcode = sqe.opcode
-        if self.counts.tracking:
-            req.started = time.monotonic_ns()
         if opcode in (_READ, _WRITE, _COPY) and not self.registered and not self.ana.any_blocked:
             ns = self.namespaces.get(sqe.nsid)
             # A namespace with rate limits takes the general path, which waits its turn.
@@ -176,7 +174,8 @@ class IoHandler:
                             counts.writes += 1
                             counts.write_bytes += req.length
                             if req.started:
-                                self.timed(sqe.nsid, _WRITE, req)
+                                latency = counts.latency.get(_WRITE)
+                                req.latency = latency or counts.latency_of(_WRITE)
                             self.queue.conn.complete(req, 0)
                             return
                 except (ValueError, TypeError):
@@ -216,7 +215,7 @@ class IoHandler:
         counts.reads += 1
         counts.read_bytes += length
         if req.started:
-            self.timed(sqe.nsid, _READ, req)
+            req.latency = counts.latency.get(_READ) or counts.latency_of(_READ)
         self.queue.conn.complete(req, 0, 0, data)
         return True
 
@@ -258,7 +257,7 @@ class IoHandler:
         counts.copies += 1
         counts.copy_bytes += nlb << shift
         if req.started:
-            self.timed(sqe.nsid, _COPY, req)
+            req.latency = counts.latency.get(_COPY) or counts.latency_of(_COPY)
         self.queue.conn.complete(req, 0)
         return True
 
@@ -312,23 +311,70 @@ class IoHandler:
         if nsid not in self.namespaces and nsid != _NSID_ALL:
             nsid = NO_NAMESPACE
         slot = opcode_slot(sqe.opcode)
-        self.counts.namespace(nsid).command(slot, status, req.length)
+        counts = self.counts.namespace(nsid)
+        counts.command(slot, status, req.length)
         if status:
             self.counts.error(nsid, slot, status)
         if req.started:
-            self.timed(nsid, slot, req)
+            # Off the fast path a command may have waited for anything (a device's
+            # thread, a file): its completion is timed here, where it is handed over.
+            now = req.completed = time.monotonic_ns()
+            latency = req.latency = counts.latency_of(slot)
+            device = now - req.dispatched - req.waited
+            self.counts.device.observe(device)
+            if not status:
+                latency.device(device)
 
-    def timed(self, nsid: int, slot: int, req: Request) -> None:
-        """A timed command (dispatched while latency tracking was on) completes now."""
-        if self.counts.tracking:
-            self.counts.timed(nsid, slot, req.started, req.waited, time.monotonic_ns())
+    def sent(self, reqs: list[Request], now: int) -> None:
+        """Timed commands (`req.latency` set where they were counted) whose completions
+        were handed to the socket at `now` (monotonic ns, one clock read a flush): their
+        latency from capsule-in, and its stages (docs/metrics.md). A command the fast
+        path completed during the batch of input that brought it has no clock read of
+        its own: its completion was handed over no later than this flush, the first
+        clock read after it, so its time from dispatch to here is its device stage
+        (the device and the target's own work on the batch) and its send stage is 0.
+        Such commands of one batch are alike (one histogram, the same times): each run
+        of them is counted at once."""
+        counts = self.counts
+        run: Histogram | None = None  # the run of alike fast-path commands, n of them
+        started = dispatched = n = 0
+        for req in reqs:
+            latency = req.latency
+            if latency is None:
+                continue
+            if req.completed:  # off the fast path: count() counted its device stage
+                latency.observe(now - req.started)
+                counts.receive.observe(req.dispatched - req.started)
+                counts.send.observe(now - req.completed)
+            elif latency is run and req.started == started and req.dispatched == dispatched:
+                n += 1
+            else:
+                if run is not None:
+                    self._sent_alike(run, started, dispatched, n, now)
+                run, started, dispatched, n = latency, req.started, req.dispatched, 1
+        if run is not None:
+            self._sent_alike(run, started, dispatched, n, now)
+
+    def _sent_alike(
+        self, latency: Histogram, started: int, dispatched: int, n: int, now: int
+    ) -> None:
+        """`n` fast-path commands of `latency`'s opcode and namespace, which began at
+        `started` and were dispatched at `dispatched`, were sent at `now`."""
+        counts = self.counts
+        latency.observe(now - started, n)
+        counts.receive.observe(dispatched - started, n)
+        ns = now - dispatched
+        counts.device.observe(ns, n)
+        latency.device(ns, n)  # the fast path completes successful commands only
+        counts.send.observe(0, n)
 
     def waited(self, req: Request, stage: str, since: int) -> None:
-        """A timed command waited from `since` until now in `stage` (command_counts.STAGES)."""
+        """A timed command waited from `since` until now in `stage` ("data" or "budget",
+        command_counts.STAGES)."""
         ns = time.monotonic_ns() - since
         req.waited += ns
-        if self.counts.tracking:
-            self.counts.waited(stage, ns)
+        histogram: Histogram = getattr(self.counts, stage)
+        histogram.observe(ns)
 
     async def take_budget(self, req: Request, n: int) -> None:
         """Wait until the connection's budget has `n` bytes for `req` (and take them)."""

@@ -78,6 +78,10 @@ class TargetProtocol(ConnectionGlue[TargetConnection]):
         # waits holds no buffer; SQSIZE bounds how many commands can wait.)
         self._input_holds: set[str] = set()
         self._rx_charge = 0  # the receive buffer, charged to the target's memory pool
+        # Whether the target times commands (command_counts.py; read at every batch of
+        # input), and whether this connection did at the last batch.
+        self._counts = target.command_counts
+        self._timing = False
         # On a port that offers TLS, until the first bytes arrive: is this TLS or plain
         # NVMe/TCP?
         self._sniffing = False
@@ -169,6 +173,13 @@ class TargetProtocol(ConnectionGlue[TargetConnection]):
 
     def buffer_updated(self, nbytes: int) -> None:
         conn = self.conn
+        # Latency tracking: one clock read a batch of input, shared by its commands.
+        if self._counts.tracking:
+            self._timing = True
+            conn.batch_arrived(time.monotonic_ns())
+        elif self._timing:
+            self._timing = False
+            conn.batch_arrived(0)
         poller = self.target.poller
         if poller is not None:
             poller.input()
@@ -220,6 +231,13 @@ class TargetProtocol(ConnectionGlue[TargetConnection]):
         conn = self.conn
         if conn.undrained and transport.get_write_buffer_size() <= WRITE_HIGH_WATER:
             conn.output_drained()
+        timed = conn.timed
+        if timed:
+            # Latency tracking: one clock read a flush, for every completion it sent.
+            queue = self.queue
+            if queue is not None:
+                queue.timed_sent(timed, time.monotonic_ns())
+            timed.clear()
 
     def pause_writing(self) -> None:
         # The host is not reading its completions: stop reading its commands.

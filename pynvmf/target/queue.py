@@ -175,6 +175,13 @@ class TargetQueue:
     def on_refused(self, req: Request) -> None:
         self.fused.refused(req)
 
+    def timed_sent(self, reqs: list[Request], now: int) -> None:
+        """The glue handed the completions of these timed commands to the socket at `now`
+        (monotonic ns)."""
+        io = self.io
+        if io is not None:
+            io.sent(reqs, now)
+
     def require_auth(self, auth: ControllerAuth) -> None:
         """The host must authenticate this queue before it is of any use."""
         self.auth = auth

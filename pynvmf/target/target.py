@@ -416,9 +416,14 @@ class Target:
         self.device_io.device_gone(entry.name)
         self.notifications.send(BDEV_UNREGISTER, entry.name)
 
-    def device_io_of(self, name: str) -> DeviceIo:
-        """What block device `name` did for the hosts (device_io.py)."""
-        return self.device_io.of(name, [(s.nqn, ns.nsid) for s, ns in self.device_users(name)])
+    def device_io_of(self, name: str, *, reset_extremes: bool = False) -> DeviceIo:
+        """What block device `name` did for the hosts (device_io.py); with
+        `reset_extremes`, its device time's maxima and minima start again after this."""
+        namespaces = [(s.nqn, ns.nsid) for s, ns in self.device_users(name)]
+        io = self.device_io.of(name, namespaces)
+        if reset_extremes:
+            self.device_io.reset_extremes(name, namespaces)
+        return io
 
     def device_users(self, name: str) -> list[tuple[Subsystem, Namespace]]:
         return [

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from pynvmf.logs import ContextLog
 from pynvmf.spec import pdu as P
@@ -35,6 +35,10 @@ from pynvmf.spec.opcodes import AdminOpcode, FabricsType
 from pynvmf.spec.status import DNR, Status
 from pynvmf.tcp.config import EstablishedState, TransportConfig
 from pynvmf.tcp.framing import PduConnection, PduReader
+
+if TYPE_CHECKING:
+    # The NVMe layer's, for the type of Request.latency alone (set and read there).
+    from pynvmf.target.command_counts import Histogram
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +98,15 @@ _UNATTACHED_LOG = ContextLog(log, _no_context)
 class Request:
     """One command in flight on this connection."""
 
+    dispatched: int
+    completed: int
+
     __slots__ = (
         "charge",
+        "completed",
         "data",
+        "dispatched",
+        "latency",
         "length",
         "on_data",
         "received",
@@ -126,10 +136,16 @@ class Request:
         # Controller-to-host data already sent with send_data (a Read sent in pieces).
         self.sent = 0
         self.on_data: Callable[[Request], None] | None = None
-        # When the command was dispatched (monotonic ns), while latency tracking is on,
-        # and the ns of that it waited for host data or a buffer (not the device's).
+        # While latency tracking is on (monotonic ns, else 0; docs/metrics.md): when
+        # the capsule began to arrive, and the ns of that it waited for host data or a
+        # buffer. A timed command also has `dispatched` and `completed` (set by the
+        # connection where it sets `started`, not here: every command would pay).
         self.started = 0
         self.waited = 0
+        # Where its latency is counted (command_counts.Histogram), set by the NVMe layer
+        # where it counts the command: the connection hands the commands that have one
+        # to it at the flush that sends their completions (timed_sent).
+        self.latency: Histogram | None = None
 
 
 @dataclass(slots=True)
@@ -229,6 +245,12 @@ class TargetConnection(PduConnection):
         self._next_ttag = 0
         self._plain_resp: Callable[..., bytes] | None = None
         self._plain_data = False
+        # Latency tracking (batch_arrived): the clock read of the batch of input being
+        # handled (0: not timing), and when the PDU parsed next began to arrive.
+        self._batch_at = 0
+        self._pdu_at = 0
+        # Timed commands completed since the last flush, in order.
+        self.timed: list[Request] = []
 
     def attach(self, queue: NvmeQueue) -> None:
         """The NVMe layer's queue above this connection, once, before any input."""
@@ -310,6 +332,15 @@ class TargetConnection(PduConnection):
     def _on_capsule(self, pdo: int, data_end: int, pdu: memoryview) -> None:
         sqe: Sqe = _NEW_SQE(_SQE, _UNPACK_SQE(pdu, P.CH_LEN))
         req = Request(sqe)
+        at = self._batch_at
+        if at:
+            # The clock reads of the batches of input that brought its first and last
+            # bytes; `completed`: when its completion was handed over, 0 while that is
+            # not known (the fast path's: no later than the next flush).
+            req.started = self._pdu_at
+            req.dispatched = at
+            req.completed = 0
+            self._pdu_at = at
         self.stats.commands += 1
         if not self.sqhd_disabled:
             self._sqhd = (self._sqhd + 1) % self.sq_size
@@ -408,6 +439,7 @@ class TargetConnection(PduConnection):
         raise RuntimeError("no free transfer tag")
 
     def _on_h2c_data(self, flags: int, pdo: int, data_end: int, pdu: memoryview) -> None:
+        self._pdu_at = self._batch_at
         cccid, ttag, datao, datal = _UNPACK_DATA_BODY(pdu, P.CH_LEN)
         req = self._r2t.get(ttag)
         if req is None:
@@ -468,6 +500,14 @@ class TargetConnection(PduConnection):
 
     # -- output ----------------------------------------------------------------------
 
+    def batch_arrived(self, now: int) -> None:
+        """The glue's clock read (monotonic ns) as a batch of input arrives, before it is
+        parsed, while latency tracking is on; 0 once it is off. A PDU that began in an
+        earlier batch began when the reader saw it incomplete."""
+        self._batch_at = now
+        since = self.reader.partial_since
+        self._pdu_at = int(since * 1e9) if since and now else now
+
     @property
     def commands_in_flight(self) -> int:
         """Commands received on this connection and not completed yet (an admin queue's
@@ -496,6 +536,8 @@ class TargetConnection(PduConnection):
                 self._budget.give(charge)
         if self.closing or req.retired:
             return
+        if req.latency is not None:
+            self.timed.append(req)
         cid = req.sqe.cid
         inflight = self._inflight
         if track and inflight.get(cid) is req:

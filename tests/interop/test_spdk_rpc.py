@@ -390,6 +390,48 @@ def check_iostat_and_poll_group(spdk: Spdk) -> None:
     called.update({"bdev_get_iostat", "thread_get_stats"})
 
 
+def test_rpc_py_reads_iostat_latency_ticks_with_latency_tracking(tmp_path: Path) -> None:
+    """With `--latency-tracking`, bdev_get_iostat's latency ticks are each bdev's
+    successful operations' device time (ns, tick_rate 10^9): sums, maxima and minima
+    that agree with one another (one unmap: all three equal), none for operations that
+    did not happen; reset_mode maxmin starts the extremes again and keeps the sums."""
+    proc, spdk = start(tmp_path, "--empty", "--cores", "1", "--latency-tracking")
+    try:
+        port = serve_two_bdevs(spdk)
+
+        async def workload() -> None:
+            async with await connect("127.0.0.1", port, NQN, hostnqn=HOST, queues=2) as ctrl:
+                await known_workload(ctrl)
+
+        asyncio.run(workload())
+        answer = spdk.json("bdev_get_iostat")
+        bdevs = {b["name"]: b for b in answer["bdevs"]}
+        assert iostat_counts(answer) == WORKLOAD_IOSTAT
+        malloc0, malloc1 = bdevs["Malloc0"], bdevs["Malloc1"]
+        for bdev, ops in ((malloc0, ("read", "write")), (malloc1, ("read", "unmap"))):
+            for op in ("read", "write", "unmap", "copy"):
+                total = bdev[f"{op}_latency_ticks"]
+                most, least = bdev[f"max_{op}_latency_ticks"], bdev[f"min_{op}_latency_ticks"]
+                if op not in ops:
+                    assert (total, most, least) == (0, 0, 0), (bdev["name"], op)
+                    continue
+                n = bdev[f"num_{op}_ops"]
+                assert 0 < least <= most <= total, (bdev["name"], op)
+                assert least * n <= total <= most * n, (bdev["name"], op)
+        one_unmap = (malloc1["unmap_latency_ticks"], malloc1["max_unmap_latency_ticks"],
+                     malloc1["min_unmap_latency_ticks"])  # fmt: skip
+        assert one_unmap[0] == one_unmap[1] == one_unmap[2]
+        spdk.json("bdev_get_iostat", "-b", "Malloc1", "--reset-mode", "maxmin")
+        (after,) = spdk.json("bdev_get_iostat", "-b", "Malloc1")["bdevs"]
+        assert after["unmap_latency_ticks"] == one_unmap[0]
+        assert after["read_latency_ticks"] == malloc1["read_latency_ticks"]
+        assert after["max_unmap_latency_ticks"] == after["min_read_latency_ticks"] == 0
+        (untouched,) = spdk.json("bdev_get_iostat", "-b", "Malloc0")["bdevs"]
+        assert untouched == malloc0
+    finally:
+        proc.stop()
+
+
 def test_rpc_py_reads_poll_groups_of_worker_processes(tmp_path: Path) -> None:
     """With --cores 2, nvmf_get_stats, thread_get_stats and nvmf_subsystem_get_qpairs
     name a poll group per process, and the workers' commands reach bdev_get_iostat and

@@ -17,7 +17,7 @@ from pynvmf.metrics.endpoint import MetricsEndpoint
 from pynvmf.rpc.jsonrpc import RpcError
 from pynvmf.rpc.server import control_plane
 from pynvmf.target.budget import ConnectionLimits
-from pynvmf.target.command_counts import BUCKETS, CommandCounts, new_histogram, observe
+from pynvmf.target.command_counts import BUCKETS, CommandCounts, Histogram
 from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
@@ -103,8 +103,9 @@ async def test_histogram_counts_equal_command_counts_and_sums_are_plausible(
     )  # fmt: skip
     assert inf == commands
     stages = _by(series(m, "pynvmf_command_stage_seconds_count"), "stage")
-    # One command waited for host data (the R2T write); none for a buffer.
-    assert stages == {("device",): 12, ("data",): 1}
+    # Every command has a receive, device and send sample; one waited for host data
+    # (the R2T write); none for a buffer.
+    assert stages == {("receive",): 12, ("device",): 12, ("send",): 12, ("data",): 1}
 
     cp = control_plane(target)
     stats = await cp.call("pynvmf_get_host_stats", {})
@@ -124,14 +125,47 @@ async def test_histogram_counts_equal_command_counts_and_sums_are_plausible(
         for h in ns["latency"].values():
             assert len(h["buckets"]) == len(BUCKETS) + 1
             assert sum(h["buckets"]) == h["count"] and 0 < h["sum"] < wall
-    assert hosts[HOST_A]["stages"]["device"]["count"] == 10
+    for host, n in ((HOST_A, 10), (HOST_B, 2)):
+        host_stages = hosts[host]["stages"]
+        for stage in ("receive", "device", "send"):
+            assert host_stages[stage]["count"] == n, (host, stage)
+        assert host_stages["device"]["sum"] > 0
+        # The stages split each command's latency, capsule-in to completion sent, whole.
+        latency_sum = sum(h["sum"] for ns in hosts[host]["namespaces"]
+                          for h in ns["latency"].values())  # fmt: skip
+        stage_sum = sum(h["sum"] for h in host_stages.values())
+        assert stage_sum == pytest.approx(latency_sum, rel=1e-9, abs=1e-9), host
     assert hosts[HOST_A]["stages"]["data"]["count"] == 1
+    # Its flush, write-zeroes and R2T write completed off the fast path, between flushes.
+    assert hosts[HOST_A]["stages"]["send"]["sum"] > 0
     assert 0 < hosts[HOST_A]["stages"]["data"]["sum"] < a[1]["latency"]["write"]["sum"]
     assert hosts[HOST_B]["stages"]["device"]["count"] == 2
     assert hosts[HOST_B]["stages"]["data"]["count"] == 0  # reads of a memory namespace
     assert set(hosts[HOST_B]["stages"]) == {"receive", "data", "budget", "device", "send"}
     only = await cp.call("pynvmf_get_host_stats", {"subsystem": NQN})
     assert len(only["hosts"]) == 2
+
+
+async def test_commands_of_one_batch_are_timed_each(
+    served: tuple[Target, Port, MetricsEndpoint],
+) -> None:
+    """32 reads sent at once (they arrive in few batches, and the fast path counts the
+    alike commands of a batch together): 32 samples in every histogram, and the stages
+    add up to the latency."""
+    target, port, _endpoint = served
+    async with await connect("127.0.0.1", port.port, NQN, hostnqn=HOST_A, queues=1) as host:
+        ns = host.namespace(1)
+        await asyncio.gather(*(ns.read(i * 8, memoryview(bytearray(4096))) for i in range(32)))
+    stats = await control_plane(target).call("pynvmf_get_host_stats", {})
+    (only,) = stats["hosts"]
+    (ns1,) = only["namespaces"]
+    assert ns1["commands"] == {"read": 32}
+    assert ns1["latency"]["read"]["count"] == 32
+    assert {stage: h["count"] for stage, h in only["stages"].items()} == {
+        "receive": 32, "data": 0, "budget": 0, "device": 32, "send": 32,
+    }  # fmt: skip
+    stage_sum = sum(h["sum"] for h in only["stages"].values())
+    assert stage_sum == pytest.approx(ns1["latency"]["read"]["sum"], rel=1e-9, abs=1e-9)
 
 
 async def test_with_tracking_off_there_are_no_histograms() -> None:
@@ -181,30 +215,36 @@ def test_a_report_carries_histograms_once_and_a_bad_one_adds_nothing() -> None:
     worker, main = CommandCounts(), CommandCounts()
     worker.set_tracking(True)
     host = worker.of(NQN, HOST_A)
-    assert host.tracking
-    host.timed(1, 2, 1_000, 0, 51_000)  # a 50 us Read
+    held = host.namespace(1).latency_of(2)
+    held.observe(50_000)  # a 50 us Read
+    host.device.observe(50_000)
     report = worker.take()
     assert worker.take() == []
+    held.observe(50_000)  # a histogram taken stays where commands in flight hold it
+    assert worker.take()[0][4] == {1: {2: report[0][4][1][2]}}
     main.add(report)
     main.add(report)
     got = main.of(NQN, HOST_A)
-    want = new_histogram()
-    observe(want, 50_000)
-    observe(want, 50_000)
-    assert got.namespaces[1].latency == {2: want}
-    assert got.stages["device"] == want
+    twice = Histogram()
+    twice.observe(50_000)
+    twice.observe(50_000)
+    want = twice.as_list()
+    assert {slot: h.as_list() for slot, h in got.namespaces[1].latency.items()} == {2: want}
+    assert got.stages["device"].as_list() == want
+    reported = report[0][4][1][2]
+    assert len(reported) == len(want) + 3  # and its device time: sum, most, least
     for bad in (
-        {1: {2: [-1, *want[1:]]}},
-        {1: {2: want[:-1]}},
-        {1: {99: want}},
-        {1: [want]},
+        {1: {2: [-1, *reported[1:]]}},
+        {1: {2: reported[:-1]}},
+        {1: {99: reported}},
+        {1: [reported]},
     ):
         with pytest.raises(ValueError):
             main.add([(NQN, HOST_B, {}, {}, bad, {})])
     with pytest.raises(ValueError):
-        main.add([(NQN, HOST_B, {}, {}, {}, {"elsewhere": want})])
+        main.add([(NQN, HOST_B, {}, {}, {}, {"elsewhere": reported})])
     assert (NQN, HOST_B) not in main.hosts
-    assert got.namespaces[1].latency == {2: want}
+    assert got.namespaces[1].latency[2].as_list() == want
 
 
 async def test_a_command_that_waits_for_a_buffer_has_a_budget_sample() -> None:

@@ -3,8 +3,11 @@ replica and the main process adds to the subsystem's own."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 import pytest
 
+from pynvmf.target.command_counts import BUCKETS_NS, Histogram
 from pynvmf.target.subsystem import IoStats
 
 
@@ -33,3 +36,28 @@ def test_add_refuses_what_would_make_a_counter_shrink_or_is_not_counts(
     with pytest.raises(ValueError):
         stats.add(counts)
     assert stats == IoStats(write_cmds=4)
+
+
+def test_a_histogram_counts_a_sample_in_the_bucket_bisect_finds() -> None:
+    """Histogram.observe's tree of comparisons, against BUCKETS_NS: each bound, one
+    below and above it, zero and far past the last."""
+    samples = [0, 1, 10**13]
+    for bound in BUCKETS_NS:
+        samples += [bound - 1, bound, bound + 1]
+    for ns in samples:
+        histogram = Histogram()
+        histogram.observe(ns)
+        want = [0] * (len(BUCKETS_NS) + 1)
+        want[bisect_left(BUCKETS_NS, ns)] = 1
+        assert histogram.as_list() == [*want, ns], ns
+    histogram = Histogram()
+    for ns in samples:
+        histogram.observe(ns)
+    histogram.device(7)
+    histogram.device(3)
+    histogram.device(5)
+    assert histogram.count() == len(samples)
+    # A worker's report: the counts, the sum, then the device time's sum, most, least.
+    assert histogram.take()[len(BUCKETS_NS) + 1 :] == [sum(samples), 15, 7, 3]
+    assert histogram.as_list() == [0] * (len(BUCKETS_NS) + 2)
+    assert (histogram.device_total, histogram.device_max, histogram.device_min) == (0, 0, 0)

@@ -13,6 +13,7 @@ from pynvmf.spec import command as C
 from pynvmf.spec import pdu as P
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType, IoOpcode
 from pynvmf.spec.status import DNR, Status
+from pynvmf.target.command_counts import Histogram
 from pynvmf.tcp.target import QueueParams, Request, TargetConnection, TransportConfig
 from tests.support.raw import Pdu, capsule, data_pdu, h2c_data, icreq, parse_pdus, rw_sqe
 
@@ -907,3 +908,40 @@ def test_only_an_established_connection_exports_and_only_a_fresh_one_adopts() ->
     state = io_connection().conn.export_state()
     with pytest.raises(RuntimeError):
         io_connection().conn.adopt(state)
+
+
+def test_a_capsule_carries_the_clock_reads_of_the_batches_that_brought_it() -> None:
+    """Latency tracking: a capsule whole in one batch began and was dispatched at that
+    batch's clock read; one cut across two batches began when the reader saw its first
+    part; the capsule after it in the second batch began with that batch; with tracking
+    off (0), a command carries none."""
+    h = io_connection()
+    first = h.capsule(write_sqe(1, 512, inline=True), bytes(512))
+    second = h.capsule(write_sqe(2, 512, inline=True), bytes(512))
+    third = h.capsule(write_sqe(3, 512, inline=True), bytes(512))
+    h.conn.batch_arrived(1_000)
+    h.feed(first + second[:30])
+    assert h.conn.reader.partial_since > 0  # when it saw the second capsule incomplete
+    begun = int(h.conn.reader.partial_since * 1e9)
+    h.conn.batch_arrived(begun + 5_000_000)
+    h.feed(second[30:] + third)
+    h.conn.batch_arrived(0)
+    h.feed(h.capsule(write_sqe(4, 512, inline=True), bytes(512)))
+    *timed, untimed = h.requests
+    assert [(r.started, r.dispatched) for r in timed] == [
+        (1_000, 1_000),
+        (begun, begun + 5_000_000),
+        (begun + 5_000_000, begun + 5_000_000),
+    ]
+    assert untimed.started == 0
+
+
+def test_a_completion_is_timed_only_where_the_nvme_layer_counted_it() -> None:
+    h = io_connection()
+    h.conn.batch_arrived(1_000)
+    h.feed(h.capsule(read_sqe(1, 512)) + h.capsule(read_sqe(2, 512)))
+    counted, refused = h.requests
+    counted.latency = Histogram()  # IoHandler sets it where it counts the command
+    h.conn.complete(counted, 0)
+    h.conn.complete(refused, Status.INVALID_FIELD | DNR)
+    assert h.conn.timed == [counted]

@@ -12,7 +12,6 @@ from pynvmf.rpc.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane, MethodTable, Params
 from pynvmf.target.device_io import DeviceIo
 from pynvmf.target.poll_groups import TICK_RATE
-from pynvmf.target.target import Target
 
 table = MethodTable()
 method = table.register
@@ -23,21 +22,11 @@ EINVAL = 22
 RESET_MODES = ("all", "maxmin", "none")
 
 
-def _latency_ticks(target: Target, name: str) -> dict[str, int]:
-    """The latency ticks of block device `name` (SPDK's sums, maxima and minima per
-    operation): from the latency histograms when latency tracking is on; 0 until then."""
-    return {
-        f"{prefix}{op}_latency_ticks": 0
-        for op in ("read", "write", "unmap", "copy")
-        for prefix in ("", "max_", "min_")
-    }
-
-
-def _stat_json(target: Target, name: str, io: DeviceIo) -> dict[str, Any]:
-    # SPDK's order: the counts, then the latency ticks, then the failed I/O by bdev
-    # status, of which pynvmf's devices have none (a command's NVMe status comes from
-    # the target, before or instead of the device).
-    return {"name": name, **dataclasses.asdict(io), **_latency_ticks(target, name), "io_error": {}}
+def _stat_json(name: str, io: DeviceIo) -> dict[str, Any]:
+    # SPDK's order: the counts, then the latency ticks (DeviceIo's), then the failed I/O
+    # by bdev status, of which pynvmf's devices have none (a command's NVMe status comes
+    # from the target, before or instead of the device).
+    return {"name": name, **dataclasses.asdict(io), "io_error": {}}
 
 
 @method("bdev_get_iostat")
@@ -62,9 +51,12 @@ async def bdev_get_iostat(cp: ControlPlane, p: Params) -> dict[str, Any]:
         )
     if reset_mode == "all":
         raise RpcError(INVALID_PARAMS, "reset_mode: 'all': pynvmf's counters never go backwards")
-    # "maxmin" resets the latency maxima and minima, which are 0 until latency tracking.
+    # "maxmin": the latency maxima and minima start again once answered, as SPDK's.
+    reset = reset_mode == "maxmin"
     return {
         "tick_rate": TICK_RATE,
         "ticks": time.monotonic_ns(),
-        "bdevs": [_stat_json(target, e.name, target.device_io_of(e.name)) for e in entries],
+        "bdevs": [
+            _stat_json(e.name, target.device_io_of(e.name, reset_extremes=reset)) for e in entries
+        ],
     }
