@@ -280,6 +280,7 @@ def identify_controller(ctrl: Controller, queue: TargetQueue) -> I.IdentifyContr
             oaes=_AEN_SUPPORTED_DISCOVERY,
             **common,
         )
+    crdt = ctrl.target.crdt
     return I.IdentifyController(
         cntrltype=I.CtrlType.IO,
         rab=6,
@@ -315,6 +316,10 @@ def identify_controller(ctrl: Controller, queue: TargetQueue) -> I.IdentifyContr
         acwu=ACWU,
         ocfs=OCFS,
         vwc=I.Vwc.PRESENT | I.Vwc.FLUSH_BROADCAST_SUPPORTED,
+        # Command Retry Delay Times, 0 unless a fault rule's status asks for CRD.
+        crdt1=crdt[0],
+        crdt2=crdt[1],
+        crdt3=crdt[2],
         **common,
     )
 

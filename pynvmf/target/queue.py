@@ -13,10 +13,11 @@ from pynvmf.aio import start_eager
 from pynvmf.logs import about
 from pynvmf.spec.command import CSTS_RDY, FUSE_MASK
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType
-from pynvmf.spec.status import DNR, Status
+from pynvmf.spec.status import CRD_MASK, DNR, Status
 from pynvmf.target import admin, compare, fabrics
 from pynvmf.target import auth as auth_commands
 from pynvmf.target.budget import DataBudget
+from pynvmf.target.faults import FaultTable, opcode_name
 from pynvmf.target.fused import FusedPairing
 from pynvmf.target.io import IoHandler
 from pynvmf.target.port import endpoint
@@ -100,6 +101,13 @@ class TargetQueue:
         self.auth: ControllerAuth | None = None
         self.auth_deadline = 0.0
         self._io_after_auth: IoHandler | None = None
+        # The target's fault rules while it has any (Target.arm_faults), else None: the
+        # one test the commands of a target without rules pay.
+        self.faults: FaultTable | None = None
+        # Commands a delay rule holds, by CID, and the one whose delay just ended (it
+        # passes the rules once).
+        self._delayed: dict[int, asyncio.TimerHandle] = {}
+        self._released: Request | None = None
         conn.attach(self)
 
     @property
@@ -132,6 +140,9 @@ class TargetQueue:
         self.subnqn = subnqn
 
     def on_command(self, req: Request) -> None:
+        faults = self.faults
+        if faults is not None and self._faulted(faults, req):
+            return
         ctrl = self.controller
         opcode = req.sqe.opcode
         io = self.io
@@ -174,6 +185,61 @@ class TargetQueue:
 
     def on_refused(self, req: Request) -> None:
         self.fused.refused(req)
+
+    def arm_faults(self, faults: FaultTable | None) -> None:
+        """Judge this queue's commands by `faults` from now on (None: by nothing)."""
+        self.faults = faults
+
+    def _faulted(self, faults: FaultTable, req: Request) -> bool:
+        """Whether a fault rule took `req` (delayed, completed, dropped, or its
+        connection closed); False to run it as usual."""
+        if req is self._released:
+            self._released = None
+            return False
+        ctrl = self.controller
+        if ctrl is None:
+            return False  # Connect, before any rule can say whom it selects
+        sqe = req.sqe
+        hit = faults.judge(self.subnqn, self.hostnqn, self.qid, sqe)
+        if hit is None:
+            return False
+        rule = hit.rule
+        about(log, self).info(
+            "fault rule %d: %s qid %d cid %d opcode %s nsid %d",
+            rule.id,
+            hit.action,
+            self.qid,
+            sqe.cid,
+            opcode_name(self.qid, sqe.opcode),
+            sqe.nsid,
+        )
+        action = hit.action
+        if action == "delay":
+            _own_data(req)
+            self._delayed[sqe.cid] = asyncio.get_running_loop().call_later(
+                hit.delay_s, self._release, req
+            )
+        elif action == "status":
+            status = rule.spec.status
+            if rule.spec.crd and not ctrl.acre:
+                # CRD is for hosts that enabled it (Host Behavior Support ACRE); 0 otherwise.
+                status &= ~CRD_MASK
+            self.finish(req, status)
+        elif action == "drop":
+            # Never completed: the command keeps its place among the connection's commands
+            # in flight (at most SQSIZE) until the connection ends.
+            req.data = None
+        else:
+            self.close(f"fault rule {rule.id}")
+        return True
+
+    def _release(self, req: Request) -> None:
+        """A delayed command's time came: it runs as if it had just arrived."""
+        self._delayed.pop(req.sqe.cid, None)
+        if self.conn.closing:
+            return
+        self._released = req
+        self.on_command(req)
 
     def require_auth(self, auth: ControllerAuth) -> None:
         """The host must authenticate this queue before it is of any use."""
@@ -226,6 +292,7 @@ class TargetQueue:
         # On an I/O queue, every path from on_command copies what it keeps (_own_data,
         # IoHandler.submit), so the transport may lend it its receive buffer.
         self.conn.bind_queue(QueueParams(qid, sq_size, sqhd_disabled, borrow_capsule_data=qid > 0))
+        self.faults = self.target.faults_for(ctrl)
         counters = self.target.counters
         if qid:
             if self.auth is not None and not self.auth.authenticated:
@@ -322,6 +389,9 @@ class TargetQueue:
 
     def connection_lost(self) -> None:
         self.fused.release()
+        for handle in self._delayed.values():
+            handle.cancel()
+        self._delayed.clear()
         for fut in self._waiters:
             if not fut.done():
                 fut.set_exception(TransferAborted("connection closed"))

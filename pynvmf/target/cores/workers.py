@@ -66,6 +66,7 @@ if TYPE_CHECKING:
     from pynvmf.block.memory import MemoryDevice
     from pynvmf.target.controller import Controller
     from pynvmf.target.devices import NamedDevice
+    from pynvmf.target.faults import FaultRule, FaultSpec, FaultTable
     from pynvmf.target.queue import TargetQueue
     from pynvmf.target.subsystem import Namespace, Subsystem
     from pynvmf.tcp.psk import TlsPsk
@@ -124,6 +125,10 @@ class RemoteQueue:
     def close(self, reason: str) -> None:
         if not self.closed:
             self.worker.channel_send(S.QUEUE_CLOSE, self.token, reason)
+
+    def arm_faults(self, faults: FaultTable | None) -> None:
+        """Fault rules act on the main process's queues only (MultiCoreTarget refuses
+        them): nothing to arm on a worker's."""
 
 
 class WorkerState(Enum):
@@ -736,6 +741,13 @@ class MultiCoreTarget(Target):
     def set_latency_tracking(self, enable: bool) -> None:
         super().set_latency_tracking(enable)
         self.workers.latency_tracking(enable)
+
+    def add_fault(self, spec: FaultSpec) -> FaultRule:
+        raise ChangeError(
+            "action",
+            "fault rules act on the queues of a single-process target only: "
+            "run `pynvmf target --cores 1` to inject faults",
+        )
 
     async def start(self) -> None:
         for subsystem in self.subsystems.values():
