@@ -115,6 +115,11 @@ class TargetQueue:
         """Commands received on this queue and not completed yet."""
         return self.conn.commands_in_flight
 
+    @property
+    def commands_delayed(self) -> int:
+        """Commands a fault rule's delay holds (faults.py)."""
+        return len(self._delayed)
+
     def log_context(self) -> dict[str, object]:
         """What each log record about this queue's connection says of it (pynvmf/logs.py):
         asked for only when a record is emitted."""
