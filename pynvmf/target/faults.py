@@ -224,14 +224,15 @@ class FaultSpec:
         return out
 
 
-_FIELDS: Final = frozenset(FaultSpec.__dataclass_fields__)
+# A rule's fields, in the order FaultSpec declares them.
+FAULT_FIELDS: Final = tuple(FaultSpec.__dataclass_fields__)
 
 
 def parse_fault(entry: Mapping[str, Any]) -> FaultSpec:
     """A rule from its JSON form (the configuration file, a scenario file), checked."""
     if not isinstance(entry, Mapping):
         raise ChangeError("fault", "must be an object")
-    unknown = sorted(set(entry) - _FIELDS)
+    unknown = sorted(set(entry) - set(FAULT_FIELDS))
     if unknown:
         raise ChangeError(unknown[0], "unknown field")
     if "action" not in entry:

@@ -14,6 +14,7 @@ import pytest
 
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.host import Controller, NvmeConnectionError, NvmeStatusError, connect
+from pynvmf.rpc.jsonrpc import INVALID_PARAMS
 from pynvmf.spec.command import HOST_BEHAVIOR_SIZE
 from pynvmf.spec.opcodes import FeatureId
 from pynvmf.spec.status import CRD_MASK, CRD_SHIFT, DNR, Status
@@ -23,6 +24,7 @@ from pynvmf.target.port import Port
 from pynvmf.target.queue import TargetQueue
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
+from tests.protocol.conftest import RAW_SUBNQN, RawRpcTarget
 
 NQN = "nqn.2024-01.io.pynvmf.test:faults"
 BLOCK = 512
@@ -219,3 +221,60 @@ async def test_a_rule_selecting_nothing_is_refused(
         target.add_fault(spec)
     assert err.value.field == field
     assert not target.faults.rules
+
+
+async def test_the_rpc_adds_lists_and_removes_rules(raw_rpc_target: RawRpcTarget) -> None:
+    rpc = raw_rpc_target
+    rule_id = await rpc.ok(
+        "pynvmf_fault_add",
+        action="status",
+        subsystem=RAW_SUBNQN,
+        nsid=1,
+        opcode="read",
+        sct=0,
+        sc=int(Status.NS_NOT_READY),
+        probability=1.0,
+        seed=42,
+    )
+    port = rpc.target.ports[0]
+    ctrl = await connect(port.address, port.port, RAW_SUBNQN)
+    try:
+        with pytest.raises(NvmeStatusError):
+            await ctrl.namespace(1).read(0, memoryview(bytearray(512)))
+        await ctrl.namespace(2).read(0, memoryview(bytearray(4096)))  # nsid 2: not selected
+    finally:
+        await ctrl.close()
+    (listed,) = await rpc.ok("pynvmf_fault_list")
+    assert listed["id"] == rule_id and listed["hits"] == 1 and listed["matches"] == 1
+    assert listed["rule"]["opcode"] == "read" and listed["rule"]["seed"] == 42
+    assert await rpc.ok("pynvmf_fault_remove", id=rule_id)
+    assert await rpc.ok("pynvmf_fault_list") == []
+
+
+@pytest.mark.parametrize(
+    ("params", "named"),
+    [
+        ({"action": "explode"}, "action:"),
+        ({"action": "drop", "probability": 2}, "probability:"),
+        ({"action": "status", "sct": 9, "sc": 1}, "sct:"),
+        ({"action": "drop", "subsystem": "nqn.2024-01.io.pynvmf.test:none"}, "subsystem:"),
+        ({"action": "drop", "subsystem": RAW_SUBNQN, "nsid": 7}, "nsid:"),
+        ({"action": "drop", "colour": "red"}, "colour:"),
+        ({"action": "status", "sc": 2, "crd": 1}, "crd:"),
+    ],
+)
+async def test_the_rpc_names_the_field_and_applies_nothing(
+    raw_rpc_target: RawRpcTarget, params: dict[str, object], named: str
+) -> None:
+    answer = await raw_rpc_target.call("pynvmf_fault_add", **params)
+    assert answer["error"]["code"] == INVALID_PARAMS
+    assert answer["error"]["message"].startswith(named), answer
+    assert await raw_rpc_target.ok("pynvmf_fault_list") == []
+    answer = await raw_rpc_target.call("pynvmf_fault_remove", id=1)
+    assert answer["error"]["message"].startswith("id:")
+
+
+async def test_nvmf_set_crdt_sets_what_crd_names(raw_rpc_target: RawRpcTarget) -> None:
+    assert await raw_rpc_target.ok("nvmf_set_crdt", crdt1=2)
+    assert raw_rpc_target.target.crdt == (2, 0, 0)
+    await raw_rpc_target.ok("pynvmf_fault_add", action="status", sc=2, crd=1)
