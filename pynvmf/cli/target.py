@@ -44,7 +44,9 @@ from pynvmf.target.budget import (
     ConnectionLimits,
     raise_open_file_limit,
 )
+from pynvmf.target.changes import ChangeError
 from pynvmf.target.cores.workers import available_cores, make_target
+from pynvmf.target.faults import parse_scenario
 from pynvmf.target.target import Target
 
 log = logging.getLogger("pynvmf")
@@ -94,6 +96,12 @@ def add_target_command(sub: Any) -> None:
         metavar="ADDR:PORT",
         help="serve Prometheus metrics at http://ADDR:PORT/metrics (docs/metrics.md; "
         "overrides the configuration file's metrics.listen)",
+    )
+    p.add_argument(
+        "--faults",
+        metavar="FILE",
+        help="a fault scenario: a JSON list of fault rules, each added at_ms after the "
+        "start and removed for_ms after (docs/faults.md); serves every queue in one process",
     )
     p.add_argument(
         "--latency-tracking",
@@ -205,7 +213,7 @@ def add_target_command(sub: Any) -> None:
         default=None,
         metavar="N",
         help="worker processes serving the I/O queues (default: the cores this process may "
-        "use; 1: everything in one process)",
+        "use, or 1 with --faults; 1: everything in one process)",
     )
     p.add_argument(
         "--busy-poll",
@@ -279,6 +287,8 @@ def check_options(args: argparse.Namespace) -> None:
             f"--max-connection-data {args.max_connection_data} is more than "
             f"--max-memory {args.max_memory}"
         )
+    if args.faults and args.cores is not None and args.cores > 1:
+        raise ConfigError("--faults: fault rules act on a single process's queues: --cores 1")
     if args.rpc_listen:
         try:  # refused before the target starts, not half-way
             parse_listen(args.rpc_listen)
@@ -337,8 +347,9 @@ def _announce(grpid: int, state: AnaState) -> None:
 
 async def _run_target(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
+    # Fault rules act on the queues of one process (docs/faults.md): --faults means one.
     target = make_target(
-        args.cores or available_cores(),
+        args.cores or (1 if args.faults else available_cores()),
         limits=ConnectionLimits(
             max_connections=args.max_connections,
             max_connections_per_address=args.max_connections_per_address,
@@ -368,6 +379,8 @@ async def _run_target(args: argparse.Namespace) -> int:
             gateway.setup()
             await gateway.start()
         await target.start()
+        if args.faults:
+            _schedule_faults(target, args.faults)
         if gateway is not None and gateway.shared is not None:
             gateway.shared.local_changed()  # its listeners have their port numbers now
         if args.rpc_socket or args.rpc_listen:
@@ -397,6 +410,13 @@ async def _run_target(args: argparse.Namespace) -> int:
             await gateway.stop()  # its groups given up cleanly: no one fences it
         await target.stop()
     return 0
+
+
+def _schedule_faults(target: Target, path: str) -> None:
+    try:
+        target.schedule_faults(parse_scenario(_read_json(path)))
+    except ChangeError as exc:
+        raise ConfigError(f"--faults {path}: {exc}") from None
 
 
 def _why(exc: OSError) -> str:

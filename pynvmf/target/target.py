@@ -367,9 +367,17 @@ class Target:
         return self.faults
 
     def add_fault(self, spec: FaultSpec) -> FaultRule:
-        """Add a rule, acting on the next command it selects. Refused (ChangeError naming
-        the field) if it is malformed or selects a subsystem or namespace that does not
-        exist, or asks for a Command Retry Delay whose CRDT is 0."""
+        """Add a rule, acting from the next command it selects (check_fault says what it
+        may be refused for)."""
+        self.check_fault(spec)
+        rule = self.faults.add(spec)
+        log.info("fault rule %d added: %s", rule.id, spec.as_dict())
+        self._arm_faults()
+        return rule
+
+    def check_fault(self, spec: FaultSpec) -> None:
+        """ChangeError naming the field if `spec` is malformed, selects a subsystem or
+        namespace that does not exist, or asks for a Command Retry Delay whose CRDT is 0."""
         spec.check()
         if spec.subsystem is not None:
             subsystem = self._subsystem(spec.subsystem, "subsystem")
@@ -383,10 +391,6 @@ class Target:
             raise ChangeError(
                 "crd", f"CRDT{spec.crd} is 0: set the retry delay times first (set_crdt)"
             )
-        rule = self.faults.add(spec)
-        log.info("fault rule %d added: %s", rule.id, spec.as_dict())
-        self._arm_faults()
-        return rule
 
     def remove_fault(self, rule_id: int) -> FaultRule:
         rule = self.faults.remove(rule_id)
@@ -395,14 +399,21 @@ class Target:
         return rule
 
     def schedule_faults(self, scenario: Iterable[ScheduledFault]) -> None:
-        """Add each rule of a scenario `at_ms` from now, and remove it `for_ms` later
-        (checked first: a scenario with a rule the target refuses adds nothing)."""
+        """Add each rule of a scenario `at_ms` from now (those at 0 at once), and remove it
+        `for_ms` after. Every rule is checked first: a scenario with one the target
+        refuses adds none (ChangeError naming the entry and field)."""
         entries = list(scenario)
-        for entry in entries:
-            entry.spec.check()
+        for i, entry in enumerate(entries):
+            try:
+                self.check_fault(entry.spec)
+            except ChangeError as exc:
+                raise ChangeError(f"faults[{i}].{exc.field}", exc.reason) from None
         loop = asyncio.get_running_loop()
         for entry in entries:
-            self._fault_timer(loop, entry.at_ms, self._scenario_rule, loop, entry)
+            if entry.at_ms:
+                self._fault_timer(loop, entry.at_ms, self._scenario_rule, loop, entry)
+            else:
+                self._scenario_rule(loop, entry)
 
     def _fault_timer(
         self, loop: asyncio.AbstractEventLoop, ms: float, call: Callable[..., None], *args: object

@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from pynvmf.block.memory import MemoryDevice
     from pynvmf.target.controller import Controller
     from pynvmf.target.devices import NamedDevice
-    from pynvmf.target.faults import FaultRule, FaultSpec, FaultTable
+    from pynvmf.target.faults import FaultSpec, FaultTable
     from pynvmf.target.queue import TargetQueue
     from pynvmf.target.subsystem import Namespace, Subsystem
     from pynvmf.tcp.psk import TlsPsk
@@ -742,7 +742,7 @@ class MultiCoreTarget(Target):
         super().set_latency_tracking(enable)
         self.workers.latency_tracking(enable)
 
-    def add_fault(self, spec: FaultSpec) -> FaultRule:
+    def check_fault(self, spec: FaultSpec) -> None:
         raise ChangeError(
             "action",
             "fault rules act on the queues of a single-process target only: "
