@@ -64,6 +64,8 @@ _LBA_OPCODES: Final = frozenset(
     )
 )
 CRD_MAX: Final = 3
+# Rules at a time: an operator's, but a table that only grows is no table to keep.
+MAX_RULES: Final = 1024
 _IO_NAMES: Final = {number: name for name, number in IO_OPCODES.items()}
 _ADMIN_NAMES: Final = {number: name for name, number in ADMIN_OPCODES.items()}
 
@@ -369,6 +371,8 @@ class FaultTable:
 
     def add(self, spec: FaultSpec, rule_id: int | None = None) -> FaultRule:
         """Add a checked rule; `rule_id` keeps the number another table gave it."""
+        if len(self.rules) >= MAX_RULES:
+            raise ChangeError("action", f"{MAX_RULES} fault rules are in force already")
         if rule_id is None:
             rule_id = self._next_id
         elif rule_id in self.rules:

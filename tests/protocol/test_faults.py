@@ -14,6 +14,7 @@ import pytest
 
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.host import Controller, NvmeConnectionError, NvmeStatusError, connect
+from pynvmf.metrics.endpoint import MetricsEndpoint
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS
 from pynvmf.spec.command import HOST_BEHAVIOR_SIZE
 from pynvmf.spec.opcodes import FeatureId
@@ -25,6 +26,7 @@ from pynvmf.target.queue import TargetQueue
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
 from tests.protocol.conftest import RAW_SUBNQN, RawRpcTarget
+from tests.support.scrape import samples_of, value
 
 NQN = "nqn.2024-01.io.pynvmf.test:faults"
 BLOCK = 512
@@ -278,3 +280,23 @@ async def test_nvmf_set_crdt_sets_what_crd_names(raw_rpc_target: RawRpcTarget) -
     assert await raw_rpc_target.ok("nvmf_set_crdt", crdt1=2)
     assert raw_rpc_target.target.crdt == (2, 0, 0)
     await raw_rpc_target.ok("pynvmf_fault_add", action="status", sc=2, crd=1)
+
+
+async def test_hits_are_a_metric(target: Target) -> None:
+    first = target.add_fault(FaultSpec("status", sc=Status.INTERNAL_ERROR, opcode="read"))
+    second = target.add_fault(FaultSpec("delay", opcode="write", delay_ms=1))
+    ctrl = await host(target)
+    try:
+        for _ in range(3):
+            with pytest.raises(NvmeStatusError):
+                await ctrl.namespace(1).read(0, memoryview(bytearray(BLOCK)))
+        await ctrl.namespace(1).write(0, bytes(BLOCK))
+    finally:
+        await ctrl.close()
+    samples = samples_of(MetricsEndpoint(target).exposition().decode())
+    assert value(samples, "pynvmf_fault_hits_total", rule=str(first.id)) == 3
+    assert value(samples, "pynvmf_fault_hits_total", rule=str(second.id)) == 1
+    target.remove_fault(first.id)
+    samples = samples_of(MetricsEndpoint(target).exposition().decode())
+    assert value(samples, "pynvmf_fault_hits_total", rule=str(first.id)) is None
+    assert value(samples, "pynvmf_fault_hits_total", rule="removed") == 3

@@ -10,7 +10,7 @@ from pynvmf.spec.command import Sqe
 from pynvmf.spec.opcodes import AdminOpcode, IoOpcode
 from pynvmf.spec.status import DNR, Status
 from pynvmf.target.changes import ChangeError
-from pynvmf.target.faults import FaultSpec, FaultTable, parse_fault, parse_scenario
+from pynvmf.target.faults import MAX_RULES, FaultSpec, FaultTable, parse_fault, parse_scenario
 
 SUB = "nqn.2024-01.io.pynvmf.test:faults"
 OTHER_SUB = "nqn.2024-01.io.pynvmf.test:other"
@@ -239,3 +239,11 @@ def test_scenario_entries() -> None:
     with pytest.raises(ChangeError) as err:
         parse_scenario({"action": "drop"})
     assert err.value.field == "faults"
+
+
+def test_a_table_holds_a_bounded_number_of_rules() -> None:
+    faults = FaultTable()
+    for _ in range(MAX_RULES):
+        faults.add(FaultSpec("drop"))
+    with pytest.raises(ChangeError, match=f"{MAX_RULES} fault rules"):
+        faults.add(FaultSpec("drop"))
