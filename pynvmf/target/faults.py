@@ -109,6 +109,8 @@ class FaultSpec:
     after: int | None = None
     probability: float | None = None
     seed: int = 0
+    # The most commands the rule acts on; then it selects without acting (None: no end).
+    limit: int | None = None
     # delay
     distribution: str = "fixed"
     delay_ms: float | None = None  # fixed
@@ -156,6 +158,8 @@ class FaultSpec:
         if self.probability is not None:
             _number("probability", self.probability, 0.0, 1.0)
         _integer("seed", self.seed, 0, (1 << 64) - 1)
+        if self.limit is not None:
+            _integer("limit", self.limit, 1, 1 << 63)
         if self.action == "delay":
             self._check_delay()
         if self.action == "status":
@@ -332,6 +336,8 @@ class FaultRule:
         """A selected command came: whether the trigger fires for it (counted here)."""
         self.matches += 1
         spec = self.spec
+        if spec.limit is not None and self.hits >= spec.limit:
+            return False
         if spec.first is not None:
             return self.matches <= spec.first
         if spec.after is not None:

@@ -247,3 +247,13 @@ def test_a_table_holds_a_bounded_number_of_rules() -> None:
         faults.add(FaultSpec("drop"))
     with pytest.raises(ChangeError, match=f"{MAX_RULES} fault rules"):
         faults.add(FaultSpec("drop"))
+
+
+def test_a_limit_ends_the_hits() -> None:
+    faults = table(after=2, limit=1)
+    assert [hit(faults) for _ in range(5)] == [False, False, True, False, False]
+    sampled = table(probability=1.0, limit=2)
+    assert [hit(sampled) for _ in range(3)] == [True, True, False]
+    with pytest.raises(ChangeError) as err:
+        parse_fault({"action": "close", "limit": 0})
+    assert err.value.field == "limit"
