@@ -36,7 +36,7 @@ CLOSE = "nqn.2024-11.dev.pynvmf:faults-close"
 CRDT1 = 30
 # The host's I/O timeout for the timeout test (seconds), and how long the Write is held.
 IO_TIMEOUT_S = 3
-HELD_MS = 15_000
+HELD_MS = 60_000
 
 DEV_FOR = r"""#!/bin/sh
 nqn=$1
@@ -162,9 +162,9 @@ def test_a_write_held_past_the_io_timeout_is_sent_again_after_a_reset(
         _fio_verify(guest, dev)
         took = time.monotonic() - began
         assert _hits(served, rule) == 1
-        # The host waited for its timeout, not for the Write: the reset sent it again.
-        assert took < HELD_MS / 1000, took
         kernel = _new_kernel_lines(guest, since)
+        # The host waited for its timeout, not for the Write: the reset sent it again.
+        assert took < HELD_MS / 1000, (took, kernel)
         assert re.search(r"timeout", kernel, re.IGNORECASE), kernel
         assert re.search(r"reconnect", kernel, re.IGNORECASE), kernel
     finally:
