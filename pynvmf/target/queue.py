@@ -104,9 +104,11 @@ class TargetQueue:
         # The target's fault rules while it has any (Target.arm_faults), else None: the
         # one test the commands of a target without rules pay.
         self.faults: FaultTable | None = None
-        # Commands a delay rule holds, by CID, and the one whose delay just ended (it
-        # passes the rules once).
-        self._delayed: dict[int, asyncio.TimerHandle] = {}
+        # Commands a delay rule holds (with their timers) and those a drop rule dropped,
+        # by CID (at most SQSIZE: they are among the connection's commands in flight),
+        # and the one whose delay just ended (it passes the rules once).
+        self._delayed: dict[int, tuple[Request, asyncio.TimerHandle]] = {}
+        self._dropped: dict[int, Request] = {}
         self._released: Request | None = None
         conn.attach(self)
 
@@ -119,6 +121,26 @@ class TargetQueue:
     def commands_delayed(self) -> int:
         """Commands a fault rule's delay holds (faults.py)."""
         return len(self._delayed)
+
+    @property
+    def held_cids(self) -> list[int]:
+        """The CIDs of the commands fault rules hold: delayed, or dropped."""
+        return [*self._delayed, *self._dropped]
+
+    def abort_held(self, cid: int) -> bool:
+        """Abort (the admin command) of a command a fault rule holds: it completes now with
+        Command Abort Requested. False if no rule holds command `cid` here."""
+        held = self._delayed.pop(cid, None)
+        if held is not None:
+            req = held[0]
+            held[1].cancel()
+        else:
+            dropped = self._dropped.pop(cid, None)
+            if dropped is None:
+                return False
+            req = dropped
+        self.finish(req, Status.ABORT_REQUESTED)
+        return True
 
     def log_context(self) -> dict[str, object]:
         """What each log record about this queue's connection says of it (pynvmf/logs.py):
@@ -221,9 +243,8 @@ class TargetQueue:
         action = hit.action
         if action == "delay":
             _own_data(req)
-            self._delayed[sqe.cid] = asyncio.get_running_loop().call_later(
-                hit.delay_s, self._release, req
-            )
+            timer = asyncio.get_running_loop().call_later(hit.delay_s, self._release, req)
+            self._delayed[sqe.cid] = (req, timer)
         elif action == "status":
             status = rule.spec.status
             if rule.spec.crd and not ctrl.acre:
@@ -231,9 +252,10 @@ class TargetQueue:
                 status &= ~CRD_MASK
             self.finish(req, status)
         elif action == "drop":
-            # Never completed: the command keeps its place among the connection's commands
-            # in flight (at most SQSIZE) until the connection ends.
+            # Never completed (but by an Abort): the command keeps its place among the
+            # connection's commands in flight (at most SQSIZE) until the connection ends.
             req.data = None
+            self._dropped[sqe.cid] = req
         else:
             self.close(f"fault rule {rule.id}")
         return True
@@ -243,7 +265,8 @@ class TargetQueue:
         self._delayed.pop(req.sqe.cid, None)
         if self.conn.closing:
             return
-        self._released = req
+        # It passes the rules once, if there are still rules to pass.
+        self._released = req if self.faults is not None else None
         self.on_command(req)
 
     def require_auth(self, auth: ControllerAuth) -> None:
@@ -394,9 +417,10 @@ class TargetQueue:
 
     def connection_lost(self) -> None:
         self.fused.release()
-        for handle in self._delayed.values():
-            handle.cancel()
+        for _, timer in self._delayed.values():
+            timer.cancel()
         self._delayed.clear()
+        self._dropped.clear()
         for fut in self._waiters:
             if not fut.done():
                 fut.set_exception(TransferAborted("connection closed"))

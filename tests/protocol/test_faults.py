@@ -17,7 +17,7 @@ from pynvmf.host import Controller, NvmeConnectionError, NvmeStatusError, connec
 from pynvmf.metrics.endpoint import MetricsEndpoint
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS
 from pynvmf.spec.command import HOST_BEHAVIOR_SIZE
-from pynvmf.spec.opcodes import FeatureId
+from pynvmf.spec.opcodes import AdminOpcode, FeatureId
 from pynvmf.spec.status import CRD_MASK, CRD_SHIFT, DNR, Status
 from pynvmf.target.changes import ChangeError
 from pynvmf.target.faults import FaultSpec
@@ -300,3 +300,27 @@ async def test_hits_are_a_metric(target: Target) -> None:
     samples = samples_of(MetricsEndpoint(target).exposition().decode())
     assert value(samples, "pynvmf_fault_hits_total", rule=str(first.id)) is None
     assert value(samples, "pynvmf_fault_hits_total", rule="removed") == 3
+
+
+@pytest.mark.parametrize("action", ["drop", "delay"])
+async def test_an_abort_completes_a_held_command(target: Target, action: str) -> None:
+    ctrl = await host(target)
+    queue = io_queue(target)
+    extra = {"delay_ms": 60_000} if action == "delay" else {}
+    target.add_fault(FaultSpec(action, opcode="read", first=1, **extra))  # type: ignore[arg-type]
+    read = asyncio.ensure_future(ctrl.namespace(1).read(0, memoryview(bytearray(BLOCK))))
+    try:
+        while not queue.held_cids:  # the Read's capsule is on its way
+            await asyncio.sleep(0.01)
+        (cid,) = queue.held_cids
+        # Abort: SQID 1, the CID; DW0 bit 0 clear: aborted.
+        result = await ctrl.admin_command(AdminOpcode.ABORT, 0, 1 | cid << 16)
+        assert result & 1 == 0
+        with pytest.raises(NvmeStatusError) as err:
+            await read
+        assert err.value.status == Status.ABORT_REQUESTED
+        assert queue.held_cids == [] and queue.commands_in_flight == 0
+        # Another Abort of it finds nothing: "not aborted".
+        assert await ctrl.admin_command(AdminOpcode.ABORT, 0, 1 | cid << 16) & 1 == 1
+    finally:
+        await ctrl.close()

@@ -126,6 +126,10 @@ class RemoteQueue:
         if not self.closed:
             self.worker.channel_send(S.QUEUE_CLOSE, self.token, reason)
 
+    def abort_held(self, cid: int) -> bool:
+        """No fault rule holds a command of a worker's queue."""
+        return False
+
     def arm_faults(self, faults: FaultTable | None) -> None:
         """Fault rules act on the main process's queues only (MultiCoreTarget refuses
         them): nothing to arm on a worker's."""
