@@ -101,7 +101,7 @@ def add_target_command(sub: Any) -> None:
         "--faults",
         metavar="FILE",
         help="a fault scenario: a JSON list of fault rules, each added at_ms after the "
-        "start and removed for_ms after (docs/faults.md); serves every queue in one process",
+        "start and removed for_ms after (docs/faults.md)",
     )
     p.add_argument(
         "--latency-tracking",
@@ -213,7 +213,7 @@ def add_target_command(sub: Any) -> None:
         default=None,
         metavar="N",
         help="worker processes serving the I/O queues (default: the cores this process may "
-        "use, or 1 with --faults; 1: everything in one process)",
+        "use; 1: everything in one process)",
     )
     p.add_argument(
         "--busy-poll",
@@ -287,8 +287,6 @@ def check_options(args: argparse.Namespace) -> None:
             f"--max-connection-data {args.max_connection_data} is more than "
             f"--max-memory {args.max_memory}"
         )
-    if args.faults and args.cores is not None and args.cores > 1:
-        raise ConfigError("--faults: fault rules act on a single process's queues: --cores 1")
     if args.rpc_listen:
         try:  # refused before the target starts, not half-way
             parse_listen(args.rpc_listen)
@@ -347,9 +345,8 @@ def _announce(grpid: int, state: AnaState) -> None:
 
 async def _run_target(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
-    # Fault rules act on the queues of one process (docs/faults.md): --faults means one.
     target = make_target(
-        args.cores or (1 if args.faults else available_cores()),
+        args.cores or available_cores(),
         limits=ConnectionLimits(
             max_connections=args.max_connections,
             max_connections_per_address=args.max_connections_per_address,

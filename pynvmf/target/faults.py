@@ -302,6 +302,8 @@ class FaultRule:
     matches: int = 0
     hits: int = 0
     rng: random.Random = field(default_factory=random.Random)
+    # What take_counts reported of matches and hits so far.
+    taken: tuple[int, int] = (0, 0)
 
     @classmethod
     def of(cls, rule_id: int, spec: FaultSpec) -> FaultRule:
@@ -371,6 +373,8 @@ class FaultTable:
         self._next_id = 1
         # Hits of rules since removed, so that a total never goes down.
         self.removed_hits = 0
+        # Counts of rules removed before take_counts reported them.
+        self._untaken: dict[int, tuple[int, int]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.rules)
@@ -392,6 +396,9 @@ class FaultTable:
         if rule is None:
             raise ChangeError("id", f"no fault rule {rule_id}")
         self.removed_hits += rule.hits
+        matches, hits = rule.matches - rule.taken[0], rule.hits - rule.taken[1]
+        if matches or hits:
+            self._untaken[rule_id] = (matches, hits)
         return rule
 
     def judge(self, subnqn: str, hostnqn: str, qid: int, sqe: Sqe) -> Hit | None:
@@ -407,3 +414,47 @@ class FaultTable:
 
     def hits(self) -> dict[int, int]:
         return {rule_id: rule.hits for rule_id, rule in self.rules.items()}
+
+    def take_counts(self) -> dict[int, tuple[int, int]]:
+        """(matches, hits) of each rule since the last call: what a worker process
+        reports to the main one, whose table holds the totals (add_counts)."""
+        counts, self._untaken = self._untaken, {}
+        for rule in self.rules.values():
+            matches, hits = rule.matches - rule.taken[0], rule.hits - rule.taken[1]
+            if matches or hits:
+                counts[rule.id] = (matches, hits)
+                rule.taken = (rule.matches, rule.hits)
+        return counts
+
+    def add_counts(self, counts: dict[int, tuple[int, int]]) -> None:
+        """Another process's take_counts, added to the rules (those since removed: to
+        removed_hits). ValueError, adding nothing, for anything but counts."""
+        for rule_id, pair in counts.items():
+            if (
+                not isinstance(rule_id, int)
+                or not isinstance(pair, tuple)
+                or len(pair) != 2
+                or not all(isinstance(n, int) and n >= 0 for n in pair)
+            ):
+                raise ValueError(f"fault rule counts {rule_id!r}: {pair!r}")
+        for rule_id, (matches, hits) in counts.items():
+            rule = self.rules.get(rule_id)
+            if rule is None:
+                self.removed_hits += hits
+            else:
+                rule.matches += matches
+                rule.hits += hits
+
+    def follow(self, rules: list[tuple[int, FaultSpec]]) -> None:
+        """Become `rules` (id and rule, as another process's table has them), keeping
+        the counts and generator of each rule that stays."""
+        wanted = dict(rules)
+        for rule_id in [i for i, r in self.rules.items() if wanted.get(i) != r.spec]:
+            self.remove(rule_id)
+        for rule_id, spec in wanted.items():
+            if rule_id not in self.rules:
+                self.add(spec, rule_id)
+
+    def specs(self) -> list[tuple[int, FaultSpec]]:
+        """The rules as `follow` takes them."""
+        return [(rule_id, rule.spec) for rule_id, rule in self.rules.items()]

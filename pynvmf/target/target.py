@@ -372,7 +372,7 @@ class Target:
         self.check_fault(spec)
         rule = self.faults.add(spec)
         log.info("fault rule %d added: %s", rule.id, spec.as_dict())
-        self._arm_faults()
+        self.faults_changed()
         return rule
 
     def check_fault(self, spec: FaultSpec) -> None:
@@ -395,7 +395,7 @@ class Target:
     def remove_fault(self, rule_id: int) -> FaultRule:
         rule = self.faults.remove(rule_id)
         log.info("fault rule %d removed after %d hits", rule.id, rule.hits)
-        self._arm_faults()
+        self.faults_changed()
         return rule
 
     def schedule_faults(self, scenario: Iterable[ScheduledFault]) -> None:
@@ -448,8 +448,18 @@ class Target:
             raise ChangeError("crdt", "three values")
         self.crdt = (crdt[0], crdt[1], crdt[2])
 
+    def follow_faults(self, rules: list[tuple[int, FaultSpec]]) -> None:
+        """Take the rules another process decided (a worker its main process's: checked
+        there), as they are."""
+        self.faults.follow(rules)
+        self._arm_faults()
+
+    def faults_changed(self) -> None:
+        """The rules changed: every queue judges its commands by them from its next one,
+        wherever the queues are served (the workers: cores/workers.py)."""
+        self._arm_faults()
+
     def _arm_faults(self) -> None:
-        """Every queue judges its commands by the rules (or by none) from its next one."""
         for subsystem in self.subsystems.values():
             for ctrl in subsystem.controllers.values():
                 faults = self.faults_for(ctrl)

@@ -11,15 +11,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pynvmf.config.native import DEFAULT_NQN, ConfigError, build_target, config_of
 from pynvmf.host import NvmeStatusError, connect
+from pynvmf.rpc.client import RpcClient
 from pynvmf.spec.status import Status
 from pynvmf.target.changes import ChangeError
 from pynvmf.target.faults import ScheduledFault, parse_fault
-from pynvmf.target.target import Target
 from tests.support.target_process import TargetProcess
 
 NQN = "nqn.2024-01.io.pynvmf.test:scenarios"
@@ -163,21 +164,57 @@ def test_pynvmf_target_refuses_a_bad_scenario(tmp_path: Path) -> None:
     assert f"--faults {scenario}: faults[0].action:" in result.stderr
 
 
-def test_pynvmf_target_faults_needs_one_core(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "pynvmf", "target", "--cores", "2", "--faults", "x.json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+def test_pynvmf_target_faults_file_on_two_cores(tmp_path: Path) -> None:
+    """The I/O queues on worker processes follow the rules (added and removed), and the
+    hits they count come back to pynvmf_fault_list."""
+    scenario = tmp_path / "scenario.json"
+    scenario.write_text(json.dumps([{"action": "status", "opcode": "read", "sc": 6}]))
+    socket_path = str(tmp_path / "rpc.sock")
+    proc = TargetProcess(
+        None,
+        tmp_path,
+        [
+            *("--listen", "127.0.0.1:0", "--discovery-port", "0", "--cores", "2"),
+            *("--faults", str(scenario), "--rpc-socket", socket_path),
+        ],
     )
-    assert result.returncode == 2
-    assert "--faults: fault rules act on a single process's queues: --cores 1" in result.stderr
+    proc.start()
+
+    def rpc(method: str, **params: object) -> Any:
+        with RpcClient(socket_path) as client:
+            return client.call(method, params)
+
+    try:
+
+        async def reads(fail: bool) -> None:
+            async with await connect(proc.address, proc.port, DEFAULT_NQN, queues=2) as ctrl:
+                for _ in range(4):  # round robin over both I/O queues, on both workers
+                    if fail:
+                        with pytest.raises(NvmeStatusError) as err:
+                            await ctrl.namespace(1).read(0, memoryview(bytearray(512)))
+                        assert err.value.status == Status.INTERNAL_ERROR
+                    else:
+                        await ctrl.namespace(1).read(0, memoryview(bytearray(512)))
+
+        asyncio.run(reads(fail=True))
+        # Each worker reports its counts within half a second.
+        deadline = time.monotonic() + 30
+        while (listed := rpc("pynvmf_fault_list"))[0]["hits"] < 4:
+            assert time.monotonic() < deadline, listed
+            time.sleep(0.1)
+        assert listed[0]["hits"] == 4 and listed[0]["matches"] == 4
+        rpc("pynvmf_fault_remove", id=1)
+        asyncio.run(reads(fail=False))
+        rule = rpc("pynvmf_fault_add", action="status", opcode="read", sc=6, first=1)
+        asyncio.run(_one_failure(proc))
+        assert rule == 2
+    finally:
+        proc.stop(sig=signal.SIGINT)
 
 
-def test_multicore_targets_refuse_rules() -> None:
-    from pynvmf.target.cores.workers import MultiCoreTarget
-
-    with pytest.raises(ChangeError, match="--cores 1"):
-        MultiCoreTarget(2).check_fault(parse_fault({"action": "drop"}))
-    assert isinstance(Target().faults.rules, dict)
+async def _one_failure(proc: TargetProcess) -> None:
+    """A rule added while the target runs reaches the workers before the next Connect."""
+    async with await connect(proc.address, proc.port, DEFAULT_NQN, queues=1) as ctrl:
+        with pytest.raises(NvmeStatusError):
+            await ctrl.namespace(1).read(0, memoryview(bytearray(512)))
+        await ctrl.namespace(1).read(0, memoryview(bytearray(512)))

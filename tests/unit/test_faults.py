@@ -257,3 +257,31 @@ def test_a_limit_ends_the_hits() -> None:
     with pytest.raises(ChangeError) as err:
         parse_fault({"action": "close", "limit": 0})
     assert err.value.field == "limit"
+
+
+def test_a_worker_follows_the_rules_and_reports_its_counts() -> None:
+    main = FaultTable()
+    main.add(parse_fault({"action": "drop", "opcode": "read"}))
+    main.add(parse_fault({"action": "close", "opcode": "flush"}))
+    worker = FaultTable()
+    worker.follow(main.specs())
+    assert worker.specs() == main.specs()
+    hit(worker)
+    hit(worker)
+    hit(worker, sqe(IoOpcode.WRITE))  # selected by neither
+    assert worker.take_counts() == {1: (2, 2)}
+    assert worker.take_counts() == {}
+    main.add_counts({1: (2, 2)})
+    assert (main.rules[1].matches, main.rules[1].hits) == (2, 2)
+    # Rule 1 goes: the worker's counts of it since its last report still come back.
+    hit(worker)
+    main.remove(1)
+    worker.follow(main.specs())
+    assert list(worker.rules) == [2]
+    main.add_counts(worker.take_counts())
+    assert main.removed_hits == 3
+    with pytest.raises(ValueError):
+        main.add_counts({2: (-1, 0)})
+    with pytest.raises(ValueError):
+        main.add_counts({2: "many"})  # type: ignore[dict-item]
+    assert main.rules[2].hits == 0

@@ -108,6 +108,8 @@ class Worker:
         self.target: Target | None = None
         # Whether to time commands (LATENCY_TRACKING), also before the target exists.
         self.latency_tracking = False
+        # The fault rules (FAULTS), also before the target exists.
+        self.fault_rules: list[tuple[int, Any]] = []
         self.channel: Channel | None = None
         self.done = asyncio.Event()
         self.protocols: dict[int, WorkerProtocol] = {}
@@ -184,6 +186,11 @@ class Worker:
             if self.target is not None:
                 self.target.set_latency_tracking(self.latency_tracking)
             return None
+        if kind == S.FAULTS:
+            self.fault_rules = args[0]
+            if self.target is not None:
+                self.target.follow_faults(self.fault_rules)
+            return None
         log.error("worker: unknown message %r", kind)
         return None
 
@@ -203,6 +210,7 @@ class Worker:
             busy_poll_us=init.busy_poll_us,
         )
         self.target.set_latency_tracking(self.latency_tracking)
+        self.target.follow_faults(self.fault_rules)
         await self.target.start()  # no ports: only the sweep of unfinished input
         self._schedule_report()
         return os.getpid()
@@ -474,9 +482,12 @@ class Worker:
         in_flight = {} if self.target is None else self.target.commands_in_flight()
         moved = in_flight != self._reported_in_flight
         self._reported_in_flight = in_flight
-        busy = traffic or errors or stats or commands or fresh != _NOTHING or moved
+        faults = {} if self.target is None else self.target.faults.take_counts()
+        busy = traffic or errors or stats or commands or fresh != _NOTHING or moved or faults
         if busy and self.channel is not None:
-            self.channel.send(S.ACTIVITY, traffic, errors, stats, fresh, commands, in_flight)
+            self.channel.send(
+                S.ACTIVITY, traffic, errors, stats, fresh, commands, in_flight, faults
+            )
         if not self.done.is_set():
             self._schedule_report()
 

@@ -127,12 +127,11 @@ class RemoteQueue:
             self.worker.channel_send(S.QUEUE_CLOSE, self.token, reason)
 
     def abort_held(self, cid: int) -> bool:
-        """No fault rule holds a command of a worker's queue."""
+        """A command a rule holds on a worker's queue stays held ("not aborted")."""
         return False
 
     def arm_faults(self, faults: FaultTable | None) -> None:
-        """Fault rules act on the main process's queues only (MultiCoreTarget refuses
-        them): nothing to arm on a worker's."""
+        """Its worker judges its commands by its own copy of the rules (FAULTS)."""
 
 
 class WorkerState(Enum):
@@ -250,6 +249,8 @@ class WorkerPool:
         ready = worker.request(S.INIT, init, fds=[os.dup(self.ana_table.fileno())])
         if self.target.command_counts.tracking:
             worker.channel_send(S.LATENCY_TRACKING, True)
+        if self.target.faults:
+            worker.channel_send(S.FAULTS, self.target.faults.specs())
         # Everything the worker must know before its first queue: every namespace.
         waits = [ready]
         for subsystem in list(self.target.subsystems.values()):
@@ -494,7 +495,12 @@ class WorkerPool:
         transport: S.TransportCounts,
         commands: Report,
         in_flight: dict[str, int],
+        faults: dict[int, tuple[int, int]],
     ) -> None:
+        try:
+            self.target.faults.add_counts(faults)
+        except (ValueError, AttributeError) as exc:
+            log.error("fault rule counts from a worker refused: %s", exc)
         if isinstance(in_flight, dict) and all(
             isinstance(k, str) and isinstance(n, int) and n >= 0 for k, n in in_flight.items()
         ):
@@ -621,6 +627,10 @@ class WorkerPool:
             return
         await wait_all([w.request(S.NAMESPACE_RESIZED, nqn, ns.nsid) for w in self._live()])
 
+    def faults_changed(self, rules: list[tuple[int, FaultSpec]]) -> None:
+        for worker in self._live():
+            worker.channel_send(S.FAULTS, rules)
+
     def latency_tracking(self, enable: bool) -> None:
         """Every worker times its commands from now on, or stops."""
         for worker in self._live():
@@ -746,12 +756,9 @@ class MultiCoreTarget(Target):
         super().set_latency_tracking(enable)
         self.workers.latency_tracking(enable)
 
-    def check_fault(self, spec: FaultSpec) -> None:
-        raise ChangeError(
-            "action",
-            "fault rules act on the queues of a single-process target only: "
-            "run `pynvmf target --cores 1` to inject faults",
-        )
+    def faults_changed(self) -> None:
+        super().faults_changed()
+        self.workers.faults_changed(self.faults.specs())
 
     async def start(self) -> None:
         for subsystem in self.subsystems.values():
