@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from pynvmf.rpc.client import RpcClient
+from tests.interop.test_linux_host import DEV_FOR
 from tests.support.guest import LINUX_6_1, LINUX_6_12, LINUX_7, Guest, PeerSet
 from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
@@ -38,24 +39,6 @@ CRDT1 = 30
 IO_TIMEOUT_S = 3
 HELD_MS = 60_000
 
-DEV_FOR = r"""#!/bin/sh
-nqn=$1
-i=0
-while [ $i -lt 200 ]; do
-  for c in /sys/class/nvme/nvme*; do
-    [ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$nqn" ] || continue
-    for n in $(ls "$c"); do
-      case "$n" in
-        nvme*n1) disk=$(echo "$n" | sed -E 's/c[0-9]+n/n/')
-          [ -b "/dev/$disk" ] && { echo "/dev/$disk"; exit 0; } ;;
-      esac
-    done
-  done
-  i=$((i + 1)); sleep 0.05
-done
-echo "no block device for $nqn" >&2
-exit 1
-"""
 
 
 @dataclass
