@@ -40,7 +40,6 @@ IO_TIMEOUT_S = 3
 HELD_MS = 60_000
 
 
-
 @dataclass
 class Served:
     process: TargetProcess
