@@ -46,7 +46,9 @@ from pynvmf.target.budget import (
     ConnectionLimits,
     raise_open_file_limit,
 )
+from pynvmf.target.changes import ChangeError
 from pynvmf.target.cores.workers import available_cores, make_target
+from pynvmf.target.faults import parse_scenario
 from pynvmf.target.target import Target
 
 log = logging.getLogger("pynvmf")
@@ -96,6 +98,12 @@ def add_target_command(sub: Any) -> None:
         metavar="ADDR:PORT",
         help="serve Prometheus metrics at http://ADDR:PORT/metrics (docs/metrics.md; "
         "overrides the configuration file's metrics.listen)",
+    )
+    p.add_argument(
+        "--faults",
+        metavar="FILE",
+        help="a fault scenario: a JSON list of fault rules, each added at_ms after the "
+        "start and removed for_ms after (docs/faults.md)",
     )
     p.add_argument(
         "--latency-tracking",
@@ -371,6 +379,8 @@ async def _run_target(args: argparse.Namespace) -> int:
             gateway.setup()
             await gateway.start()
         await target.start()
+        if args.faults:
+            _schedule_faults(target, args.faults)
         if gateway is not None and gateway.shared is not None:
             gateway.shared.local_changed()  # its listeners have their port numbers now
         if args.rpc_socket or args.rpc_listen:
@@ -400,6 +410,13 @@ async def _run_target(args: argparse.Namespace) -> int:
             await gateway.stop()  # its groups given up cleanly: no one fences it
         await target.stop()
     return 0
+
+
+def _schedule_faults(target: Target, path: str) -> None:
+    try:
+        target.schedule_faults(parse_scenario(_read_json(path)))
+    except ChangeError as exc:
+        raise ConfigError(f"--faults {path}: {exc}") from None
 
 
 def _why(exc: OSError) -> str:

@@ -29,6 +29,7 @@ from pynvmf.target import ana, qos
 from pynvmf.target import devices as D
 from pynvmf.target.changes import ChangeError
 from pynvmf.target.devices import NamedDevice
+from pynvmf.target.faults import parse_scenario
 from pynvmf.target.port import Port, endpoint
 from pynvmf.target.referrals import Referral
 from pynvmf.target.subsystem import CNTLID_MAX, CNTLID_MIN, DEFAULT_VERSION, Subsystem
@@ -53,6 +54,8 @@ _TOP_KEYS = {
     "gateway",
     "metrics",
     "referrals",
+    "faults",
+    "crdt",
 }
 _METRICS_KEYS = {"listen"}
 _KEY_KEYS = {"name", "path"}
@@ -443,6 +446,13 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
                 r.get("secure_channel", bool, False),
             )
             _change(where, lambda referral=referral: target.add_referral(referral))
+        # Fault rules (docs/faults.md) once what they select exists; the retry delay
+        # times their CRD names before them.
+        if "crdt" in config:
+            crdt = top.get("crdt", list)
+            _change("config", lambda: target.set_crdt(tuple(crdt)))  # type: ignore[arg-type]
+        if "faults" in config:
+            _change("config", lambda: target.schedule_faults(parse_scenario(config["faults"])))
     except (KeyError, TypeError) as exc:
         raise ConfigError(f"invalid configuration: {exc!r}") from exc
 
@@ -800,6 +810,11 @@ def config_of(target: Target, *, metrics_listen: tuple[str, int] | None = None) 
     if devices:
         config["devices"] = devices
     config["subsystems"] = [subsystem_spec_of(target, s) for s in target.subsystems.values()]
+    if any(target.crdt):
+        config["crdt"] = list(target.crdt)
+    if target.faults:
+        # The rules in force now (a scenario's timing is not the target's to keep).
+        config["faults"] = [rule.spec.as_dict() for rule in target.faults.rules.values()]
     ports = []
     for port in target.ports:
         if port.discovery_only:

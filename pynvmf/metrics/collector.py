@@ -442,6 +442,21 @@ def _copies(s: Scrape) -> Iterator[Metric]:
     yield copies
 
 
+def _faults(s: Scrape) -> Iterator[Metric]:
+    faults = s.target.faults
+    hits = CounterMetricFamily(
+        "pynvmf_fault_hits",
+        "Commands each fault rule in force acted on (docs/faults.md), by rule id; "
+        'rule="removed": those of rules since removed',
+        labels=["rule"],
+    )
+    for rule_id, n in sorted(faults.hits().items()):
+        hits.add_metric([str(rule_id)], n)
+    if faults.removed_hits:
+        hits.add_metric(["removed"], faults.removed_hits)
+    yield hits
+
+
 Source = Callable[[Scrape], Iterable[Metric]]
 
 SOURCES: tuple[Source, ...] = (
@@ -457,6 +472,7 @@ SOURCES: tuple[Source, ...] = (
     _auth,
     _transport,
     _budgets,
+    _faults,
 )
 
 

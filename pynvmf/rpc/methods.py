@@ -119,6 +119,12 @@ class Params:
                 raise RpcError(INVALID_PARAMS, f"{self.name(key)}.{k}: {v!r} is not a string")
         return {str(k): v for k, v in value.items()}
 
+    def value(self, key: str) -> Any:
+        """A parameter of any JSON type, for a caller that checks it itself (None when
+        absent)."""
+        value = self._get(key, False)
+        return None if value is _MISSING else value
+
     def nested(self, key: str, *, required: bool = True) -> Params | None:
         value = self._get(key, required)
         if value is _MISSING:

@@ -31,6 +31,10 @@
   latency and stage histograms (docs/metrics.md, "Per-host statistics").
 - pynvmf_set_latency_tracking {enable}: time commands (latency histograms) or stop;
   off unless asked (this or `pynvmf target --latency-tracking`): it costs the hot path.
+- pynvmf_fault_add {action, selector and trigger fields...}: a fault rule (docs/faults.md)
+  acting from the next command it selects; returns its id. pynvmf_fault_remove {id}.
+  pynvmf_fault_list {}: the rules in force, each with its id, the rule as given, the
+  commands it selected (matches) and those it acted on (hits).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from pynvmf.metrics.host_stats import host_stats
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane, MethodTable, Params, change_error
 from pynvmf.target.changes import ChangeError
+from pynvmf.target.faults import FAULT_FIELDS, parse_fault
 from pynvmf.target.port import Port
 from pynvmf.tcp.target import TransportConfig
 
@@ -266,3 +271,31 @@ async def pynvmf_set_latency_tracking(cp: ControlPlane, p: Params) -> bool:
     p.done()
     cp.target.set_latency_tracking(enable)
     return True
+
+
+@method("pynvmf_fault_add")
+async def pynvmf_fault_add(cp: ControlPlane, p: Params) -> int:
+    given = {name: p.value(name) for name in FAULT_FIELDS}
+    p.done()
+    try:
+        rule = cp.target.add_fault(parse_fault({k: v for k, v in given.items() if v is not None}))
+    except ChangeError as exc:
+        raise change_error(exc, {}) from exc
+    return rule.id
+
+
+@method("pynvmf_fault_remove")
+async def pynvmf_fault_remove(cp: ControlPlane, p: Params) -> bool:
+    rule_id = p.integer("id", high=0xFFFFFFFF)
+    p.done()
+    try:
+        cp.target.remove_fault(rule_id)
+    except ChangeError as exc:
+        raise change_error(exc, {}) from exc
+    return True
+
+
+@method("pynvmf_fault_list")
+async def pynvmf_fault_list(cp: ControlPlane, p: Params) -> list[dict[str, Any]]:
+    p.done()
+    return [rule.listing() for rule in cp.target.faults.rules.values()]

@@ -370,9 +370,15 @@ def pack_copy_ranges(ranges: list[CopyRange], desfmt: int) -> bytes:
 HOST_BEHAVIOR_SIZE = 512
 _HBS_CDFE = struct.Struct("<H")
 _HBS_CDFE_OFFSET = 4
+_HBS_ACRE_OFFSET = 0
 # The Copy descriptor formats a host must enable in CDFE before it may use them (TP 4130:
 # the ones with a source NSID per range).
 COPY_CDFE_FORMATS = 1 << 2 | 1 << 3
+
+
+def host_behavior_acre(data: bytes | bytearray | memoryview) -> bool:
+    """ACRE of a Host Behavior Support structure: the host honours Command Retry Delay."""
+    return bool(data[_HBS_ACRE_OFFSET] & 1)
 
 
 def host_behavior_cdfe(data: bytes | bytearray | memoryview) -> int:

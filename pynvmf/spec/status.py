@@ -10,6 +10,9 @@ from typing import Final
 
 DNR: Final = 0x4000
 MORE: Final = 0x2000
+# Command Retry Delay: which of the controller's CRDT1-3 the host waits before a retry.
+CRD_SHIFT: Final = 11
+CRD_MASK: Final = 0x3 << CRD_SHIFT
 
 
 class Status(IntEnum):

@@ -111,7 +111,12 @@ async def _async_event_request(
 
 
 async def _abort(ctrl: Controller, queue: TargetQueue, req: Request) -> Outcome:
-    # Commands complete as soon as they can; report "not aborted" (DW0 bit 0).
+    # Commands complete as soon as they can, but for those a fault rule holds (delayed or
+    # dropped, faults.py): those are aborted; anything else "not aborted" (DW0 bit 0).
+    sqid, cid = req.sqe.cdw10 & 0xFFFF, req.sqe.cdw10 >> 16
+    target = ctrl.queues.get(sqid)
+    if target is not None and target.abort_held(cid):
+        return Status.SUCCESS, 0, None
     return Status.SUCCESS, 1, None
 
 
@@ -280,6 +285,7 @@ def identify_controller(ctrl: Controller, queue: TargetQueue) -> I.IdentifyContr
             oaes=_AEN_SUPPORTED_DISCOVERY,
             **common,
         )
+    crdt = ctrl.target.crdt
     return I.IdentifyController(
         cntrltype=I.CtrlType.IO,
         rab=6,
@@ -315,6 +321,10 @@ def identify_controller(ctrl: Controller, queue: TargetQueue) -> I.IdentifyContr
         acwu=ACWU,
         ocfs=OCFS,
         vwc=I.Vwc.PRESENT | I.Vwc.FLUSH_BROADCAST_SUPPORTED,
+        # Command Retry Delay Times, 0 unless a fault rule's status asks for CRD.
+        crdt1=crdt[0],
+        crdt2=crdt[1],
+        crdt3=crdt[2],
         **common,
     )
 

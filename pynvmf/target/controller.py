@@ -128,6 +128,11 @@ class Controller:
         """Copy descriptor formats the host enabled in Host Behavior Support (CDFE)."""
         return C.host_behavior_cdfe(self.host_behavior)
 
+    @property
+    def acre(self) -> bool:
+        """Whether the host enabled Command Retry Delay (Host Behavior Support ACRE)."""
+        return C.host_behavior_acre(self.host_behavior)
+
     # -- keep alive -------------------------------------------------------------------
 
     @property

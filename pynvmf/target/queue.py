@@ -13,10 +13,11 @@ from pynvmf.aio import start_eager
 from pynvmf.logs import about
 from pynvmf.spec.command import CSTS_RDY, FUSE_MASK
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType
-from pynvmf.spec.status import DNR, Status
+from pynvmf.spec.status import CRD_MASK, DNR, Status
 from pynvmf.target import admin, compare, fabrics
 from pynvmf.target import auth as auth_commands
 from pynvmf.target.budget import DataBudget
+from pynvmf.target.faults import FaultTable, opcode_name
 from pynvmf.target.fused import FusedPairing
 from pynvmf.target.io import IoHandler
 from pynvmf.target.port import endpoint
@@ -100,12 +101,46 @@ class TargetQueue:
         self.auth: ControllerAuth | None = None
         self.auth_deadline = 0.0
         self._io_after_auth: IoHandler | None = None
+        # The target's fault rules while it has any (Target.arm_faults), else None: the
+        # one test the commands of a target without rules pay.
+        self.faults: FaultTable | None = None
+        # Commands a delay rule holds (with their timers) and those a drop rule dropped,
+        # by CID (at most SQSIZE: they are among the connection's commands in flight),
+        # and the one whose delay just ended (it passes the rules once).
+        self._delayed: dict[int, tuple[Request, asyncio.TimerHandle]] = {}
+        self._dropped: dict[int, Request] = {}
+        self._released: Request | None = None
         conn.attach(self)
 
     @property
     def commands_in_flight(self) -> int:
         """Commands received on this queue and not completed yet."""
         return self.conn.commands_in_flight
+
+    @property
+    def commands_delayed(self) -> int:
+        """Commands a fault rule's delay holds (faults.py)."""
+        return len(self._delayed)
+
+    @property
+    def held_cids(self) -> list[int]:
+        """The CIDs of the commands fault rules hold: delayed, or dropped."""
+        return [*self._delayed, *self._dropped]
+
+    def abort_held(self, cid: int) -> bool:
+        """Abort (the admin command) of a command a fault rule holds: it completes now with
+        Command Abort Requested. False if no rule holds command `cid` here."""
+        held = self._delayed.pop(cid, None)
+        if held is not None:
+            req = held[0]
+            held[1].cancel()
+        else:
+            dropped = self._dropped.pop(cid, None)
+            if dropped is None:
+                return False
+            req = dropped
+        self.finish(req, Status.ABORT_REQUESTED)
+        return True
 
     def log_context(self) -> dict[str, object]:
         """What each log record about this queue's connection says of it (pynvmf/logs.py):
@@ -132,6 +167,9 @@ class TargetQueue:
         self.subnqn = subnqn
 
     def on_command(self, req: Request) -> None:
+        faults = self.faults
+        if faults is not None and self._faulted(faults, req):
+            return
         ctrl = self.controller
         opcode = req.sqe.opcode
         io = self.io
@@ -181,6 +219,62 @@ class TargetQueue:
         io = self.io
         if io is not None:
             io.sent(reqs, now)
+
+    def arm_faults(self, faults: FaultTable | None) -> None:
+        """Judge this queue's commands by `faults` from now on (None: by nothing)."""
+        self.faults = faults
+
+    def _faulted(self, faults: FaultTable, req: Request) -> bool:
+        """Whether a fault rule took `req` (delayed, completed, dropped, or its
+        connection closed); False to run it as usual."""
+        if req is self._released:
+            self._released = None
+            return False
+        ctrl = self.controller
+        if ctrl is None:
+            return False  # Connect, before any rule can say whom it selects
+        sqe = req.sqe
+        hit = faults.judge(self.subnqn, self.hostnqn, self.qid, sqe)
+        if hit is None:
+            return False
+        rule = hit.rule
+        about(log, self).info(
+            "fault rule %d: %s qid %d cid %d opcode %s nsid %d",
+            rule.id,
+            hit.action,
+            self.qid,
+            sqe.cid,
+            opcode_name(self.qid, sqe.opcode),
+            sqe.nsid,
+        )
+        action = hit.action
+        if action == "delay":
+            _own_data(req)
+            timer = asyncio.get_running_loop().call_later(hit.delay_s, self._release, req)
+            self._delayed[sqe.cid] = (req, timer)
+        elif action == "status":
+            status = rule.spec.status
+            if rule.spec.crd and not ctrl.acre:
+                # CRD is for hosts that enabled it (Host Behavior Support ACRE); 0 otherwise.
+                status &= ~CRD_MASK
+            self.finish(req, status)
+        elif action == "drop":
+            # Never completed (but by an Abort): the command keeps its place among the
+            # connection's commands in flight (at most SQSIZE) until the connection ends.
+            req.data = None
+            self._dropped[sqe.cid] = req
+        else:
+            self.close(f"fault rule {rule.id}")
+        return True
+
+    def _release(self, req: Request) -> None:
+        """A delayed command's time came: it runs as if it had just arrived."""
+        self._delayed.pop(req.sqe.cid, None)
+        if self.conn.closing:
+            return
+        # It passes the rules once, if there are still rules to pass.
+        self._released = req if self.faults is not None else None
+        self.on_command(req)
 
     def require_auth(self, auth: ControllerAuth) -> None:
         """The host must authenticate this queue before it is of any use."""
@@ -233,6 +327,7 @@ class TargetQueue:
         # On an I/O queue, every path from on_command copies what it keeps (_own_data,
         # IoHandler.submit), so the transport may lend it its receive buffer.
         self.conn.bind_queue(QueueParams(qid, sq_size, sqhd_disabled, borrow_capsule_data=qid > 0))
+        self.faults = self.target.faults_for(ctrl)
         counters = self.target.counters
         if qid:
             if self.auth is not None and not self.auth.authenticated:
@@ -329,6 +424,10 @@ class TargetQueue:
 
     def connection_lost(self) -> None:
         self.fused.release()
+        for _, timer in self._delayed.values():
+            timer.cancel()
+        self._delayed.clear()
+        self._dropped.clear()
         for fut in self._waiters:
             if not fut.done():
                 fut.set_exception(TransferAborted("connection closed"))

@@ -62,6 +62,7 @@ from pynvmf.target.command_counts import CommandCounts
 from pynvmf.target.device_io import DeviceIo, DeviceIoLedger
 from pynvmf.target.devices import NamedDevice, close_device
 from pynvmf.target.drain import commands_waiting, commands_waiting_on, drain
+from pynvmf.target.faults import CRD_MAX, FaultRule, FaultSpec, FaultTable, ScheduledFault
 from pynvmf.target.generated_psks import GeneratedPsks
 from pynvmf.target.keyring import KeyringEntry, parse_key, psk_lookup, read_key_file
 from pynvmf.target.notifications import (
@@ -202,6 +203,11 @@ class Target:
         self.busy_poll_us = busy_poll_us
         self.poller = BusyPoller(busy_poll_us / 1e6) if busy_poll_us else None
         self._sweeper: asyncio.TimerHandle | None = None
+        # Fault rules (faults.py) and the timers of a scenario's rules still to come or go.
+        self.faults = FaultTable()
+        self._fault_timers: set[asyncio.TimerHandle] = set()
+        # Command Retry Delay Times 1-3 (Identify Controller CRDT1-3), in 100 ms units.
+        self.crdt: tuple[int, int, int] = (0, 0, 0)
         # Told the NQN of every subsystem whose configuration changed (see _changed).
         self._change_listeners: list[ChangeListener] = []
         # Per block device that hears of outside growth (GrowsOutside): its listener, and
@@ -272,6 +278,9 @@ class Target:
             self._sweeper.cancel()
         for task in list(self._rescans):
             task.cancel()
+        for timer in self._fault_timers:
+            timer.cancel()
+        self._fault_timers.clear()
         servers = [port.server for port in self.ports if port.server is not None]
         for server in servers:
             server.close()
@@ -373,6 +382,114 @@ class Target:
         """Log as `levels` says from now on, in this process and wherever I/O queues are
         served (the worker processes): once it returns, every process does."""
         set_log_levels(levels)
+
+    # -- fault rules (faults.py, docs/faults.md) ---------------------------------------------
+
+    def faults_for(self, ctrl: Controller) -> FaultTable | None:
+        """What a queue of `ctrl` judges its commands by: the rules while there are any."""
+        if not self.faults or ctrl.is_discovery:
+            return None
+        return self.faults
+
+    def add_fault(self, spec: FaultSpec) -> FaultRule:
+        """Add a rule, acting from the next command it selects (check_fault says what it
+        may be refused for)."""
+        self.check_fault(spec)
+        rule = self.faults.add(spec)
+        log.info("fault rule %d added: %s", rule.id, spec.as_dict())
+        self.faults_changed()
+        return rule
+
+    def check_fault(self, spec: FaultSpec) -> None:
+        """ChangeError naming the field if `spec` is malformed, selects a subsystem or
+        namespace that does not exist, or asks for a Command Retry Delay whose CRDT is 0."""
+        spec.check()
+        if spec.subsystem is not None:
+            subsystem = self._subsystem(spec.subsystem, "subsystem")
+            if spec.nsid is not None and spec.nsid not in subsystem.namespaces:
+                raise ChangeError("nsid", f"{spec.subsystem} has no namespace {spec.nsid}")
+        elif spec.nsid is not None and not any(
+            spec.nsid in s.namespaces for s in self.subsystems.values()
+        ):
+            raise ChangeError("nsid", f"no subsystem has namespace {spec.nsid}")
+        if spec.action == "status" and spec.crd and not self.crdt[spec.crd - 1]:
+            raise ChangeError(
+                "crd", f"CRDT{spec.crd} is 0: set the retry delay times first (set_crdt)"
+            )
+
+    def remove_fault(self, rule_id: int) -> FaultRule:
+        rule = self.faults.remove(rule_id)
+        log.info("fault rule %d removed after %d hits", rule.id, rule.hits)
+        self.faults_changed()
+        return rule
+
+    def schedule_faults(self, scenario: Iterable[ScheduledFault]) -> None:
+        """Add each rule of a scenario `at_ms` from now (those at 0 at once), and remove it
+        `for_ms` after. Every rule is checked first: a scenario with one the target
+        refuses adds none (ChangeError naming the entry and field)."""
+        entries = list(scenario)
+        for i, entry in enumerate(entries):
+            try:
+                self.check_fault(entry.spec)
+            except ChangeError as exc:
+                raise ChangeError(f"faults[{i}].{exc.field}", exc.reason) from None
+        loop = asyncio.get_running_loop()
+        for entry in entries:
+            if entry.at_ms:
+                self._fault_timer(loop, entry.at_ms, self._scenario_rule, loop, entry)
+            else:
+                self._scenario_rule(loop, entry)
+
+    def _fault_timer(
+        self, loop: asyncio.AbstractEventLoop, ms: float, call: Callable[..., None], *args: object
+    ) -> None:
+        def run() -> None:
+            self._fault_timers.discard(handle)
+            call(*args)
+
+        handle = loop.call_later(ms / 1000.0, run)
+        self._fault_timers.add(handle)
+
+    def _scenario_rule(self, loop: asyncio.AbstractEventLoop, entry: ScheduledFault) -> None:
+        try:
+            rule = self.add_fault(entry.spec)
+        except ChangeError as exc:
+            log.error("scenario: fault rule not added: %s", exc)
+            return
+        if entry.for_ms is not None:
+            self._fault_timer(loop, entry.for_ms, self._scenario_rule_ends, rule.id)
+
+    def _scenario_rule_ends(self, rule_id: int) -> None:
+        if rule_id in self.faults.rules:
+            self.remove_fault(rule_id)
+
+    def set_crdt(self, crdt: tuple[int, int, int]) -> None:
+        """The Command Retry Delay Times (100 ms units) Identify Controller reports: a host
+        reads them when it connects (the Linux host enables ACRE only if CRDT1 is set)."""
+        for i, value in enumerate(crdt):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0xFFFF:
+                raise ChangeError(f"crdt{i + 1}", f"{value!r} is not in 0..65535")
+        if len(crdt) != CRD_MAX:
+            raise ChangeError("crdt", "three values")
+        self.crdt = (crdt[0], crdt[1], crdt[2])
+
+    def follow_faults(self, rules: list[tuple[int, FaultSpec]]) -> None:
+        """Take the rules another process decided (a worker its main process's: checked
+        there), as they are."""
+        self.faults.follow(rules)
+        self._arm_faults()
+
+    def faults_changed(self) -> None:
+        """The rules changed: every queue judges its commands by them from its next one,
+        wherever the queues are served (the workers: cores/workers.py)."""
+        self._arm_faults()
+
+    def _arm_faults(self) -> None:
+        for subsystem in self.subsystems.values():
+            for ctrl in subsystem.controllers.values():
+                faults = self.faults_for(ctrl)
+                for queue in ctrl.queues.values():
+                    queue.arm_faults(faults)
 
     def set_transport(self, config: TransportConfig) -> None:
         """The transport options of the listeners add_listener opens from now on."""

@@ -141,9 +141,11 @@ async def nvmf_set_max_subsystems(cp: ControlPlane, p: Params) -> bool:
 
 @method("nvmf_set_crdt")
 async def nvmf_set_crdt(cp: ControlPlane, p: Params) -> bool:
-    for key in ("crdt1", "crdt2", "crdt3"):
-        p.refuse_unless(key, (0,), "pynvmf asks for no command retry delays")
+    # The Command Retry Delay Times Identify Controller reports (100 ms units): what a
+    # fault rule's CRD names (docs/faults.md).
+    crdt = tuple(p.integer(f"crdt{i}", cp.target.crdt[i - 1], high=0xFFFF) for i in (1, 2, 3))
     p.done()
+    cp.target.set_crdt((crdt[0], crdt[1], crdt[2]))
     return True
 
 

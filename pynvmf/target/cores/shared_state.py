@@ -40,10 +40,13 @@ QOS = "qos"
 EXIT = "exit"  # ()
 LATENCY_TRACKING = "latency_tracking"  # (enable): time commands (command_counts.py) or stop
 LOG_LEVELS = "log_levels"  # (pynvmf.logs.LogLevels): log as they say; request
+# ([(rule id, FaultSpec)]): the fault rules in force (faults.py), replacing the last
+FAULTS = "faults"
 # Worker -> main process.
 QUEUE_CLOSED = "queue_closed"  # (queue token)
 # (controller tokens with traffic, {token: [ErrorLogEntry]}, {nqn: stats}, TransportCounts,
-#  command_counts.Report, {nqn: I/O commands in flight})
+#  command_counts.Report, {nqn: I/O commands in flight},
+#  {fault rule id: (matches, hits)})
 ACTIVITY = "activity"
 FORWARD = "forward"  # (controller token, sqe bytes, data or None): request -> its Outcome
 

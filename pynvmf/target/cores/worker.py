@@ -111,6 +111,8 @@ class Worker:
         self.latency_tracking = False
         # The newest LOG_LEVELS, kept for _init if they came before it configured logging.
         self.log_levels: LogLevels | None = None
+        # The fault rules (FAULTS), also before the target exists.
+        self.fault_rules: list[tuple[int, Any]] = []
         self.channel: Channel | None = None
         self.done = asyncio.Event()
         self.protocols: dict[int, WorkerProtocol] = {}
@@ -198,6 +200,11 @@ class Worker:
             if self.index >= 0:  # logging configured (_init set the index with it)
                 set_log_levels(args[0])
             return None
+        if kind == S.FAULTS:
+            self.fault_rules = args[0]
+            if self.target is not None:
+                self.target.follow_faults(self.fault_rules)
+            return None
         log.error("worker: unknown message %r", kind)
         return None
 
@@ -218,6 +225,7 @@ class Worker:
             busy_poll_us=init.busy_poll_us,
         )
         self.target.set_latency_tracking(self.latency_tracking)
+        self.target.follow_faults(self.fault_rules)
         await self.target.start()  # no ports: only the sweep of unfinished input
         self._schedule_report()
         return os.getpid()
@@ -513,9 +521,12 @@ class Worker:
         in_flight = {} if self.target is None else self.target.commands_in_flight()
         moved = in_flight != self._reported_in_flight
         self._reported_in_flight = in_flight
-        busy = traffic or errors or stats or commands or fresh != _NOTHING or moved
+        faults = {} if self.target is None else self.target.faults.take_counts()
+        busy = traffic or errors or stats or commands or fresh != _NOTHING or moved or faults
         if busy and self.channel is not None:
-            self.channel.send(S.ACTIVITY, traffic, errors, stats, fresh, commands, in_flight)
+            self.channel.send(
+                S.ACTIVITY, traffic, errors, stats, fresh, commands, in_flight, faults
+            )
         if not self.done.is_set():
             self._schedule_report()
 

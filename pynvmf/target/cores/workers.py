@@ -68,6 +68,7 @@ if TYPE_CHECKING:
     from pynvmf.block.memory import MemoryDevice
     from pynvmf.target.controller import Controller
     from pynvmf.target.devices import NamedDevice
+    from pynvmf.target.faults import FaultSpec, FaultTable
     from pynvmf.target.queue import TargetQueue
     from pynvmf.target.subsystem import Namespace, Subsystem
     from pynvmf.tcp.psk import TlsPsk
@@ -126,6 +127,13 @@ class RemoteQueue:
     def close(self, reason: str) -> None:
         if not self.closed:
             self.worker.channel_send(S.QUEUE_CLOSE, self.token, reason)
+
+    def abort_held(self, cid: int) -> bool:
+        """A command a rule holds on a worker's queue stays held ("not aborted")."""
+        return False
+
+    def arm_faults(self, faults: FaultTable | None) -> None:
+        """Its worker judges its commands by its own copy of the rules (FAULTS)."""
 
 
 class WorkerState(Enum):
@@ -244,6 +252,8 @@ class WorkerPool:
         ready = worker.request(S.INIT, init, fds=[os.dup(self.ana_table.fileno())])
         if self.target.command_counts.tracking:
             worker.channel_send(S.LATENCY_TRACKING, True)
+        if self.target.faults:
+            worker.channel_send(S.FAULTS, self.target.faults.specs())
         # Everything the worker must know before its first queue: every namespace.
         waits = [ready]
         for subsystem in list(self.target.subsystems.values()):
@@ -490,7 +500,12 @@ class WorkerPool:
         transport: S.TransportCounts,
         commands: Report,
         in_flight: dict[str, int],
+        faults: dict[int, tuple[int, int]],
     ) -> None:
+        try:
+            self.target.faults.add_counts(faults)
+        except (ValueError, AttributeError) as exc:
+            log.error("fault rule counts from a worker refused: %s", exc)
         if isinstance(in_flight, dict) and all(
             isinstance(k, str) and isinstance(n, int) and n >= 0 for k, n in in_flight.items()
         ):
@@ -634,6 +649,10 @@ class WorkerPool:
             return
         await wait_all([w.request(S.NAMESPACE_RESIZED, nqn, ns.nsid) for w in self._live()])
 
+    def faults_changed(self, rules: list[tuple[int, FaultSpec]]) -> None:
+        for worker in self._live():
+            worker.channel_send(S.FAULTS, rules)
+
     def latency_tracking(self, enable: bool) -> None:
         """Every worker times its commands from now on, or stops."""
         for worker in self._live():
@@ -774,6 +793,10 @@ class MultiCoreTarget(Target):
     async def set_log_levels(self, levels: LogLevels) -> None:
         await super().set_log_levels(levels)
         await self.workers.log_levels(levels)
+
+    def faults_changed(self) -> None:
+        super().faults_changed()
+        self.workers.faults_changed(self.faults.specs())
 
     async def start(self) -> None:
         for subsystem in self.subsystems.values():
