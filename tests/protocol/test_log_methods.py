@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,13 @@ def test_log_level_and_flag_reach_the_worker_processes(tmp_path: Path) -> None:
             proc.address, proc.port, DEFAULT_NQN, hostnqn=HOSTNQN, queues=2
         ) as ctrl:
             await ctrl.namespace(1).read(0, memoryview(bytearray(4096)))
+        # The workers log a queue's end before they tell the main process it is gone: once
+        # no queue is left, each end was logged (or not) at the level in force, and a
+        # change of level that follows cannot decide it instead.
+        deadline = time.monotonic() + 30
+        while rpc("nvmf_subsystem_get_qpairs", nqn=DEFAULT_NQN):
+            assert time.monotonic() < deadline, "the queues never went"
+            await asyncio.sleep(0.05)  # the next poll of the condition above
 
     proc.start()
     try:
