@@ -185,14 +185,6 @@ class Histogram:
             self.device_min = least
 
 
-def new_histogram() -> list[int]:
-    return [0] * HISTOGRAM_LENGTH
-
-
-def histogram_count(histogram: list[int]) -> int:
-    return sum(histogram[: HISTOGRAM_LENGTH - 1])
-
-
 def _is_histogram(histogram: object) -> bool:
     return (
         isinstance(histogram, list)

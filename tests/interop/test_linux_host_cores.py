@@ -114,6 +114,19 @@ def _worker_pid(target: Setup, index: int) -> int:
     return int(found[-1])
 
 
+def _write_on_one_worker_verify_on_the_other(
+    guest: Guest, dev: str, name: str, offset_mib: int
+) -> None:
+    """16 MiB from `offset_mib` written through CPU 0's queue and verified through CPU 1's:
+    the guest's queues are spread over both workers, so another worker reads it back."""
+    common = f"--name={name} --rw=write --bs=64k --size=16m --offset={offset_mib}m --verify=crc32c"
+    written = _fio(guest, dev, f"{common} --cpus_allowed=0 --do_verify=0")
+    assert written["jobs"][0]["error"] == 0  # type: ignore[index]
+    checked = _fio(guest, dev, f"{common} --cpus_allowed=1 --verify_only --verify_fatal=1")
+    (job,) = checked["jobs"]  # type: ignore[misc]
+    assert job["error"] == 0 and job["read"]["io_bytes"] == 16 * MIB, job
+
+
 @pytest.mark.parametrize("nqn", [MEM, FILE])
 def test_fio_verify_over_four_queues_on_both_workers(guest: Guest, target: Setup, nqn: str) -> None:
     since = len(target.process.stderr())
@@ -139,13 +152,7 @@ def test_fio_verify_over_four_queues_on_both_workers(guest: Guest, target: Setup
         jobs = report["jobs"]
         assert isinstance(jobs, list) and len(jobs) == 4
         assert all(job["error"] == 0 for job in jobs), jobs
-        # Written through CPU 0's queue, verified through CPU 1's: another worker.
-        common = "--name=cross --rw=write --bs=64k --size=16m --offset=40m --verify=crc32c"
-        written = _fio(guest, dev, f"{common} --cpus_allowed=0 --do_verify=0")
-        assert written["jobs"][0]["error"] == 0  # type: ignore[index]
-        checked = _fio(guest, dev, f"{common} --cpus_allowed=1 --verify_only --verify_fatal=1")
-        (job,) = checked["jobs"]  # type: ignore[misc]
-        assert job["error"] == 0 and job["read"]["io_bytes"] == 16 * MIB, job
+        _write_on_one_worker_verify_on_the_other(guest, dev, "cross", offset_mib=40)
     finally:
         guest.run(f"nvme disconnect -n {nqn}")
 
@@ -305,12 +312,7 @@ def test_a_memory_namespace_grown_over_rpc_is_served_at_its_new_size_by_both_wor
                 f"dd if={dev} of=/tmp/k2 bs=4096 skip={16 * MIB // 4096 - 4} count=4 "
                 "iflag=direct 2>/dev/null && cmp /tmp/k1 /tmp/k2"
             )
-            common = "--name=grown --rw=write --bs=64k --size=16m --offset=24m --verify=crc32c"
-            written = _fio(guest, dev, f"{common} --cpus_allowed=0 --do_verify=0")
-            assert written["jobs"][0]["error"] == 0  # type: ignore[index]
-            checked = _fio(guest, dev, f"{common} --cpus_allowed=1 --verify_only --verify_fatal=1")
-            (job,) = checked["jobs"]  # type: ignore[misc]
-            assert job["error"] == 0 and job["read"]["io_bytes"] == 16 * MIB, job
+            _write_on_one_worker_verify_on_the_other(guest, dev, "grown", offset_mib=24)
         finally:
             guest.run(f"nvme disconnect -n {GROW}")
     finally:
