@@ -67,6 +67,9 @@ _SLBA_NLB: Final = COPY_RANGE_SLBA_NLB
 _READ: Final = int(IoOpcode.READ)
 _WRITE: Final = int(IoOpcode.WRITE)
 _COPY: Final = int(IoOpcode.COPY)
+# IoHandler's run of timed fast-path commands while it has none: a histogram that
+# no command is counted in, so that the hot path compares with it and tests nothing else.
+_NO_RUN: Final = Histogram()
 _UNCHARGED_READ: Final = UNCHARGED_READ
 _READ_CHUNK: Final = READ_CHUNK
 _NSID_ALL: Final = NSID_ALL
@@ -118,6 +121,14 @@ class IoHandler:
         # and their per-namespace lists, looked up by NSID on the hot path.
         self.counts = ctrl.target.command_counts.of(ctrl.subsystem.nqn, ctrl.hostnqn)
         self.ns_counts = self.counts.namespaces
+        # Latency tracking: the fast path's timed commands since the last flush, counted
+        # in runs (`timed_now`) rather than one by one: the current run's histogram, the
+        # clock read its commands began and were dispatched at, their number; and the
+        # runs before it.
+        self._run = _NO_RUN
+        self._run_at = 0
+        self._run_n = 0
+        self._runs: list[tuple[Histogram, int, int]] = []
         # The target's counters: Copy's bytes by the planner's path.
         self.counters = ctrl.target.counters
         self.budget = queue.budget
@@ -175,7 +186,10 @@ class IoHandler:
                             counts.write_bytes += req.length
                             if req.started:
                                 latency = counts.latency.get(_WRITE)
-                                req.latency = latency or counts.latency_of(_WRITE)
+                                if latency is self._run and not req.dispatched:
+                                    self._run_n += 1
+                                else:
+                                    self.timed_now(req, latency or counts.latency_of(_WRITE))
                             self.queue.conn.complete(req, 0)
                             return
                 except (ValueError, TypeError):
@@ -215,7 +229,11 @@ class IoHandler:
         counts.reads += 1
         counts.read_bytes += length
         if req.started:
-            req.latency = counts.latency.get(_READ) or counts.latency_of(_READ)
+            latency = counts.latency.get(_READ)
+            if latency is self._run and not req.dispatched:
+                self._run_n += 1  # the common case, inline: timed_now's first
+            else:
+                self.timed_now(req, latency or counts.latency_of(_READ))
         self.queue.conn.complete(req, 0, 0, data)
         return True
 
@@ -257,7 +275,7 @@ class IoHandler:
         counts.copies += 1
         counts.copy_bytes += nlb << shift
         if req.started:
-            req.latency = counts.latency.get(_COPY) or counts.latency_of(_COPY)
+            self.timed_now(req, counts.latency.get(_COPY) or counts.latency_of(_COPY))
         self.queue.conn.complete(req, 0)
         return True
 
@@ -320,23 +338,44 @@ class IoHandler:
             # thread, a file): its completion is timed here, where it is handed over.
             now = req.completed = time.monotonic_ns()
             latency = req.latency = counts.latency_of(slot)
-            device = now - req.dispatched - req.waited
+            device = now - (req.dispatched or req.started) - req.waited
             self.counts.device.observe(device)
             if not status:
                 latency.device(device)
 
+    def timed_now(self, req: Request, latency: Histogram) -> None:
+        """The fast path completed timed `req`, of `latency`'s opcode and namespace. One
+        dispatched in the batch of input it began in joins the run of such commands
+        (they are alike: one histogram, the same times; `sent` counts a run at once);
+        another (its capsule spread over batches, or a fault rule held it) is timed
+        alone, by the connection's list of timed completions."""
+        if req.dispatched:
+            req.latency = latency
+            return
+        if latency is self._run and req.started == self._run_at:
+            self._run_n += 1
+            return
+        if self._run is not _NO_RUN:
+            self._runs.append((self._run, self._run_at, self._run_n))
+        self._run, self._run_at, self._run_n = latency, req.started, 1
+
     def sent(self, reqs: list[Request], now: int) -> None:
-        """Timed commands (`req.latency` set where they were counted) whose completions
-        were handed to the socket at `now` (monotonic ns, one clock read a flush): their
-        latency from capsule-in, and its stages (docs/metrics.md). A command the fast
-        path completed during the batch of input that brought it has no clock read of
-        its own: its completion was handed over no later than this flush, the first
-        clock read after it, so its time from dispatch to here is its device stage
-        (the device and the target's own work on the batch) and its send stage is 0.
-        Such commands of one batch are alike (one histogram, the same times): each run
-        of them is counted at once."""
+        """The completions of this queue's timed commands were handed to the socket at
+        `now` (monotonic ns, one clock read a flush): the fast path's runs since the
+        last flush (timed_now), and `reqs` (`req.latency` set where they were counted):
+        their latency from capsule-in, and its stages (docs/metrics.md). A command the
+        fast path completed has no clock read of its own: its completion was handed
+        over no later than this flush, the first clock read after it, so its time from
+        dispatch to here is its device stage (the device and the target's own work on
+        the batch) and its send stage is 0."""
+        if self._run is not _NO_RUN:
+            for latency, at, n in self._runs:
+                self._sent_alike(latency, at, at, n, now)
+            self._runs.clear()
+            self._sent_alike(self._run, self._run_at, self._run_at, self._run_n, now)
+            self._run = _NO_RUN
         counts = self.counts
-        run: Histogram | None = None  # the run of alike fast-path commands, n of them
+        run: Histogram | None = None  # alike fast-path commands timed alone, n of them
         started = dispatched = n = 0
         for req in reqs:
             latency = req.latency
@@ -344,7 +383,7 @@ class IoHandler:
                 continue
             if req.completed:  # off the fast path: count() counted its device stage
                 latency.observe(now - req.started)
-                counts.receive.observe(req.dispatched - req.started)
+                counts.receive.observe((req.dispatched or req.started) - req.started)
                 counts.send.observe(now - req.completed)
             elif latency is run and req.started == started and req.dispatched == dispatched:
                 n += 1

@@ -232,8 +232,9 @@ class TargetProtocol(ConnectionGlue[TargetConnection]):
         if conn.undrained and transport.get_write_buffer_size() <= WRITE_HIGH_WATER:
             conn.output_drained()
         timed = conn.timed
-        if timed:
-            # Latency tracking: one clock read a flush, for every completion it sent.
+        if timed or self._timing:
+            # Latency tracking: one clock read a flush, for every completion it sent (the
+            # fast path's, counted by the queue, and those timed alone).
             queue = self.queue
             if queue is not None:
                 queue.timed_sent(timed, time.monotonic_ns())

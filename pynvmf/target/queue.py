@@ -274,6 +274,10 @@ class TargetQueue:
             return
         # It passes the rules once, if there are still rules to pass.
         self._released = req if self.faults is not None else None
+        # Timed, the fast path times it alone (its run was flushed long ago), the hold in
+        # its device stage: dispatched when it arrived.
+        if req.started and not req.dispatched:
+            req.dispatched = req.started
         self.on_command(req)
 
     def require_auth(self, auth: ControllerAuth) -> None:

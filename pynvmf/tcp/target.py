@@ -98,9 +98,6 @@ _UNATTACHED_LOG = ContextLog(log, _no_context)
 class Request:
     """One command in flight on this connection."""
 
-    dispatched: int
-    completed: int
-
     __slots__ = (
         "charge",
         "completed",
@@ -137,10 +134,13 @@ class Request:
         self.sent = 0
         self.on_data: Callable[[Request], None] | None = None
         # While latency tracking is on (monotonic ns, else 0; docs/metrics.md): when
-        # the capsule began to arrive, and the ns of that it waited for host data or a
-        # buffer. A timed command also has `dispatched` and `completed` (set by the
-        # connection where it sets `started`, not here: every command would pay).
+        # the capsule began to arrive; when it was dispatched, if in a later batch of
+        # input than the one it began in (0: in that one, at `started`); when the NVMe
+        # layer handed its completion over off the fast path (0: on it, or not yet);
+        # and the ns of that it waited for host data or a buffer.
         self.started = 0
+        self.dispatched = 0
+        self.completed = 0
         self.waited = 0
         # Where its latency is counted (command_counts.Histogram), set by the NVMe layer
         # where it counts the command: the connection hands the commands that have one
@@ -334,13 +334,12 @@ class TargetConnection(PduConnection):
         req = Request(sqe)
         at = self._batch_at
         if at:
-            # The clock reads of the batches of input that brought its first and last
-            # bytes; `completed`: when its completion was handed over, 0 while that is
-            # not known (the fast path's: no later than the next flush).
-            req.started = self._pdu_at
-            req.dispatched = at
-            req.completed = 0
-            self._pdu_at = at
+            # The clock reads of the batches of input that brought its first and, where
+            # that is a later one, its last bytes.
+            started = req.started = self._pdu_at
+            if started != at:
+                req.dispatched = at
+                self._pdu_at = at
         self.stats.commands += 1
         if not self.sqhd_disabled:
             self._sqhd = (self._sqhd + 1) % self.sq_size

@@ -149,23 +149,29 @@ async def test_histogram_counts_equal_command_counts_and_sums_are_plausible(
 async def test_commands_of_one_batch_are_timed_each(
     served: tuple[Target, Port, MetricsEndpoint],
 ) -> None:
-    """32 reads sent at once (they arrive in few batches, and the fast path counts the
-    alike commands of a batch together): 32 samples in every histogram, and the stages
-    add up to the latency."""
+    """48 reads sent at once, to namespaces 1, 1, 2, 1, 1, 2, ... (they arrive in few
+    batches, and the fast path counts the alike commands of a batch together, in runs
+    that a command of the other namespace ends): 32 and 16 samples in the histograms,
+    48 in every stage, and the stages add up to the latency."""
     target, port, _endpoint = served
     async with await connect("127.0.0.1", port.port, NQN, hostnqn=HOST_A, queues=1) as host:
-        ns = host.namespace(1)
-        await asyncio.gather(*(ns.read(i * 8, memoryview(bytearray(4096))) for i in range(32)))
+        reads = [
+            host.namespace(2 if i % 3 == 2 else 1).read(i * 8, memoryview(bytearray(4096)))
+            for i in range(48)
+        ]
+        await asyncio.gather(*reads)
     stats = await control_plane(target).call("pynvmf_get_host_stats", {})
     (only,) = stats["hosts"]
-    (ns1,) = only["namespaces"]
-    assert ns1["commands"] == {"read": 32}
+    ns1, ns2 = sorted(only["namespaces"], key=lambda ns: ns["nsid"])
+    assert (ns1["commands"], ns2["commands"]) == ({"read": 32}, {"read": 16})
     assert ns1["latency"]["read"]["count"] == 32
+    assert ns2["latency"]["read"]["count"] == 16
     assert {stage: h["count"] for stage, h in only["stages"].items()} == {
-        "receive": 32, "data": 0, "budget": 0, "device": 32, "send": 32,
+        "receive": 48, "data": 0, "budget": 0, "device": 48, "send": 48,
     }  # fmt: skip
     stage_sum = sum(h["sum"] for h in only["stages"].values())
-    assert stage_sum == pytest.approx(ns1["latency"]["read"]["sum"], rel=1e-9, abs=1e-9)
+    latency_sum = ns1["latency"]["read"]["sum"] + ns2["latency"]["read"]["sum"]
+    assert stage_sum == pytest.approx(latency_sum, rel=1e-9, abs=1e-9)
 
 
 async def test_with_tracking_off_there_are_no_histograms() -> None:

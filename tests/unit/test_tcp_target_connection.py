@@ -911,10 +911,10 @@ def test_only_an_established_connection_exports_and_only_a_fresh_one_adopts() ->
 
 
 def test_a_capsule_carries_the_clock_reads_of_the_batches_that_brought_it() -> None:
-    """Latency tracking: a capsule whole in one batch began and was dispatched at that
-    batch's clock read; one cut across two batches began when the reader saw its first
-    part; the capsule after it in the second batch began with that batch; with tracking
-    off (0), a command carries none."""
+    """Latency tracking: a capsule whole in one batch began at that batch's clock read
+    (and was dispatched in it: `dispatched` 0); one cut across two batches began when the
+    reader saw its first part and was dispatched at the second's; the capsule after it in
+    the second batch began with that batch; with tracking off (0), a command carries none."""
     h = io_connection()
     first = h.capsule(write_sqe(1, 512, inline=True), bytes(512))
     second = h.capsule(write_sqe(2, 512, inline=True), bytes(512))
@@ -929,9 +929,9 @@ def test_a_capsule_carries_the_clock_reads_of_the_batches_that_brought_it() -> N
     h.feed(h.capsule(write_sqe(4, 512, inline=True), bytes(512)))
     *timed, untimed = h.requests
     assert [(r.started, r.dispatched) for r in timed] == [
-        (1_000, 1_000),
+        (1_000, 0),
         (begun, begun + 5_000_000),
-        (begun + 5_000_000, begun + 5_000_000),
+        (begun + 5_000_000, 0),
     ]
     assert untimed.started == 0
 
