@@ -215,6 +215,13 @@ class Controller:
         self.pending_events.append(event_type & 0x7 | (info & 0xFF) << 8 | log_page << 16)
         self._deliver_events()
 
+    def awaits_event(self, log_page: int) -> bool:
+        """Whether an event of `log_page` would complete an outstanding AER now (one is
+        outstanding, and the host read that log page since its last event)."""
+        if self.destroyed or self.events_held or log_page in self.masked_log_pages:
+            return False
+        return any(not req.retired for _, req in self.aer)
+
     def log_page_read(self, log_page: int) -> None:
         self.masked_log_pages.discard(log_page)
 
