@@ -25,7 +25,7 @@ from pynvmf.spec.opcodes import (
 )
 from pynvmf.spec.status import CRD_MASK, CRD_SHIFT, Status
 from pynvmf.target.changes import ChangeError
-from pynvmf.target.faults import FaultSpec
+from pynvmf.target.faults import FaultSpec, parse_scenario
 from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
@@ -400,3 +400,33 @@ async def test_the_rpc_refuses_a_bad_controller_level_rule(
     assert answer["error"]["code"] == INVALID_PARAMS
     assert answer["error"]["message"].startswith(named), answer
     assert await raw_rpc_target.ok("pynvmf_fault_list") == []
+
+
+async def test_a_scenario_runs_a_not_ready_window_and_a_flap(target: Target) -> None:
+    ctrl = await host(target)
+    try:
+        target.schedule_faults(
+            parse_scenario(
+                [
+                    {"action": "not_ready", "nsid": 1, "for_ms": 1000},
+                    {
+                        "action": "ana_flap",
+                        "subsystem": NQN,
+                        "anagrpid": 1,
+                        "ana_states": ["inaccessible", "optimized"],
+                        "period_ms": 60_000,
+                        "at_ms": 50,
+                        "for_ms": 1000,
+                    },
+                ]
+            )
+        )
+        assert (await status_of_read(ctrl)).status == Status.NS_NOT_READY
+        while len(target.faults.rules) < 2:  # the flap's at_ms
+            await asyncio.sleep(0.01)
+        assert (await status_of_read(ctrl, 2)).status == Status.ANA_INACCESSIBLE
+        await asyncio.wait_for(rules_gone(target), 5)
+        await read(ctrl)  # both ended: ready, and optimized again
+        await read(ctrl, 2)
+    finally:
+        await ctrl.close()
