@@ -87,10 +87,14 @@ class _Periodic:
     def act(self) -> None:
         raise NotImplementedError
 
-    def stop(self) -> None:
+    def cancel(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def stop(self) -> None:
+        """The rule was removed."""
+        self.cancel()
 
 
 class _AnaFlap(_Periodic):
@@ -214,5 +218,7 @@ class ScheduledFaults:
             runner.stop()
 
     def stop_all(self) -> None:
-        for rule_id in list(self._running):
-            self.stop(rule_id)
+        """The target stops: the timers go, nothing is put back (nothing is served)."""
+        for runner in self._running.values():
+            runner.cancel()
+        self._running.clear()

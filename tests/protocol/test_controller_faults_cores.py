@@ -112,3 +112,19 @@ async def test_an_ana_flap_reaches_the_workers(target: MultiCoreTarget) -> None:
             assert await read_status(ctrl) == Status.SUCCESS
     finally:
         await ctrl.close()
+
+
+async def test_a_target_stops_with_a_flap_running(target: MultiCoreTarget) -> None:
+    ctrl = await host(target)
+    try:
+        rule = target.add_fault(
+            FaultSpec("ana_flap", subsystem=NQN, anagrpid=1, period_ms=100, limit=1000)
+        )
+        while rule.hits < 3:
+            await asyncio.sleep(0.05)
+    finally:
+        await ctrl.close()
+    await target.stop()  # the fixture's stop after this one does nothing
+    hits = rule.hits
+    await asyncio.sleep(0.3)  # three periods: a timer left running would flap again
+    assert rule.hits == hits
