@@ -45,6 +45,7 @@ MAX_IO_QUEUES = 64
 AERL = 3  # 0's based: four Asynchronous Event Requests may be outstanding
 ERROR_LOG_ENTRIES = 64
 KAS_100MS = 10  # keep-alive granularity reported in Identify, 100 ms units
+_FAILED = C.CSTS_CFS | C.CSTS_RDY
 
 # CAP: MQES, CQR (contiguous queues required), TO = 15 (7.5 s); CSS: the NVM command set
 # alone (CC.CSS 000b) or every I/O command set supported (110b, NVMe 2.0 hosts).
@@ -127,6 +128,13 @@ class Controller:
     def copy_formats_enabled(self) -> int:
         """Copy descriptor formats the host enabled in Host Behavior Support (CDFE)."""
         return C.host_behavior_cdfe(self.host_behavior)
+
+    @property
+    def failed(self) -> bool:
+        """CSTS.CFS on a ready controller: a fault rule failed it (controller_faults.py),
+        and it answers nothing but Fabrics commands. One that refused the configuration it
+        was enabled with has CFS without RDY, and answers as it always did."""
+        return self.csts & _FAILED == _FAILED
 
     @property
     def acre(self) -> bool:

@@ -1,8 +1,8 @@
 """Controller-level fault rules that run on a schedule, not per command (faults.py's
 SCHEDULED_ACTIONS): from when a rule is added until it is removed.
 
-- ``fail_controller``: the controllers the rule selects when it is added get CSTS.CFS
-  and answer nothing but Fabrics commands from then on (queue.py holds their commands
+- ``fail_controller``: the (enabled) controllers the rule selects when it is added get
+  CSTS.CFS and answer nothing but Fabrics commands from then on (queue.py holds their commands
   as dropped ones). A failed controller stays failed until its host resets it (a new
   association, or CC.EN cleared) or its keep-alive expires here: its held commands are
   no traffic, so the target's own KATO timer ends it. Controllers made later are healthy.
@@ -27,7 +27,7 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from pynvmf.spec.command import CSTS_CFS
+from pynvmf.spec.command import CSTS_CFS, CSTS_RDY
 from pynvmf.spec.identify import Oaes
 from pynvmf.spec.logpages import LogPageId
 from pynvmf.target.ana import NAMES
@@ -189,8 +189,8 @@ class ScheduledFaults:
         target = self._target
         for ctrl in list(selected_controllers(target, rule.spec)):
             rule.matches += 1
-            if ctrl.csts & CSTS_CFS:
-                continue
+            if ctrl.failed or not ctrl.csts & CSTS_RDY:
+                continue  # failed already, or not enabled yet: nothing to fail
             ctrl.csts |= CSTS_CFS
             rule.hits += 1
             log.warning(

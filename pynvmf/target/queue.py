@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from pynvmf.aio import start_eager
 from pynvmf.logs import about
-from pynvmf.spec.command import CSTS_CFS, CSTS_RDY, FUSE_MASK
+from pynvmf.spec.command import CSTS_RDY, FUSE_MASK
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType
 from pynvmf.spec.status import CRD_MASK, DNR, Status
 from pynvmf.target import admin, compare, fabrics
@@ -34,10 +34,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _FABRICS: Final = int(AdminOpcode.FABRICS)  # a plain int for the hot path's test
-# Until it has authenticated, a queue that must answers these Fabrics commands alone
-# (Authentication Required for anything else, as nvmet and SPDK).
 # The fault actions that complete a command with the rule's status (faults.py).
 _STATUS_ACTIONS: Final = ("status", "not_ready")
+# Until it has authenticated, a queue that must answers these Fabrics commands alone
+# (Authentication Required for anything else, as nvmet and SPDK).
 _BEFORE_AUTH = (FabricsType.AUTH_SEND, FabricsType.AUTH_RECV, FabricsType.PROPERTY_GET)
 _AUTH_COMMANDS = (FabricsType.AUTH_SEND, FabricsType.AUTH_RECV)
 # How long a queue that has not authenticated may wait between the steps of its
@@ -236,7 +236,7 @@ class TargetQueue:
         if ctrl is None:
             return False  # Connect, before any rule can say whom it selects
         sqe = req.sqe
-        if ctrl.csts & CSTS_CFS and sqe.opcode != _FABRICS:
+        if ctrl.failed and sqe.opcode != _FABRICS:
             # A failed controller (fail_controller) answers nothing but Fabrics commands
             # (Property Get shows CSTS.CFS): held as a dropped command, at most SQSIZE.
             req.data = None

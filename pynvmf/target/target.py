@@ -33,7 +33,7 @@ from pynvmf.block.memory import MemoryDevice
 from pynvmf.logs import LogLevels, set_log_levels
 from pynvmf.malloc import trim
 from pynvmf.spec.auth import DhGroupId, HashId
-from pynvmf.spec.command import COPY_CDFE_FORMATS, CSTS_CFS
+from pynvmf.spec.command import COPY_CDFE_FORMATS
 from pynvmf.spec.logpages import AnaState
 from pynvmf.spec.nqn import nqn_problem
 from pynvmf.spec.opcodes import DISCOVERY_NQN
@@ -392,7 +392,7 @@ class Target:
     def faults_for(self, ctrl: Controller) -> FaultTable | None:
         """What a queue of `ctrl` judges its commands by: the rules while there are any,
         or while the controller is failed (CSTS.CFS: its queues hold what comes)."""
-        if ctrl.is_discovery or not (self.faults or ctrl.csts & CSTS_CFS):
+        if ctrl.is_discovery or not (self.faults or ctrl.failed):
             return None
         return self.faults
 
