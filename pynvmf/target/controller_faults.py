@@ -187,7 +187,10 @@ class ScheduledFaults:
 
     def _fail(self, rule: FaultRule) -> None:
         target = self._target
+        limit = rule.spec.limit
         for ctrl in list(selected_controllers(target, rule.spec)):
+            if limit is not None and rule.hits >= limit:
+                break
             rule.matches += 1
             if ctrl.failed or not ctrl.csts & CSTS_RDY:
                 continue  # failed already, or not enabled yet: nothing to fail

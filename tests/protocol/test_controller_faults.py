@@ -202,6 +202,18 @@ async def test_a_failed_controller_shows_cfs_answers_nothing_and_a_new_one_is_he
         await again.close()
 
 
+async def test_fail_controller_with_a_limit_fails_that_many(target: Target) -> None:
+    hosts = [await host(target, hostnqn=nqn, kato_ms=0) for nqn in (HOST_A, HOST_B)]
+    try:
+        rule = target.add_fault(FaultSpec("fail_controller", subsystem=NQN, limit=1))
+        assert rule.hits == 1
+        failed = [c.failed for c in target.subsystems[NQN].controllers.values()]
+        assert sorted(failed) == [False, True]
+    finally:
+        for ctrl in hosts:
+            await ctrl.close()
+
+
 async def test_fail_controller_selecting_no_controller_is_refused(target: Target) -> None:
     with pytest.raises(ChangeError) as err:
         target.add_fault(FaultSpec("fail_controller", subsystem=NQN))
