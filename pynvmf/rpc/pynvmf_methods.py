@@ -31,8 +31,9 @@
   latency and stage histograms (docs/metrics.md, "Per-host statistics").
 - pynvmf_set_latency_tracking {enable}: time commands (latency histograms) or stop;
   off unless asked (this or `pynvmf target --latency-tracking`): it costs the hot path.
-- pynvmf_fault_add {action, selector and trigger fields...}: a fault rule (docs/faults.md)
-  acting from the next command it selects; returns its id. pynvmf_fault_remove {id}.
+- pynvmf_fault_add {action, selector and trigger fields..., for_ms?}: a fault rule
+  (docs/faults.md) acting from the next command it selects (a controller-level one: from
+  now), removed for_ms later if given; returns its id. pynvmf_fault_remove {id}.
   pynvmf_fault_list {}: the rules in force, each with its id, the rule as given, the
   commands it selected (matches) and those it acted on (hits).
 """
@@ -51,7 +52,7 @@ from pynvmf.metrics.host_stats import host_stats
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane, MethodTable, Params, change_error
 from pynvmf.target.changes import ChangeError
-from pynvmf.target.faults import FAULT_FIELDS, parse_fault
+from pynvmf.target.faults import FAULT_FIELDS, parse_fault, parse_for_ms
 from pynvmf.target.port import Port
 from pynvmf.tcp.target import TransportConfig
 
@@ -276,9 +277,12 @@ async def pynvmf_set_latency_tracking(cp: ControlPlane, p: Params) -> bool:
 @method("pynvmf_fault_add")
 async def pynvmf_fault_add(cp: ControlPlane, p: Params) -> int:
     given = {name: p.value(name) for name in FAULT_FIELDS}
+    for_ms = p.value("for_ms")
     p.done()
     try:
-        rule = cp.target.add_fault(parse_fault({k: v for k, v in given.items() if v is not None}))
+        spec = parse_fault({k: v for k, v in given.items() if v is not None})
+        rule = cp.target.add_fault(spec, parse_for_ms(for_ms))
+        await cp.target.scheduled_faults.settled()
     except ChangeError as exc:
         raise change_error(exc, {}) from exc
     return rule.id

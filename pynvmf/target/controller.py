@@ -45,6 +45,7 @@ MAX_IO_QUEUES = 64
 AERL = 3  # 0's based: four Asynchronous Event Requests may be outstanding
 ERROR_LOG_ENTRIES = 64
 KAS_100MS = 10  # keep-alive granularity reported in Identify, 100 ms units
+_FAILED = C.CSTS_CFS | C.CSTS_RDY
 
 # CAP: MQES, CQR (contiguous queues required), TO = 15 (7.5 s); CSS: the NVM command set
 # alone (CC.CSS 000b) or every I/O command set supported (110b, NVMe 2.0 hosts).
@@ -127,6 +128,13 @@ class Controller:
     def copy_formats_enabled(self) -> int:
         """Copy descriptor formats the host enabled in Host Behavior Support (CDFE)."""
         return C.host_behavior_cdfe(self.host_behavior)
+
+    @property
+    def failed(self) -> bool:
+        """CSTS.CFS on a ready controller: a fault rule failed it (controller_faults.py),
+        and it answers nothing but Fabrics commands. One that refused the configuration it
+        was enabled with has CFS without RDY, and answers as it always did."""
+        return self.csts & _FAILED == _FAILED
 
     @property
     def acre(self) -> bool:
@@ -214,6 +222,13 @@ class Controller:
         self.masked_log_pages.add(log_page)
         self.pending_events.append(event_type & 0x7 | (info & 0xFF) << 8 | log_page << 16)
         self._deliver_events()
+
+    def awaits_event(self, log_page: int) -> bool:
+        """Whether an event of `log_page` would complete an outstanding AER now (one is
+        outstanding, and the host read that log page since its last event)."""
+        if self.destroyed or self.events_held or log_page in self.masked_log_pages:
+            return False
+        return any(not req.retired for _, req in self.aer)
 
     def log_page_read(self, log_page: int) -> None:
         self.masked_log_pages.discard(log_page)

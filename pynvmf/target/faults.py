@@ -11,6 +11,12 @@ every run) and an action:
 - ``drop``: never complete it (the host's timeout runs);
 - ``close``: close the connection it came on.
 
+Controller-level actions act on the controllers or a namespace a rule names for as long
+as it is in force, not on commands one by one (controller_faults.py runs them):
+``not_ready`` (a namespace's I/O completes with Namespace Not Ready), ``fail_controller``
+(CSTS.CFS, nothing answered), ``ana_flap`` (an ANA group's state cycled on a schedule),
+``aen_storm`` (asynchronous events at a rate).
+
 Everything here is plain rules, no I/O: the queue (queue.py) asks `FaultTable.judge`
 about a command and does what the answer says; the Target (target.py) checks a rule
 against what it serves and owns the table. docs/faults.md describes the format.
@@ -26,11 +32,33 @@ from typing import Any, Final
 
 from pynvmf.spec.command import Sqe
 from pynvmf.spec.opcodes import AdminOpcode, IoOpcode
-from pynvmf.spec.status import CRD_SHIFT, DNR
+from pynvmf.spec.status import CRD_SHIFT, DNR, Status
+from pynvmf.target.ana import ANAGRPMAX, STATE_NAMES, parse_state
 from pynvmf.target.changes import ChangeError, check_hostnqn
 from pynvmf.target.io import IO_COMMANDS
 
-ACTIONS: Final = ("delay", "status", "drop", "close")
+# -- controller-level actions (see the module's docstring) --
+# Rules that run on a schedule from when they are added until they are removed, and never
+# judge a command (FaultRule.per_command is False).
+SCHEDULED_ACTIONS: Final = ("fail_controller", "ana_flap", "aen_storm")
+CONTROLLER_LEVEL_ACTIONS: Final = ("not_ready", *SCHEDULED_ACTIONS)
+# aen_storm's events: Namespace Attribute Changed, or ANA Change notices.
+AEN_EVENTS: Final = ("ns_attr", "ana_change")
+# The shortest period of a flap or a storm: shorter is a busy loop, not a test.
+MIN_PERIOD_MS: Final = 100.0
+DEFAULT_FLAP_STATES: Final = ("optimized", "inaccessible")
+# The fields of controller-level rules, and the selector fields each action reads (the
+# others, given, are refused: they would select nothing the action acts on).
+_CONTROLLER_FIELDS: Final = ("anagrpid", "ana_states", "traddr", "trsvcid", "period_ms", "event")
+_SELECTORS: Final = ("subsystem", "nsid", "host", "qid", "queue", "opcode", "lba")
+_READS: Final = {
+    "fail_controller": ("subsystem", "host"),
+    "ana_flap": ("subsystem",),
+    "aen_storm": ("subsystem", "host", "nsid"),
+}
+# -- end of the controller-level section --
+
+ACTIONS: Final = ("delay", "status", "drop", "close", *CONTROLLER_LEVEL_ACTIONS)
 DISTRIBUTIONS: Final = ("fixed", "uniform", "exponential")
 # The fields each distribution of a delay takes.
 _DELAY_FIELDS: Final = {
@@ -121,7 +149,14 @@ class FaultSpec:
     sct: int = 0
     sc: int | None = None
     dnr: bool = False
-    crd: int = 0
+    crd: int = 0  # status, not_ready
+    # -- controller-level actions --
+    anagrpid: int | None = None  # ana_flap: the group
+    ana_states: tuple[str, ...] | None = None  # ana_flap: the states it cycles through
+    traddr: str | None = None  # ana_flap: on this listener only (with trsvcid)
+    trsvcid: int | None = None
+    period_ms: float | None = None  # ana_flap, aen_storm: time between two changes
+    event: str | None = None  # aen_storm: one of AEN_EVENTS
 
     def check(self) -> None:
         """Raise ChangeError naming the first field that is wrong."""
@@ -164,6 +199,7 @@ class FaultSpec:
             self._check_delay()
         if self.action == "status":
             self._check_status()
+        self._check_controller_level()
 
     def _check_delay(self) -> None:
         if self.distribution not in DISTRIBUTIONS:
@@ -194,6 +230,90 @@ class FaultSpec:
         if self.sct == 0 and self.sc == 0:
             raise ChangeError("sc", "0 with SCT 0 is success, not a fault")
 
+    # -- controller-level actions --
+
+    def _check_controller_level(self) -> None:
+        action = self.action
+        if action not in CONTROLLER_LEVEL_ACTIONS:
+            for name in _CONTROLLER_FIELDS:
+                if getattr(self, name) is not None:
+                    raise ChangeError(name, f"not part of a {action} rule")
+            return
+        if action == "not_ready":
+            self._check_not_ready()
+            return
+        for name in _SELECTORS:
+            if getattr(self, name) is not None and name not in _READS[action]:
+                raise ChangeError(name, f"a {action} rule does not select by {name}")
+        for name in ("first", "after", "probability"):
+            if getattr(self, name) is not None:
+                raise ChangeError(name, f"a {action} rule has no trigger (it runs while added)")
+        wanted = {"ana_flap": ("anagrpid", "ana_states", "traddr", "trsvcid", "period_ms")}.get(
+            action, ("period_ms", "event") if action == "aen_storm" else ()
+        )
+        for name in _CONTROLLER_FIELDS:
+            if getattr(self, name) is not None and name not in wanted:
+                raise ChangeError(name, f"not part of a {action} rule")
+        if action == "fail_controller":
+            return
+        if self.period_ms is None:
+            raise ChangeError("period_ms", f"missing (how often the {action} acts)")
+        _number("period_ms", self.period_ms, MIN_PERIOD_MS, MAX_DELAY_MS)
+        if action == "aen_storm":
+            if self.event not in AEN_EVENTS:
+                raise ChangeError("event", f"{self.event!r} is not one of {', '.join(AEN_EVENTS)}")
+            if self.event == "ana_change" and self.nsid is not None:
+                raise ChangeError("nsid", "an ana_change event names no namespace")
+            return
+        self._check_ana_flap()
+
+    def _check_not_ready(self) -> None:
+        if self.nsid is None:
+            raise ChangeError("nsid", "missing (the namespace that is not ready)")
+        if self.queue == "admin" or self.qid == 0:
+            raise ChangeError(
+                "queue" if self.queue else "qid", "not_ready acts on I/O commands only"
+            )
+        if self.opcode_set()[0] is True:
+            raise ChangeError("opcode", "not_ready acts on I/O commands only")
+        _integer("crd", self.crd, 0, CRD_MAX)
+
+    def _check_ana_flap(self) -> None:
+        if self.subsystem is None:
+            raise ChangeError("subsystem", "missing (the subsystem whose ANA group flaps)")
+        if self.anagrpid is None:
+            raise ChangeError("anagrpid", "missing (the ANA group that flaps)")
+        _integer("anagrpid", self.anagrpid, 1, ANAGRPMAX)
+        states = self.flap_states
+        if not isinstance(states, tuple | list) or len(states) < 2:
+            raise ChangeError("ana_states", "a list of at least two ANA states")
+        for state in states:
+            if parse_state(state) is None:
+                raise ChangeError(
+                    "ana_states", f"{state!r} is not an ANA state ({', '.join(STATE_NAMES)})"
+                )
+        if (self.traddr is None) != (self.trsvcid is None):
+            raise ChangeError(
+                "trsvcid" if self.trsvcid is None else "traddr",
+                "a listener is traddr and trsvcid together",
+            )
+        if self.traddr is not None and not isinstance(self.traddr, str):
+            raise ChangeError("traddr", f"{self.traddr!r} is not an address")
+        if self.trsvcid is not None:
+            _integer("trsvcid", self.trsvcid, 1, 0xFFFF)
+
+    @property
+    def flap_states(self) -> tuple[str, ...]:
+        """The ANA states an ana_flap rule cycles through, as given or the default."""
+        return DEFAULT_FLAP_STATES if self.ana_states is None else tuple(self.ana_states)
+
+    @property
+    def per_command(self) -> bool:
+        """Whether the rule judges commands (every action but the scheduled ones)."""
+        return self.action not in SCHEDULED_ACTIONS
+
+    # -- end of the controller-level section --
+
     def opcode_set(self) -> tuple[bool | None, int | None]:
         """(admin: True, I/O: False, either: None; the opcode or None for any)."""
         admin = None if self.queue is None else self.queue == "admin"
@@ -217,6 +337,9 @@ class FaultSpec:
     @property
     def status(self) -> int:
         """The completion's status field (pynvmf's layout, status.py): SCT, SC, CRD, DNR."""
+        if self.action == "not_ready":
+            # Namespace Not Ready, DNR clear: the host retries (after CRD, where enabled).
+            return Status.NS_NOT_READY | (self.crd << CRD_SHIFT)
         dnr = DNR if self.dnr else 0
         return (self.sct << 8) | (self.sc or 0) | (self.crd << CRD_SHIFT) | dnr
 
@@ -227,6 +350,8 @@ class FaultSpec:
         out["action"] = self.action
         if self.lba is not None:
             out["lba"] = list(self.lba)
+        if self.ana_states is not None:
+            out["ana_states"] = list(self.ana_states)
         return out
 
 
@@ -244,11 +369,17 @@ def parse_fault(entry: Mapping[str, Any]) -> FaultSpec:
     if "action" not in entry:
         raise ChangeError("action", f"missing (one of {', '.join(ACTIONS)})")
     values = dict(entry)
-    if isinstance(values.get("lba"), list):
-        values["lba"] = tuple(values["lba"])
+    for name in ("lba", "ana_states"):
+        if isinstance(values.get(name), list):
+            values[name] = tuple(values[name])
     spec = FaultSpec(**values)
     spec.check()
     return spec
+
+
+def parse_for_ms(value: object) -> float | None:
+    """A rule's lifetime (a scenario's or pynvmf_fault_add's `for_ms`): None for no end."""
+    return None if value is None else _number("for_ms", value, 0.0, float(1 << 53))
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,9 +404,7 @@ def parse_scenario(entries: object) -> list[ScheduledFault]:
         rule = dict(entry)
         try:
             at_ms = _number("at_ms", rule.pop("at_ms", 0.0), 0.0, float(1 << 53))
-            for_ms = rule.pop("for_ms", None)
-            if for_ms is not None:
-                for_ms = _number("for_ms", for_ms, 0.0, float(1 << 53))
+            for_ms = parse_for_ms(rule.pop("for_ms", None))
             scenario.append(ScheduledFault(parse_fault(rule), at_ms, for_ms))
         except ChangeError as exc:
             raise ChangeError(f"faults[{i}].{exc.field}", exc.reason) from None
@@ -304,11 +433,16 @@ class FaultRule:
     rng: random.Random = field(default_factory=random.Random)
     # What take_counts reported of matches and hits so far.
     taken: tuple[int, int] = (0, 0)
+    # False for a controller-level rule that runs on a schedule (controller_faults.py).
+    per_command: bool = True
 
     @classmethod
     def of(cls, rule_id: int, spec: FaultSpec) -> FaultRule:
         admin, opcode = spec.opcode_set()
-        return cls(rule_id, spec, admin, opcode, rng=random.Random(spec.seed))
+        if spec.action == "not_ready":
+            admin = False  # a namespace's I/O, never its admin commands
+        rng = random.Random(spec.seed)
+        return cls(rule_id, spec, admin, opcode, rng=rng, per_command=spec.per_command)
 
     def selects(self, subnqn: str, hostnqn: str, qid: int, sqe: Sqe) -> bool:
         spec = self.spec
@@ -406,7 +540,7 @@ class FaultTable:
         if sqe.opcode == _FABRICS:
             return None
         for rule in self.rules.values():
-            if rule.selects(subnqn, hostnqn, qid, sqe) and rule.fires():
+            if rule.per_command and rule.selects(subnqn, hostnqn, qid, sqe) and rule.fires():
                 rule.hits += 1
                 action = rule.spec.action
                 return Hit(rule, action, rule.delay_s() if action == "delay" else 0.0)

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _FABRICS: Final = int(AdminOpcode.FABRICS)  # a plain int for the hot path's test
+# The fault actions that complete a command with the rule's status (faults.py).
+_STATUS_ACTIONS: Final = ("status", "not_ready")
 # Until it has authenticated, a queue that must answers these Fabrics commands alone
 # (Authentication Required for anything else, as nvmet and SPDK).
 _BEFORE_AUTH = (FabricsType.AUTH_SEND, FabricsType.AUTH_RECV, FabricsType.PROPERTY_GET)
@@ -234,6 +236,12 @@ class TargetQueue:
         if ctrl is None:
             return False  # Connect, before any rule can say whom it selects
         sqe = req.sqe
+        if ctrl.failed and sqe.opcode != _FABRICS:
+            # A failed controller (fail_controller) answers nothing but Fabrics commands
+            # (Property Get shows CSTS.CFS): held as a dropped command, at most SQSIZE.
+            req.data = None
+            self._dropped[sqe.cid] = req
+            return True
         hit = faults.judge(self.subnqn, self.hostnqn, self.qid, sqe)
         if hit is None:
             return False
@@ -252,7 +260,7 @@ class TargetQueue:
             _own_data(req)
             timer = asyncio.get_running_loop().call_later(hit.delay_s, self._release, req)
             self._delayed[sqe.cid] = (req, timer)
-        elif action == "status":
+        elif action in _STATUS_ACTIONS:
             status = rule.spec.status
             if rule.spec.crd and not ctrl.acre:
                 # CRD is for hosts that enabled it (Host Behavior Support ACRE); 0 otherwise.

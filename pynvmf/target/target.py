@@ -59,6 +59,7 @@ from pynvmf.target.changes import (
     check_transport,
 )
 from pynvmf.target.command_counts import CommandCounts
+from pynvmf.target.controller_faults import ScheduledFaults
 from pynvmf.target.device_io import DeviceIo, DeviceIoLedger
 from pynvmf.target.devices import NamedDevice, close_device
 from pynvmf.target.drain import commands_waiting, commands_waiting_on, drain
@@ -206,6 +207,8 @@ class Target:
         # Fault rules (faults.py) and the timers of a scenario's rules still to come or go.
         self.faults = FaultTable()
         self._fault_timers: set[asyncio.TimerHandle] = set()
+        # The controller-level rules running on a schedule (controller_faults.py).
+        self.scheduled_faults = ScheduledFaults(self)
         # Command Retry Delay Times 1-3 (Identify Controller CRDT1-3), in 100 ms units.
         self.crdt: tuple[int, int, int] = (0, 0, 0)
         # Told the NQN of every subsystem whose configuration changed (see _changed).
@@ -281,6 +284,7 @@ class Target:
         for timer in self._fault_timers:
             timer.cancel()
         self._fault_timers.clear()
+        self.scheduled_faults.stop_all()
         servers = [port.server for port in self.ports if port.server is not None]
         for server in servers:
             server.close()
@@ -386,18 +390,34 @@ class Target:
     # -- fault rules (faults.py, docs/faults.md) ---------------------------------------------
 
     def faults_for(self, ctrl: Controller) -> FaultTable | None:
-        """What a queue of `ctrl` judges its commands by: the rules while there are any."""
-        if not self.faults or ctrl.is_discovery:
+        """What a queue of `ctrl` judges its commands by: the rules while there are any,
+        or while the controller is failed (CSTS.CFS: its queues hold what comes)."""
+        if ctrl.is_discovery or not (self.faults or ctrl.failed):
             return None
         return self.faults
 
-    def add_fault(self, spec: FaultSpec) -> FaultRule:
-        """Add a rule, acting from the next command it selects (check_fault says what it
-        may be refused for)."""
+    def arm_controller_faults(self, ctrl: Controller) -> None:
+        """The queues of `ctrl` judge by faults_for(ctrl) from their next command (its
+        CSTS changed: fail_controller, controller_faults.py)."""
+        faults = self.faults_for(ctrl)
+        for queue in ctrl.queues.values():
+            queue.arm_faults(faults)
+
+    def add_fault(self, spec: FaultSpec, for_ms: float | None = None) -> FaultRule:
+        """Add a rule, acting from the next command it selects, or, a controller-level
+        one, from now (check_fault says what it may be refused for); removed `for_ms`
+        later if given."""
         self.check_fault(spec)
+        if not spec.per_command:
+            self.scheduled_faults.check_start(spec)
         rule = self.faults.add(spec)
         log.info("fault rule %d added: %s", rule.id, spec.as_dict())
         self.faults_changed()
+        if not spec.per_command:
+            self.scheduled_faults.start(rule)
+        if for_ms is not None:
+            loop = asyncio.get_running_loop()
+            self._fault_timer(loop, for_ms, self._scenario_rule_ends, rule.id)
         return rule
 
     def check_fault(self, spec: FaultSpec) -> None:
@@ -412,13 +432,16 @@ class Target:
             spec.nsid in s.namespaces for s in self.subsystems.values()
         ):
             raise ChangeError("nsid", f"no subsystem has namespace {spec.nsid}")
-        if spec.action == "status" and spec.crd and not self.crdt[spec.crd - 1]:
+        if spec.action == "ana_flap":
+            self.ana_state_of(spec.subsystem or "", spec.anagrpid or 0, spec.traddr, spec.trsvcid)
+        if spec.action in ("status", "not_ready") and spec.crd and not self.crdt[spec.crd - 1]:
             raise ChangeError(
                 "crd", f"CRDT{spec.crd} is 0: set the retry delay times first (set_crdt)"
             )
 
     def remove_fault(self, rule_id: int) -> FaultRule:
         rule = self.faults.remove(rule_id)
+        self.scheduled_faults.stop(rule_id)
         log.info("fault rule %d removed after %d hits", rule.id, rule.hits)
         self.faults_changed()
         return rule
@@ -436,9 +459,9 @@ class Target:
         loop = asyncio.get_running_loop()
         for entry in entries:
             if entry.at_ms:
-                self._fault_timer(loop, entry.at_ms, self._scenario_rule, loop, entry)
+                self._fault_timer(loop, entry.at_ms, self._scenario_rule, entry)
             else:
-                self._scenario_rule(loop, entry)
+                self._scenario_rule(entry)
 
     def _fault_timer(
         self, loop: asyncio.AbstractEventLoop, ms: float, call: Callable[..., None], *args: object
@@ -450,14 +473,11 @@ class Target:
         handle = loop.call_later(ms / 1000.0, run)
         self._fault_timers.add(handle)
 
-    def _scenario_rule(self, loop: asyncio.AbstractEventLoop, entry: ScheduledFault) -> None:
+    def _scenario_rule(self, entry: ScheduledFault) -> None:
         try:
-            rule = self.add_fault(entry.spec)
+            self.add_fault(entry.spec, entry.for_ms)
         except ChangeError as exc:
             log.error("scenario: fault rule not added: %s", exc)
-            return
-        if entry.for_ms is not None:
-            self._fault_timer(loop, entry.for_ms, self._scenario_rule_ends, rule.id)
 
     def _scenario_rule_ends(self, rule_id: int) -> None:
         if rule_id in self.faults.rules:
@@ -1350,6 +1370,24 @@ class Target:
         if port is None or port.discovery_only or not port.exposes(nqn):
             raise ChangeError("address", f"{nqn} does not listen on {address} {port_number}")
         return port
+
+    def ana_state_of(
+        self, nqn: str, grpid: int, address: str | None = None, port_number: int | None = None
+    ) -> AnaState:
+        """The state of ANA group `grpid` of subsystem `nqn` on listener address:port (or
+        on listeners without a state of their own). ChangeError naming the field if there
+        is no such group or listener."""
+        subsystem = self._subsystem(nqn, "subsystem")
+        group = subsystem.ana.group(grpid)
+        if group is None:
+            raise ChangeError("anagrpid", f"{nqn} has no ANA group {grpid}")
+        if address is None:
+            return group.state
+        try:
+            port = self.listener(nqn, address, port_number or 0)
+        except ChangeError as exc:
+            raise ChangeError("traddr", exc.reason) from None
+        return group.state_on(port)
 
     def add_ana_group(
         self, nqn: str, grpid: int, state: AnaState | str = AnaState.OPTIMIZED

@@ -418,6 +418,9 @@ class Worker:
         ctrl = self.controllers.get(info.token)
         if ctrl is not None:
             self._apply_controller(ctrl, info)
+            assert self.target is not None
+            # A failed controller's (CSTS.CFS) queues hold its commands (fault rules).
+            self.target.arm_controller_faults(ctrl)
             self._schedule_report()
 
     @staticmethod
