@@ -166,7 +166,7 @@ async def io_loop(
             status = exc.status
         counts[status] = counts.get(status, 0) + 1
         n += 1
-        lba = (lba + 97) % blocks
+        lba = (lba + blocks // 2 + 97) % blocks  # each other one past the half
 
 
 async def run_io_across(
