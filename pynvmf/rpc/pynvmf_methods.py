@@ -27,8 +27,8 @@
   that grew outside). A smaller size drops the data past it: refused ("force: ...")
   unless force is true; then the I/O of its namespaces is quiesced while every process
   serving them stops serving past the new end and the file is truncated, the memory cut
-  or the image resized (docs/control-plane.md, "Resizing"). The namespaces on it and
-  their hosts see the new size. Returns the number of blocks.
+  or the image resized (docs/control-plane.md, "Namespaces that are cut"). The
+  namespaces on it and their hosts see the new size. Returns the number of blocks.
 - pynvmf_get_host_stats {subsystem?}: every host's (or one subsystem's hosts') counts of
   commands, bytes and errors per namespace and, while latency tracking is on, their
   latency and stage histograms (docs/metrics.md, "Per-host statistics").
