@@ -78,11 +78,12 @@ class BlockDevice(Protocol):
 
 @runtime_checkable
 class Resizable(Protocol):
-    """A device whose size may change while it serves (only growing: a host may hold
-    data past a smaller end). Both return the new number of blocks and raise ValueError
-    (or OSError: storage that did not answer), the size kept, for a size they cannot
-    take. Coroutines, since the storage may be across a network (RBD); no I/O of the
-    device sees a size between the old and the new."""
+    """A device whose size may change while it serves (growing here: made smaller only
+    as a Shrinkable, when forced, since a host may hold data past a smaller end). Both
+    return the new number of blocks and raise ValueError (or OSError: storage that did
+    not answer), the size kept, for a size they cannot take. Coroutines, since the
+    storage may be across a network (RBD); no I/O of the device sees a size between the
+    old and the new."""
 
     async def rescan(self) -> int:
         """Take the size the storage has now (it grew outside this process)."""

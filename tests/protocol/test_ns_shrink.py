@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from pynvmf.config.native import device_spec_of
 from pynvmf.config.spdk import spdk_config
 from pynvmf.host import NvmeError, NvmeStatusError, connect
 from pynvmf.host.controller import Controller
@@ -268,6 +269,9 @@ async def test_a_shrink_keeps_reservations_and_rate_limits(
         assert create["params"]["num_blocks"] == HALF
         qos = [c for c in bdevs["config"] if c["method"] == "bdev_set_qos_limit"]
         assert [c["params"]["rw_ios_per_sec"] for c in qos] == [100000]
+        # pynvmf's own format (pynvmf_save_config) too.
+        entry = raw_rpc_target.target.block_devices[name]
+        assert device_spec_of(entry, with_name=True)["memory"] == HALF * BLOCK
     finally:
         await ctrl.close()
 
