@@ -62,6 +62,17 @@ async def _grown(ctrl: Controller, aer: asyncio.Future[object], blocks: int) -> 
     assert back == data
 
 
+def _rbd_info(ceph_cluster: CephCluster, image: str) -> str:
+    """What `rbd info` says of the image."""
+    return subprocess.run(
+        ["rbd", "-c", str(ceph_cluster.conf), "info", f"rbd/{image}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+
+
 async def test_bdev_rbd_resize_grows_the_image_and_the_host_sees_it(
     ceph_cluster: CephCluster, served: tuple[Target, str]
 ) -> None:
@@ -80,14 +91,7 @@ async def test_bdev_rbd_resize_grows_the_image_and_the_host_sees_it(
         back = bytearray(BLOCK)
         await ctrl.io_command(IoOpcode.READ, 1, last, 0, 0, into=memoryview(back))
         assert back == kept
-        out = subprocess.run(
-            ["rbd", "-c", str(ceph_cluster.conf), "info", f"rbd/{image}"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=60,
-        ).stdout
-        assert "size 12 MiB" in out
+        assert "size 12 MiB" in _rbd_info(ceph_cluster, image)
         (bdev,) = await cp.call("bdev_get_bdevs", {"name": name})
         assert bdev["num_blocks"] == 12 * MiB // BLOCK
         notes = await cp.call("notify_get_notifications", {})
@@ -198,14 +202,7 @@ async def test_a_forced_shrink_cuts_the_image_while_io_runs(
         await run_io_across(ctrl, 1, 8 * MiB // BLOCK, cut)
         await asyncio.wait_for(aer, 30)
         assert (await ctrl.identify_namespace(1)).nsze == 4 * MiB // BLOCK
-        out = subprocess.run(
-            ["rbd", "-c", str(ceph_cluster.conf), "info", f"rbd/{image}"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=60,
-        ).stdout
-        assert "size 4 MiB" in out
+        assert "size 4 MiB" in _rbd_info(ceph_cluster, image)
         (bdev,) = await cp.call("bdev_get_bdevs", {"name": name})
         assert bdev["num_blocks"] == 4 * MiB // BLOCK
     finally:
