@@ -624,7 +624,9 @@ class Target:
                 "when forced (pynvmf_bdev_resize's force)",
             )
         if not isinstance(device, Shrinkable):
-            raise ChangeError("name", f"{name!r} cannot be made smaller (a file or memory can)")
+            raise ChangeError(
+                "name", f"{name!r} cannot be made smaller (a file, memory or RBD device can)"
+            )
         users = self.device_users(name)
         async with contextlib.AsyncExitStack() as stack:
             for subsystem, ns in users:
