@@ -78,11 +78,12 @@ class BlockDevice(Protocol):
 
 @runtime_checkable
 class Resizable(Protocol):
-    """A device whose size may change while it serves (only growing: a host may hold
-    data past a smaller end). Both return the new number of blocks and raise ValueError
-    (or OSError: storage that did not answer), the size kept, for a size they cannot
-    take. Coroutines, since the storage may be across a network (RBD); no I/O of the
-    device sees a size between the old and the new."""
+    """A device whose size may change while it serves (growing here: made smaller only
+    as a Shrinkable, when forced, since a host may hold data past a smaller end). Both
+    return the new number of blocks and raise ValueError (or OSError: storage that did
+    not answer), the size kept, for a size they cannot take. Coroutines, since the
+    storage may be across a network (RBD); no I/O of the device sees a size between the
+    old and the new."""
 
     async def rescan(self) -> int:
         """Take the size the storage has now (it grew outside this process)."""
@@ -90,6 +91,29 @@ class Resizable(Protocol):
 
     async def grow(self, size_bytes: int) -> int:
         """Extend the storage to `size_bytes` and take that size."""
+        ...
+
+
+@runtime_checkable
+class Shrinkable(Protocol):
+    """A Resizable device that can also be made smaller: the blocks past the new end are
+    dropped (a host's data there is lost), so the target only asks it when forced, with
+    the device's I/O quiesced. Two steps, because other processes may serve the same
+    storage (`--cores` workers): each of them first stops serving past the new end
+    (`serve_only`), then one process cuts the storage (`shrink`), so that none touches
+    storage that is gone (a mapping past the end of its memfd faults: SIGBUS; a write
+    past the end of a file would extend it again). Both return the new number of blocks
+    and raise ValueError, the size kept, for a size they cannot take (not whole blocks,
+    not smaller, storage that cannot be cut here), OSError for storage that did not
+    answer."""
+
+    async def serve_only(self, size_bytes: int) -> int:
+        """From now on serve the first `size_bytes` only (I/O past them: BlockRangeError),
+        the storage left as it is."""
+        ...
+
+    async def shrink(self, size_bytes: int) -> int:
+        """`serve_only`, then cut the storage to `size_bytes`."""
         ...
 
 

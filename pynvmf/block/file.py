@@ -273,9 +273,8 @@ class FileDevice:
     async def grow(self, size_bytes: int) -> int:
         """Extend a regular file to `size_bytes` (sparse) and take that size; the new
         number of blocks. ValueError for a block device, a read-only file, a size that
-        is smaller or not whole blocks."""
-        if self._is_blockdev or self._read_only:
-            raise ValueError(f"{self._path}: only a writable regular file can be grown here")
+        is smaller (that is `shrink`, which drops data) or not whole blocks."""
+        self._resizable_here()
         if size_bytes < self._size or size_bytes & self._mask:
             raise ValueError(
                 f"{size_bytes} is not a multiple of {self._caps.block_size} of at least "
@@ -283,6 +282,38 @@ class FileDevice:
             )
         os.ftruncate(self._fd, size_bytes)
         return await self.rescan()
+
+    async def serve_only(self, size_bytes: int) -> int:
+        """Serve the first `size_bytes` (whole blocks, more than none, at most the present
+        size) only, the file left as it is (block.device.Shrinkable): another process
+        serving the same file cuts it next."""
+        self._resizable_here()
+        if not 0 < size_bytes <= self._size or size_bytes & self._mask:
+            raise ValueError(
+                f"{size_bytes} is not a multiple of {self._caps.block_size} of more than 0 "
+                f"and at most {self._size} bytes"
+            )
+        self._size = size_bytes
+        self._caps = replace(self._caps, num_blocks=size_bytes >> self._shift)
+        return self._caps.num_blocks
+
+    async def shrink(self, size_bytes: int) -> int:
+        """Serve the first `size_bytes` only, then truncate the regular file to them. The
+        other processes serving it must have stopped serving past them first: a write
+        past the end would extend the file again."""
+        num_blocks = await self.serve_only(size_bytes)
+        try:
+            os.ftruncate(self._fd, size_bytes)
+        except OSError:
+            await self.rescan()  # the file kept its size: served again
+            raise
+        return num_blocks
+
+    def _resizable_here(self) -> None:
+        if self._fd < 0:
+            raise ValueError(f"{self._path} is closed")
+        if self._is_blockdev or self._read_only:
+            raise ValueError(f"{self._path}: only a writable regular file can change size here")
 
     @property
     def path(self) -> str:

@@ -147,8 +147,8 @@ class MemoryDevice:
     async def grow(self, size_bytes: int) -> int:
         """Take `size_bytes` (whole blocks, at least the present size): the blocks kept,
         the new ones zeroes; the new number of blocks. ValueError, the size kept, for a
-        smaller size (as a file device: a host may hold data past the new end), one that
-        is not whole blocks, or memory that cannot be had."""
+        smaller size (that is `shrink`, which drops data), one that is not whole blocks,
+        or memory that cannot be had."""
         if self._map.closed:
             raise ValueError("device is closed")
         if not isinstance(size_bytes, int) or size_bytes < self._size or size_bytes & self._mask:
@@ -157,23 +157,51 @@ class MemoryDevice:
                 f"{self._size} bytes"
             )
         if size_bytes > self._size:
-            self._extend(size_bytes)
-            self._size = size_bytes
-            self._caps = replace(self._caps, num_blocks=size_bytes >> self._shift)
-            self._mapped()
+            self._take_size(size_bytes)
         return self._caps.num_blocks
 
-    def _extend(self, size_bytes: int) -> None:
-        """Make the mapping `size_bytes` long, its bytes kept: mremap, which moves page
-        table entries, never the data (pages never touched stay unallocated). No I/O is
-        under way meanwhile: every method of this device completes without suspending."""
+    async def serve_only(self, size_bytes: int) -> int:
+        """Serve the first `size_bytes` (whole blocks, more than none, at most the present
+        size) only: the mapping is made that short (block.device.Shrinkable). The memory
+        past it is given back, since no other process maps a private mapping."""
+        if self._map.closed:
+            raise ValueError("device is closed")
+        if (
+            not isinstance(size_bytes, int)
+            or not 0 < size_bytes <= self._size
+            or size_bytes & self._mask
+        ):
+            raise ValueError(
+                f"{size_bytes} is not a multiple of {self._caps.block_size} of more than 0 "
+                f"and at most {self._size} bytes"
+            )
+        if size_bytes < self._size:
+            self._take_size(size_bytes)
+        return self._caps.num_blocks
+
+    async def shrink(self, size_bytes: int) -> int:
+        """`serve_only`: a private mapping is all the storage there is."""
+        return await self.serve_only(size_bytes)
+
+    def _take_size(self, size_bytes: int) -> None:
+        """Map `size_bytes` and serve that many: both in one step, with no I/O between
+        (every method of this device completes without suspending)."""
+        self._remap(size_bytes)
+        self._size = size_bytes
+        self._caps = replace(self._caps, num_blocks=size_bytes >> self._shift)
+        self._mapped()
+
+    def _remap(self, size_bytes: int) -> None:
+        """Make the mapping `size_bytes` long, the bytes below both ends kept: mremap,
+        which moves page table entries, never the data (pages never touched stay
+        unallocated; those past a smaller end are freed)."""
         self.inplace = None
         self._view.release()
         try:
             self._map.resize(size_bytes)
         except (BufferError, OSError) as exc:
             # BufferError: a caller still holds a view of the memory (mremap may move it).
-            raise ValueError(f"cannot extend the memory to {size_bytes} bytes: {exc}") from None
+            raise ValueError(f"cannot resize the memory to {size_bytes} bytes: {exc}") from None
         finally:
             self._view = memoryview(self._map)
             self._mapped()

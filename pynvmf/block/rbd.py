@@ -36,7 +36,8 @@ Other librbd errors are OSErrors with librbd's errno (the target's media-error
 statuses).
 
 Size: `grow` resizes the image (never smaller: SPDK's bdev_rbd_resize refuses that too),
-`rescan` takes the size the image's header holds. Another client's resize (`rbd resize`,
+`shrink` cuts it (librbd's allow_shrink; the target asks only when forced, its I/O
+quiesced), `rescan` takes the size the image's header holds. Another client's resize (`rbd resize`,
 another gateway) is heard through a watch on the image's header object
 (rbd_header.<id>), the object librbd's own update_watch listens on (Debian's python3-rbd
 16.2 has no update_watch): every notify on it (a header update, a lock changing hands)
@@ -504,6 +505,42 @@ class RbdDevice:
 
         async with self._resizing:
             return self._take(await self._blocking("resize", resize))
+
+    async def serve_only(self, size_bytes: int) -> int:
+        """Serve the first `size_bytes` (whole blocks, more than none, at most its size)
+        only, the image left as it is (block.device.Shrinkable)."""
+        self._check_smaller(size_bytes)
+        async with self._resizing:
+            self._caps = replace(self._caps, num_blocks=size_bytes >> self._shift)
+        return self._caps.num_blocks
+
+    async def shrink(self, size_bytes: int) -> int:
+        """Serve the first `size_bytes` only and resize the image to them (librbd told it
+        may shrink: the objects past the new end are removed). If librbd refuses, the
+        size served is the image's again."""
+        self._writable()
+        self._check_smaller(size_bytes)
+
+        def resize() -> None:  # in a thread
+            self._image.resize(size_bytes, allow_shrink=True)
+
+        async with self._resizing:
+            before = self._caps
+            self._caps = replace(before, num_blocks=size_bytes >> self._shift)
+            try:
+                await self._blocking("resize", resize)
+            except OSError:
+                self._caps = before
+                raise
+            log.info("RBD image %s/%s: cut to %d bytes", self._pool, self._name, size_bytes)
+        return self._caps.num_blocks
+
+    def _check_smaller(self, size_bytes: int) -> None:
+        if not 0 < size_bytes <= self._caps.size or size_bytes & self._mask:
+            raise ValueError(
+                f"{size_bytes} is not a multiple of {self._caps.block_size} of more than 0 "
+                f"and at most {self._caps.size} bytes"
+            )
 
     def _take(self, size: int) -> int:
         size -= size & self._mask

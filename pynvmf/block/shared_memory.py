@@ -91,7 +91,9 @@ class SharedMemoryDevice(MemoryDevice):
 
     async def rescan(self) -> int:
         """Take the size the memfd has now (the process that created it grew it: every
-        other process that maps it takes the size this way); the new number of blocks."""
+        other process that maps it takes the size this way); the new number of blocks.
+        ValueError for a memfd smaller than the size served: a shrink tells every
+        process its size first (`serve_only`)."""
         if self._fd < 0:
             raise ValueError("device is closed")
         size = os.fstat(self._fd).st_size
@@ -102,10 +104,20 @@ class SharedMemoryDevice(MemoryDevice):
             )
         return await super().grow(size)
 
-    def _extend(self, size_bytes: int) -> None:
-        """Extend the memfd (if this process has not) and map it again at the new size:
-        its pages are the same in every process, so nothing is copied. A view of the old
-        mapping still held elsewhere keeps that mapping until it goes."""
+    async def shrink(self, size_bytes: int) -> int:
+        """Serve the first `size_bytes` only, then cut the memfd to them (its pages past
+        them are freed). Every other process mapping it must have stopped serving past
+        them first (`serve_only`): touching a mapping past the end of its memfd faults."""
+        num_blocks = await self.serve_only(size_bytes)
+        if os.fstat(self._fd).st_size > size_bytes:
+            os.ftruncate(self._fd, size_bytes)
+        return num_blocks
+
+    def _remap(self, size_bytes: int) -> None:
+        """Extend the memfd (if this process has not, and the size is larger) and map it
+        again at the new size: its pages are the same in every process, so nothing is
+        copied. A smaller mapping leaves the memfd as it is (`shrink` cuts it). A view
+        of the old mapping still held elsewhere keeps that mapping until it goes."""
         if os.fstat(self._fd).st_size < size_bytes:
             os.ftruncate(self._fd, size_bytes)
         new = mmap.mmap(self._fd, size_bytes, flags=mmap.MAP_SHARED)

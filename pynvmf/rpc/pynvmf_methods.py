@@ -22,10 +22,13 @@
   http://address:port/metrics (moving the endpoint if it listens already; port 0 picks
   one); returns where it listens. pynvmf_metrics_stop {}: stop serving them.
   pynvmf_metrics_get_listen {}: where they are served, or null.
-- pynvmf_bdev_resize {name, size_bytes}: grow a bdev to size_bytes: a file bdev's regular
-  file, a memory bdev (its data kept), an RBD image (bdev_aio_rescan takes a size that
-  grew outside); never shrink. The namespaces on it and their hosts see the new size.
-  Returns the number of blocks.
+- pynvmf_bdev_resize {name, size_bytes, force?}: grow a bdev to size_bytes: a file bdev's
+  regular file, a memory bdev (its data kept), an RBD image (bdev_aio_rescan takes a size
+  that grew outside). A smaller size drops the data past it: refused ("force: ...")
+  unless force is true; then the I/O of its namespaces is quiesced while every process
+  serving them stops serving past the new end and the file is truncated, the memory cut
+  or the image resized (docs/control-plane.md, "Namespaces that are cut"). The
+  namespaces on it and their hosts see the new size. Returns the number of blocks.
 - pynvmf_get_host_stats {subsystem?}: every host's (or one subsystem's hosts') counts of
   commands, bytes and errors per namespace and, while latency tracking is on, their
   latency and stage histograms (docs/metrics.md, "Per-host statistics").
@@ -211,9 +214,10 @@ async def pynvmf_keyring_add_key(cp: ControlPlane, p: Params) -> bool:
 async def pynvmf_bdev_resize(cp: ControlPlane, p: Params) -> int:
     name = p.string("name")
     size = p.integer("size_bytes", low=1)
+    force = p.boolean("force", False)
     p.done()
     try:
-        num_blocks: int = await cp.target.resize_block_device(name, size)
+        num_blocks: int = await cp.target.resize_block_device(name, size, force=force)
     except ChangeError as exc:
         raise change_error(exc, {"size": "size_bytes"}) from exc
     return num_blocks

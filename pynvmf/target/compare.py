@@ -26,6 +26,7 @@ from pynvmf.target import reservations
 from pynvmf.target.fused import FUSED_FAIL
 from pynvmf.target.limits import MAX_TRANSFER, VERIFY_MAX_BYTES
 from pynvmf.target.outcome import Outcome
+from pynvmf.target.quiesce import wait_resumed
 
 if TYPE_CHECKING:
     from pynvmf.target.io import IoHandler
@@ -100,6 +101,8 @@ async def compare_and_write(io: IoHandler, first: Request, second: Request) -> N
     as one operation, and complete both."""
     finish = io.queue.finish
     try:
+        if io.quiesced:  # both name the same namespace (a pair's rule)
+            await wait_resumed(io.quiesced, first.sqe.opcode, first.sqe.nsid)
         statuses = await reservations.run_fused(
             io, first, second, lambda: _compare_and_write(io, first, second)
         )

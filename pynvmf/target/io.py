@@ -48,6 +48,7 @@ from pynvmf.target.budget import READ_CHUNK, UNCHARGED_READ
 from pynvmf.target.command_counts import NO_NAMESPACE, Histogram, opcode_slot
 from pynvmf.target.limits import COPY_FORMATS, MAX_TRANSFER, copy_limits, reported_nn
 from pynvmf.target.outcome import Outcome
+from pynvmf.target.quiesce import wait_resumed
 
 if TYPE_CHECKING:
     from pynvmf.target.controller import Controller
@@ -135,6 +136,8 @@ class IoHandler:
         # Namespaces with registrants (the subsystem keeps it current): empty, no I/O
         # command pays more than testing it.
         self.registered = ctrl.subsystem.registered
+        # Namespaces being quiesced (quiesce.py): empty, likewise.
+        self.quiesced = ctrl.subsystem.quiesced
         # ANA: while every group is usable through every port, one attribute test.
         self.ana = ctrl.subsystem.ana
         # The most blocks one Copy range may hold, by block size shift: what Identify
@@ -153,7 +156,12 @@ class IoHandler:
         takes the general path, which decides the status."""
         sqe = req.sqe
         opcode = sqe.opcode
-        if opcode in (_READ, _WRITE, _COPY) and not self.registered and not self.ana.any_blocked:
+        if (
+            opcode in (_READ, _WRITE, _COPY)
+            and not self.registered
+            and not self.quiesced
+            and not self.ana.any_blocked
+        ):
             ns = self.namespaces.get(sqe.nsid)
             # A namespace with rate limits takes the general path, which waits its turn.
             if ns is not None and ns.qos is None:
@@ -283,6 +291,9 @@ class IoHandler:
         sqe = req.sqe
         opcode = sqe.opcode
         try:
+            if self.quiesced:
+                # Before anything else: no status is decided by a size about to change.
+                await wait_resumed(self.quiesced, opcode, sqe.nsid)
             handler = _HANDLERS.get(opcode)
             if handler is None:
                 status, result, data = Status.INVALID_OPCODE | DNR, 0, None

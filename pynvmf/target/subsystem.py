@@ -18,6 +18,8 @@ from pynvmf.target.reservations import NamespaceReservation
 from pynvmf.tcp.psk import ConfiguredPsk
 
 if TYPE_CHECKING:
+    import asyncio
+
     from pynvmf.auth.controller import HostAuthConfig
     from pynvmf.target.controller import Controller
     from pynvmf.target.qos_gate import QosGate
@@ -132,6 +134,10 @@ class Subsystem:
     # The namespaces that have registrants, by NSID: while it is empty, I/O pays one test
     # for reservations. Their NamespaceReservation objects keep it up to date.
     registered: dict[int, NamespaceReservation] = field(default_factory=dict)
+    # The namespaces whose I/O is quiesced (a forced shrink under way), by NSID, with the
+    # event their new commands wait for: while it is empty, I/O pays one test for it.
+    # Kept by quiesce.quiesced alone.
+    quiesced: dict[int, asyncio.Event] = field(default_factory=dict)
     # DH-HMAC-CHAP keys by host NQN: a host listed here must authenticate every queue.
     host_auth: dict[str, HostAuthConfig] = field(default_factory=dict, repr=False)
     # ANA groups and their states on this subsystem's listeners.

@@ -14,6 +14,7 @@ methods only translate their formats into these calls.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import os
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING
 from pynvmf.auth.controller import ALL_DHGROUPS, ALL_HASHES, HostAuthConfig
 from pynvmf.auth.keys import DhchapKey
 from pynvmf.block.copy import CopyReport
-from pynvmf.block.device import GrowsOutside, Resizable
+from pynvmf.block.device import GrowsOutside, Resizable, Shrinkable
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.logs import LogLevels, set_log_levels
 from pynvmf.malloc import trim
@@ -85,6 +86,7 @@ from pynvmf.target.port import (
 from pynvmf.target.protocol import BusyPoller, TargetProtocol
 from pynvmf.target.qos import QosLimits
 from pynvmf.target.qos_gate import QosGate
+from pynvmf.target.quiesce import quiesced
 from pynvmf.target.referrals import Referral, check_referral
 from pynvmf.target.subsystem import (
     CNTLID_MAX,
@@ -580,15 +582,19 @@ class Target:
             self._drop_device(entry)
             await close_device(entry)
 
-    async def resize_block_device(self, name: str, size_bytes: int | None = None) -> int:
+    async def resize_block_device(
+        self, name: str, size_bytes: int | None = None, *, force: bool = False
+    ) -> int:
         """Block device `name` takes a new size: `size_bytes` (a regular file, memory or an
-        RBD image is extended to it), or, without it, the size its storage has now (it
-        grew outside: SPDK's bdev_aio_rescan, another Ceph client's resize). Every
-        controller that sees a namespace on it is told (Namespace Attribute Changed,
-        Changed Namespace List): a Linux host's block device takes the size without
-        reconnecting. Only growing: a smaller size is
-        refused, the size kept (a host may hold data past the new end). The new number
-        of blocks."""
+        RBD image is extended or, forced, cut to it), or, without it, the size its
+        storage has now (it grew outside: SPDK's bdev_aio_rescan, another Ceph client's
+        resize). Every controller that sees a namespace on it is told (Namespace
+        Attribute Changed, Changed Namespace List): a Linux host's block device takes
+        the size without reconnecting. A smaller size drops the data past the new end,
+        which a host may hold: refused (ChangeError naming `force`) unless `force`; then
+        the namespaces' I/O is quiesced while the device is cut (`_shrink`). Storage
+        found smaller by a rescan is refused too, the size kept. The new number of
+        blocks."""
         entry = self._block_device(name)
         device = entry.device
         if not isinstance(device, Resizable):
@@ -596,14 +602,18 @@ class Target:
                 "name", f"{name!r} cannot change size (a file, memory or RBD device can)"
             )
         # One at a time: a rescan the watch started while a grow is under way compares
-        # with the size that grow left.
+        # with the size that grow left; a quiesce never waits for another (quiesce.py).
         async with self._resizing:
             before = device.capabilities.num_blocks
             try:
                 if size_bytes is None:
                     num_blocks = await device.rescan()
+                elif size_bytes < device.capabilities.size:
+                    num_blocks = await self._shrink(name, size_bytes, force=force)
                 else:
                     num_blocks = await device.grow(size_bytes)
+            except ChangeError:
+                raise
             except (ValueError, OSError) as exc:
                 raise ChangeError("name" if size_bytes is None else "size", str(exc)) from exc
         if num_blocks == before:
@@ -618,6 +628,56 @@ class Target:
         for nqn in {subsystem.nqn for subsystem, _ns in users}:
             self._changed(nqn)
         return num_blocks
+
+    async def _shrink(self, name: str, size_bytes: int, *, force: bool) -> int:
+        """Cut block device `name` to `size_bytes`: the I/O of every namespace on it is
+        quiesced (quiesce.py) while every process that serves it stops serving past the
+        new end (`shrink_served`), and then the storage is cut, so that no command reads
+        or writes past the end of what is left. Resize lock held."""
+        device = self.block_devices[name].device
+        size = device.capabilities.size
+        if not force:
+            raise ChangeError(
+                "force",
+                f"{size_bytes} bytes is less than the {size} bytes of {name!r}: a shrink "
+                "drops the data past the new end, which hosts may hold, so it is done only "
+                "when forced (pynvmf_bdev_resize's force)",
+            )
+        if not isinstance(device, Shrinkable):
+            raise ChangeError(
+                "name", f"{name!r} cannot be made smaller (a file, memory or RBD device can)"
+            )
+        users = self.device_users(name)
+        async with contextlib.AsyncExitStack() as stack:
+            for subsystem, ns in users:
+                await stack.enter_async_context(quiesced(subsystem, ns.nsid))
+            # Here first: a size it refuses (not whole blocks, a block device) is refused
+            # before any other process changed anything.
+            await device.serve_only(size_bytes)
+            try:
+                await self.shrink_served(users, size_bytes)
+                num_blocks = await device.shrink(size_bytes)
+            except BaseException:
+                # Not cut: served at the size the storage still has, here (the other
+                # processes take it from the caller's rescan: shrink_served's contract).
+                with contextlib.suppress(ValueError, OSError):
+                    await device.rescan()
+                raise
+        log.warning(
+            "block device %s cut from %d to %d bytes (forced): the data past it is gone",
+            name,
+            size,
+            size_bytes,
+        )
+        return num_blocks
+
+    async def shrink_served(
+        self, users: list[tuple[Subsystem, Namespace]], size_bytes: int
+    ) -> None:
+        """The namespaces `users` (on one device, their I/O quiesced here) are about to be
+        cut to `size_bytes`: whatever serves their I/O elsewhere stops serving past it
+        first, and answers once it did. Should the cut fail, the caller has it take the
+        size the storage kept as after any resize. Nothing, here."""
 
     async def set_qos_limits(self, name: str, given: dict[str, int]) -> QosLimits:
         """Change the rate limits of block device `name` (SPDK's bdev_set_qos_limit:

@@ -2,7 +2,8 @@
 resized through librbd), and a resize made by another Ceph client (the `rbd` command),
 heard through the watch on the image's header. Either way the connected host gets the
 Namespace Attribute Changed event, Identify's new size and the blocks past the old end;
-sizes that cannot be taken are refused with the parameter named."""
+sizes that cannot be taken are refused with the parameter named. A forced shrink
+(pynvmf_bdev_resize with force) cuts the image while the host's I/O runs."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from pynvmf.spec.identify import Oaes
 from pynvmf.spec.opcodes import AdminOpcode, FeatureId, IoOpcode
 from pynvmf.target.target import Target
 from tests.ceph.test_rbd_target import NQN, MiB, _config, _port
+from tests.protocol.test_ns_shrink import run_io_across
 from tests.support.ceph_cluster import CephCluster
 
 BLOCK = 512
@@ -60,6 +62,17 @@ async def _grown(ctrl: Controller, aer: asyncio.Future[object], blocks: int) -> 
     assert back == data
 
 
+def _rbd_info(ceph_cluster: CephCluster, image: str) -> str:
+    """What `rbd info` says of the image."""
+    return subprocess.run(
+        ["rbd", "-c", str(ceph_cluster.conf), "info", f"rbd/{image}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+
+
 async def test_bdev_rbd_resize_grows_the_image_and_the_host_sees_it(
     ceph_cluster: CephCluster, served: tuple[Target, str]
 ) -> None:
@@ -78,14 +91,7 @@ async def test_bdev_rbd_resize_grows_the_image_and_the_host_sees_it(
         back = bytearray(BLOCK)
         await ctrl.io_command(IoOpcode.READ, 1, last, 0, 0, into=memoryview(back))
         assert back == kept
-        out = subprocess.run(
-            ["rbd", "-c", str(ceph_cluster.conf), "info", f"rbd/{image}"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=60,
-        ).stdout
-        assert "size 12 MiB" in out
+        assert "size 12 MiB" in _rbd_info(ceph_cluster, image)
         (bdev,) = await cp.call("bdev_get_bdevs", {"name": name})
         assert bdev["num_blocks"] == 12 * MiB // BLOCK
         notes = await cp.call("notify_get_notifications", {})
@@ -161,3 +167,43 @@ async def test_a_resize_on_one_gateway_reaches_the_hosts_of_another(
     finally:
         await second.stop()
         await first.stop()
+
+
+async def test_a_forced_shrink_cuts_the_image_while_io_runs(
+    ceph_cluster: CephCluster, served: tuple[Target, str]
+) -> None:
+    """pynvmf_bdev_resize with force: the namespace's I/O quiesced (librbd requests in
+    flight finish), the image resized with allow_shrink, the host told; every command
+    gets a success or LBA Out of Range. Without force, refused naming it (and
+    bdev_rbd_resize, SPDK's shape, naming new_size)."""
+    target, image = served
+    cp = control_plane(target)
+    (name,) = [n for n, e in target.block_devices.items() if e.kind == "rbd"]
+    ctrl = await connect("127.0.0.1", _port(target), NQN, queues=2)
+    try:
+        await ctrl.set_features(FeatureId.ASYNC_EVENT, Oaes.NS_ATTR)
+        kept = os.urandom(BLOCK)
+        await ctrl.io_command(IoOpcode.WRITE, 1, 4 * MiB // BLOCK - 1, 0, 0, data=memoryview(kept))
+        for method, params, prefix in [
+            ("pynvmf_bdev_resize", {"name": name, "size_bytes": 4 * MiB}, "force: "),
+            ("bdev_rbd_resize", {"name": name, "new_size": 4}, "new_size: "),
+        ]:
+            with pytest.raises(RpcError) as err:
+                await cp.call(method, params)
+            assert err.value.message.startswith(prefix), (params, err.value.message)
+        aer = asyncio.ensure_future(ctrl.admin_command(AdminOpcode.ASYNC_EVENT_REQUEST))
+
+        async def cut() -> None:
+            assert await cp.call(
+                "pynvmf_bdev_resize", {"name": name, "size_bytes": 4 * MiB, "force": True}
+            ) == (4 * MiB // BLOCK)
+
+        # Blocks of 512 bytes, as io_loop writes them.
+        await run_io_across(ctrl, 1, 8 * MiB // BLOCK, cut)
+        await asyncio.wait_for(aer, 30)
+        assert (await ctrl.identify_namespace(1)).nsze == 4 * MiB // BLOCK
+        assert "size 4 MiB" in _rbd_info(ceph_cluster, image)
+        (bdev,) = await cp.call("bdev_get_bdevs", {"name": name})
+        assert bdev["num_blocks"] == 4 * MiB // BLOCK
+    finally:
+        await ctrl.close()

@@ -4,8 +4,8 @@ removed; a removed subsystem takes the host's controller out of `live`, and the 
 reconnects by itself once the subsystem is back; a persistent discovery controller
 hears of new subsystems; blktests' NVME_TARGET_CONTROL script sets up what the
 host then connects to; a namespace visible to chosen hosts appears and goes on this one;
-a file namespace and a memory namespace that grow take their new size on the host's
-block device without a reconnect.
+a file namespace and a memory namespace that grow, or are cut (forced), take their new
+size on the host's block device without a reconnect.
 
 On Linux 6.1 and 7 (6.12 with PYNVMF_GUEST_EVERY_PEER=1: tests/support/guest.py's rule):
 per peer, one guest boot and one target process (`pynvmf target --empty` with its RPC
@@ -402,6 +402,21 @@ def test_a_grown_file_namespace_takes_its_size_on_the_linux_host(
     with served.rpc() as rpc:
         assert rpc.call("pynvmf_bdev_resize", name="Grow0", size_bytes=64 * MIB) == 64 * MIB // 512
     assert wait_size(guest, dev, 64 * MIB) == 64 * MIB
+    # Cut, forced: the host's block device follows, without a reconnect, the blocks
+    # below the new end kept.
+    guest.run(f"dd if=/tmp/g1 of={dev} bs=4096 seek={28 * MIB // 4096} oflag=direct 2>/dev/null")
+    with served.rpc() as rpc, pytest.raises(RpcClientError, match=r"^force: "):
+        rpc.call("pynvmf_bdev_resize", name="Grow0", size_bytes=32 * MIB)
+    with served.rpc() as rpc:
+        assert rpc.call("pynvmf_bdev_resize", name="Grow0", size_bytes=32 * MIB, force=True) == (
+            32 * MIB // 512
+        )
+    assert wait_size(guest, dev, 32 * MIB) == 32 * MIB
+    assert image.stat().st_size == 32 * MIB
+    guest.run(
+        f"dd if={dev} of=/tmp/g3 bs=4096 skip={28 * MIB // 4096} count=4 iflag=direct "
+        "2>/dev/null && cmp /tmp/g1 /tmp/g3"
+    )
     assert guest.run(f"sh /usr/local/bin/ctrl-state {GROW_NQN} live 5").output.strip() == "live"
     assert "disconnected 1 controller" in guest.run(f"nvme disconnect -n {GROW_NQN}").output
 
@@ -437,9 +452,20 @@ def test_a_grown_memory_namespace_keeps_its_data_and_takes_its_size_on_the_linux
         f"dd if={dev} of=/tmp/m3 bs=4096 skip={40 * MIB // 4096} count=4 iflag=direct "
         "2>/dev/null && cmp /tmp/m1 /tmp/m3"
     )
-    # Never smaller: refused, the host's size kept.
-    with served.rpc() as rpc, pytest.raises(RpcClientError, match=r"^size_bytes: "):
-        rpc.call("pynvmf_bdev_resize", name="GrowMem0", size_bytes=16 * MIB)
+    # Smaller drops data: refused unless forced, the host's size kept.
+    with served.rpc() as rpc, pytest.raises(RpcClientError, match=r"^force: "):
+        rpc.call("pynvmf_bdev_resize", name="GrowMem0", size_bytes=24 * MIB)
     assert int(guest.run(f"blockdev --getsize64 {dev}").output) == 48 * MIB
+    # Forced: the host's block device follows without a reconnect, the blocks below the
+    # new end kept.
+    with served.rpc() as rpc:
+        assert rpc.call("pynvmf_bdev_resize", name="GrowMem0", size_bytes=24 * MIB, force=True) == (
+            24 * MIB // 512
+        )
+    assert wait_size(guest, dev, 24 * MIB) == 24 * MIB
+    guest.run(
+        f"dd if={dev} of=/tmp/m4 bs=4096 skip={last} count=4 iflag=direct 2>/dev/null && "
+        "cmp /tmp/m1 /tmp/m4"
+    )
     assert guest.run(f"sh /usr/local/bin/ctrl-state {GROW_MEM_NQN} live 5").output.strip() == "live"
     assert "disconnected 1 controller" in guest.run(f"nvme disconnect -n {GROW_MEM_NQN}").output

@@ -6,8 +6,9 @@ four I/O queues (two default, two write queues) that land on both workers, data
 written through one CPU's queue is verified through the other's, when a worker
 is killed the kernel host reconnects by itself and reads its data back, and
 `nvme smart-log` of a subsystem removed and created again (over RPC) counts that
-subsystem's commands only, a memory namespace grown over RPC is served at its new
-size by both workers once the host's block device has it, and fio against a
+subsystem's commands only, a memory namespace grown over RPC, then cut (forced) while
+the host reads, is served at its new size by both workers once the host's block device
+has it, and fio against a
 rate-limited namespace (bdev_set_qos_limit) measures the limit across both workers.
 """
 
@@ -313,6 +314,31 @@ def test_a_memory_namespace_grown_over_rpc_is_served_at_its_new_size_by_both_wor
                 "iflag=direct 2>/dev/null && cmp /tmp/k1 /tmp/k2"
             )
             _write_on_one_worker_verify_on_the_other(guest, dev, "grown", offset_mib=24)
+            # Cut, forced, while the host reads across the old end on both CPUs (both
+            # workers): each quiesces the namespace and serves the new size before the
+            # memory is cut, so none is gone (a SIGBUS), and the host follows.
+            guest.run(
+                "command -v taskset >/dev/null && "
+                "for c in 0 1; do taskset -c $c sh -c 'while :; do "
+                f"dd if={dev} of=/dev/null bs=64k count=640 iflag=direct; done' "
+                ">/dev/null 2>&1 & echo $! >> /tmp/readers; done && "
+                "kill -0 $(cat /tmp/readers)"  # both reading
+            )
+            try:
+                with RpcClient(target.rpc_socket) as rpc:
+                    cut = rpc.call(
+                        "pynvmf_bdev_resize", name="Grow0", size_bytes=32 * MIB, force=True
+                    )
+                assert cut == 32 * MIB // 512
+                assert wait_size(guest, dev, 32 * MIB) == 32 * MIB
+            finally:
+                guest.run("kill $(cat /tmp/readers); rm /tmp/readers", check=False)
+            assert "is gone with" not in target.process.stderr()[since:]
+            guest.run(
+                f"dd if={dev} of=/tmp/k3 bs=4096 skip={16 * MIB // 4096 - 4} count=4 "
+                "iflag=direct 2>/dev/null && cmp /tmp/k1 /tmp/k3"
+            )
+            _write_on_one_worker_verify_on_the_other(guest, dev, "cut", offset_mib=8)
         finally:
             guest.run(f"nvme disconnect -n {GROW}")
     finally:

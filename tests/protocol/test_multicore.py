@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from pynvmf.block.file import FileDevice
+from pynvmf.block.shared_memory import SharedMemoryDevice
 from pynvmf.host import Controller, NvmeStatusError, connect
 from pynvmf.host.queue import HostQueue
 from pynvmf.metrics.endpoint import MetricsEndpoint
@@ -42,6 +43,7 @@ from pynvmf.target.devices import NamedDevice
 from pynvmf.target.port import Port
 from pynvmf.target.target import Target
 from tests.protocol.conftest import RawTarget
+from tests.protocol.test_ns_shrink import run_io_across
 from tests.support.raw import HOSTID, HOSTNQN, RawQueue, rw_sqe
 from tests.support.scrape import samples_of, value
 
@@ -575,3 +577,38 @@ async def test_a_grown_memory_namespace_is_served_at_its_new_size_by_every_worke
     # Each worker reads what the other wrote past the old end: one memory.
     for i, queue in enumerate(reversed(ctrl.io_queues)):
         assert await _read(queue, 2 * BLOCKS - 2 + i, 1) == data
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+async def test_a_forced_shrink_while_io_runs_on_every_worker(
+    start: Start, hosts: Hosts, tmp_path: Path, kind: str
+) -> None:
+    """Each worker quiesces the namespace and serves the new size before the memfd or
+    file is cut: none maps or writes past its end (no SIGBUS, the file not extended
+    again), every command gets a success or LBA Out of Range, and the event waits."""
+    path = tmp_path / "cut.img"
+    target = await start(file=path if kind == "file" else None)
+    name = "file" if kind == "file" else f"{NQN}/1"
+    ctrl = await hosts(target, queues=2)
+    assert _placement(target) == [1, 1]
+    await ctrl.set_features(FeatureId.ASYNC_EVENT, Oaes.NS_ATTR)
+    aer = asyncio.ensure_future(ctrl.admin_command(AdminOpcode.ASYNC_EVENT_REQUEST))
+    half = BLOCKS // 2
+
+    async def cut() -> None:
+        assert await target.resize_block_device(name, half * BLOCK, force=True) == half
+
+    await run_io_across(ctrl, 1, BLOCKS, cut)
+    await asyncio.wait_for(aer, 10)
+    assert target.workers is not None
+    assert all(w.alive for w in target.workers.workers)
+    for queue in ctrl.io_queues:
+        await _read(queue, half - 1, 1)
+        assert await _status_of(_read(queue, half, 1)) == Status.LBA_OUT_OF_RANGE
+        assert await _status_of(_write(queue, half, bytes(BLOCK))) == Status.LBA_OUT_OF_RANGE
+    if kind == "file":
+        assert path.stat().st_size == half * BLOCK
+    else:
+        device = target.block_devices[name].device
+        assert isinstance(device, SharedMemoryDevice)
+        assert os.fstat(device.fileno()).st_size == half * BLOCK

@@ -90,8 +90,9 @@ async def test_sizes_that_cannot_be_taken_are_refused_and_the_size_kept(
         ("bdev_aio_rescan", {"name": "Mem0"}, "name: "),
         ("bdev_aio_rescan", {"name": "Nope"}, "name: "),
         ("pynvmf_bdev_resize", {"name": "Grow0", "size_bytes": BLOCKS * BLOCK + 1}, "size_bytes: "),
-        ("pynvmf_bdev_resize", {"name": "Grow0", "size_bytes": BLOCK}, "size_bytes: "),
-        ("pynvmf_bdev_resize", {"name": "Mem0", "size_bytes": 32 * 512}, "size_bytes: "),
+        # Smaller drops data: only when forced (tests/protocol/test_ns_shrink.py).
+        ("pynvmf_bdev_resize", {"name": "Grow0", "size_bytes": BLOCK}, "force: "),
+        ("pynvmf_bdev_resize", {"name": "Mem0", "size_bytes": 32 * 512}, "force: "),
         ("pynvmf_bdev_resize", {"name": "Mem0", "size_bytes": 64 * 512 + 100}, "size_bytes: "),
     ]
     for method, params, prefix in cases:

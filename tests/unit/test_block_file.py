@@ -435,3 +435,39 @@ async def test_random_ops_against_model(img):
     assert await read_all(dev) == model
     await dev.close()
     assert img.read_bytes() == model
+
+
+async def test_shrink_truncates_the_file_and_refuses_io_past_the_new_end(img):
+    dev, model = await filled(img, 1 << 20, 512)
+    other = FileDevice(img, 512)  # another process serving the same file
+    try:
+        for size in (0, (1 << 19) + 100, 2 << 20):  # none; not whole blocks; larger
+            with pytest.raises(ValueError):
+                await dev.shrink(size)
+        assert await other.serve_only(1 << 19) == 1024
+        assert os.path.getsize(img) == 1 << 20  # serve_only leaves the file alone
+        with pytest.raises(BlockRangeError):
+            await other.write(1024, b"\0" * 512)
+        assert await dev.shrink(1 << 19) == 1024
+        assert os.path.getsize(img) == 1 << 19
+        assert await read_all(dev) == model[: 1 << 19]
+        with pytest.raises(BlockRangeError):
+            await dev.read(1023, memoryview(bytearray(1024)))
+        assert await other.rescan() == 1024
+        assert os.path.getsize(img) == 1 << 19  # nothing wrote past the end
+    finally:
+        await other.close()
+        await dev.close()
+
+
+async def test_a_read_only_file_is_not_shrunk(img):
+    dev, _model = await filled(img, 1 << 20, 512)
+    await dev.close()
+    ro = FileDevice(img, 512, read_only=True)
+    try:
+        with pytest.raises(ValueError, match="writable regular file"):
+            await ro.shrink(1 << 19)
+        assert ro.capabilities.num_blocks == 2048
+        assert os.path.getsize(img) == 1 << 20
+    finally:
+        await ro.close()

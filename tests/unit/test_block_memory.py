@@ -403,7 +403,7 @@ async def test_grow_refused_while_a_view_of_the_memory_is_held() -> None:
     device = MemoryDevice(1 << 20, 512)
     try:
         held = memoryview(device.inplace.view)[:512]  # type: ignore[union-attr]
-        with pytest.raises(ValueError, match="cannot extend"):
+        with pytest.raises(ValueError, match="cannot resize"):
             await device.grow(2 << 20)
         held.release()
         await device.write(0, b"x" * 512)
@@ -424,6 +424,66 @@ async def test_shared_memory_grown_in_one_process_is_taken_by_the_others_rescan(
         back = bytearray(512)
         await other.read(4095, memoryview(back))
         assert back == b"z" * 512
+    finally:
+        other.close_sync()
+        device.close_sync()
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["private", "shared"])
+async def test_shrink_keeps_the_blocks_below_the_new_end_and_refuses_io_past_it(
+    shared: bool,
+) -> None:
+    device = SharedMemoryDevice(1 << 20, 512) if shared else MemoryDevice(1 << 20, 512)
+    try:
+        data = pattern(4096, 9)
+        await device.write(1016, data)  # the last 8 blocks kept
+        await device.write(2040, data)  # cut
+        for size in (0, 1 << 19 | 100, 2 << 20):  # none; not whole blocks; larger
+            with pytest.raises(ValueError):
+                await device.shrink(size)
+        assert device.capabilities.num_blocks == 2048
+        assert await device.shrink(1 << 19) == 1024
+        assert device.capabilities.num_blocks == 1024
+        back = bytearray(4096)
+        await device.read(1016, memoryview(back))
+        assert back == data
+        assert device.read_now(1016, 8, 4096) == data
+        with pytest.raises(BlockRangeError):
+            await device.read(1020, memoryview(back))
+        with pytest.raises(BlockRangeError):
+            await device.write(1024, b"\0" * 512)
+        assert device.read_now(1020, 8, 4096) is None  # the in-place path: out of range
+        assert not device.write_now(1023, 2, b"\0" * 1024)
+        if shared:
+            assert os.fstat(device.fileno()).st_size == 1 << 19
+        # Grown again, the blocks that were cut read as zeroes.
+        assert await device.grow(1 << 20) == 2048
+        await device.read(2040, memoryview(back))
+        assert back == bytes(4096)
+    finally:
+        device.close_sync()
+
+
+async def test_shared_memory_is_cut_only_once_every_process_serves_less() -> None:
+    """Another process stops serving past the new end (serve_only) before the one that
+    cuts the memfd does: it never maps memory past the memfd's end."""
+    device = SharedMemoryDevice(1 << 20, 512)
+    other = SharedMemoryDevice(1 << 20, 512, fd=os.dup(device.fileno()), locks=device.locks)
+    try:
+        await other.write(2047, b"o" * 512)
+        assert await other.serve_only(1 << 19) == 1024
+        assert os.fstat(device.fileno()).st_size == 1 << 20  # not cut yet
+        assert other.inplace is not None and other.inplace.size == 1 << 19
+        with pytest.raises(BlockRangeError):
+            await other.write(2047, b"o" * 512)
+        await device.read(2047, memoryview(bytearray(512)))  # still served there
+        assert await device.shrink(1 << 19) == 1024
+        assert os.fstat(device.fileno()).st_size == 1 << 19
+        assert await other.rescan() == 1024  # the size it serves is the memfd's
+        await device.write(1023, b"d" * 512)
+        back = bytearray(512)
+        await other.read(1023, memoryview(back))
+        assert back == b"d" * 512
     finally:
         other.close_sync()
         device.close_sync()

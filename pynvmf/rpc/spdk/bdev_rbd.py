@@ -159,12 +159,16 @@ async def bdev_rbd_delete(cp: ControlPlane, p: Params) -> bool:
 @method("bdev_rbd_resize")
 async def bdev_rbd_resize(cp: ControlPlane, p: Params) -> bool:
     """SPDK's shape: `new_size` in MiB, never smaller than the bdev (the image is resized
-    through librbd; the namespaces on it and their hosts see the new size)."""
+    through librbd; the namespaces on it and their hosts see the new size). A smaller size
+    is refused naming `new_size`, as SPDK does; pynvmf_bdev_resize with force cuts it."""
     name = p.string("name")
     new_size = p.integer("new_size", low=1)
     p.done()
     entry = cp.target.block_devices.get(name)
     if entry is None or entry.kind != D.RBD:
         raise RpcError(INVALID_PARAMS, f"name: no rbd bdev named {name!r}")
-    await apply_change(cp.target.resize_block_device(name, new_size << 20), {"size": "new_size"})
+    await apply_change(
+        cp.target.resize_block_device(name, new_size << 20),
+        {"size": "new_size", "force": "new_size"},
+    )
     return True

@@ -34,6 +34,9 @@ RESERVATION = "reservation"  # (nqn, nsid, seq, state, preempted host IDs): requ
 NAMESPACE_HOSTS = "namespace_hosts"
 # (nqn, nsid): the namespace's file grew, take its size; request
 NAMESPACE_RESIZED = "namespace_resized"
+# (nqn, nsid, size in bytes): the namespace is about to be cut to that size: quiesce its
+# I/O and serve that much only; request, answered once done (quiesce.py)
+NAMESPACE_SHRINKING = "namespace_shrinking"
 # (nqn, nsid, lock name): the namespace's device has rate limits, paced in the state of the
 # memfd that comes with it (qos_gate.py), or (nqn, nsid, None): none any more; request
 QOS = "qos"

@@ -24,7 +24,7 @@ import sys
 from typing import Any
 
 from pynvmf.aio import install_uvloop
-from pynvmf.block.device import Resizable
+from pynvmf.block.device import Resizable, Shrinkable
 from pynvmf.block.file import FileDevice
 from pynvmf.block.shared_memory import SharedMemoryDevice
 from pynvmf.logs import LogLevels, configure, set_log_levels
@@ -43,6 +43,7 @@ from pynvmf.target.outcome import Outcome
 from pynvmf.target.port import Port
 from pynvmf.target.protocol import TargetProtocol
 from pynvmf.target.qos_gate import QosGate
+from pynvmf.target.quiesce import quiesced
 from pynvmf.target.reservations import ReservationState
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
@@ -181,6 +182,8 @@ class Worker:
             return self._namespace_hosts(*args)
         if kind == S.NAMESPACE_RESIZED:
             return self._namespace_resized(*args)
+        if kind == S.NAMESPACE_SHRINKING:
+            return self._namespace_shrinking(*args)
         if kind == S.NAMESPACE_ANA_GROUP:
             self._namespace_ana_group(*args)
             return None
@@ -367,6 +370,20 @@ class Worker:
         if isinstance(device, Resizable):
             return await device.rescan()
         return device.capabilities.num_blocks
+
+    async def _namespace_shrinking(self, nqn: str, nsid: int, size_bytes: int) -> int:
+        """Namespace `nsid` is about to be cut to `size_bytes`: its I/O here is quiesced
+        while this process stops serving past them. The size served now (in blocks)."""
+        assert self.target is not None
+        subsystem = self.target.subsystems.get(nqn)
+        ns = subsystem.namespaces.get(nsid) if subsystem is not None else None
+        if subsystem is None or ns is None:
+            return 0
+        device = ns.device
+        if not isinstance(device, Shrinkable):
+            return device.capabilities.num_blocks
+        async with quiesced(subsystem, nsid):
+            return await device.serve_only(size_bytes)
 
     async def _subsystem_gone(self, nqn: str) -> None:
         assert self.target is not None

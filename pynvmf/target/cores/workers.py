@@ -31,6 +31,7 @@ reconnect); its queues leave their controllers and a new worker takes its place.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -643,6 +644,15 @@ class WorkerPool:
         hosts = tuple(sorted(ns.hosts))
         await wait_all([w.request(S.NAMESPACE_HOSTS, nqn, ns.nsid, hosts) for w in self._live()])
 
+    async def namespace_shrinking(self, nqn: str, ns: Namespace, size_bytes: int) -> None:
+        """Have every worker quiesce `ns`'s I/O and serve its first `size_bytes` only (the
+        storage is cut next); answered once they all do."""
+        if not S.shareable(ns):
+            return
+        await wait_all(
+            [w.request(S.NAMESPACE_SHRINKING, nqn, ns.nsid, size_bytes) for w in self._live()]
+        )
+
     async def namespace_resized(self, nqn: str, ns: Namespace) -> None:
         """Have every worker take the new size of `ns`'s file; answered once they did."""
         if not S.shareable(ns):
@@ -875,7 +885,9 @@ class MultiCoreTarget(Target):
             await self.workers.namespace_hosts(nqn, ns)
         return detached
 
-    async def resize_block_device(self, name: str, size_bytes: int | None = None) -> int:
+    async def resize_block_device(
+        self, name: str, size_bytes: int | None = None, *, force: bool = False
+    ) -> int:
         # The events wait until every worker serves the new size: a host reads past the
         # old end once it heard of the change, maybe through a worker.
         users = self.device_users(name)
@@ -883,13 +895,31 @@ class MultiCoreTarget(Target):
         for ctrl in held:
             ctrl.hold_events()
         try:
-            num_blocks = await super().resize_block_device(name, size_bytes)
-            for subsystem, ns in users:
-                await self.workers.namespace_resized(subsystem.nqn, ns)
+            try:
+                num_blocks = await super().resize_block_device(name, size_bytes, force=force)
+            except BaseException:
+                if force:
+                    # A cut that failed once the workers served less (shrink_served):
+                    # each serves what the storage kept again. The cut's error is the
+                    # answer, whatever a worker says.
+                    with contextlib.suppress(Exception):
+                        await self._workers_take_sizes(users)
+                raise
+            await self._workers_take_sizes(users)
         finally:
             for ctrl in held:
                 ctrl.release_events()
         return num_blocks
+
+    async def _workers_take_sizes(self, users: list[tuple[Subsystem, Namespace]]) -> None:
+        for subsystem, ns in users:
+            await self.workers.namespace_resized(subsystem.nqn, ns)
+
+    async def shrink_served(
+        self, users: list[tuple[Subsystem, Namespace]], size_bytes: int
+    ) -> None:
+        for subsystem, ns in users:
+            await self.workers.namespace_shrinking(subsystem.nqn, ns, size_bytes)
 
     async def remove_subsystem(self, nqn: str) -> None:
         await super().remove_subsystem(nqn)
