@@ -45,7 +45,7 @@ from pynvmf.spec.status import (
 )
 from pynvmf.target import compare, reservations
 from pynvmf.target.budget import READ_CHUNK, UNCHARGED_READ
-from pynvmf.target.command_counts import NO_NAMESPACE, Histogram, opcode_slot
+from pynvmf.target.command_counts import NO_NAMESPACE, Histogram, NamespaceCounts, opcode_slot
 from pynvmf.target.limits import COPY_FORMATS, MAX_TRANSFER, copy_limits, reported_nn
 from pynvmf.target.outcome import Outcome
 from pynvmf.target.quiesce import wait_resumed
@@ -68,8 +68,8 @@ _SLBA_NLB: Final = COPY_RANGE_SLBA_NLB
 _READ: Final = int(IoOpcode.READ)
 _WRITE: Final = int(IoOpcode.WRITE)
 _COPY: Final = int(IoOpcode.COPY)
-# IoHandler's run of timed fast-path commands while it has none: a histogram that
-# no command is counted in, so that the hot path compares with it and tests nothing else.
+# The histogram of IoHandler's run of timed fast-path commands while it has none (no
+# command is counted in it).
 _NO_RUN: Final = Histogram()
 _UNCHARGED_READ: Final = UNCHARGED_READ
 _READ_CHUNK: Final = READ_CHUNK
@@ -122,13 +122,19 @@ class IoHandler:
         # and their per-namespace lists, looked up by NSID on the hot path.
         self.counts = ctrl.target.command_counts.of(ctrl.subsystem.nqn, ctrl.hostnqn)
         self.ns_counts = self.counts.namespaces
-        # Latency tracking: the fast path's timed commands since the last flush, counted
-        # in runs (`timed_now`) rather than one by one: the current run's histogram, the
-        # clock read its commands began and were dispatched at, their number; and the
-        # runs before it.
-        self._run = _NO_RUN
-        self._run_at = 0
-        self._run_n = 0
+        # Latency tracking: the fast path's timed Reads and Writes since the last flush,
+        # counted in runs (timed_now) rather than one by one. The current run of each:
+        # the namespace's counts (the hot path's test: `is`), its histogram, the clock
+        # read its commands began and were dispatched at (-1: no run), their number; and
+        # the runs before them (histogram, clock read, number).
+        self._read_run: NamespaceCounts | None = None
+        self._read_latency = _NO_RUN
+        self._read_at = -1
+        self._read_n = 0
+        self._write_run: NamespaceCounts | None = None
+        self._write_latency = _NO_RUN
+        self._write_at = -1
+        self._write_n = 0
         self._runs: list[tuple[Histogram, int, int]] = []
         # The target's counters: Copy's bytes by the planner's path.
         self.counters = ctrl.target.counters
@@ -192,12 +198,10 @@ class IoHandler:
                                 counts = self.counts.namespace(sqe.nsid)
                             counts.writes += 1
                             counts.write_bytes += req.length
-                            if req.started:
-                                latency = counts.latency.get(_WRITE)
-                                if latency is self._run and not req.dispatched:
-                                    self._run_n += 1
-                                else:
-                                    self.timed_now(req, latency or counts.latency_of(_WRITE))
+                            if req.started == self._write_at and counts is self._write_run:
+                                self._write_n += 1  # timed_now's common case, inline
+                            elif req.started:
+                                self.timed_now(req, counts, _WRITE)
                             self.queue.conn.complete(req, 0)
                             return
                 except (ValueError, TypeError):
@@ -236,12 +240,10 @@ class IoHandler:
             counts = self.counts.namespace(sqe.nsid)
         counts.reads += 1
         counts.read_bytes += length
-        if req.started:
-            latency = counts.latency.get(_READ)
-            if latency is self._run and not req.dispatched:
-                self._run_n += 1  # the common case, inline: timed_now's first
-            else:
-                self.timed_now(req, latency or counts.latency_of(_READ))
+        if req.started == self._read_at and counts is self._read_run:
+            self._read_n += 1  # timed_now's common case, inline
+        elif req.started:
+            self.timed_now(req, counts, _READ)
         self.queue.conn.complete(req, 0, 0, data)
         return True
 
@@ -283,7 +285,7 @@ class IoHandler:
         counts.copies += 1
         counts.copy_bytes += nlb << shift
         if req.started:
-            self.timed_now(req, counts.latency.get(_COPY) or counts.latency_of(_COPY))
+            self.timed_now(req, counts, _COPY)
         self.queue.conn.complete(req, 0)
         return True
 
@@ -354,21 +356,29 @@ class IoHandler:
             if not status:
                 latency.device(device)
 
-    def timed_now(self, req: Request, latency: Histogram) -> None:
-        """The fast path completed timed `req`, of `latency`'s opcode and namespace. One
-        dispatched in the batch of input it began in joins the run of such commands
+    def timed_now(self, req: Request, counts: NamespaceCounts, opcode: int) -> None:
+        """The fast path completed timed `req`, a Read, Write or Copy counted in `counts`.
+        One dispatched in the batch of input it began in joins the run of such commands
         (they are alike: one histogram, the same times; `sent` counts a run at once);
         another (its capsule spread over batches, or a fault rule held it) is timed
         alone, by the connection's list of timed completions."""
+        latency = counts.latency_of(opcode)
         if req.dispatched:
             req.latency = latency
             return
-        if latency is self._run and req.started == self._run_at:
-            self._run_n += 1
-            return
-        if self._run is not _NO_RUN:
-            self._runs.append((self._run, self._run_at, self._run_n))
-        self._run, self._run_at, self._run_n = latency, req.started, 1
+        started = req.started
+        if opcode == _READ:
+            if self._read_run is not None:
+                self._runs.append((self._read_latency, self._read_at, self._read_n))
+            self._read_run, self._read_latency = counts, latency
+            self._read_at, self._read_n = started, 1
+        elif opcode == _WRITE:
+            if self._write_run is not None:
+                self._runs.append((self._write_latency, self._write_at, self._write_n))
+            self._write_run, self._write_latency = counts, latency
+            self._write_at, self._write_n = started, 1
+        else:
+            self._runs.append((latency, started, 1))
 
     def sent(self, reqs: list[Request], now: int) -> None:
         """The completions of this queue's timed commands were handed to the socket at
@@ -379,12 +389,17 @@ class IoHandler:
         over no later than this flush, the first clock read after it, so its time from
         dispatch to here is its device stage (the device and the target's own work on
         the batch) and its send stage is 0."""
-        if self._run is not _NO_RUN:
-            for latency, at, n in self._runs:
-                self._sent_alike(latency, at, at, n, now)
+        if self._read_run is not None:
+            self._sent_alike(self._read_latency, self._read_at, self._read_at, self._read_n, now)
+            self._read_run, self._read_latency, self._read_at = None, _NO_RUN, -1
+        if self._write_run is not None:
+            at = self._write_at
+            self._sent_alike(self._write_latency, at, at, self._write_n, now)
+            self._write_run, self._write_latency, self._write_at = None, _NO_RUN, -1
+        if self._runs:
+            for histogram, at, n in self._runs:
+                self._sent_alike(histogram, at, at, n, now)
             self._runs.clear()
-            self._sent_alike(self._run, self._run_at, self._run_at, self._run_n, now)
-            self._run = _NO_RUN
         counts = self.counts
         run: Histogram | None = None  # alike fast-path commands timed alone, n of them
         started = dispatched = n = 0
