@@ -9,7 +9,9 @@ every run) and an action:
   uniform or exponential distribution by the rule's generator);
 - ``status``: complete it at once with a chosen status (SCT, SC, DNR, CRD);
 - ``drop``: never complete it (the host's timeout runs);
-- ``close``: close the connection it came on.
+- ``close``: close the connection it came on;
+- on the wire (NVMe/TCP PDUs: tcp/wire_faults.py decides what is sent): ``corrupt_digest``,
+  ``term_req``, ``malformed_pdu``, ``drop_r2t``, ``stall_c2h``.
 
 Everything here is plain rules, no I/O: the queue (queue.py) asks `FaultTable.judge`
 about a command and does what the answer says; the Target (target.py) checks a rule
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
@@ -29,8 +31,18 @@ from pynvmf.spec.opcodes import AdminOpcode, IoOpcode
 from pynvmf.spec.status import CRD_SHIFT, DNR
 from pynvmf.target.changes import ChangeError, check_hostnqn
 from pynvmf.target.io import IO_COMMANDS
+from pynvmf.tcp.wire_faults import (
+    DEFAULT_FES,
+    DIGESTS,
+    FES_NAMES,
+    FES_WITH_FEI,
+    MALFORMED_PDUS,
+    WIRE_ACTIONS,
+    WireFault,
+)
 
-ACTIONS: Final = ("delay", "status", "drop", "close")
+COMMAND_ACTIONS: Final = ("delay", "status", "drop", "close")
+ACTIONS: Final = (*COMMAND_ACTIONS, *WIRE_ACTIONS)
 DISTRIBUTIONS: Final = ("fixed", "uniform", "exponential")
 # The fields each distribution of a delay takes.
 _DELAY_FIELDS: Final = {
@@ -122,6 +134,11 @@ class FaultSpec:
     sc: int | None = None
     dnr: bool = False
     crd: int = 0
+    # -- on the wire (tcp/wire_faults.py) --
+    digest: str | None = None  # corrupt_digest: "header" or "data"
+    fes: str | int | None = None  # term_req: a FES by name or number (default: sequence error)
+    fei: int | None = None  # term_req, with a FES that has an FEI
+    pdu: str | None = None  # malformed_pdu: "type", "hlen" or "plen"
 
     def check(self) -> None:
         """Raise ChangeError naming the first field that is wrong."""
@@ -164,6 +181,7 @@ class FaultSpec:
             self._check_delay()
         if self.action == "status":
             self._check_status()
+        self._check_wire()
 
     def _check_delay(self) -> None:
         if self.distribution not in DISTRIBUTIONS:
@@ -193,6 +211,71 @@ class FaultSpec:
         _integer("crd", self.crd, 0, CRD_MAX)
         if self.sct == 0 and self.sc == 0:
             raise ChangeError("sc", "0 with SCT 0 is success, not a fault")
+
+    # -- on the wire --------------------------------------------------------------------
+
+    def _check_wire(self) -> None:
+        action = self.action
+        for name, owner in (
+            ("digest", "corrupt_digest"),
+            ("fes", "term_req"),
+            ("fei", "term_req"),
+            ("pdu", "malformed_pdu"),
+        ):
+            if getattr(self, name) is not None and action != owner:
+                raise ChangeError(name, f"only for action {owner}")
+        if action == "corrupt_digest":
+            if self.digest is None:
+                raise ChangeError("digest", f"missing (one of {', '.join(DIGESTS)})")
+            if self.digest not in DIGESTS:
+                raise ChangeError("digest", f"{self.digest!r} is not one of {', '.join(DIGESTS)}")
+            if self.digest == "data":
+                self._check_direction(0x2, "a data digest is only on data sent to the host")
+        elif action == "stall_c2h":
+            self._check_direction(0x2, "only data sent to the host can stall")
+        elif action == "drop_r2t":
+            self._check_direction(0x1, "only a command with data from the host has an R2T")
+        elif action == "term_req":
+            fes = self.fes_number()
+            if self.fei is not None:
+                if fes not in FES_WITH_FEI:
+                    raise ChangeError("fei", f"FES {fes:#x} has no FEI (reserved)")
+                _integer("fei", self.fei, 0, 0xFFFFFFFF)
+        elif action == "malformed_pdu" and self.pdu not in MALFORMED_PDUS:
+            if self.pdu is None:
+                raise ChangeError("pdu", f"missing (one of {', '.join(MALFORMED_PDUS)})")
+            raise ChangeError("pdu", f"{self.pdu!r} is not one of {', '.join(MALFORMED_PDUS)}")
+
+    def _check_direction(self, bit: int, why: str) -> None:
+        """A wire action about data moving one way selects commands whose opcode moves it
+        so (the opcode's data direction bits: 01b to the controller, 10b to the host)."""
+        _admin, opcode = self.opcode_set()
+        if opcode is not None and not opcode & bit:
+            raise ChangeError("opcode", f"{self.opcode!r}: {why}")
+
+    def fes_number(self) -> int:
+        """A term_req rule's FES as a number."""
+        fes = self.fes
+        if fes is None:
+            return DEFAULT_FES
+        if isinstance(fes, str):
+            if fes not in FES_NAMES:
+                raise ChangeError("fes", f"{fes!r} is not one of {', '.join(FES_NAMES)}")
+            return FES_NAMES[fes]
+        return _integer("fes", fes, min(FES_NAMES.values()), max(FES_NAMES.values()))
+
+    def wire_fault(self) -> WireFault | None:
+        """What the transport is asked to do for a command the rule hit (None: not a rule
+        about the wire)."""
+        if self.action not in WIRE_ACTIONS:
+            return None
+        return WireFault(
+            self.action,
+            digest=self.digest or "",
+            fes=self.fes_number() if self.action == "term_req" else DEFAULT_FES,
+            fei=self.fei or 0,
+            pdu=self.pdu or "",
+        )
 
     def opcode_set(self) -> tuple[bool | None, int | None]:
         """(admin: True, I/O: False, either: None; the opcode or None for any)."""
@@ -290,6 +373,11 @@ class Hit:
     action: str
     delay_s: float = 0.0
 
+    @property
+    def wire(self) -> WireFault | None:
+        """For a rule about the wire, what the transport is to do."""
+        return self.rule.wire
+
 
 @dataclass(slots=True)
 class FaultRule:
@@ -304,11 +392,15 @@ class FaultRule:
     rng: random.Random = field(default_factory=random.Random)
     # What take_counts reported of matches and hits so far.
     taken: tuple[int, int] = (0, 0)
+    # A rule about the wire: what it asks of the transport.
+    wire: WireFault | None = None
 
     @classmethod
     def of(cls, rule_id: int, spec: FaultSpec) -> FaultRule:
         admin, opcode = spec.opcode_set()
-        return cls(rule_id, spec, admin, opcode, rng=random.Random(spec.seed))
+        return cls(
+            rule_id, spec, admin, opcode, rng=random.Random(spec.seed), wire=spec.wire_fault()
+        )
 
     def selects(self, subnqn: str, hostnqn: str, qid: int, sqe: Sqe) -> bool:
         spec = self.spec
@@ -401,11 +493,22 @@ class FaultTable:
             self._untaken[rule_id] = (matches, hits)
         return rule
 
-    def judge(self, subnqn: str, hostnqn: str, qid: int, sqe: Sqe) -> Hit | None:
-        """What to do with a command that arrived: None to run it as usual."""
+    def judge(
+        self,
+        subnqn: str,
+        hostnqn: str,
+        qid: int,
+        sqe: Sqe,
+        wire: Callable[[WireFault], bool] | None = None,
+    ) -> Hit | None:
+        """What to do with a command that arrived: None to run it as usual. `wire` says
+        whether a rule about the wire can act on this command on its connection (the
+        transport's can_inject; None: none can): a rule that cannot selects nothing."""
         if sqe.opcode == _FABRICS:
             return None
         for rule in self.rules.values():
+            if rule.wire is not None and (wire is None or not wire(rule.wire)):
+                continue
             if rule.selects(subnqn, hostnqn, qid, sqe) and rule.fires():
                 rule.hits += 1
                 action = rule.spec.action
