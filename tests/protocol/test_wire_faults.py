@@ -11,6 +11,7 @@ import logging
 
 import pytest
 
+from pynvmf.host import NvmeConnectionError, connect
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS
 from pynvmf.spec import command as C
 from pynvmf.spec import pdu as P
@@ -233,3 +234,17 @@ async def test_the_rpc_refuses_a_bad_wire_rule_naming_the_field(
     rule_id = await raw_rpc_target.ok("pynvmf_fault_add", action="stall_c2h", opcode="read")
     (listed,) = await raw_rpc_target.ok("pynvmf_fault_list")
     assert listed["id"] == rule_id and listed["rule"] == {"action": "stall_c2h", "opcode": "read"}
+
+
+@pytest.mark.parametrize("kind", ["type", "hlen", "plen"])
+async def test_pynvmfs_host_terminates_on_a_malformed_pdu(raw_target: RawTarget, kind: str) -> None:
+    add(raw_target, action="malformed_pdu", pdu=kind, opcode="read", first=1)
+    port = raw_target.port
+    ctrl = await connect(port.address, port.port, RAW_SUBNQN)
+    try:
+        with pytest.raises(NvmeConnectionError):
+            await asyncio.wait_for(
+                ctrl.namespace(1).read(0, memoryview(bytearray(RAW_NS1_BLOCK))), TIMEOUT
+            )
+    finally:
+        await ctrl.close()
