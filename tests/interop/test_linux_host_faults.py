@@ -8,8 +8,10 @@ a host developer uses them for, checked end to end with the host's own recovery.
 - the connection closed after N commands: the host reconnects and fio's verify passes;
 - on the wire: a wrong data digest on some Reads (the host fails the Read with a transfer
   error and retries it: fio's verify matches, nothing wrong is read); a C2HTermReq (the
-  host starts error recovery and reconnects); a lost R2T and a Read stalled halfway (the
-  host's I/O timeout runs, it resets and reconnects, and sends the command again).
+  host starts error recovery and reconnects), as after a wrong header digest or a malformed
+  PDU (an undefined type, a wrong HLEN; a wrong PLEN the host does not check); a lost R2T
+  and a Read stalled halfway (the host's I/O timeout runs, it resets and reconnects, and
+  sends the command again).
 
 The rules are added over the RPC while the host is connected, as a developer would."""
 
@@ -40,6 +42,8 @@ DDGST = "nqn.2024-11.dev.pynvmf:faults-ddgst"
 TERM = "nqn.2024-11.dev.pynvmf:faults-term"
 R2T = "nqn.2024-11.dev.pynvmf:faults-r2t"
 STALL = "nqn.2024-11.dev.pynvmf:faults-stall"
+HDGST = "nqn.2024-11.dev.pynvmf:faults-hdgst"
+MALFORMED = "nqn.2024-11.dev.pynvmf:faults-malformed"
 # CRDT1 in 100 ms units: what the host waits before it retries a command completed with
 # CRD 1.
 CRDT1 = 30
@@ -69,7 +73,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         "crdt": [CRDT1, 0, 0],
         "subsystems": [
             {"nqn": nqn, "namespaces": [{"nsid": 1, "memory": 32 * MIB}]}
-            for nqn in (TIMEOUT, RETRY, CLOSE, DDGST, TERM, R2T, STALL)
+            for nqn in (TIMEOUT, RETRY, CLOSE, DDGST, TERM, R2T, STALL, HDGST, MALFORMED)
         ],
     }
     socket_path = str(workdir / "rpc.sock")
@@ -301,3 +305,79 @@ def test_a_read_stalled_halfway_times_out_and_is_read_again(guest: Guest, served
     finally:
         served.call("pynvmf_fault_remove", id=rule)
         _disconnect(guest, STALL)
+
+
+def test_a_header_digest_error_makes_the_host_reconnect(guest: Guest, served: Served) -> None:
+    dev = _connect(guest, served, HDGST, "--hdr-digest")
+    since = _kernel_lines(guest)
+    rule = served.call(
+        "pynvmf_fault_add",
+        action="corrupt_digest",
+        digest="header",
+        subsystem=HDGST,
+        queue="io",
+        after=200,
+        limit=1,
+    )
+    try:
+        _fio_verify(guest, dev)
+        assert _hits(served, rule) == 1
+        kernel = _new_kernel_lines(guest, since)
+        assert "header digest error" in kernel, kernel
+        assert re.search(r"reconnect", kernel, re.IGNORECASE), kernel
+    finally:
+        served.call("pynvmf_fault_remove", id=rule)
+        _disconnect(guest, HDGST)
+
+
+@pytest.mark.parametrize(
+    ("pdu", "logged"),
+    [("type", "unsupported pdu type (8)"), ("hlen", "has unexpected header length (8)")],
+)
+def test_a_malformed_pdu_makes_the_host_reconnect(
+    guest: Guest, served: Served, pdu: str, logged: str
+) -> None:
+    dev = _connect(guest, served, MALFORMED)
+    since = _kernel_lines(guest)
+    rule = served.call(
+        "pynvmf_fault_add",
+        action="malformed_pdu",
+        pdu=pdu,
+        subsystem=MALFORMED,
+        queue="io",
+        after=200,
+        limit=1,
+    )
+    try:
+        _fio_verify(guest, dev)
+        assert _hits(served, rule) == 1
+        kernel = _new_kernel_lines(guest, since)
+        assert logged in kernel, kernel
+        assert re.search(r"reconnect", kernel, re.IGNORECASE), kernel
+    finally:
+        served.call("pynvmf_fault_remove", id=rule)
+        _disconnect(guest, MALFORMED)
+
+
+def test_a_capsule_resp_with_a_wrong_plen_is_taken_as_it_is(guest: Guest, served: Served) -> None:
+    """The Linux host reads a fixed 24-byte header and does not check PLEN: the Flush the
+    malformed CapsuleResp answers completes as if it were well formed."""
+    dev = _connect(guest, served, MALFORMED)
+    since = _kernel_lines(guest)
+    rule = served.call(
+        "pynvmf_fault_add",
+        action="malformed_pdu",
+        pdu="plen",
+        subsystem=MALFORMED,
+        opcode="flush",
+        limit=1,
+    )
+    try:
+        guest.run(f"nvme flush {dev}")
+        assert _hits(served, rule) == 1
+        guest.run(f"nvme flush {dev}")
+        kernel = _new_kernel_lines(guest, since)
+        assert not re.search(r"reconnect|error recovery", kernel, re.IGNORECASE), kernel
+    finally:
+        served.call("pynvmf_fault_remove", id=rule)
+        _disconnect(guest, MALFORMED)
