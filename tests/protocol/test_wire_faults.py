@@ -101,6 +101,15 @@ async def test_a_command_without_data_gets_a_wrong_header_digest_on_its_completi
     assert cqe_of(resp).cid == 9 and not header_digest_ok(resp)
 
 
+async def test_a_write_gets_a_wrong_header_digest_on_its_r2t(raw_target: RawTarget) -> None:
+    queue = await io_queue(raw_target, hdgst=True)
+    add(raw_target, action="corrupt_digest", digest="header", opcode="write")
+    queue.send(queue.capsule(rw_sqe(IoOpcode.WRITE, 14, 1, 0, 4, 4 * RAW_NS1_BLOCK)))
+    r2t = await raw_pdu(queue)
+    assert r2t[0] == P.PduType.R2T and P.DATA_BODY.unpack_from(r2t, P.CH_LEN)[0] == 14
+    assert not header_digest_ok(r2t)
+
+
 async def test_a_wrong_data_digest_on_a_read(raw_target: RawTarget) -> None:
     queue = await io_queue(raw_target, hdgst=True, ddgst=True)
     rule = add(raw_target, action="corrupt_digest", digest="data", opcode="read")
