@@ -9,7 +9,9 @@ every run) and an action:
   uniform or exponential distribution by the rule's generator);
 - ``status``: complete it at once with a chosen status (SCT, SC, DNR, CRD);
 - ``drop``: never complete it (the host's timeout runs);
-- ``close``: close the connection it came on.
+- ``close``: close the connection it came on;
+- on the wire (NVMe/TCP PDUs: tcp/wire_faults.py decides what is sent): ``corrupt_digest``,
+  ``term_req``, ``malformed_pdu``, ``drop_r2t``, ``stall_c2h``.
 
 Controller-level actions act on the controllers or a namespace a rule names for as long
 as it is in force, not on commands one by one (controller_faults.py runs them):
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
@@ -36,6 +38,15 @@ from pynvmf.spec.status import CRD_SHIFT, DNR, Status
 from pynvmf.target.ana import ANAGRPMAX, STATE_NAMES, parse_state
 from pynvmf.target.changes import ChangeError, check_hostnqn
 from pynvmf.target.io import IO_COMMANDS
+from pynvmf.tcp.wire_faults import (
+    DEFAULT_FES,
+    DIGESTS,
+    FES_NAMES,
+    FES_WITH_FEI,
+    MALFORMED_PDUS,
+    WIRE_ACTIONS,
+    WireFault,
+)
 
 # -- controller-level actions (see the module's docstring) --
 # Rules that run on a schedule from when they are added until they are removed, and never
@@ -58,7 +69,8 @@ _READS: Final = {
 }
 # -- end of the controller-level section --
 
-ACTIONS: Final = ("delay", "status", "drop", "close", *CONTROLLER_LEVEL_ACTIONS)
+COMMAND_ACTIONS: Final = ("delay", "status", "drop", "close")
+ACTIONS: Final = (*COMMAND_ACTIONS, *WIRE_ACTIONS, *CONTROLLER_LEVEL_ACTIONS)
 DISTRIBUTIONS: Final = ("fixed", "uniform", "exponential")
 # The fields each distribution of a delay takes.
 _DELAY_FIELDS: Final = {
@@ -157,6 +169,11 @@ class FaultSpec:
     trsvcid: int | None = None
     period_ms: float | None = None  # ana_flap, aen_storm: time between two changes
     event: str | None = None  # aen_storm: one of AEN_EVENTS
+    # -- on the wire (tcp/wire_faults.py) --
+    digest: str | None = None  # corrupt_digest: "header" or "data"
+    fes: str | int | None = None  # term_req: a FES by name or number (default: sequence error)
+    fei: int | None = None  # term_req, with a FES that has an FEI
+    pdu: str | None = None  # malformed_pdu: "type", "hlen" or "plen"
 
     def check(self) -> None:
         """Raise ChangeError naming the first field that is wrong."""
@@ -200,6 +217,7 @@ class FaultSpec:
         if self.action == "status":
             self._check_status()
         self._check_controller_level()
+        self._check_wire()
 
     def _check_delay(self) -> None:
         if self.distribution not in DISTRIBUTIONS:
@@ -314,6 +332,71 @@ class FaultSpec:
 
     # -- end of the controller-level section --
 
+    # -- on the wire --------------------------------------------------------------------
+
+    def _check_wire(self) -> None:
+        action = self.action
+        for name, owner in (
+            ("digest", "corrupt_digest"),
+            ("fes", "term_req"),
+            ("fei", "term_req"),
+            ("pdu", "malformed_pdu"),
+        ):
+            if getattr(self, name) is not None and action != owner:
+                raise ChangeError(name, f"only for action {owner}")
+        if action == "corrupt_digest":
+            if self.digest is None:
+                raise ChangeError("digest", f"missing (one of {', '.join(DIGESTS)})")
+            if self.digest not in DIGESTS:
+                raise ChangeError("digest", f"{self.digest!r} is not one of {', '.join(DIGESTS)}")
+            if self.digest == "data":
+                self._check_direction(0x2, "a data digest is only on data sent to the host")
+        elif action == "stall_c2h":
+            self._check_direction(0x2, "only data sent to the host can stall")
+        elif action == "drop_r2t":
+            self._check_direction(0x1, "only a command with data from the host has an R2T")
+        elif action == "term_req":
+            fes = self.fes_number()
+            if self.fei is not None:
+                if fes not in FES_WITH_FEI:
+                    raise ChangeError("fei", f"FES {fes:#x} has no FEI (reserved)")
+                _integer("fei", self.fei, 0, 0xFFFFFFFF)
+        elif action == "malformed_pdu" and self.pdu not in MALFORMED_PDUS:
+            if self.pdu is None:
+                raise ChangeError("pdu", f"missing (one of {', '.join(MALFORMED_PDUS)})")
+            raise ChangeError("pdu", f"{self.pdu!r} is not one of {', '.join(MALFORMED_PDUS)}")
+
+    def _check_direction(self, bit: int, why: str) -> None:
+        """A wire action about data moving one way selects commands whose opcode moves it
+        so (the opcode's data direction bits: 01b to the controller, 10b to the host)."""
+        _admin, opcode = self.opcode_set()
+        if opcode is not None and not opcode & bit:
+            raise ChangeError("opcode", f"{self.opcode!r}: {why}")
+
+    def fes_number(self) -> int:
+        """A term_req rule's FES as a number."""
+        fes = self.fes
+        if fes is None:
+            return DEFAULT_FES
+        if isinstance(fes, str):
+            if fes not in FES_NAMES:
+                raise ChangeError("fes", f"{fes!r} is not one of {', '.join(FES_NAMES)}")
+            return FES_NAMES[fes]
+        return _integer("fes", fes, min(FES_NAMES.values()), max(FES_NAMES.values()))
+
+    def wire_fault(self) -> WireFault | None:
+        """What the transport is asked to do for a command the rule hit (None: not a rule
+        about the wire)."""
+        if self.action not in WIRE_ACTIONS:
+            return None
+        return WireFault(
+            self.action,
+            digest=self.digest or "",
+            fes=self.fes_number() if self.action == "term_req" else DEFAULT_FES,
+            fei=self.fei or 0,
+            pdu=self.pdu or "",
+        )
+
     def opcode_set(self) -> tuple[bool | None, int | None]:
         """(admin: True, I/O: False, either: None; the opcode or None for any)."""
         admin = None if self.queue is None else self.queue == "admin"
@@ -419,6 +502,11 @@ class Hit:
     action: str
     delay_s: float = 0.0
 
+    @property
+    def wire(self) -> WireFault | None:
+        """For a rule about the wire, what the transport is to do."""
+        return self.rule.wire
+
 
 @dataclass(slots=True)
 class FaultRule:
@@ -435,6 +523,8 @@ class FaultRule:
     taken: tuple[int, int] = (0, 0)
     # False for a controller-level rule that runs on a schedule (controller_faults.py).
     per_command: bool = True
+    # A rule about the wire: what it asks of the transport.
+    wire: WireFault | None = None
 
     @classmethod
     def of(cls, rule_id: int, spec: FaultSpec) -> FaultRule:
@@ -442,7 +532,15 @@ class FaultRule:
         if spec.action == "not_ready":
             admin = False  # a namespace's I/O, never its admin commands
         rng = random.Random(spec.seed)
-        return cls(rule_id, spec, admin, opcode, rng=rng, per_command=spec.per_command)
+        return cls(
+            rule_id,
+            spec,
+            admin,
+            opcode,
+            rng=rng,
+            per_command=spec.per_command,
+            wire=spec.wire_fault(),
+        )
 
     def selects(self, subnqn: str, hostnqn: str, qid: int, sqe: Sqe) -> bool:
         spec = self.spec
@@ -535,12 +633,25 @@ class FaultTable:
             self._untaken[rule_id] = (matches, hits)
         return rule
 
-    def judge(self, subnqn: str, hostnqn: str, qid: int, sqe: Sqe) -> Hit | None:
-        """What to do with a command that arrived: None to run it as usual."""
+    def judge(
+        self,
+        subnqn: str,
+        hostnqn: str,
+        qid: int,
+        sqe: Sqe,
+        wire: Callable[[WireFault], bool] | None = None,
+    ) -> Hit | None:
+        """What to do with a command that arrived: None to run it as usual. `wire` says
+        whether a rule about the wire can act on this command on its connection (the
+        transport's can_inject; None: none can): a rule that cannot selects nothing."""
         if sqe.opcode == _FABRICS:
             return None
         for rule in self.rules.values():
-            if rule.per_command and rule.selects(subnqn, hostnqn, qid, sqe) and rule.fires():
+            if not rule.per_command:
+                continue
+            if rule.wire is not None and (wire is None or not wire(rule.wire)):
+                continue
+            if rule.selects(subnqn, hostnqn, qid, sqe) and rule.fires():
                 rule.hits += 1
                 action = rule.spec.action
                 return Hit(rule, action, rule.delay_s() if action == "delay" else 0.0)

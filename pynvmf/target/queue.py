@@ -227,8 +227,9 @@ class TargetQueue:
         self.faults = faults
 
     def _faulted(self, faults: FaultTable, req: Request) -> bool:
-        """Whether a fault rule took `req` (delayed, completed, dropped, or its
-        connection closed); False to run it as usual."""
+        """Whether a fault rule took `req` (delayed, completed, dropped, its connection
+        closed, or the transport's wire fault took it); False to run it as usual (a wire
+        fault may have marked its PDUs)."""
         if req is self._released:
             self._released = None
             return False
@@ -242,7 +243,10 @@ class TargetQueue:
             req.data = None
             self._dropped[sqe.cid] = req
             return True
-        hit = faults.judge(self.subnqn, self.hostnqn, self.qid, sqe)
+        conn = self.conn
+        hit = faults.judge(
+            self.subnqn, self.hostnqn, self.qid, sqe, functools.partial(conn.can_inject, req)
+        )
         if hit is None:
             return False
         rule = hit.rule
@@ -256,6 +260,11 @@ class TargetQueue:
             sqe.nsid,
         )
         action = hit.action
+        wire = hit.wire
+        if wire is not None:
+            # The transport decides what goes on the wire; the command runs on unless
+            # that took it (a TermReq, a malformed PDU in place of its answer).
+            return not conn.inject(req, wire)
         if action == "delay":
             _own_data(req)
             timer = asyncio.get_running_loop().call_later(hit.delay_s, self._release, req)

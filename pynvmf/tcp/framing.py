@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Final, cast
 
 from pynvmf.spec import pdu as P
 from pynvmf.tcp import digest as D
@@ -427,3 +427,113 @@ class PduConnection:
         if not self._output_requested:
             self._output_requested = True
             self.on_output()
+
+
+# -- PDUs framed wrongly on purpose (fault rules: tcp/wire_faults.py, docs/faults.md) ----------
+# What a mark makes of the PDUs about one command (by CID), until the command's last PDU.
+MARK_HEADER_DIGEST: Final = 1  # the first PDU about it carries a wrong header digest
+MARK_DATA_DIGEST: Final = 2  # its first C2HData carries a wrong data digest
+MARK_DROP_R2T: Final = 3  # its R2T is never sent
+MARK_STALL_C2H: Final = 4  # half of its first C2HData's data is sent, nothing after
+_STALLED: Final = 5  # a stalled command's later PDUs (its completion too) are not sent
+_R2T: Final = int(P.PduType.R2T)
+_C2H_DATA: Final = int(P.PduType.C2H_DATA)
+_CAPSULE_RESP: Final = int(P.PduType.CAPSULE_RESP)
+_FLAG_SUCCESS: Final = P.FLAG_DATA_SUCCESS
+# Where the CID is among the header fields PduWriter.control takes (after the common header).
+_CAPSULE_RESP_CID: Final = 4
+
+
+def _spoiled(digest: Buffer) -> bytes:
+    """A digest that is certainly wrong: every bit of the right one flipped."""
+    return bytes(b ^ 0xFF for b in digest)
+
+
+class MarkingWriter(PduWriter):
+    """A PduWriter that frames the PDUs about marked commands wrongly, as a fault rule asked
+    (TargetConnection.inject puts it in place of the connection's writer): the PDUs of
+    every other command are framed as PduWriter frames them. A mark lasts until the
+    command's last PDU (its CapsuleResp, or a C2HData with SUCCESS), or its first PDU for a
+    digest; the connection's end takes the rest."""
+
+    __slots__ = ("marks",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.marks: dict[int, int] = {}
+
+    def control(
+        self, out: list[Buffer], layout: struct.Struct, pdu_type: int, hlen: int, *fields: object
+    ) -> None:
+        if pdu_type == _R2T:
+            cid = cast(int, fields[0])
+        elif pdu_type == _CAPSULE_RESP:
+            cid = cast(int, fields[_CAPSULE_RESP_CID])
+        else:
+            PduWriter.control(self, out, layout, pdu_type, hlen, *fields)
+            return
+        marks = self.marks
+        mark = marks.get(cid, 0)
+        if not mark:
+            PduWriter.control(self, out, layout, pdu_type, hlen, *fields)
+            return
+        if pdu_type == _CAPSULE_RESP:
+            del marks[cid]  # the command's last PDU
+            if mark == _STALLED:
+                return
+        elif mark in (MARK_DROP_R2T, MARK_HEADER_DIGEST):
+            del marks[cid]  # the R2T is the first PDU about it
+            if mark == MARK_DROP_R2T:
+                return
+        frame: list[Buffer] = []
+        PduWriter.control(self, frame, layout, pdu_type, hlen, *fields)
+        if mark == MARK_HEADER_DIGEST and self.hdgst:
+            frame[1] = _spoiled(frame[1])
+        out.extend(frame)
+
+    def data(
+        self,
+        out: list[Buffer],
+        layout: struct.Struct,
+        pdu_type: int,
+        flags: int,
+        hlen: int,
+        payload: Buffer,
+        *fields: object,
+    ) -> None:
+        if pdu_type != _C2H_DATA:  # (the target sends no other PDU with data)
+            PduWriter.data(self, out, layout, pdu_type, flags, hlen, payload, *fields)
+            return
+        marks = self.marks
+        cid = cast(int, fields[0])
+        mark = marks.get(cid, 0)
+        if not mark or mark == MARK_DROP_R2T:
+            if mark and flags & _FLAG_SUCCESS:
+                del marks[cid]
+            PduWriter.data(self, out, layout, pdu_type, flags, hlen, payload, *fields)
+            return
+        if mark == _STALLED:
+            if flags & _FLAG_SUCCESS:
+                del marks[cid]
+            return
+        if mark == MARK_STALL_C2H:
+            # The first half of this PDU's data, as a PDU of its own that ends nothing; the
+            # rest of the command's data and its completion stay here.
+            marks[cid] = _STALLED
+            if flags & _FLAG_SUCCESS:
+                del marks[cid]
+            view = memoryview(payload).cast("B")
+            half = view.nbytes // 2
+            datao = fields[2]
+            PduWriter.data(
+                self, out, layout, pdu_type, 0, hlen, view[:half], cid, fields[1], datao, half
+            )
+            return
+        del marks[cid]  # a digest: the first PDU about it
+        frame: list[Buffer] = []
+        PduWriter.data(self, frame, layout, pdu_type, flags, hlen, payload, *fields)
+        if mark == MARK_HEADER_DIGEST and self.hdgst:
+            frame[1] = _spoiled(frame[1])
+        elif mark == MARK_DATA_DIGEST and self.ddgst:
+            frame[-1] = _spoiled(frame[-1])
+        out.extend(frame)

@@ -12,7 +12,8 @@ command semantics are the layer's above (`NvmeQueue`).
 The seam between the two is named, as nvmet's `nvmet_fabrics_ops` and SPDK's
 transport ops tables name theirs: the NVMe layer gives the connection its
 `NvmeQueue` once (`attach`), and states the queue's parameters once Connect has
-bound it (`bind_queue`); it calls `complete`, `send_data`, `fetch_data` and `close`.
+bound it (`bind_queue`); it calls `complete`, `send_data`, `fetch_data` and `close`,
+and, for a command a fault rule selected, `can_inject` and `inject` (wire_faults.py).
 """
 
 from __future__ import annotations
@@ -34,7 +35,16 @@ from pynvmf.spec.command import (
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType
 from pynvmf.spec.status import DNR, Status
 from pynvmf.tcp.config import EstablishedState, TransportConfig
-from pynvmf.tcp.framing import PduConnection, PduReader
+from pynvmf.tcp.framing import (
+    MARK_DATA_DIGEST,
+    MARK_DROP_R2T,
+    MARK_HEADER_DIGEST,
+    MARK_STALL_C2H,
+    MarkingWriter,
+    PduConnection,
+    PduReader,
+)
+from pynvmf.tcp.wire_faults import WireFault, capsule_header, malformed_resp
 
 if TYPE_CHECKING:
     # The NVMe layer's, for the type of Request.latency alone (set and read there).
@@ -641,6 +651,50 @@ class TargetConnection(PduConnection):
             n,
         )
 
+    # -- fault rules on the wire (wire_faults.py, docs/faults.md) ----------------------
+
+    def can_inject(self, req: Request, fault: WireFault) -> bool:
+        """Whether `fault` can act on `req`'s PDUs here: the digest it corrupts was
+        negotiated, data moves the way it needs. A rule that cannot selects nothing."""
+        action = fault.action
+        if action == "corrupt_digest":
+            if fault.digest == "header":
+                return self.hdgst
+            return self.ddgst and _moves_data_to_host(req)
+        if action == "stall_c2h":
+            return _moves_data_to_host(req)
+        if action == "drop_r2t":
+            return req.data is None and req.length > 0 and _host_to_controller(req.sqe)
+        return True
+
+    def inject(self, req: Request, fault: WireFault) -> bool:
+        """Act on `req`'s PDUs as `fault` says (can_inject said it can): True if the
+        command is to run on as usual (its PDUs are marked), False if this took it (a
+        TermReq closed the connection; a malformed PDU went out in place of its answer)."""
+        action = fault.action
+        if action == "term_req":
+            self._terminate(fault.fes, fault.fei, capsule_header(req.sqe, self.hdgst))
+            return False
+        if action == "malformed_pdu":
+            # The command stays among those in flight: its answer never comes.
+            self._emit(malformed_resp(fault.pdu, self.qid, req.sqe.cid, self.hdgst))
+            return False
+        writer = self.writer
+        if not isinstance(writer, MarkingWriter):
+            # From now on every PDU goes through the writer, which frames the marked
+            # commands' wrongly (the plain shortcuts would pass it by).
+            writer = MarkingWriter()
+            writer.configure(hdgst=self.hdgst, ddgst=self.ddgst, pda=self.hpda)
+            self.writer = writer
+            self._plain_resp = None
+            self._plain_data = False
+        if action == "corrupt_digest":
+            mark = MARK_HEADER_DIGEST if fault.digest == "header" else MARK_DATA_DIGEST
+        else:
+            mark = MARK_DROP_R2T if action == "drop_r2t" else MARK_STALL_C2H
+        writer.marks[req.sqe.cid] = mark
+        return True
+
     # -- errors and teardown ------------------------------------------------------------
 
     def _on_fatal(self, fes: int, fei: int, offending: bytes) -> None:
@@ -729,6 +783,11 @@ def _ignore_request(req: Request) -> None:
 
 def _unattached(req: Request) -> None:
     raise AssertionError("a command before the NVMe layer attached")
+
+
+def _moves_data_to_host(req: Request) -> bool:
+    """Whether `req` has controller-to-host data (the data direction bits of its opcode)."""
+    return req.length > 0 and bool(req.sqe.opcode & 0x2)
 
 
 def _host_to_controller(sqe: Sqe) -> bool:
