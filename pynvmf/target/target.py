@@ -32,6 +32,7 @@ from pynvmf.block.device import GrowsOutside, Resizable
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.logs import LogLevels, set_log_levels
 from pynvmf.malloc import trim
+from pynvmf.record.tap import Recorder
 from pynvmf.spec.auth import DhGroupId, HashId
 from pynvmf.spec.command import COPY_CDFE_FORMATS
 from pynvmf.spec.logpages import AnaState
@@ -206,6 +207,8 @@ class Target:
         # Fault rules (faults.py) and the timers of a scenario's rules still to come or go.
         self.faults = FaultTable()
         self._fault_timers: set[asyncio.TimerHandle] = set()
+        # Where new connections are recorded (pynvmf/record, docs/record-replay.md), if anywhere.
+        self.recorder: Recorder | None = None
         # Command Retry Delay Times 1-3 (Identify Controller CRDT1-3), in 100 ms units.
         self.crdt: tuple[int, int, int] = (0, 0, 0)
         # Told the NQN of every subsystem whose configuration changed (see _changed).
@@ -292,6 +295,8 @@ class Target:
                 proto.close("target shutting down")
         for server in servers:
             await server.wait_closed()
+        if self.recorder is not None:
+            self.recorder.close()
         for port in self.ports:
             port.server = None
         closed: set[int] = set()
@@ -362,6 +367,11 @@ class Target:
     async def controller_changed(self, ctrl: Controller) -> None:
         """A Set Features changed what I/O reads of `ctrl`: whatever serves its queues
         elsewhere takes the change before the host hears of it. Nothing, here."""
+
+    def record_connections(self, recorder: Recorder | None) -> None:
+        """Record every connection accepted from now on to `recorder`'s directory (None:
+        stop recording new ones)."""
+        self.recorder = recorder
 
     def set_latency_tracking(self, enable: bool) -> None:
         """Time every I/O command (latency histograms: command_counts.py) from now on,
