@@ -135,7 +135,7 @@ def test_replayed_against_nvmet_the_known_differences(
     report = _replay(recording, ("127.0.0.1", nvmet_port))
     text = "\n".join(report.lines())
     print(text)
-    differences = {(d.field, d.recorded, d.live) for f in report.findings for d in f.differences}
+    differences = [(d.field, d.recorded, d.live) for f in report.findings for d in f.differences]
     # Who made the controller, and what the transport offers: nvmet's, not pynvmf's.
     assert ("identify-controller.mn", "pynvmf", "Linux") in differences, text
     assert ("maxh2cdata", 128 * 1024, 4 * MIB) in differences, text

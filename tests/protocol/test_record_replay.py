@@ -20,6 +20,7 @@ from pynvmf.target.faults import FaultSpec
 from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
+from tests.support.target_process import TargetProcess
 
 NQN = "nqn.2024-01.io.pynvmf.test:replay"
 BLOCK = 512
@@ -173,3 +174,38 @@ async def test_the_cli_says_in_its_exit_status_whether_answers_differ(tmp_path: 
     status, out = await _cli_replay(files, target)
     assert status == 1, out
     assert "CapsuleResp cid" in out and "status: recorded 'SUCCESS'" in out
+
+
+async def test_the_target_command_records_to_a_directory_and_refuses_many_cores(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "rec"
+    proc = TargetProcess(
+        None,
+        tmp_path,
+        ["--memory", "16M", "--nqn", NQN, "--listen", "127.0.0.1:0", "--record", str(directory)],
+    )
+    proc.start()
+    try:
+        ctrl = await connect(proc.address, proc.port, NQN)
+        await ctrl.identify_controller()
+        await ctrl.close()
+    finally:
+        proc.stop()  # every recording file is closed when the target stops
+    recordings = [F.load(p) for p in sorted(directory.iterdir())]
+    assert sorted(queue_info(r).qid for r in recordings) == [0, 1]
+    assert all(r.pdus and r.end == "" for r in recordings)
+    refused = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "pynvmf",
+        "target",
+        "--cores",
+        "2",
+        "--record",
+        str(directory),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(refused.communicate(), 60)
+    assert refused.returncode == 2
+    assert b"--record: recording needs a target on one core" in err
