@@ -99,7 +99,11 @@ class StreamTap:
                 self.closed(why)
                 return
             assert self._f is not None
-            self._f.write(line)
+            try:
+                self._f.write(line)
+            except OSError as exc:
+                self.closed(f"writing failed: {exc.strerror or exc}")
+                return
             self.bytes_written += len(line)
 
     def closed(self, reason: str) -> None:
@@ -107,10 +111,13 @@ class StreamTap:
         if f is None:
             return
         self._f = None
-        if reason != "connection closed":
-            log.warning("recording %s stopped: %s", self.path, reason)
-            f.write(F.end_line(time.monotonic_ns(), reason) + "\n")
-        f.close()
+        try:
+            if reason != "connection closed":
+                log.warning("recording %s stopped: %s", self.path, reason)
+                f.write(F.end_line(time.monotonic_ns(), reason) + "\n")
+            f.close()
+        except OSError as exc:
+            log.warning("recording %s: %s", self.path, exc.strerror or exc)
         self._recorder.tap_closed(self)
 
 
@@ -145,7 +152,6 @@ class Recorder:
         number = self.connections
         name = f"{number:06d}-{os.getpid()}-{peer.replace(':', '_').strip('[]')}.jsonl"
         path = self.directory / name
-        f = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed by the tap)
         header = F.header_line(
             role=role,
             connection=number,
@@ -154,7 +160,14 @@ class Recorder:
             wall=datetime.now(UTC).isoformat(timespec="milliseconds"),
             monotonic_ns=time.monotonic_ns(),
         )
-        f.write(header + "\n")
+        try:
+            f = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed by the tap)
+            f.write(header + "\n")
+        except OSError as exc:
+            # The directory went away or filled up: no connection pays for it.
+            self.full = True
+            log.warning("recording to %s stopped: %s", self.directory, exc.strerror or exc)
+            return None
         tap = StreamTap(self, path, f, role)
         self._open.add(tap)
         return tap

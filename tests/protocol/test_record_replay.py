@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from pathlib import Path
 
 from pynvmf.block.memory import MemoryDevice
@@ -36,7 +37,7 @@ def _target(device: MemoryDevice | None = None) -> Target:
     return Target([subsystem], [Port("127.0.0.1", 0)])
 
 
-async def _record(directory: Path, **host_options: object) -> list[F.Recording]:
+async def _record(directory: Path, gap_s: float = 0.0, **host_options: object) -> list[F.Recording]:
     target = _target()
     target.record_connections(Recorder(directory))
     await target.start()
@@ -45,6 +46,8 @@ async def _record(directory: Path, **host_options: object) -> list[F.Recording]:
         ctrl = await connect(port.address, port.port, NQN, **host_options)  # type: ignore[arg-type]
         try:
             await ctrl.identify_controller()
+            if gap_s:
+                await asyncio.sleep(gap_s)  # a host that pauses: the gap --timing keeps
             ns = ctrl.namespace(1)
             await ns.write(8, PATTERN)
             buf = memoryview(bytearray(len(PATTERN)))
@@ -58,11 +61,13 @@ async def _record(directory: Path, **host_options: object) -> list[F.Recording]:
     return [F.load(p) for p in sorted(directory.iterdir())]
 
 
-async def _replay(recordings: list[F.Recording], target: Target) -> ReplayReport:
+async def _replay(
+    recordings: list[F.Recording], target: Target, *, timing: bool = False
+) -> ReplayReport:
     await target.start()
     try:
         port = target.ports[0]
-        return await replay(recordings, (port.address, port.port), wait_s=2.0)
+        return await replay(recordings, (port.address, port.port), wait_s=2.0, timing=timing)
     finally:
         await target.stop()
 
@@ -93,6 +98,19 @@ async def test_replay_against_a_target_configured_alike_finds_nothing(tmp_path: 
     assert report.findings == [], report.lines()
     assert report.associations == 1
     assert report.matched == sum(1 for r in recordings for p in r.pdus if p.direction == F.C2H)
+
+
+async def test_with_timing_the_recorded_gaps_are_kept(tmp_path: Path) -> None:
+    gap = 0.5
+    recordings = await _record(tmp_path, gap_s=gap)
+    started = time.monotonic()
+    report = await _replay(recordings, _target())
+    fast = time.monotonic() - started
+    started = time.monotonic()
+    timed = await _replay(recordings, _target(), timing=True)
+    slow = time.monotonic() - started
+    assert report.findings == [] and timed.findings == []
+    assert fast < gap <= slow
 
 
 async def test_replay_reports_a_status_the_target_now_answers(tmp_path: Path) -> None:
@@ -183,7 +201,18 @@ async def test_the_target_command_records_to_a_directory_and_refuses_many_cores(
     proc = TargetProcess(
         None,
         tmp_path,
-        ["--memory", "16M", "--nqn", NQN, "--listen", "127.0.0.1:0", "--record", str(directory)],
+        [
+            "--memory",
+            "16M",
+            "--nqn",
+            NQN,
+            "--listen",
+            "127.0.0.1:0",
+            "--discovery-port",
+            "0",
+            "--record",
+            str(directory),
+        ],
     )
     proc.start()
     try:

@@ -201,3 +201,11 @@ def test_a_log_pages_generation_counter_is_not_compared() -> None:
     other[8] = 1  # the number of descriptors
     (diff,) = compare(_c2h(1, bytes(page)), _c2h(1, bytes(other)), ana_log)
     assert diff.field.startswith("log[8:9]")
+
+
+def test_a_directory_that_takes_no_file_stops_recording_without_failing(tmp_path: Path) -> None:
+    recorder = Recorder(tmp_path / "rec")
+    (tmp_path / "rec").rmdir()
+    (tmp_path / "rec").write_text("now a file")
+    assert recorder.open("target", "a:1", "b:1") is None
+    assert recorder.full
