@@ -23,6 +23,8 @@ from pynvmf.tcp.framing import Buffer
 
 log = logging.getLogger(__name__)
 
+# Why a file ends without its connection's end: recording was stopped or redirected.
+RECORDING_STOPPED = "recording stopped"
 DEFAULT_MAX_FILE_BYTES = 64 << 20
 DEFAULT_MAX_TOTAL_BYTES = 1 << 30
 # No NVMe/TCP PDU is this long (MAXH2CDATA and the largest C2HData pynvmf sends are far
@@ -113,7 +115,8 @@ class StreamTap:
         self._f = None
         try:
             if reason != "connection closed":
-                log.warning("recording %s stopped: %s", self.path, reason)
+                level = logging.INFO if reason == RECORDING_STOPPED else logging.WARNING
+                log.log(level, "recording %s stopped: %s", self.path, reason)
                 f.write(F.end_line(time.monotonic_ns(), reason) + "\n")
             f.close()
         except OSError as exc:
@@ -192,7 +195,8 @@ class Recorder:
     def tap_closed(self, tap: StreamTap) -> None:
         self._open.discard(tap)
 
-    def close(self) -> None:
-        """Close every file still open (the target stops)."""
+    def close(self, reason: str = "connection closed") -> None:
+        """Close every file still open: the target stops (its connections close), or
+        recording is stopped (`RECORDING_STOPPED`, written as the files' end)."""
         for tap in list(self._open):
-            tap.closed("connection closed")
+            tap.closed(reason)

@@ -32,7 +32,7 @@ from pynvmf.block.device import GrowsOutside, Resizable
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.logs import LogLevels, set_log_levels
 from pynvmf.malloc import trim
-from pynvmf.record.tap import Recorder
+from pynvmf.record.tap import RECORDING_STOPPED, Recorder
 from pynvmf.spec.auth import DhGroupId, HashId
 from pynvmf.spec.command import COPY_CDFE_FORMATS
 from pynvmf.spec.logpages import AnaState
@@ -370,8 +370,10 @@ class Target:
 
     def record_connections(self, recorder: Recorder | None) -> None:
         """Record every connection accepted from now on to `recorder`'s directory (None:
-        stop recording new ones)."""
-        self.recorder = recorder
+        stop). A recorder replaced or stopped closes the files it still has open."""
+        old, self.recorder = self.recorder, recorder
+        if old is not None and old is not recorder:
+            old.close(RECORDING_STOPPED)
 
     def set_latency_tracking(self, enable: bool) -> None:
         """Time every I/O command (latency histograms: command_counts.py) from now on,
