@@ -30,6 +30,7 @@ from pynvmf.record.compare import Difference, compare, header_fields
 from pynvmf.spec import pdu as P
 from pynvmf.spec.command import (
     CONNECT_DATA_OFFSET_CNTLID,
+    CONNECT_DATA_OFFSET_HOSTNQN,
     CONNECT_DATA_OFFSET_SUBNQN,
     Sqe,
 )
@@ -97,8 +98,10 @@ def queue_info(rec: F.Recording) -> _QueueInfo:
                 connect_cid = sqe.cid
                 info.qid = sqe.cdw10 >> 16
                 data = pdu.data
-                info.cntlid = int.from_bytes(data[16:18], "little")
-                info.subnqn = data[256:512].split(b"\0", 1)[0].decode(errors="replace")
+                at = CONNECT_DATA_OFFSET_CNTLID
+                info.cntlid = int.from_bytes(data[at : at + 2], "little")
+                nqn = data[CONNECT_DATA_OFFSET_SUBNQN:CONNECT_DATA_OFFSET_HOSTNQN]
+                info.subnqn = nqn.split(b"\0", 1)[0].decode(errors="replace")
         elif pdu.type == P.PduType.CAPSULE_RESP and info.qid == 0:
             _, _, _, _, _, dw0, _, _, _, cid, _ = P.CAPSULE_RESP.unpack_from(pdu.raw)
             if cid == connect_cid:
@@ -193,6 +196,8 @@ class _Queue:
         self.writer: asyncio.StreamWriter | None = None
         self.task: asyncio.Task[None] | None = None
         self.closed = False
+        # Never connected: its answers are not each reported missing, the refusal says it.
+        self.refused = False
         self.hdgst = False
         self.ddgst = False
         self.cpda = 0
@@ -258,6 +263,8 @@ class _Association:
 
     def _missing(self, q: _Queue, i: int) -> None:
         q.done.add(i)
+        if q.refused:
+            return
         key = answer_key(q.rec.pdus[i].raw)
         waiting = q.expected.get(key)
         if waiting and i in waiting:
@@ -273,8 +280,9 @@ class _Association:
             try:
                 q.reader, q.writer = await asyncio.open_connection(*self.address)
             except OSError as exc:
-                q.closed = True
-                self.report.findings.append(Finding(q.name, 0, f"connection refused ({exc})", ""))
+                q.closed = q.refused = True
+                why = f"refused ({exc.strerror or exc})"
+                self.report.findings.append(Finding(q.name, 0, why, "connection"))
                 return
             q.task = asyncio.create_task(self._receive(q))
         if q.closed:

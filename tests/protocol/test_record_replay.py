@@ -6,6 +6,7 @@ status, other data: the differences are reported where they are)."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -276,3 +277,31 @@ async def test_a_tls_connection_is_recorded_in_plaintext_and_replays_without_tls
     assert written == PATTERN  # the PDUs, not TLS records
     report = await _replay(recordings, _tls_target("none"))
     assert report.findings == [], report.lines()
+
+
+def test_the_cli_refuses_a_file_that_is_not_a_recording(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"format": "something else"}\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "pynvmf", "replay", str(bad), "--target", "127.0.0.1:4420"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert f"{bad}:1: not a pynvmf-recording file" in done.stderr
+
+
+async def test_a_target_that_refuses_the_connection_is_a_finding(tmp_path: Path) -> None:
+    recordings = await _record(tmp_path)
+    target = _target()
+    await target.start()
+    port = target.ports[0].port
+    await target.stop()  # nothing listens there now
+    report = await replay(recordings, ("127.0.0.1", port), wait_s=0.5)
+    assert report.differs and report.sent == 0
+    # One finding per connection the replay could not open, nothing for its answers.
+    assert [f.what for f in report.findings] == ["connection"] * len(recordings)
+    assert str(report.findings[0]).endswith("#0 connection: " + report.findings[0].kind)
+    assert report.findings[0].kind.startswith("refused")
