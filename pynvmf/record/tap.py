@@ -145,6 +145,12 @@ class Recorder:
         self.total_bytes = 0
         self.full = False
         self.connections = 0
+        # File numbers go on after those already in the directory (an earlier recording):
+        # a new file never overwrites one.
+        self._last_number = max(
+            (int(p.name[:6]) for p in self.directory.glob("*.jsonl") if p.name[:6].isdigit()),
+            default=0,
+        )
         self._open: set[StreamTap] = set()
 
     def open(self, role: str, local: str, peer: str) -> StreamTap | None:
@@ -152,7 +158,8 @@ class Recorder:
         if self.full:
             return None
         self.connections += 1
-        number = self.connections
+        self._last_number += 1
+        number = self._last_number
         name = f"{number:06d}-{os.getpid()}-{peer.replace(':', '_').strip('[]')}.jsonl"
         path = self.directory / name
         header = F.header_line(
@@ -164,7 +171,7 @@ class Recorder:
             monotonic_ns=time.monotonic_ns(),
         )
         try:
-            f = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed by the tap)
+            f = open(path, "x", encoding="utf-8")  # noqa: SIM115 (closed by the tap)
             f.write(header + "\n")
         except OSError as exc:
             # The directory went away or filled up: no connection pays for it.

@@ -209,3 +209,14 @@ def test_a_directory_that_takes_no_file_stops_recording_without_failing(tmp_path
     (tmp_path / "rec").write_text("now a file")
     assert recorder.open("target", "a:1", "b:1") is None
     assert recorder.full
+
+
+def test_a_second_recording_in_the_same_directory_overwrites_nothing(tmp_path: Path) -> None:
+    for _ in range(2):
+        tap = Recorder(tmp_path).open("target", "a:1", "b:1")
+        assert tap is not None
+        tap.sent([_resp(1)])
+        tap.closed("connection closed")
+    names = sorted(p.name[:6] for p in tmp_path.iterdir())
+    assert names == ["000001", "000002"]
+    assert all(len(F.load(p).pdus) == 1 for p in tmp_path.iterdir())
