@@ -19,7 +19,7 @@ from pynvmf.record.tap import Recorder
 from pynvmf.spec import pdu as P
 from pynvmf.spec.status import Status
 from pynvmf.target.faults import FaultSpec
-from pynvmf.target.port import Port
+from pynvmf.target.port import Port, SecureChannelPolicy
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
 from pynvmf.tcp.psk import HASH_SHA256, ConfiguredPsk
@@ -246,7 +246,7 @@ TLS_HOST = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-1111-2222-3333-0000000000ec
 TLS_KEY = ConfiguredPsk(HASH_SHA256, bytes(range(32)))
 
 
-def _tls_target(secure_channel: str) -> Target:
+def _tls_target(secure_channel: SecureChannelPolicy) -> Target:
     subsystem = Subsystem(NQN, allow_any_host=False, allowed_hosts={TLS_HOST})
     subsystem.add_namespace(Namespace.create(NQN, 1, MemoryDevice(BLOCK * BLOCKS, BLOCK), "m"))
     return Target([subsystem], [Port("127.0.0.1", 0, secure_channel=secure_channel)])
@@ -255,7 +255,7 @@ def _tls_target(secure_channel: str) -> Target:
 async def test_a_tls_connection_is_recorded_in_plaintext_and_replays_without_tls(
     tmp_path: Path,
 ) -> None:
-    target = _tls_target("required")
+    target = _tls_target(SecureChannelPolicy.REQUIRED)
     target.record_connections(Recorder(tmp_path))
     await target.start()
     target.set_host_psk(NQN, TLS_HOST, TLS_KEY.encode())
@@ -265,7 +265,7 @@ async def test_a_tls_connection_is_recorded_in_plaintext_and_replays_without_tls
             port.address, port.port, NQN, hostnqn=TLS_HOST, tls_psk=TLS_KEY.encode(), timeout=10
         )
         try:
-            assert ctrl.admin.tls is not None
+            assert ctrl.admin is not None and ctrl.admin.tls is not None
             await ctrl.namespace(1).write(0, PATTERN)
         finally:
             await ctrl.close()
@@ -275,7 +275,7 @@ async def test_a_tls_connection_is_recorded_in_plaintext_and_replays_without_tls
     assert sorted(queue_info(r).qid for r in recordings) == [0, 1]
     written = b"".join(p.data for r in recordings for p in r.pdus if p.type == P.PduType.H2C_DATA)
     assert written == PATTERN  # the PDUs, not TLS records
-    report = await _replay(recordings, _tls_target("none"))
+    report = await _replay(recordings, _tls_target(SecureChannelPolicy.NONE))
     assert report.findings == [], report.lines()
 
 
