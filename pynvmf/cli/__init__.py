@@ -2,7 +2,7 @@
 
 target (target.py), the nvme-cli style host commands (host.py), copy (copy.py),
 bench (bench.py), rpc (rpc.py), top (top.py, its figures in top_view.py) and controllers
-(controllers.py); what they
+(controllers.py), replay (replay.py); what they
 share lives in common.py (the options), parser.py (the parser's rules), identity.py (the
 host identity) and failures.py (a failed connection in words). docs/cli.md is generated
 from build_parser() (scripts/cli-docs.py).
@@ -19,6 +19,7 @@ from pynvmf.cli.controllers import add_controllers_command, run_controllers_comm
 from pynvmf.cli.copy import add_copy_command, run_copy_command
 from pynvmf.cli.host import add_host_commands, run_host_command
 from pynvmf.cli.parser import Parser
+from pynvmf.cli.replay import add_replay_command, run_replay_command
 from pynvmf.cli.rpc import add_rpc_command, run_rpc_command
 from pynvmf.cli.target import add_target_command, run_target_command
 from pynvmf.cli.top import add_top_command, run_top_command
@@ -43,6 +44,7 @@ def build_parser() -> Parser:
     add_rpc_command(sub)
     add_top_command(sub)
     add_controllers_command(sub)
+    add_replay_command(sub)
     return parser
 
 
@@ -80,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         return run_top_command(args)
     if args.command == "controllers":
         return run_controllers_command(args)
+    if args.command == "replay":
+        return run_replay_command(args)
     return run_host_command(args)
 
 

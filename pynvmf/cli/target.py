@@ -35,6 +35,7 @@ from pynvmf.config.spdk import load_spdk_config
 from pynvmf.ha.gateway import Gateway, GatewayConfig
 from pynvmf.logs import LOG_FORMATS
 from pynvmf.metrics.endpoint import MetricsEndpoint
+from pynvmf.record.tap import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_TOTAL_BYTES, Recorder
 from pynvmf.rpc.jsonrpc import RpcError
 from pynvmf.rpc.server import DEFAULT_SOCKET, RpcServer, control_plane
 from pynvmf.spec.logpages import AnaState
@@ -104,6 +105,26 @@ def add_target_command(sub: Any) -> None:
         metavar="FILE",
         help="a fault scenario: a JSON list of fault rules, each added at_ms after the "
         "start and removed for_ms after (docs/faults.md)",
+    )
+    p.add_argument(
+        "--record",
+        metavar="DIR",
+        help="record every connection's PDUs, with timing, one file per connection in DIR "
+        "(docs/record-replay.md; implies --cores 1)",
+    )
+    p.add_argument(
+        "--record-max-file",
+        type=size(4096),
+        default=DEFAULT_MAX_FILE_BYTES,
+        metavar="SIZE",
+        help="a recording file stops at this size (default 64M)",
+    )
+    p.add_argument(
+        "--record-max-total",
+        type=size(4096),
+        default=DEFAULT_MAX_TOTAL_BYTES,
+        metavar="SIZE",
+        help="all recording stops once DIR's files hold this much (default 1G)",
     )
     p.add_argument(
         "--latency-tracking",
@@ -295,6 +316,8 @@ def check_options(args: argparse.Namespace) -> None:
             parse_listen(args.rpc_listen)
         except ConfigError as exc:
             raise ConfigError(f"--rpc-listen: {exc}") from None
+    if args.record and args.cores not in (None, 1):
+        raise ConfigError("--record: recording needs a target on one core (--cores 1)")
     if args.metrics_listen:
         try:
             parse_metrics_listen(args.metrics_listen)
@@ -349,7 +372,8 @@ def _announce(grpid: int, state: AnaState) -> None:
 async def _run_target(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     target = make_target(
-        args.cores or available_cores(),
+        # Recording keeps one association's queues in one process (docs/record-replay.md).
+        1 if args.record else args.cores or available_cores(),
         limits=ConnectionLimits(
             max_connections=args.max_connections,
             max_connections_per_address=args.max_connections_per_address,
@@ -378,6 +402,17 @@ async def _run_target(args: argparse.Namespace) -> int:
                 cp.settle = shared.flush  # an RPC change returns once it is shared
             gateway.setup()
             await gateway.start()
+        if args.record:
+            try:
+                target.record_connections(
+                    Recorder(
+                        args.record,
+                        max_file_bytes=args.record_max_file,
+                        max_total_bytes=args.record_max_total,
+                    )
+                )
+            except OSError as exc:
+                raise ConfigError(f"--record {args.record}: {_why(exc)}") from exc
         await target.start()
         if args.faults:
             _schedule_faults(target, args.faults)

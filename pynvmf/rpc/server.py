@@ -16,7 +16,7 @@ import socket
 import stat
 from pathlib import Path
 
-from pynvmf.rpc import pynvmf_methods, spdk
+from pynvmf.rpc import pynvmf_methods, record_methods, spdk
 from pynvmf.rpc.jsonrpc import Dispatcher, JsonStream, MalformedStream, parse, parse_error_response
 from pynvmf.rpc.methods import ControlPlane, MethodTable
 from pynvmf.target.target import Target
@@ -32,6 +32,7 @@ def method_table() -> MethodTable:
     table = MethodTable()
     table.methods.update(spdk.table.methods)
     table.methods.update(pynvmf_methods.table.methods)
+    table.methods.update(record_methods.table.methods)
     return table
 
 

@@ -102,6 +102,12 @@ class TargetProtocol(ConnectionGlue[TargetConnection]):
         self.logger().debug("connection from %s on %s", peer, self.port)
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         self.port.connections.add(self)
+        recorder = self.target.recorder
+        if recorder is not None:
+            local = f"{sockname[0]}:{sockname[1]}" if len(sockname) > 1 else str(sockname)
+            tap = recorder.open("target", local, f"{peer[0]}:{peer[1]}" if peer else "")
+            if tap is not None:
+                self.conn.record(tap)
         if self.port.offers_tls:
             self._secure(
                 TlsEngine.server(self.target.tls_lookup(self.port)),

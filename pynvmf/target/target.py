@@ -33,6 +33,7 @@ from pynvmf.block.device import GrowsOutside, Resizable, Shrinkable
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.logs import LogLevels, set_log_levels
 from pynvmf.malloc import trim
+from pynvmf.record.tap import RECORDING_STOPPED, Recorder
 from pynvmf.spec.auth import DhGroupId, HashId
 from pynvmf.spec.command import COPY_CDFE_FORMATS
 from pynvmf.spec.logpages import AnaState
@@ -211,6 +212,8 @@ class Target:
         self._fault_timers: set[asyncio.TimerHandle] = set()
         # The controller-level rules running on a schedule (controller_faults.py).
         self.scheduled_faults = ScheduledFaults(self)
+        # Where new connections are recorded (pynvmf/record, docs/record-replay.md), if anywhere.
+        self.recorder: Recorder | None = None
         # Command Retry Delay Times 1-3 (Identify Controller CRDT1-3), in 100 ms units.
         self.crdt: tuple[int, int, int] = (0, 0, 0)
         # Told the NQN of every subsystem whose configuration changed (see _changed).
@@ -298,6 +301,8 @@ class Target:
                 proto.close("target shutting down")
         for server in servers:
             await server.wait_closed()
+        if self.recorder is not None:
+            self.recorder.close()
         for port in self.ports:
             port.server = None
         closed: set[int] = set()
@@ -368,6 +373,13 @@ class Target:
     async def controller_changed(self, ctrl: Controller) -> None:
         """A Set Features changed what I/O reads of `ctrl`: whatever serves its queues
         elsewhere takes the change before the host hears of it. Nothing, here."""
+
+    def record_connections(self, recorder: Recorder | None) -> None:
+        """Record every connection accepted from now on to `recorder`'s directory (None:
+        stop). A recorder replaced or stopped closes the files it still has open."""
+        old, self.recorder = self.recorder, recorder
+        if old is not None and old is not recorder:
+            old.close(RECORDING_STOPPED)
 
     def set_latency_tracking(self, enable: bool) -> None:
         """Time every I/O command (latency histograms: command_counts.py) from now on,

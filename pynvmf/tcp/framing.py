@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Callable
-from typing import Final, cast
+from typing import Final, Protocol, cast
 
 from pynvmf.spec import pdu as P
 from pynvmf.tcp import digest as D
@@ -28,8 +28,24 @@ from pynvmf.tcp import digest as D
 # Handler signature: (pdu_type, flags, hlen, pdo, data_end, pdu) where `pdu` is
 # the whole PDU, digests included, and its data is pdu[pdo:data_end] (pdo is 0
 # for a PDU without data).
+Buffer = bytes | bytearray | memoryview
 PduHandler = Callable[[int, int, int, int, int, memoryview], None]
 FatalHandler = Callable[[int, int, bytes], None]  # (fes, fei, offending header)
+
+
+# A recording of the connection's bytes (pynvmf/record/tap.py): plaintext, after TLS.
+class ByteTap(Protocol):
+    def received(self, data: Buffer) -> None:
+        """Bytes from the peer, before they are parsed."""
+        ...
+
+    def sent(self, out: list[Buffer]) -> None:
+        """Buffers about to be handed to the socket (or the TLS channel)."""
+        ...
+
+    def closed(self, reason: str) -> None: ...
+
+
 # Handler for a data digest mismatch: the PDU is otherwise well formed, and the
 # spec makes this a per-command error, not a connection error.
 DataDigestHandler = Callable[[int, int, int, int, int, memoryview], None]
@@ -165,6 +181,10 @@ class PduReader:
             self._compact()
         return self._view[self._end :]
 
+    def arrived(self, nbytes: int) -> memoryview:
+        """The `nbytes` written into `get_buffer()`'s view, before `buffer_updated`."""
+        return self._view[self._end : self._end + nbytes]
+
     def buffer_updated(self, nbytes: int) -> None:
         self._end += nbytes
         self.bytes_received += nbytes
@@ -298,9 +318,6 @@ class PduReader:
         self._on_fatal(fes, fei, offending)
 
 
-Buffer = bytes | bytearray | memoryview
-
-
 class PduWriter:
     """Frames outgoing PDUs for one connection: the one place that decides, per PDU,
     which of the transport's offloads apply and how.
@@ -384,9 +401,18 @@ class PduConnection:
         self.writer = PduWriter()
         self._receiving = False
         self._output_requested = False
+        # Recording (docs/record-replay.md): None unless this connection is recorded, the
+        # one test per batch of input and per flush that recording costs otherwise.
+        self.tap: ByteTap | None = None
+
+    def record(self, tap: ByteTap) -> None:
+        """Record this connection's bytes, both ways, from now on."""
+        self.tap = tap
 
     def data_received(self, nbytes: int) -> None:
         """The glue wrote `nbytes` into `reader.get_buffer()`."""
+        if self.tap is not None:
+            self.tap.received(self.reader.arrived(nbytes))
         self._receiving = True
         try:
             self.reader.buffer_updated(nbytes)
@@ -395,6 +421,8 @@ class PduConnection:
 
     def feed(self, data: Buffer) -> None:
         """Copy bytes in and handle them: for tests and stream transports."""
+        if self.tap is not None:
+            self.tap.received(data)
         self._receiving = True
         try:
             self.reader.feed(data)
@@ -408,11 +436,16 @@ class PduConnection:
         self.reader.release()
         self.on_output = _ignore
         self.outbox = []
+        if self.tap is not None:
+            self.tap.closed("connection closed")
+            self.tap = None
 
     def take_output(self) -> list[Buffer]:
         out = self.outbox
         self.outbox = []
         self._output_requested = False
+        if self.tap is not None and out:
+            self.tap.sent(out)
         return out
 
     def _emit(self, buf: Buffer) -> None:

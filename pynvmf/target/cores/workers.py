@@ -67,6 +67,7 @@ from pynvmf.tcp.target import Request
 if TYPE_CHECKING:
     from pynvmf.auth.controller import ControllerAuth
     from pynvmf.block.memory import MemoryDevice
+    from pynvmf.record.tap import Recorder
     from pynvmf.target.controller import Controller
     from pynvmf.target.devices import NamedDevice
     from pynvmf.target.faults import FaultSpec, FaultTable
@@ -799,6 +800,13 @@ class MultiCoreTarget(Target):
     def set_latency_tracking(self, enable: bool) -> None:
         super().set_latency_tracking(enable)
         self.workers.latency_tracking(enable)
+
+    def record_connections(self, recorder: Recorder | None) -> None:
+        # The workers' I/O queues would be recorded in other processes, each on its own
+        # clock and counter: one association's files would not replay as one.
+        if recorder is not None:
+            raise ChangeError("record", "recording needs a target on one core (--cores 1)")
+        super().record_connections(None)
 
     async def set_log_levels(self, levels: LogLevels) -> None:
         await super().set_log_levels(levels)
