@@ -275,6 +275,9 @@ class TargetConnection(PduConnection):
         its kind (the admin queue's as much as Linux assumes)."""
         self.qid = params.qid
         self.sq_size = params.sq_size
+        # The Connect took the queue's first entry: its completion, as nvmet's and SPDK's,
+        # says the head is past it (it arrived before the queue had a size to count in).
+        self._sqhd = 1 % params.sq_size
         self.sqhd_disabled = params.sqhd_disabled
         self.inline_limit = self.config.inline_data_size if params.qid else ADMIN_INLINE_LIMIT
         self._borrow_capsule_data = params.borrow_capsule_data

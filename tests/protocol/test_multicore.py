@@ -393,7 +393,8 @@ async def test_a_queue_on_a_worker_keeps_what_its_connection_negotiated(
     admin = await raw.admin(NQN)
     hpda = 3
     pattern = bytes(range(256)) * (4096 // 256)
-    for qid, cattr, sqhds in ((1, 0, [0, 1, 2]), (2, C.CATTR_DISABLE_SQ_FLOW, [0xFFFF] * 3)):
+    # SQHD past the Connect's entry (1), as nvmet and SPDK say it, then one per command.
+    for qid, cattr, sqhds in ((1, 0, [1, 2, 3]), (2, C.CATTR_DISABLE_SQ_FLOW, [0xFFFF] * 3)):
         io = await raw.open()
         await io.handshake(hdgst=True, ddgst=True, hpda=hpda)
         assert io.hdgst and io.ddgst

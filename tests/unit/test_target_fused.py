@@ -65,7 +65,7 @@ class Rig:
         [icresp] = self.feed(icreq(dgst=P.DIGEST_DATA if ddgst else 0))
         assert icresp.type == P.PduType.ICRESP
         self.queue.bind(self.ctrl, qid, 32, False)
-        self.sqhd = 0
+        self.sqhd = 1  # the Connect took the first entry (bind)
         self.qid = qid
 
     def feed(self, data: bytes) -> list[Pdu]:
@@ -258,7 +258,7 @@ def test_a_first_after_a_first_aborts_the_older_and_pairs_the_newer() -> None:
     rig.put(10, OLD)
     rig.send(rw(IoOpcode.COMPARE, 1, 10, 1, fuse=FIRST), OTHER)
     out = rig.send(rw(IoOpcode.COMPARE, 2, 10, 1, fuse=FIRST), OLD)
-    assert raws(out) == [rig.resp(1, FUSED_MISSING, sqhd=2)]
+    assert raws(out) == [rig.resp(1, FUSED_MISSING, sqhd=3)]
     out = rig.send(rw(IoOpcode.WRITE, 3, 10, 1, fuse=SECOND), NEW)
     assert raws(out) == [rig.resp(2, 0), rig.resp(3, 0)]
     assert rig.blocks(10) == NEW

@@ -717,7 +717,7 @@ def test_sq_head_advances_for_a_capsule_failed_by_its_data_digest() -> None:
     h.conn.complete(first, Status.SUCCESS)
     h.conn.complete(third, Status.SUCCESS)
     heads = [failed.sq_head] + [p.cqe().sq_head for p in h.take()]
-    assert heads == [2, 3, 3]
+    assert heads == [3, 4, 4]  # past the Connect's entry, then 1, 2 and 3
 
 
 # -- completions ------------------------------------------------------------------------------
@@ -735,7 +735,7 @@ def test_capsule_resp_layout() -> None:
     assert (resp.flags, resp.hlen, resp.pdo, resp.plen) == (0, 24, 0, 24)
     dw0, dw1, sqhd, sqid, cid, sf = P.CAPSULE_RESP.unpack(resp.raw)[5:]
     assert (dw0, dw1) == (0x55667788, 0x11223344)
-    assert (sqhd, sqid, cid) == (3, 3, 0x102)
+    assert (sqhd, sqid, cid) == (4, 3, 0x102)  # past the Connect's entry and three more
     assert sf == (Status.LBA_OUT_OF_RANGE | DNR) << 1
     assert sf & 1 == 0  # the phase tag is not used on fabrics
     h.conn.complete(first, Status.SUCCESS)
@@ -754,7 +754,7 @@ def test_sq_head_wraps_at_the_queue_size() -> None:
         h.feed(h.capsule(read_sqe(cid, 512)))
         h.conn.complete(h.requests[-1], Status.SUCCESS)
         heads.append(only_resp(h.take()).sq_head)
-    assert heads == [1, 2, 3, 0, 1, 2]
+    assert heads == [2, 3, 0, 1, 2, 3]
 
 
 def test_read_data_is_sent_as_c2h_data_then_capsule_resp() -> None:
@@ -880,7 +880,7 @@ def test_an_adopting_connection_answers_as_the_one_it_continues(
     first.feed(first.capsule(read_sqe(1, 4096)))
     [pending] = first.requests
     state = first.conn.export_state()
-    assert (state.hpda, state.hdgst, state.ddgst, state.sqhd) == (hpda, hdgst, ddgst, 1)
+    assert (state.hpda, state.hdgst, state.ddgst, state.sqhd) == (hpda, hdgst, ddgst, 2)
     second = Harness()
     second.conn.adopt(state)
     second.conn.qid, second.conn.sq_size, second.conn.inline_limit = 1, 32, 4096  # bound
@@ -894,12 +894,12 @@ def test_an_adopting_connection_answers_as_the_one_it_continues(
     assert outputs[0] == outputs[1]
     [c2h, resp] = parse_pdus(outputs[1], hdgst=hdgst, ddgst=ddgst)
     assert c2h.data == data and c2h.pdo == P.data_offset(P.DATA_HLEN, hdgst, hpda)
-    assert resp.cqe().sq_head == 1
+    assert resp.cqe().sq_head == 2
     # And it parses what the host sends next as the handshake settled.
     written = b"\x5a" * 4096
     assert second.feed(second.capsule(write_sqe(2, 4096, inline=True), written)) == []
     [req] = second.requests
-    assert bytes(req.data or b"") == written and second.conn.export_state().sqhd == 2
+    assert bytes(req.data or b"") == written and second.conn.export_state().sqhd == 3
 
 
 def test_only_an_established_connection_exports_and_only_a_fresh_one_adopts() -> None:
