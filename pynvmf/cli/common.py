@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -58,6 +59,17 @@ def port_number(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid port {text!r}") from None
     if not 1 <= value <= 0xFFFF:
         raise argparse.ArgumentTypeError(f"port {value} not in 1..65535")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """A time in seconds, finite and above 0 (an interval, a wait)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
     return value
 
 

@@ -14,27 +14,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import sys
 from typing import Any
 
-from pynvmf.cli.common import EXIT_FAILURE, verbose_option
+from pynvmf.cli.common import EXIT_FAILURE, positive_seconds, verbose_option
 from pynvmf.cli.parser import RawDescriptionFormatter
 from pynvmf.config.native import ConfigError, parse_listen
 from pynvmf.record import format as F
 from pynvmf.record.replay import DEFAULT_WAIT_S, replay
 
 EXIT_UNUSABLE = 2
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
-    return value
 
 
 def add_replay_command(subparsers: Any) -> None:
@@ -51,7 +40,7 @@ def add_replay_command(subparsers: Any) -> None:
     p.add_argument("--timing", action="store_true", help="keep the recorded gaps between host PDUs")
     p.add_argument(
         "--wait",
-        type=_seconds,
+        type=positive_seconds,
         default=DEFAULT_WAIT_S,
         metavar="S",
         help=f"how long to wait for a recorded answer (default {DEFAULT_WAIT_S:g})",

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import select
 import sys
@@ -33,7 +32,13 @@ import tty
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from pynvmf.cli.common import EXIT_FAILURE, CommandError, int_at_least, verbose_option
+from pynvmf.cli.common import (
+    EXIT_FAILURE,
+    CommandError,
+    int_at_least,
+    positive_seconds,
+    verbose_option,
+)
 from pynvmf.cli.parser import RawDescriptionFormatter
 from pynvmf.cli.rpc import add_server_options
 from pynvmf.cli.top_view import (
@@ -56,16 +61,6 @@ from pynvmf.rpc.jsonrpc import METHOD_NOT_FOUND
 METHOD = "pynvmf_get_host_stats"
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
-    return value
-
-
 def add_top_command(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "top",
@@ -85,7 +80,7 @@ def add_top_command(subparsers: Any) -> None:
     )
     p.add_argument(
         "--interval",
-        type=_seconds,
+        type=positive_seconds,
         default=1.0,
         metavar="SECONDS",
         help="the time between two answers, over which rates are taken (default 1)",
