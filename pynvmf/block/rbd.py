@@ -222,6 +222,22 @@ class RadosConnection:
         self._unended_watches.clear()
 
 
+def weakly(method: Callable[..., None]) -> Callable[..., None]:
+    """`method` as a librados callback (a watch's): called while its object lives,
+    without keeping the object alive. A Watch whose callbacks held their object would be
+    in a cycle with it, and the garbage collector frees a cycle on whatever thread it
+    runs, librados's own callback threads too, where the Watch's unwatch then waits for
+    that very thread: a deadlock that hangs every later librados call of the process."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(*args)
+
+    return call
+
+
 def _connect(spec: ClusterSpec, timeout: int) -> Any:
     rados, _ = bindings()
     try:
@@ -599,8 +615,9 @@ class RbdDevice:
             if self._closing:
                 return
             try:
+                # Weakly held (weakly() says why): no cycle through the Watch.
                 self._watch = self._conn.ioctx(self._pool).watch(
-                    self._header, self._header_notified, self._watch_lost
+                    self._header, weakly(self._header_notified), weakly(self._watch_lost)
                 )
             except (rados.Error, OSError) as exc:
                 log.warning(

@@ -72,7 +72,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pynvmf.block.rbd import ClusterSpec, RadosConnection, bindings
+from pynvmf.block.rbd import ClusterSpec, RadosConnection, bindings, weakly
 from pynvmf.config.native import (
     ConfigError,
     Reader,
@@ -367,7 +367,11 @@ class SharedConfig:
             loop.call_soon_threadsafe(self._lost_watch)
 
     def _lost_watch(self) -> None:
-        self._watch = None
+        # A lost watch is not unwatched (librados crashed unwatching for a blocklisted
+        # client: block/rbd.py) but held by the connection until it shuts down.
+        lost, self._watch = self._watch, None
+        if lost is not None and self._conn is not None:
+            self._conn.hold_watch(lost)
         self._wake.set()
 
     async def _run(self) -> None:
@@ -511,9 +515,11 @@ class SharedConfig:
         if not self._exists:
             return
         io = self._io()
-        self._watch = await self._call(
-            lambda: io.watch(self.object_name, self._notified, self._watch_failed)
-        )
+        # The callbacks hold this object weakly: a Watch that held it would make a cycle,
+        # and the garbage collector may free a cycle on any thread, librados's own
+        # callback threads too, where the Watch's unwatch waits for itself for ever.
+        notified, failed = weakly(self._notified), weakly(self._watch_failed)
+        self._watch = await self._call(lambda: io.watch(self.object_name, notified, failed))
 
     async def _unwatch(self) -> None:
         watch, self._watch = self._watch, None
