@@ -18,6 +18,18 @@ class BlockRangeError(ValueError):
     """An LBA range that does not lie inside the device."""
 
 
+class StorageShrank(ValueError):
+    """A rescan found the storage smaller than the size served: it was cut outside this
+    process (a file truncated, an image resized with allow_shrink by another client), so
+    the data past `size_bytes` (whole blocks) is gone already. The device still serves
+    the old size: the target follows with the forced shrink's steps (quiesce, every
+    process `serve_only(size_bytes)`), which cut nothing more."""
+
+    def __init__(self, what: str, served: int, size_bytes: int) -> None:
+        super().__init__(f"{what} shrank from {served} to {size_bytes} bytes")
+        self.size_bytes = size_bytes
+
+
 class StorageUnavailable(OSError):
     """The device's storage cannot be reached through this device, for now or for good:
     a network backend whose cluster does not answer, or whose client was fenced (a Ceph
@@ -86,7 +98,9 @@ class Resizable(Protocol):
     old and the new."""
 
     async def rescan(self) -> int:
-        """Take the size the storage has now (it grew outside this process)."""
+        """Take the size the storage has now (it grew outside this process). Storage
+        found smaller (cut outside) is not taken here: StorageShrank, the size kept,
+        since the other processes serving it must stop serving past the new end too."""
         ...
 
     async def grow(self, size_bytes: int) -> int:
@@ -109,7 +123,9 @@ class Shrinkable(Protocol):
 
     async def serve_only(self, size_bytes: int) -> int:
         """From now on serve the first `size_bytes` only (I/O past them: BlockRangeError),
-        the storage left as it is."""
+        the storage left as it is: either it is cut next, or it was cut to them outside
+        already (StorageShrank), which a device that cannot cut (a block device, a
+        read-only file) follows too."""
         ...
 
     async def shrink(self, size_bytes: int) -> int:

@@ -15,6 +15,14 @@ also made inline, so it blocks the loop for one write-through.
 write_zeroes and deallocate use fallocate(2), which both regular files and block
 devices (Linux >= 4.9) implement; wherever it is refused they fall back to writing
 zeroes, so a deallocated range always reads back as zeroes.
+
+A file cut outside while served (another process truncates it): nothing here maps the
+file (every process, `--cores` workers included, reads and writes with preadv/pwritev),
+so no access past the new end can fault (SIGBUS). A read past it comes back short and
+raises OSError(EIO) (the target's Unrecovered Read Error for that command); a write
+past it extends the file again, as any pwrite does. `rescan` then reports the cut
+(StorageShrank) and the target follows it (docs/control-plane.md, namespaces that are
+cut).
 """
 
 from __future__ import annotations
@@ -31,7 +39,14 @@ import struct
 from collections.abc import Callable
 from dataclasses import replace
 
-from pynvmf.block.device import Buffer, Capabilities, Medium, block_shift, check_range
+from pynvmf.block.device import (
+    Buffer,
+    Capabilities,
+    Medium,
+    StorageShrank,
+    block_shift,
+    check_range,
+)
 from pynvmf.block.range_locks import RangeLocks
 
 # linux/falloc.h
@@ -249,26 +264,31 @@ class FileDevice:
 
     async def rescan(self) -> int:
         """Take the size the file or block device has now (it grew: `truncate`, `lvextend`,
-        another process), in whole blocks; the new number of blocks. ValueError, and the
-        size kept, if it shrank (the host may hold data past the new end) or a regular
-        file is not a whole number of blocks."""
+        another process), in whole blocks; the new number of blocks. StorageShrank, the
+        size kept, if it shrank (block.device.Resizable); ValueError if a regular file
+        is not a whole number of blocks."""
+        size = self._stored_size()
+        if size < self._size:
+            raise StorageShrank(self._path, self._size, size)
+        self._size = size
+        self._caps = replace(self._caps, num_blocks=size >> self._shift)
+        return self._caps.num_blocks
+
+    def _stored_size(self) -> int:
+        """The size the file or block device has now, in whole blocks (a block device's
+        rounded down; a regular file's must be: ValueError)."""
         if self._fd < 0:
             raise ValueError(f"{self._path} is closed")
         if self._is_blockdev:
             size = _blockdev_size(self._fd)
-            size -= size & self._mask
-        else:
-            size = os.fstat(self._fd).st_size
-            if size & self._mask:
-                raise ValueError(
-                    f"{self._path}: size {size} is not a multiple of the block size "
-                    f"{self._caps.block_size}"
-                )
-        if size < self._size:
-            raise ValueError(f"{self._path} shrank from {self._size} to {size} bytes")
-        self._size = size
-        self._caps = replace(self._caps, num_blocks=size >> self._shift)
-        return self._caps.num_blocks
+            return size - (size & self._mask)
+        size = os.fstat(self._fd).st_size
+        if size & self._mask:
+            raise ValueError(
+                f"{self._path}: size {size} is not a multiple of the block size "
+                f"{self._caps.block_size}"
+            )
+        return size
 
     async def grow(self, size_bytes: int) -> int:
         """Extend a regular file to `size_bytes` (sparse) and take that size; the new
@@ -286,8 +306,12 @@ class FileDevice:
     async def serve_only(self, size_bytes: int) -> int:
         """Serve the first `size_bytes` (whole blocks, more than none, at most the present
         size) only, the file left as it is (block.device.Shrinkable): another process
-        serving the same file cuts it next."""
-        self._resizable_here()
+        serving the same file cuts it next, or it was cut to them outside already (then
+        a block device or a read-only file follows too)."""
+        if self._fd < 0:
+            raise ValueError(f"{self._path} is closed")
+        if size_bytes < self._stored_size():
+            self._resizable_here()  # the file is to be cut: only a writable one can be
         if not 0 < size_bytes <= self._size or size_bytes & self._mask:
             raise ValueError(
                 f"{size_bytes} is not a multiple of {self._caps.block_size} of more than 0 "
@@ -301,6 +325,7 @@ class FileDevice:
         """Serve the first `size_bytes` only, then truncate the regular file to them. The
         other processes serving it must have stopped serving past them first: a write
         past the end would extend the file again."""
+        self._resizable_here()
         num_blocks = await self.serve_only(size_bytes)
         try:
             os.ftruncate(self._fd, size_bytes)

@@ -37,13 +37,15 @@ statuses).
 
 Size: `grow` resizes the image (never smaller: SPDK's bdev_rbd_resize refuses that too),
 `shrink` cuts it (librbd's allow_shrink; the target asks only when forced, its I/O
-quiesced), `rescan` takes the size the image's header holds. Another client's resize (`rbd resize`,
-another gateway) is heard through a watch on the image's header object
-(rbd_header.<id>), the object librbd's own update_watch listens on (Debian's python3-rbd
-16.2 has no update_watch): every notify on it (a header update, a lock changing hands)
-calls the size listeners (block.device.GrowsOutside), and the target rescans: it reads the
-size from the header itself (cls_rbd get_size), then has the open image refresh to it
-(its aio requests never refresh it), which librbd's own watch lets it do a moment later.
+quiesced), `rescan` takes the size the image's header holds (one another client cut:
+StorageShrank, which the target follows as a forced shrink without cutting). Another
+client's resize (`rbd resize`, another gateway) is heard through a watch on the image's
+header object (rbd_header.<id>), the object librbd's own update_watch listens on
+(Debian's python3-rbd 16.2 has no update_watch): every notify on it (a header update, a
+lock changing hands) calls the size listeners (block.device.GrowsOutside), and the
+target rescans: it reads the size from the header itself (cls_rbd get_size), then has
+the open image refresh to it (its aio requests never refresh it), which librbd's own
+watch lets it do a moment later.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ from pynvmf.block.device import (
     Capabilities,
     Medium,
     SizeListener,
+    StorageShrank,
     StorageUnavailable,
     block_shift,
     check_range,
@@ -491,8 +494,8 @@ class RbdDevice:
 
     async def rescan(self) -> int:
         """Take the size the image has now, in whole blocks; the new number of blocks.
-        ValueError, the size kept, if it shrank (a host may hold data past the new end);
-        StorageUnavailable if the cluster does not answer."""
+        StorageShrank, the size kept, if another client cut it (the target follows:
+        block.device.Resizable); StorageUnavailable if the cluster does not answer."""
 
         def served_size() -> int:  # in a thread
             self._rewatch_if_lost()
@@ -561,9 +564,7 @@ class RbdDevice:
     def _take(self, size: int) -> int:
         size -= size & self._mask
         if size < self._caps.size:
-            raise ValueError(
-                f"RBD image {self._pool}/{self._name} shrank from {self._caps.size} to {size} bytes"
-            )
+            raise StorageShrank(f"RBD image {self._pool}/{self._name}", self._caps.size, size)
         if size != self._caps.size:
             log.info("RBD image %s/%s: %d bytes", self._pool, self._name, size)
             self._caps = replace(self._caps, num_blocks=size >> self._shift)
@@ -576,12 +577,17 @@ class RbdDevice:
         header says otherwise); a synchronous call (size()) refreshes it, once librbd's
         own watch on the header heard of the change. That watch hears the same notify as
         this device's, a moment apart: wait for it, as long as a request may take, and
-        serve what librbd serves."""
+        serve what librbd serves. A cut (smaller) is waited for too, the header read
+        again each time: the librbd that carries out a cut for another client (this one,
+        holding the exclusive lock) serves the smaller size before the header has it."""
         deadline = time.monotonic() + self._io_timeout
         served = int(self._image.size())
-        while served < stored and time.monotonic() < deadline:
+        while served != stored and time.monotonic() < deadline:
             time.sleep(0.005)
             served = int(self._image.size())
+            if served > stored:
+                continue  # librbd has not heard of the cut yet
+            stored = self._stored_size()
         return served
 
     def _stored_size(self) -> int:

@@ -22,9 +22,11 @@
   http://address:port/metrics (moving the endpoint if it listens already; port 0 picks
   one); returns where it listens. pynvmf_metrics_stop {}: stop serving them.
   pynvmf_metrics_get_listen {}: where they are served, or null.
-- pynvmf_bdev_resize {name, size_bytes, force?}: grow a bdev to size_bytes: a file bdev's
-  regular file, a memory bdev (its data kept), an RBD image (bdev_aio_rescan takes a size
-  that grew outside). A smaller size drops the data past it: refused ("force: ...")
+- pynvmf_bdev_resize {name, size_bytes?, force?}: grow a bdev to size_bytes: a file bdev's
+  regular file, a memory bdev (its data kept), an RBD image. Without size_bytes, take
+  the size its storage has now, as bdev_aio_rescan does for any bdev: grown, or cut
+  outside (a truncated file, an image another client cut), which is followed as a
+  forced shrink, nothing more cut. A smaller size drops the data past it: refused ("force: ...")
   unless force is true; then the I/O of its namespaces is quiesced while every process
   serving them stops serving past the new end and the file is truncated, the memory cut
   or the image resized (docs/control-plane.md, "Namespaces that are cut"). The
@@ -213,7 +215,7 @@ async def pynvmf_keyring_add_key(cp: ControlPlane, p: Params) -> bool:
 @method("pynvmf_bdev_resize")
 async def pynvmf_bdev_resize(cp: ControlPlane, p: Params) -> int:
     name = p.string("name")
-    size = p.integer("size_bytes", low=1)
+    size = p.integer("size_bytes", None, low=1)  # none: rescan (the storage changed outside)
     force = p.boolean("force", False)
     p.done()
     try:

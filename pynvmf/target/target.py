@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from pynvmf.auth.controller import ALL_DHGROUPS, ALL_HASHES, HostAuthConfig
 from pynvmf.auth.keys import DhchapKey
 from pynvmf.block.copy import CopyReport
-from pynvmf.block.device import GrowsOutside, Resizable, Shrinkable
+from pynvmf.block.device import GrowsOutside, Resizable, Shrinkable, StorageShrank
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.logs import LogLevels, set_log_levels
 from pynvmf.malloc import trim
@@ -605,7 +605,9 @@ class Target:
         the size without reconnecting. A smaller size drops the data past the new end,
         which a host may hold: refused (ChangeError naming `force`) unless `force`; then
         the namespaces' I/O is quiesced while the device is cut (`_shrink`). Storage
-        found smaller by a rescan is refused too, the size kept. The new number of
+        a rescan finds smaller was cut outside (a file truncated, another Ceph client's
+        `rbd resize --allow-shrink`): its data is gone already, so the target follows
+        it with the same steps, cutting nothing (`_shrunk_outside`). The new number of
         blocks."""
         entry = self._block_device(name)
         device = entry.device
@@ -619,7 +621,10 @@ class Target:
             before = device.capabilities.num_blocks
             try:
                 if size_bytes is None:
-                    num_blocks = await device.rescan()
+                    try:
+                        num_blocks = await device.rescan()
+                    except StorageShrank as shrank:
+                        num_blocks = await self._shrunk_outside(name, shrank)
                 elif size_bytes < device.capabilities.size:
                     num_blocks = await self._shrink(name, size_bytes, force=force)
                 else:
@@ -642,10 +647,8 @@ class Target:
         return num_blocks
 
     async def _shrink(self, name: str, size_bytes: int, *, force: bool) -> int:
-        """Cut block device `name` to `size_bytes`: the I/O of every namespace on it is
-        quiesced (quiesce.py) while every process that serves it stops serving past the
-        new end (`shrink_served`), and then the storage is cut, so that no command reads
-        or writes past the end of what is left. Resize lock held."""
+        """Cut block device `name` to `size_bytes` (`_serve_less`, then the storage).
+        Resize lock held."""
         device = self.block_devices[name].device
         size = device.capabilities.size
         if not force:
@@ -655,6 +658,38 @@ class Target:
                 "drops the data past the new end, which hosts may hold, so it is done only "
                 "when forced (pynvmf_bdev_resize's force)",
             )
+        num_blocks = await self._serve_less(name, size_bytes, cut=True)
+        log.warning(
+            "block device %s cut from %d to %d bytes (forced): the data past it is gone",
+            name,
+            size,
+            size_bytes,
+        )
+        return num_blocks
+
+    async def _shrunk_outside(self, name: str, shrank: StorageShrank) -> int:
+        """Block device `name`'s storage was cut outside to `shrank.size_bytes`: every
+        process serves that much only (`_serve_less`, nothing cut). Not refused as SPDK
+        does (-EBUSY while the bdev is open): the data past the end is gone whatever the
+        answer, and a target still serving the old size would give its hosts read
+        errors there, and have their writes extend a file again. Resize lock held."""
+        size = self.block_devices[name].device.capabilities.size
+        num_blocks = await self._serve_less(name, shrank.size_bytes, cut=False)
+        log.warning(
+            "block device %s was cut outside from %d to %d bytes: served at that size",
+            name,
+            size,
+            shrank.size_bytes,
+        )
+        return num_blocks
+
+    async def _serve_less(self, name: str, size_bytes: int, *, cut: bool) -> int:
+        """Have block device `name` served at `size_bytes` only: the I/O of every
+        namespace on it is quiesced (quiesce.py) while every process that serves it
+        stops serving past the new end (`shrink_served`), and then, if `cut`, the
+        storage is cut, so that no command reads or writes past the end of what is
+        left. The one place a namespace gets smaller. Resize lock held."""
+        device = self.block_devices[name].device
         if not isinstance(device, Shrinkable):
             raise ChangeError(
                 "name", f"{name!r} cannot be made smaller (a file, memory or RBD device can)"
@@ -663,24 +698,19 @@ class Target:
         async with contextlib.AsyncExitStack() as stack:
             for subsystem, ns in users:
                 await stack.enter_async_context(quiesced(subsystem, ns.nsid))
-            # Here first: a size it refuses (not whole blocks, a block device) is refused
-            # before any other process changed anything.
-            await device.serve_only(size_bytes)
+            # Here first: a size it refuses (not whole blocks, a block device to cut) is
+            # refused before any other process changed anything.
+            num_blocks = await device.serve_only(size_bytes)
             try:
                 await self.shrink_served(users, size_bytes)
-                num_blocks = await device.shrink(size_bytes)
+                if cut:
+                    num_blocks = await device.shrink(size_bytes)
             except BaseException:
                 # Not cut: served at the size the storage still has, here (the other
                 # processes take it from the caller's rescan: shrink_served's contract).
                 with contextlib.suppress(ValueError, OSError):
                     await device.rescan()
                 raise
-        log.warning(
-            "block device %s cut from %d to %d bytes (forced): the data past it is gone",
-            name,
-            size,
-            size_bytes,
-        )
         return num_blocks
 
     async def shrink_served(
@@ -716,17 +746,18 @@ class Target:
         return limits
 
     def _size_listener(self, name: str) -> Callable[[], None]:
-        """What block device `name` calls when its storage may have grown outside (another
-        Ceph client resized the image): it is rescanned, as bdev_aio_rescan would."""
+        """What block device `name` calls when its storage may have changed size outside
+        (another Ceph client resized the image): it is rescanned, as bdev_aio_rescan
+        would, and taken grown or followed cut."""
 
         def changed() -> None:
-            task = asyncio.ensure_future(self._rescan_grown(name))
+            task = asyncio.ensure_future(self._rescan_outside(name))
             self._rescans.add(task)
             task.add_done_callback(self._rescans.discard)
 
         return changed
 
-    async def _rescan_grown(self, name: str) -> None:
+    async def _rescan_outside(self, name: str) -> None:
         if name not in self.block_devices:
             return
         try:

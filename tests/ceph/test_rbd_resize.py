@@ -3,7 +3,8 @@ resized through librbd), and a resize made by another Ceph client (the `rbd` com
 heard through the watch on the image's header. Either way the connected host gets the
 Namespace Attribute Changed event, Identify's new size and the blocks past the old end;
 sizes that cannot be taken are refused with the parameter named. A forced shrink
-(pynvmf_bdev_resize with force) cuts the image while the host's I/O runs."""
+(pynvmf_bdev_resize with force) cuts the image while the host's I/O runs; a cut made by
+another client (`rbd resize --allow-shrink`) is followed the same way."""
 
 from __future__ import annotations
 
@@ -15,16 +16,17 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from pynvmf.config.native import build_target
-from pynvmf.host import connect
+from pynvmf.host import NvmeStatusError, connect
 from pynvmf.host.controller import Controller
 from pynvmf.rpc.jsonrpc import RpcError
 from pynvmf.rpc.server import control_plane
 from pynvmf.spec import logpages as L
 from pynvmf.spec.identify import Oaes
 from pynvmf.spec.opcodes import AdminOpcode, FeatureId, IoOpcode
+from pynvmf.spec.status import Status
 from pynvmf.target.target import Target
 from tests.ceph.test_rbd_target import NQN, MiB, _config, _port
-from tests.protocol.test_ns_shrink import run_io_across
+from tests.protocol.test_ns_shrink import run_io_across, run_reads_past
 from tests.support.ceph_cluster import CephCluster
 
 BLOCK = 512
@@ -125,7 +127,9 @@ async def test_a_resize_by_another_ceph_client_reaches_the_host(
         )
         assert await asyncio.wait_for(proc.wait(), 60) == 0
         await _grown(ctrl, aer, 20 * MiB // BLOCK)
-        # A shrink by another client is not taken: the namespace keeps its size.
+        # A shrink by another client is followed: its data past the end is gone.
+        aer = asyncio.ensure_future(ctrl.admin_command(AdminOpcode.ASYNC_EVENT_REQUEST))
+        await asyncio.sleep(0)
         proc = await asyncio.create_subprocess_exec(
             "rbd",
             "-c",
@@ -137,7 +141,12 @@ async def test_a_resize_by_another_ceph_client_reaches_the_host(
             f"rbd/{image}",
         )
         assert await asyncio.wait_for(proc.wait(), 60) == 0
-        assert (await ctrl.identify_namespace(1)).nsze == 20 * MiB // BLOCK
+        await asyncio.wait_for(aer, 30)
+        assert (await ctrl.identify_namespace(1)).nsze == 16 * MiB // BLOCK
+        back = memoryview(bytearray(BLOCK))
+        with pytest.raises(NvmeStatusError) as err:
+            await ctrl.io_command(IoOpcode.READ, 1, 16 * MiB // BLOCK, 0, 0, into=back)
+        assert err.value.status == Status.LBA_OUT_OF_RANGE
     finally:
         await ctrl.close()
 
@@ -205,5 +214,47 @@ async def test_a_forced_shrink_cuts_the_image_while_io_runs(
         assert "size 4 MiB" in _rbd_info(ceph_cluster, image)
         (bdev,) = await cp.call("bdev_get_bdevs", {"name": name})
         assert bdev["num_blocks"] == 4 * MiB // BLOCK
+    finally:
+        await ctrl.close()
+
+
+async def test_a_cut_by_another_ceph_client_under_io_is_followed(
+    ceph_cluster: CephCluster, served: tuple[Target, str]
+) -> None:
+    """`rbd resize --allow-shrink` from another client while two queues read past the new
+    end: the watch hears it and the target follows (quiesced, nothing more cut): the
+    event, NSZE, `bdev_resize`; a read past the end fails with a status (librbd's
+    error until followed, LBA Out of Range after), the blocks below it kept."""
+    target, image = served
+    cp = control_plane(target)
+    (name,) = [n for n, e in target.block_devices.items() if e.kind == "rbd"]
+    ctrl = await connect("127.0.0.1", _port(target), NQN, queues=2)
+    try:
+        await ctrl.set_features(FeatureId.ASYNC_EVENT, Oaes.NS_ATTR)
+        aer = asyncio.ensure_future(ctrl.admin_command(AdminOpcode.ASYNC_EVENT_REQUEST))
+        half = 4 * MiB // BLOCK
+
+        async def cut() -> None:
+            proc = await asyncio.create_subprocess_exec(
+                "rbd", "-c", str(ceph_cluster.conf), "resize", "--allow-shrink",
+                "--size", "4M", f"rbd/{image}",
+            )  # fmt: skip
+            assert await asyncio.wait_for(proc.wait(), 60) == 0
+            await asyncio.wait_for(aer, 30)
+
+        counts = await run_reads_past(ctrl, 1, half, [cut])
+        for c in counts:
+            assert set(c) <= {
+                Status.SUCCESS,
+                Status.UNRECOVERED_READ_ERROR,
+                Status.LBA_OUT_OF_RANGE,
+            }, c
+            assert c.get(Status.LBA_OUT_OF_RANGE), c
+        assert (await ctrl.identify_namespace(1)).nsze == half
+        (bdev,) = await cp.call("bdev_get_bdevs", {"name": name})
+        assert bdev["num_blocks"] == half
+        notes = await cp.call("notify_get_notifications", {})
+        assert [n["ctx"] for n in notes if n["type"] == "bdev_resize"] == [name]
+        assert "size 4 MiB" in _rbd_info(ceph_cluster, image)
     finally:
         await ctrl.close()

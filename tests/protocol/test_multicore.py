@@ -43,7 +43,7 @@ from pynvmf.target.devices import NamedDevice
 from pynvmf.target.port import Port
 from pynvmf.target.target import Target
 from tests.protocol.conftest import RawTarget
-from tests.protocol.test_ns_shrink import run_io_across
+from tests.protocol.test_ns_shrink import run_io_across, run_reads_past
 from tests.support.raw import HOSTID, HOSTNQN, RawQueue, rw_sqe
 from tests.support.scrape import samples_of, value
 
@@ -613,3 +613,36 @@ async def test_a_forced_shrink_while_io_runs_on_every_worker(
         device = target.block_devices[name].device
         assert isinstance(device, SharedMemoryDevice)
         assert os.fstat(device.fileno()).st_size == half * BLOCK
+
+
+async def test_a_file_truncated_outside_under_io_on_every_worker_is_followed(
+    start: Start, hosts: Hosts, tmp_path: Path
+) -> None:
+    """Another process truncates the file while both workers read past the new end: each
+    answers Unrecovered Read Error there (no worker maps the file: none dies), and the
+    rescan has every worker serve the new size (quiesced, as a forced shrink) before the
+    event: LBA Out of Range past it on both."""
+    path = tmp_path / "cut.img"
+    target = await start(file=path)
+    ctrl = await hosts(target, queues=2)
+    assert _placement(target) == [1, 1]
+    await ctrl.set_features(FeatureId.ASYNC_EVENT, Oaes.NS_ATTR)
+    aer = asyncio.ensure_future(ctrl.admin_command(AdminOpcode.ASYNC_EVENT_REQUEST))
+    half = BLOCKS // 2
+
+    async def truncate() -> None:
+        os.truncate(path, half * BLOCK)
+
+    async def rescan() -> None:
+        assert await target.resize_block_device("file") == half
+
+    counts = await run_reads_past(ctrl, 1, half, [truncate, rescan])
+    for c in counts:
+        assert set(c) == {Status.SUCCESS, Status.UNRECOVERED_READ_ERROR, Status.LBA_OUT_OF_RANGE}
+    await asyncio.wait_for(aer, 10)
+    assert target.workers is not None
+    assert all(w.alive for w in target.workers.workers)
+    assert (await ctrl.identify_namespace(1)).nsze == half
+    for queue in ctrl.io_queues:
+        assert await _status_of(_write(queue, half, bytes(BLOCK))) == Status.LBA_OUT_OF_RANGE
+    assert path.stat().st_size == half * BLOCK

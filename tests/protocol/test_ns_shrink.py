@@ -314,3 +314,113 @@ async def test_a_shrink_waits_for_the_commands_in_flight_and_holds_the_new_ones(
     assert resp.cqe().cid == 10
     assert resp.cqe().status & 0x7FF == Status.LBA_OUT_OF_RANGE  # judged by the new size
     assert not subsystem.quiesced
+
+
+async def reads_past_loop(
+    ctrl: Controller,
+    queue: int,
+    nsid: int,
+    half: int,
+    counts: dict[int, int],
+    going: asyncio.Event,
+) -> None:
+    """On I/O queue `queue` (0 or 1), write then read back a block of this queue's own
+    below `half` (block b is queue b % 2's), and read one past it (never written: zeroes
+    while it is there), until `going` is cleared. Nothing writes past `half`, so a file
+    cut there outside is not extended again. The statuses, counted in `counts`."""
+    q = ctrl.io_queues[queue]
+    n = 0
+    while going.is_set():
+        lba = (n * 37 % (half // 2)) * 2 + queue
+        data = bytes([queue + 1, n % 251]) * (BLOCK // 2)
+        await q.execute(IoOpcode.WRITE, nsid, lba, 0, 0, data=memoryview(data))
+        back = bytearray(BLOCK)
+        await q.execute(IoOpcode.READ, nsid, lba, 0, 0, into=memoryview(back))
+        assert back == data
+        status = Status.SUCCESS
+        try:
+            await q.execute(IoOpcode.READ, nsid, half + n % half, 0, 0, into=memoryview(back))
+            assert back == bytes(BLOCK)
+        except NvmeStatusError as exc:
+            status = exc.status
+        counts[status] = counts.get(status, 0) + 1
+        n += 1
+
+
+async def run_reads_past(
+    ctrl: Controller, nsid: int, half: int, steps: list[Callable[[], Awaitable[object]]]
+) -> list[dict[int, int]]:
+    """Run `reads_past_loop` on I/O queues 0 and 1, each step run once both queues
+    completed 20 more reads past `half` since the one before; the statuses, by queue."""
+    going = asyncio.Event()
+    going.set()
+    counts: list[dict[int, int]] = [{}, {}]
+    loops = [
+        asyncio.ensure_future(reads_past_loop(ctrl, q, nsid, half, counts[q], going))
+        for q in (0, 1)
+    ]
+
+    async def until(total: int) -> None:
+        while min(sum(c.values()) for c in counts) < total:
+            await asyncio.wait(loops, return_when=asyncio.FIRST_EXCEPTION, timeout=0.05)
+            if any(loop.done() for loop in loops):
+                await asyncio.gather(*loops)  # its failure, or a loop that ended early
+                raise AssertionError("an I/O loop ended")
+
+    try:
+        for step in [*steps, None]:
+            await until(min(sum(c.values()) for c in counts) + 20)
+            if step is not None:
+                await step()
+    finally:
+        going.clear()
+        await asyncio.gather(*loops)  # a read that returned other data fails here
+    return counts
+
+
+@pytest.mark.parametrize("method", ["bdev_aio_rescan", "pynvmf_bdev_resize"])
+async def test_a_file_truncated_outside_while_io_runs_is_followed_on_rescan(
+    raw_rpc_target: RawRpcTarget, tmp_path: Path, method: str
+) -> None:
+    """Another process truncates the file under I/O: reads past the new end get
+    Unrecovered Read Error (nothing maps the file, so nothing faults), the blocks below
+    are kept; the rescan follows the cut (quiesced, as a forced shrink, nothing more
+    cut): the event, NSZE, `bdev_resize`, and LBA Out of Range past the end."""
+    name, nsid = await _add(raw_rpc_target, "file", tmp_path)
+    path = tmp_path / "cut.img"
+    port = raw_rpc_target.target.ports[0]
+    ctrl = await connect(port.address, port.port, RAW_SUBNQN, hostnqn=HOST_A, queues=2)
+    try:
+        await ctrl.set_features(FeatureId.ASYNC_EVENT, Oaes.NS_ATTR)
+        aer = asyncio.ensure_future(ctrl.admin_command(AdminOpcode.ASYNC_EVENT_REQUEST))
+
+        async def truncate() -> None:
+            os.truncate(path, HALF * BLOCK)
+
+        async def rescan() -> None:
+            assert not aer.done()
+            await raw_rpc_target.ok(method, name=name)
+
+        counts = await run_reads_past(ctrl, nsid, HALF, [truncate, rescan])
+        for c in counts:
+            assert set(c) == {
+                Status.SUCCESS,
+                Status.UNRECOVERED_READ_ERROR,
+                Status.LBA_OUT_OF_RANGE,
+            }, c
+        await asyncio.wait_for(aer, 10)
+        changed = L.ChangedNsList.unpack(await ctrl.get_log_page(L.LogPageId.CHANGED_NS, 4096))
+        assert changed.nsids == [nsid]
+        assert (await ctrl.identify_namespace(nsid)).nsze == HALF
+        (bdev,) = await raw_rpc_target.ok("bdev_get_bdevs", name=name)
+        assert bdev["num_blocks"] == HALF
+        notes = await raw_rpc_target.ok("notify_get_notifications")
+        assert [n["ctx"] for n in notes if n["type"] == "bdev_resize"] == [name]
+        assert await _status(ctrl, IoOpcode.WRITE, nsid, HALF) == Status.LBA_OUT_OF_RANGE
+        assert path.stat().st_size == HALF * BLOCK
+        # Nothing changed since: a second rescan sends nothing.
+        await raw_rpc_target.ok(method, name=name)
+        notes = await raw_rpc_target.ok("notify_get_notifications")
+        assert len([n for n in notes if n["type"] == "bdev_resize"]) == 1
+    finally:
+        await ctrl.close()

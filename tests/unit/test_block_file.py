@@ -9,6 +9,7 @@ import random
 import pytest
 
 from pynvmf.block import BlockDevice, BlockRangeError, Capabilities, FileDevice
+from pynvmf.block.device import StorageShrank
 
 BLOCK_SIZES = [512, 4096]
 
@@ -469,5 +470,47 @@ async def test_a_read_only_file_is_not_shrunk(img):
             await ro.shrink(1 << 19)
         assert ro.capabilities.num_blocks == 2048
         assert os.path.getsize(img) == 1 << 20
+    finally:
+        await ro.close()
+
+
+async def test_a_file_truncated_outside_gives_read_errors_then_is_followed(img):
+    """Another process truncates the file: nothing maps it, so a read past the new end is
+    an EIO (never a fault), a rescan reports the cut with its size (StorageShrank) and
+    keeps the old size until `serve_only` follows it; then I/O past it is out of range."""
+    dev, model = await filled(img, 1 << 20, 512)
+    try:
+        os.truncate(img, 1 << 19)
+        for lba, nblocks in ((1024, 1), (1023, 2), (2047, 1)):
+            with pytest.raises(OSError) as err:
+                await dev.read(lba, memoryview(bytearray(nblocks * 512)))
+            assert err.value.errno == errno.EIO
+        with pytest.raises(StorageShrank) as shrank:
+            await dev.rescan()
+        assert shrank.value.size_bytes == 1 << 19
+        assert dev.capabilities.num_blocks == 2048  # not taken yet
+        assert await dev.serve_only(1 << 19) == 1024
+        with pytest.raises(BlockRangeError):
+            await dev.read(1024, memoryview(bytearray(512)))
+        assert await read_all(dev) == model[: 1 << 19]
+        assert await dev.rescan() == 1024
+    finally:
+        await dev.close()
+
+
+async def test_a_read_only_file_follows_a_cut_made_outside(img):
+    """A device that cannot cut (read-only) still follows storage cut outside, and still
+    refuses to serve less than storage that would have to be cut."""
+    dev, _model = await filled(img, 1 << 20, 512)
+    await dev.close()
+    ro = FileDevice(img, 512, read_only=True)
+    try:
+        with pytest.raises(ValueError, match="writable regular file"):
+            await ro.serve_only(1 << 19)
+        os.truncate(img, 1 << 19)
+        with pytest.raises(StorageShrank):
+            await ro.rescan()
+        assert await ro.serve_only(1 << 19) == 1024
+        assert ro.capabilities.num_blocks == 1024
     finally:
         await ro.close()

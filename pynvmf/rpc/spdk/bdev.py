@@ -123,8 +123,8 @@ async def bdev_aio_delete(cp: ControlPlane, p: Params) -> bool:
 
 @method("bdev_aio_rescan")
 async def bdev_aio_rescan(cp: ControlPlane, p: Params) -> bool:
-    """The file or block device grew: its bdev, and the namespaces on it, take the size
-    (hosts are told)."""
+    """The file or block device grew, or was cut outside: its bdev, and the namespaces on
+    it, take the size (hosts are told; a cut is followed as a forced shrink is)."""
     name = p.string("name")
     p.done()
     entry = cp.target.block_devices.get(name)

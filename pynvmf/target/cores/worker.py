@@ -372,8 +372,9 @@ class Worker:
         return device.capabilities.num_blocks
 
     async def _namespace_shrinking(self, nqn: str, nsid: int, size_bytes: int) -> int:
-        """Namespace `nsid` is about to be cut to `size_bytes`: its I/O here is quiesced
-        while this process stops serving past them. The size served now (in blocks)."""
+        """Namespace `nsid` is about to be (or was, outside) cut to `size_bytes`: its I/O
+        here is quiesced while this process stops serving past them. The size served now
+        (in blocks)."""
         assert self.target is not None
         subsystem = self.target.subsystems.get(nqn)
         ns = subsystem.namespaces.get(nsid) if subsystem is not None else None

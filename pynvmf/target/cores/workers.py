@@ -647,7 +647,7 @@ class WorkerPool:
 
     async def namespace_shrinking(self, nqn: str, ns: Namespace, size_bytes: int) -> None:
         """Have every worker quiesce `ns`'s I/O and serve its first `size_bytes` only (the
-        storage is cut next); answered once they all do."""
+        storage is cut next, or was cut outside); answered once they all do."""
         if not S.shareable(ns):
             return
         await wait_all(
@@ -906,10 +906,10 @@ class MultiCoreTarget(Target):
             try:
                 num_blocks = await super().resize_block_device(name, size_bytes, force=force)
             except BaseException:
-                if force:
-                    # A cut that failed once the workers served less (shrink_served):
-                    # each serves what the storage kept again. The cut's error is the
-                    # answer, whatever a worker says.
+                if force or size_bytes is None:
+                    # A cut (or the following of an outside cut) that failed once some
+                    # workers served less (shrink_served): each serves what the storage
+                    # has again. The first error is the answer, whatever a worker says.
                     with contextlib.suppress(Exception):
                         await self._workers_take_sizes(users)
                 raise
