@@ -417,6 +417,18 @@ def test_a_grown_file_namespace_takes_its_size_on_the_linux_host(
         f"dd if={dev} of=/tmp/g3 bs=4096 skip={28 * MIB // 4096} count=4 iflag=direct "
         "2>/dev/null && cmp /tmp/g1 /tmp/g3"
     )
+    # Cut outside (another process truncates the file), then rescanned: followed, the
+    # host's block device too, the blocks below the new end kept.
+    guest.run(f"dd if=/tmp/g1 of={dev} bs=4096 seek={20 * MIB // 4096} oflag=direct 2>/dev/null")
+    os.truncate(image, 24 * MIB)
+    with served.rpc() as rpc:
+        assert rpc.call("bdev_aio_rescan", name="Grow0") is True
+    assert wait_size(guest, dev, 24 * MIB) == 24 * MIB
+    guest.run(
+        f"dd if={dev} of=/tmp/g4 bs=4096 skip={20 * MIB // 4096} count=4 iflag=direct "
+        "2>/dev/null && cmp /tmp/g1 /tmp/g4"
+    )
+    assert image.stat().st_size == 24 * MIB
     assert guest.run(f"sh /usr/local/bin/ctrl-state {GROW_NQN} live 5").output.strip() == "live"
     assert "disconnected 1 controller" in guest.run(f"nvme disconnect -n {GROW_NQN}").output
 
