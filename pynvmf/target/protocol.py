@@ -267,8 +267,8 @@ class TargetProtocol(ConnectionGlue[TargetConnection]):
             ctrl = queue.controller if queue is not None else None
             self.logger().info(
                 "connection closed: port=%s qid=%d cntlid=%d digests=%s%s commands=%d "
-                "r2t=%d h2c_data=%d c2h_data=%d in_capsule_bytes=%d data_digest_errors=%d "
-                "term_reqs=%d tls=%s reason=%s",
+                "r2t=%d r2t_dropped=%d h2c_data=%d c2h_data=%d in_capsule_bytes=%d "
+                "data_digest_errors=%d term_reqs=%d tls=%s reason=%s",
                 self.port,
                 conn.qid,
                 ctrl.cntlid if ctrl else 0,
@@ -276,6 +276,7 @@ class TargetProtocol(ConnectionGlue[TargetConnection]):
                 "d" if conn.ddgst else "-",
                 s.commands,
                 s.r2t_sent,
+                s.r2t_dropped,
                 s.h2c_data_pdus,
                 s.c2h_data_pdus,
                 s.in_capsule_bytes,

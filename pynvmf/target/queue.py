@@ -225,6 +225,8 @@ class TargetQueue:
     def arm_faults(self, faults: FaultTable | None) -> None:
         """Judge this queue's commands by `faults` from now on (None: by nothing)."""
         self.faults = faults
+        if faults is None:
+            self.conn.faults_gone()
 
     def _faulted(self, faults: FaultTable, req: Request) -> bool:
         """Whether a fault rule took `req` (delayed, completed, dropped, its connection

@@ -487,13 +487,15 @@ class MarkingWriter(PduWriter):
     (TargetConnection.inject puts it in place of the connection's writer): the PDUs of
     every other command are framed as PduWriter frames them. A mark lasts until the
     command's last PDU (its CapsuleResp, or a C2HData with SUCCESS), or its first PDU for a
-    digest; the connection's end takes the rest."""
+    digest; the connection's end takes the rest. `on_r2t_dropped` runs for each R2T a mark
+    kept from the wire (the connection counts it dropped, not sent)."""
 
-    __slots__ = ("marks",)
+    __slots__ = ("marks", "on_r2t_dropped")
 
-    def __init__(self) -> None:
+    def __init__(self, on_r2t_dropped: Callable[[], None] = _ignore) -> None:
         super().__init__()
         self.marks: dict[int, int] = {}
+        self.on_r2t_dropped = on_r2t_dropped
 
     def control(
         self, out: list[Buffer], layout: struct.Struct, pdu_type: int, hlen: int, *fields: object
@@ -517,6 +519,7 @@ class MarkingWriter(PduWriter):
         elif mark in (MARK_DROP_R2T, MARK_HEADER_DIGEST):
             del marks[cid]  # the R2T is the first PDU about it
             if mark == MARK_DROP_R2T:
+                self.on_r2t_dropped()
                 return
         frame: list[Buffer] = []
         PduWriter.control(self, frame, layout, pdu_type, hlen, *fields)

@@ -43,6 +43,7 @@ from pynvmf.tcp.framing import (
     MarkingWriter,
     PduConnection,
     PduReader,
+    PduWriter,
 )
 from pynvmf.tcp.wire_faults import WireFault, capsule_header, malformed_resp
 
@@ -162,6 +163,7 @@ class Request:
 class TransportStats:
     commands: int = 0
     r2t_sent: int = 0
+    r2t_dropped: int = 0  # kept from the wire by a drop_r2t fault rule (not in r2t_sent)
     h2c_data_pdus: int = 0
     c2h_data_pdus: int = 0
     in_capsule_bytes: int = 0
@@ -317,19 +319,12 @@ class TargetConnection(PduConnection):
         """Frame and parse as the handshake settled (`state`): from here on the
         connection carries capsules and data."""
         cfg = self.config
-        self.hpda = hpda = state.hpda
+        self.hpda = state.hpda
         self.maxr2t = state.maxr2t
         self.hdgst = state.hdgst
         self.ddgst = state.ddgst
         self.established = True
-        self.writer.configure(hdgst=self.hdgst, ddgst=self.ddgst, pda=hpda)
-        # The common case framed without the writer's general code (same bytes).
-        self._plain_resp = None if self.hdgst else P.CAPSULE_RESP.pack
-        self._plain_data = (
-            not self.hdgst
-            and not self.ddgst
-            and P.data_offset(P.DATA_HLEN, False, hpda) == P.DATA_HLEN
-        )
+        self._frame_plainly()
         reader = self.reader
         reader.hdgst, reader.ddgst = self.hdgst, self.ddgst
         reader.pdo_alignment = (cfg.cpda + 1) * 4
@@ -429,6 +424,9 @@ class TargetConnection(PduConnection):
         ttag = self._allocate_ttag()
         req.ttag = ttag
         self._r2t[ttag] = req
+        # Counted before the writer frames it: a writer that keeps it from the wire (a
+        # drop_r2t fault rule) moves it to r2t_dropped (_r2t_dropped).
+        self.stats.r2t_sent += 1
         self.writer.control(
             self.outbox,
             _DATA_HEADER,
@@ -439,8 +437,18 @@ class TargetConnection(PduConnection):
             0,
             req.length,
         )
-        self.stats.r2t_sent += 1
         self._output_added()
+
+    def _frame_plainly(self) -> None:
+        """Frame with the plain writer, as the handshake settled, and the common case
+        without the writer's general code (same bytes)."""
+        self.writer.configure(hdgst=self.hdgst, ddgst=self.ddgst, pda=self.hpda)
+        self._plain_resp = None if self.hdgst else P.CAPSULE_RESP.pack
+        self._plain_data = (
+            not self.hdgst
+            and not self.ddgst
+            and P.data_offset(P.DATA_HLEN, False, self.hpda) == P.DATA_HLEN
+        )
 
     def _allocate_ttag(self) -> int:
         for _ in range(_TTAG_LIMIT):
@@ -686,7 +694,7 @@ class TargetConnection(PduConnection):
         if not isinstance(writer, MarkingWriter):
             # From now on every PDU goes through the writer, which frames the marked
             # commands' wrongly (the plain shortcuts would pass it by).
-            writer = MarkingWriter()
+            writer = MarkingWriter(self._r2t_dropped)
             writer.configure(hdgst=self.hdgst, ddgst=self.ddgst, pda=self.hpda)
             self.writer = writer
             self._plain_resp = None
@@ -697,6 +705,22 @@ class TargetConnection(PduConnection):
             mark = MARK_DROP_R2T if action == "drop_r2t" else MARK_STALL_C2H
         writer.marks[req.sqe.cid] = mark
         return True
+
+    def faults_gone(self) -> None:
+        """No fault rule can select this connection's commands any more: it frames its
+        PDUs plainly again (and by the shortcuts), unless a marked command has PDUs still
+        to come (a stalled Read's completion, a digest not yet spoiled), which keep the
+        MarkingWriter for the connection's life."""
+        writer = self.writer
+        if not isinstance(writer, MarkingWriter) or writer.marks or not self.established:
+            return
+        self.writer = PduWriter()
+        self._frame_plainly()
+
+    def _r2t_dropped(self) -> None:
+        """The R2T fetch_data counted as sent never went out."""
+        self.stats.r2t_sent -= 1
+        self.stats.r2t_dropped += 1
 
     # -- errors and teardown ------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from pynvmf.spec import pdu as P
 from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.target.faults import FaultRule, parse_fault
 from pynvmf.tcp.digest import digest
+from pynvmf.tcp.framing import MarkingWriter, PduWriter
 from pynvmf.tcp.wire_faults import UNDEFINED_PDU_TYPE
 from tests.protocol.conftest import RAW_NS1_BLOCK, RAW_SUBNQN, RawRpcTarget, RawTarget
 from tests.support.raw import RawQueue, rw_sqe
@@ -129,6 +130,42 @@ async def test_a_wrong_data_digest_on_a_read(raw_target: RawTarget) -> None:
     assert (rule.matches, rule.hits) == (1, 1)
 
 
+@pytest.mark.parametrize("digests", [False, True])
+async def test_a_connection_frames_plainly_again_once_the_last_rule_is_gone(
+    raw_target: RawTarget, digests: bool
+) -> None:
+    queue = await io_queue(raw_target, hdgst=digests, ddgst=digests)
+    action = (
+        {"action": "corrupt_digest", "digest": "header"} if digests else {"action": "stall_c2h"}
+    )
+    rule = add(raw_target, opcode="read", first=1, **action)
+    other = add(raw_target, action="drop", opcode="flush", first=1)
+    conn = queue_conn(raw_target)
+    assert type(conn.writer) is PduWriter  # type: ignore[attr-defined]
+    read(queue, 50)
+    first = await raw_pdu(queue)
+    assert rule.hits == 1
+    if digests:
+        assert not header_digest_ok(first)
+        assert cqe_of(await raw_pdu(queue)).cid == 50
+    assert isinstance(conn.writer, MarkingWriter)  # type: ignore[attr-defined]
+    # A rule left (it selects nothing here): the marking writer stays.
+    raw_target.target.remove_fault(rule.id)
+    assert isinstance(conn.writer, MarkingWriter)  # type: ignore[attr-defined]
+    raw_target.target.remove_fault(other.id)
+    assert type(conn.writer) is PduWriter  # type: ignore[attr-defined]
+    # And frames as a fresh connection does.
+    read(queue, 51)
+    data = await raw_pdu(queue)
+    flags, cid, _datao, datal, pdo = c2h_fields(data)
+    assert cid == 51 and datal == RAW_NS1_BLOCK and flags & P.FLAG_DATA_LAST
+    if digests:
+        assert header_digest_ok(data)
+        assert data[pdo + datal :] == digest(data[pdo : pdo + datal])
+    if not flags & P.FLAG_DATA_SUCCESS:
+        assert cqe_of(await raw_pdu(queue)).cid == 51
+
+
 async def test_a_digest_rule_on_a_connection_without_that_digest_selects_nothing(
     raw_target: RawTarget,
 ) -> None:
@@ -211,6 +248,9 @@ async def test_a_write_whose_r2t_never_comes(raw_target: RawTarget) -> None:
     queue.send(queue.capsule(rw_sqe(IoOpcode.WRITE, 32, 1, 0, 4, length)))
     r2t = await raw_pdu(queue)
     assert r2t[0] == P.PduType.R2T and P.DATA_BODY.unpack_from(r2t, P.CH_LEN)[0] == 32
+    # The connection counts the R2T it sent, and the one it kept back apart.
+    stats = ctrl.queues[1].conn.stats
+    assert (stats.r2t_sent, stats.r2t_dropped) == (1, 1)
 
 
 async def test_a_read_stalled_halfway(raw_target: RawTarget) -> None:

@@ -14,7 +14,9 @@ from pynvmf.spec import pdu as P
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType, IoOpcode
 from pynvmf.spec.status import DNR, Status
 from pynvmf.target.command_counts import Histogram
+from pynvmf.tcp.framing import MarkingWriter, PduWriter
 from pynvmf.tcp.target import QueueParams, Request, TargetConnection, TransportConfig
+from pynvmf.tcp.wire_faults import WireFault
 from tests.support.raw import Pdu, capsule, data_pdu, h2c_data, icreq, parse_pdus, rw_sqe
 
 FES = P.FatalError
@@ -486,6 +488,25 @@ def test_fetch_data_emits_an_r2t() -> None:
     assert 0 <= ttag < 0xFFFF
     assert h.conn.stats.r2t_sent == 1
     assert h.output_requests >= 1  # fetch_data runs outside feed(): the glue is told
+
+
+def test_a_dropped_r2t_counts_apart_and_the_writer_goes_plain_once_no_mark_is_left() -> None:
+    h = io_connection()
+    assert h.feed(h.capsule(write_sqe(13, 16384, inline=False))) == []
+    [req] = h.requests
+    assert h.conn.inject(req, WireFault("drop_r2t"))
+    assert isinstance(h.conn.writer, MarkingWriter)
+    # The rules went, but the Write's R2T is still to be framed (and kept back).
+    h.conn.faults_gone()
+    assert isinstance(h.conn.writer, MarkingWriter)
+    h.conn.fetch_data(req, lambda r: None)
+    assert h.take() == []
+    assert (h.conn.stats.r2t_sent, h.conn.stats.r2t_dropped) == (0, 1)
+    h.conn.faults_gone()
+    assert type(h.conn.writer) is PduWriter
+    # Framed as before any rule: the next Write's R2T goes out, counted as sent.
+    r2t_for(h, 14, 4096)
+    assert (h.conn.stats.r2t_sent, h.conn.stats.r2t_dropped) == (1, 1)
 
 
 def test_h2c_data_in_order_assembles_the_data_and_calls_back_once() -> None:
