@@ -37,11 +37,11 @@ from tests.interop.test_linux_multipath import (
     wait_for,
     writes_done,
 )
-from tests.support.guest import LINUX_6_1, LINUX_6_12, LINUX_7, Guest, PeerSet
+from tests.support.guest import NEWEST, Guest
 from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
 
-pytestmark = PeerSet((LINUX_7,), others=(LINUX_6_1, LINUX_6_12)).mark()
+pytestmark = NEWEST.mark()
 
 MIB = 1 << 20
 STARVED = "nqn.2024-11.dev.pynvmf:faults-keep-alive"

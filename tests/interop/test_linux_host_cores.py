@@ -27,11 +27,11 @@ import pytest
 
 from pynvmf.rpc.client import RpcClient
 from tests.interop.test_linux_host import wait_size
-from tests.support.guest import OLDEST_AND_NEWEST, Guest, Peer
+from tests.support.guest import NEWEST, Guest, Peer
 from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
 
-pytestmark = OLDEST_AND_NEWEST.mark()
+pytestmark = NEWEST.mark()
 
 MIB = 1 << 20
 MEM = "nqn.2024-11.dev.pynvmf:cores-mem"

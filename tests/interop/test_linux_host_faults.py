@@ -28,11 +28,11 @@ import pytest
 
 from pynvmf.rpc.client import RpcClient
 from tests.interop.test_linux_host import DEV_FOR
-from tests.support.guest import LINUX_6_1, LINUX_6_12, LINUX_7, Guest, PeerSet
+from tests.support.guest import NEWEST, Guest
 from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
 
-pytestmark = PeerSet((LINUX_7,), others=(LINUX_6_1, LINUX_6_12)).mark()
+pytestmark = NEWEST.mark()
 
 MIB = 1 << 20
 TIMEOUT = "nqn.2024-11.dev.pynvmf:faults-timeout"

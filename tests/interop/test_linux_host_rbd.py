@@ -51,11 +51,11 @@ from tests.interop import test_linux_host_compare as compare
 from tests.interop import test_linux_host_reservations as resv
 from tests.interop.test_linux_host import DEV_FOR, Subsys
 from tests.support.ceph_cluster import CephCluster
-from tests.support.guest import OLDEST_AND_NEWEST, Guest, Peer
+from tests.support.guest import NEWEST, Guest, Peer
 from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
 
-pytestmark = OLDEST_AND_NEWEST.mark()
+pytestmark = NEWEST.mark()
 
 MIB = 1 << 20
 PREFIX = "nqn.2024-11.dev.pynvmf:interop-rbd"

@@ -55,11 +55,11 @@ from tests.interop.test_linux_multipath import (
     writes_done,
 )
 from tests.support.ceph_cluster import CephCluster
-from tests.support.guest import OLDEST_AND_NEWEST, Guest, Peer
+from tests.support.guest import NEWEST, Guest, Peer
 from tests.support.ports import free_tcp_port
 from tests.support.target_process import TargetProcess
 
-pytestmark = OLDEST_AND_NEWEST.mark()
+pytestmark = NEWEST.mark()
 
 MIB = 1 << 20
 SIZE = 64 * MIB

@@ -23,18 +23,10 @@ from pynvmf.record.tap import Recorder
 from pynvmf.target.port import Port
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
-from tests.support.guest import (
-    LINUX_6_1,
-    LINUX_6_12,
-    LINUX_7,
-    Guest,
-    Peer,
-    PeerSet,
-    setup_kernel_target,
-)
+from tests.support.guest import NEWEST, Guest, Peer, setup_kernel_target
 from tests.support.ports import free_tcp_port
 
-pytestmark = PeerSet((LINUX_7,), others=(LINUX_6_1, LINUX_6_12)).mark()
+pytestmark = NEWEST.mark()
 
 MIB = 1 << 20
 NQN = "nqn.2024-11.dev.pynvmf:record-replay"

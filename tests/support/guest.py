@@ -62,12 +62,17 @@ newest cannot stand for it:
   Copy formats, Host Behavior Support, Write Zeroes, the reservation ioctls' statuses;
   these modules expect the same of 6.12 as of 7, the Peer fields they branch on being
   equal): ``test_linux_host.py``, ``test_linux_host_reservations.py``,
-  ``test_linux_host_compare.py``, ``test_linux_host_cores.py``,
-  ``test_linux_host_rbd.py``, ``test_linux_multipath.py``,
-  ``test_linux_multipath_rbd.py``, ``test_linux_target.py``,
-  ``test_linux_target_copy.py``, ``test_linux_discovery_referrals.py`` (nvme-cli
-  follows referrals: 2.3's libnvme and 2.16's) and ``test_linux_control_plane.py``
-  (namespaces that come, go, appear to one host and grow, seen by each kernel's rescan);
+  ``test_linux_host_compare.py`` (nvme-cli's own compare and verify),
+  ``test_linux_multipath.py`` (each kernel's multipath and ANA handling),
+  ``test_linux_target.py``, ``test_linux_target_copy.py`` (6.1's nvmet against 7's),
+  ``test_linux_discovery_referrals.py`` (nvme-cli follows referrals: 2.3's libnvme and
+  2.16's) and ``test_linux_control_plane.py`` (namespaces that come, go, appear to one
+  host and grow, seen by each kernel's rescan);
+- ``linux-7`` alone (:data:`NEWEST`), for what the target does whatever the host's kernel,
+  the host's part being what ``test_linux_host.py`` already checks on 6.1:
+  ``test_linux_host_cores.py``, ``test_linux_host_rbd.py``,
+  ``test_linux_multipath_rbd.py`` (Ceph-backed failover; the host's multipath is
+  ``test_linux_multipath.py``'s), the fault modules and ``test_linux_record_replay.py``;
 - ``linux-6.12`` and ``linux-7``: ``test_linux_auth.py`` and ``test_linux_tls.py`` (6.1
   has neither; 6.12's nvmet authenticates every queue, its nvme-cli derives TLS keys the
   "compat" way and its tlshd cannot do SHA-384 keys: ``Peer.nvmet_auth_admin_only``,
@@ -83,7 +88,7 @@ every peer that can run it (6.12 on the host and kernel-target modules, ~1-4 min
 each), for a change that may tell the peers apart.
 
 A module states its peers with a :class:`PeerSet` of this module (:data:`OLDEST_AND_NEWEST`,
-:data:`SECURE_CHANNEL`, :data:`NVMET_RESERVATIONS`, :data:`EVERY_PEER`):
+:data:`NEWEST`, :data:`SECURE_CHANNEL`, :data:`NVMET_RESERVATIONS`, :data:`EVERY_PEER`):
 ``pytestmark = OLDEST_AND_NEWEST.mark()`` parametrizes ``linux_peer`` over those of its peers
 PYNVMF_GUEST_PEERS selects; ``.peers()`` gives the list for a module that parametrizes a
 fixture of its own.
@@ -362,6 +367,8 @@ class PeerSet:
 EVERY_PEER = PeerSet(tuple(PEERS.values()))
 # 6.1 differs from 7 in the host modules' checks; 6.12 does not (the rule, above).
 OLDEST_AND_NEWEST = PeerSet((LINUX_6_1, LINUX_7), others=(LINUX_6_12,))
+# What the target does whatever the host's kernel (faults, RBD, Compare, workers, replay).
+NEWEST = PeerSet((LINUX_7,), others=(LINUX_6_1, LINUX_6_12))
 # DH-HMAC-CHAP and TLS: 6.1 has neither.
 SECURE_CHANNEL = PeerSet(tuple(p for p in PEERS.values() if p.tls and p.dhchap))
 NVMET_RESERVATIONS = PeerSet(tuple(p for p in PEERS.values() if p.nvmet_reservations))
