@@ -17,6 +17,15 @@ from collections.abc import Iterator
 
 import pytest
 
+from pynvmf.rdma.cm import (
+    ADMIN_QUEUE_SIZE,
+    ConnectAccept,
+    ConnectReject,
+    ConnectRequest,
+    QueueLimits,
+    RejectStatus,
+    answer_connect,
+)
 from tests.support import guest_rdma
 from tests.support.guest import (
     Guest,
@@ -86,6 +95,103 @@ with Context(name={RXE!r}) as ctx:
     out = guest.run("python3 -", input=script).output
     assert f"devices ['{RXE}']" in out, out
     assert re.search(r"^mr rkey \d+ length 16384$", out, re.MULTILINE), out
+
+
+# One RDMA CM exchange per request in one process on the soft-RoCE device: the active side
+# connects with the request's private data, the passive side prints what arrived and answers
+# with the reply given (a reject, or an accept with a QP). pyverbs' ConnParam carries private
+# data only when built with data_len (at most 56 bytes in a request, 196 in an accept).
+CM_EXCHANGE = r"""
+import sys
+import pyverbs.cmid as c
+from pyverbs.librdmacm_enums import RAI_PASSIVE, rdma_cm_event_type as EV
+from pyverbs.librdmacm_enums import rdma_port_space as PS
+from pyverbs.libibverbs_enums import ibv_qp_type
+from pyverbs.qp import QPCap, QPInitAttr
+
+addr, port = sys.argv[1], sys.argv[2]
+TCP = PS.RDMA_PS_TCP
+
+
+def event(channel, want):
+    ev = c.CMEvent(channel)
+    assert ev.event_type == want, (ev.event_str(), want)
+    return ev
+
+
+def qp_attr():
+    return QPInitAttr(qp_type=ibv_qp_type.IBV_QPT_RC, cap=QPCap(max_send_wr=4, max_recv_wr=4))
+
+
+server = c.CMEventChannel()
+listen = c.CMID(creator=server, port_space=TCP)
+listen.bind_addr(c.AddrInfo(src=addr, src_service=port, port_space=TCP, flags=RAI_PASSIVE))
+listen.listen()
+for line in sys.stdin:
+    request, kind, reply = line.split()
+    client = c.CMEventChannel()
+    host = c.CMID(creator=client, port_space=TCP)
+    host.resolve_addr(c.AddrInfo(src=addr, dst=addr, dst_service=port, port_space=TCP))
+    event(client, EV.RDMA_CM_EVENT_ADDR_RESOLVED).ack_cm_event()
+    host.resolve_route()
+    event(client, EV.RDMA_CM_EVENT_ROUTE_RESOLVED).ack_cm_event()
+    host.create_qp(qp_attr())
+    param = c.ConnParam(data_len=56)
+    param.set_private_data(bytes.fromhex(request))
+    host.connect(param)
+    ev = event(server, EV.RDMA_CM_EVENT_CONNECT_REQUEST)
+    print("request", bytes(ev.private_data).hex())
+    child = c.CMID(creator=ev, listen_id=listen)
+    ev.ack_cm_event()
+    if kind == "reject":
+        child.reject(bytes.fromhex(reply))
+        ev = event(client, EV.RDMA_CM_EVENT_REJECTED)
+    else:
+        child.create_qp(qp_attr())
+        accept = c.ConnParam(data_len=196)
+        accept.set_private_data(bytes.fromhex(reply))
+        child.accept(accept)
+        ev = event(client, EV.RDMA_CM_EVENT_ESTABLISHED)
+    print(kind, bytes(ev.private_data).hex())
+    ev.ack_cm_event()
+    if kind == "accept":
+        event(server, EV.RDMA_CM_EVENT_ESTABLISHED).ack_cm_event()
+        host.disconnect()
+        event(server, EV.RDMA_CM_EVENT_DISCONNECTED).ack_cm_event()
+        event(client, EV.RDMA_CM_EVENT_DISCONNECTED).ack_cm_event()
+    child.close()
+    host.close()
+"""
+
+
+def test_pyverbs_carries_the_nvme_rdma_private_data(guest: Guest, soft_roce: str) -> None:
+    limits = QueueLimits(max_qid=4, io_queue_size=128)
+    admin = ConnectRequest.for_queue(qid=0, queue_size=ADMIN_QUEUE_SIZE)
+    # One entry more than the admin queue holds.
+    too_deep = ConnectRequest(qid=0, hrqsize=ADMIN_QUEUE_SIZE + 1, hsqsize=ADMIN_QUEUE_SIZE)
+    lines = []
+    for request in (too_deep, admin):
+        answer = answer_connect(request.encode(), limits, set())
+        kind, reply = (
+            ("reject", answer.encode())
+            if isinstance(answer, ConnectReject)
+            else ("accept", answer[1].encode())
+        )
+        lines.append(f"{request.encode().hex()} {kind} {reply.hex()}\n")
+    guest.write_file("/tmp/cm_exchange.py", CM_EXCHANGE)
+    out = guest.run(
+        f"python3 /tmp/cm_exchange.py {guest.guest_address} {PORT + 1}",
+        input="".join(lines),
+        timeout=120,
+    ).output
+    seen = re.findall(r"^(request|reject|accept) ([0-9a-f]+)$", out, re.MULTILINE)
+    assert [kind for kind, _ in seen] == ["request", "reject", "request", "accept"], out
+    # The CM pads a request's private data to 56 bytes, a reject's and an accept's further.
+    received = [bytes.fromhex(data) for _, data in seen]
+    assert ConnectRequest.decode(received[0]) == too_deep
+    assert ConnectReject.decode(received[1]).status is RejectStatus.INVALID_HSQSIZE
+    assert ConnectRequest.decode(received[2]) == admin
+    assert ConnectAccept.decode(received[3]) == ConnectAccept(crqsize=ADMIN_QUEUE_SIZE)
 
 
 def test_kernel_nvme_rdma_host_against_nvmet_rdma(guest: Guest, soft_roce: str) -> None:
