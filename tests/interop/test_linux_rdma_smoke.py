@@ -158,6 +158,8 @@ for line in sys.stdin:
         event(server, EV.RDMA_CM_EVENT_ESTABLISHED).ack_cm_event()
         host.disconnect()
         event(server, EV.RDMA_CM_EVENT_DISCONNECTED).ack_cm_event()
+        # The answer to the host's DREQ: without it the host's side waits for the CM timeout.
+        child.disconnect()
         event(client, EV.RDMA_CM_EVENT_DISCONNECTED).ack_cm_event()
     child.close()
     host.close()
