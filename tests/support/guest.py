@@ -79,6 +79,9 @@ newest cannot stand for it:
   ``.tls_compat_keys``, ``.tlshd_sha384``);
 - the peers whose nvmet has reservations (``linux-7``):
   ``test_linux_target_reservations.py``;
+- the RDMA variant of ``linux-7`` (rdma-core and pyverbs added to its image:
+  tests/support/guest_rdma.py): ``test_linux_rdma_smoke.py`` (soft-RoCE, nvme-rdma against
+  nvmet-rdma in one guest; docs/rdma.md);
 - ``linux-6.1`` alone (the default peer): ``test_linux_nvmetcli.py`` (nvmetcli's
   configfs layout).
 
@@ -300,7 +303,17 @@ LINUX_7 = _debootstrapped(
 PEERS: dict[str, Peer] = {p.name: p for p in (LINUX_6_1, LINUX_6_12, LINUX_7)}
 
 # Debian packages named in a peer's description (describe_peer), when the guest has them.
-_DESCRIBED = ("nvme-cli", "libnvme1t64", "libnvme1", "fio", "ktls-utils", "python3")
+_DESCRIBED = (
+    "nvme-cli",
+    "libnvme1t64",
+    "libnvme1",
+    "fio",
+    "ktls-utils",
+    "python3",
+    # The RDMA variant's (tests/support/guest_rdma.py).
+    "rdma-core",
+    "python3-pyverbs",
+)
 
 
 def describe_peer(assets: GuestAssets) -> str:
@@ -965,8 +978,11 @@ def setup_kernel_target(
     nsid: int = 1,
     inline_data_size: int | None = None,
     reservations: bool = False,
+    trtype: str = "tcp",
 ) -> KernelTarget:
-    """Export a namespace through the guest kernel's nvmet-tcp on ``traddr:port``.
+    """Export a namespace through the guest kernel's nvmet-tcp on ``traddr:port`` (or
+    nvmet-rdma with ``trtype="rdma"``, on a soft-RoCE link the caller has added: see
+    tests/support/guest_rdma.py).
 
     Without ``device``, a memory-backed null_blk device of ``size_mb`` MiB and ``block_size``
     byte logical blocks backs the namespace (data written is read back). Any host may
@@ -978,7 +994,9 @@ def setup_kernel_target(
     if block_size not in (512, 1024, 2048, 4096):
         raise ValueError(f"unsupported block size {block_size}")
     nullb = None
-    script = ["set -e", "modprobe nvmet", "modprobe nvmet-tcp"]
+    if trtype not in ("tcp", "rdma"):
+        raise ValueError(f"unsupported transport type {trtype!r}")
+    script = ["set -e", "modprobe nvmet", f"modprobe nvmet-{trtype}"]
     if device is None:
         nullb = f"/sys/kernel/config/nullb/{_nullb_name(nqn, nsid)}"
         script += [
@@ -1016,13 +1034,13 @@ def setup_kernel_target(
         f"for p in {_NVMET}/ports/*; do",
         '  [ -d "$p" ] || continue',
         '  id=${p##*/}; [ "$id" -gt "$max" ] && max=$id',
-        f'  if [ "$(cat $p/addr_trsvcid)" = {port} ] && [ "$(cat $p/addr_traddr)" = {traddr} ];'
-        " then P=$p; fi",
+        f'  if [ "$(cat $p/addr_trsvcid)" = {port} ] && [ "$(cat $p/addr_traddr)" = {traddr} ]'
+        f' && [ "$(cat $p/addr_trtype)" = {trtype} ]; then P=$p; fi',
         "done",
         'if [ -z "$P" ]; then',
         f"  P={_NVMET}/ports/$((max + 1))",
         '  mkdir "$P"',
-        '  echo tcp > "$P/addr_trtype"',
+        f'  echo {trtype} > "$P/addr_trtype"',
         '  echo ipv4 > "$P/addr_adrfam"',
         f'  echo {traddr} > "$P/addr_traddr"',
         f'  echo {port} > "$P/addr_trsvcid"',
