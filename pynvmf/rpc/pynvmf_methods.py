@@ -289,6 +289,7 @@ async def pynvmf_fault_add(cp: ControlPlane, p: Params) -> int:
         spec = parse_fault({k: v for k, v in given.items() if v is not None})
         rule = cp.target.add_fault(spec, parse_for_ms(for_ms))
         await cp.target.scheduled_faults.settled()
+        await cp.target.faults_applied()
     except ChangeError as exc:
         raise change_error(exc, {}) from exc
     return rule.id
@@ -300,6 +301,7 @@ async def pynvmf_fault_remove(cp: ControlPlane, p: Params) -> bool:
     p.done()
     try:
         cp.target.remove_fault(rule_id)
+        await cp.target.faults_applied()
     except ChangeError as exc:
         raise change_error(exc, {}) from exc
     return True

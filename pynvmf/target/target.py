@@ -518,6 +518,10 @@ class Target:
         wherever the queues are served (the workers: cores/workers.py)."""
         self._arm_faults()
 
+    async def faults_applied(self) -> None:
+        """Until every process that serves queues judges their commands by the rules as
+        they are now: at once here, the workers answer theirs (cores/workers.py)."""
+
     def _arm_faults(self) -> None:
         for subsystem in self.subsystems.values():
             for ctrl in subsystem.controllers.values():

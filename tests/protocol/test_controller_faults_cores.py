@@ -51,9 +51,11 @@ async def test_not_ready_on_the_workers(target: MultiCoreTarget) -> None:
     try:
         assert target.workers is not None
         rule = target.add_fault(FaultSpec("not_ready", nsid=1))
+        await target.faults_applied()
         for _ in range(4):  # round robin over both I/O queues, on both workers
             assert await read_status(ctrl) == Status.NS_NOT_READY
         target.remove_fault(rule.id)
+        await target.faults_applied()
         for _ in range(2):
             assert await read_status(ctrl) == Status.SUCCESS
     finally:
@@ -67,12 +69,14 @@ async def test_a_failed_controllers_io_queues_on_the_workers_answer_nothing(
     try:
         await ctrl.namespace(1).read(0, memoryview(bytearray(BLOCK)))
         rule = target.add_fault(FaultSpec("fail_controller", subsystem=NQN))
+        await target.faults_applied()
         assert rule.hits == 1
         (ctrl_t,) = target.subsystems[NQN].controllers.values()
         # The workers take the new CSTS with the controller's state (what the RPC awaits).
         await target.scheduled_faults.settled()
         # Removing the rule does not heal the controller: only a reset does.
         target.remove_fault(rule.id)
+        await target.faults_applied()
         reads = [
             asyncio.ensure_future(ctrl.namespace(1).read(0, memoryview(bytearray(BLOCK))))
             for _ in range(4)
@@ -105,9 +109,11 @@ async def test_an_ana_flap_reaches_the_workers(target: MultiCoreTarget) -> None:
                 period_ms=60_000,
             )
         )
+        await target.faults_applied()
         for _ in range(2):
             assert await read_status(ctrl) == Status.ANA_INACCESSIBLE
         target.remove_fault(rule.id)
+        await target.faults_applied()
         for _ in range(2):
             assert await read_status(ctrl) == Status.SUCCESS
     finally:
@@ -120,6 +126,7 @@ async def test_a_target_stops_with_a_flap_running(target: MultiCoreTarget) -> No
         rule = target.add_fault(
             FaultSpec("ana_flap", subsystem=NQN, anagrpid=1, period_ms=100, limit=1000)
         )
+        await target.faults_applied()
         while rule.hits < 3:
             await asyncio.sleep(0.05)
     finally:

@@ -69,6 +69,7 @@ async def test_a_wrong_data_digest_from_a_worker(target: MultiCoreTarget) -> Non
                 {"action": "corrupt_digest", "digest": "data", "opcode": "read", "limit": 1}
             )
         )
+        await target.faults_applied()
         # The host finds the digest wrong and fails the Read; the connection lives.
         with pytest.raises(NvmeError) as failed:
             await read(ctrl, 3)
@@ -85,12 +86,14 @@ async def test_a_term_req_from_a_worker(target: MultiCoreTarget) -> None:
     try:
         on_a_worker(target)
         rule = target.add_fault(parse_fault({"action": "term_req", "opcode": "read"}))
+        await target.faults_applied()
         with pytest.raises(NvmeConnectionError):
             await read(ctrl)
         await reported_hits(target, rule, 1)
     finally:
         await ctrl.close()
     target.remove_fault(rule.id)
+    await target.faults_applied()
     again = await host(target)
     try:
         assert await read(again) == bytes(BLOCK)

@@ -660,9 +660,10 @@ class WorkerPool:
             return
         await wait_all([w.request(S.NAMESPACE_RESIZED, nqn, ns.nsid) for w in self._live()])
 
-    def faults_changed(self, rules: list[tuple[int, FaultSpec]]) -> None:
-        for worker in self._live():
-            worker.channel_send(S.FAULTS, rules)
+    def faults_changed(self, rules: list[tuple[int, FaultSpec]]) -> list[asyncio.Future[Any]]:
+        """Every worker judges its commands by `rules` from its next one; the answers come
+        once each took them (a remove must not be undone by a worker that has not heard)."""
+        return [worker.request(S.FAULTS, rules) for worker in self._live()]
 
     def latency_tracking(self, enable: bool) -> None:
         """Every worker times its commands from now on, or stops."""
@@ -741,6 +742,7 @@ class MultiCoreTarget(Target):
         super().__init__(*args, **kwargs)
         self.workers = WorkerPool(self, cores)
         self._background: set[asyncio.Task[None]] = set()
+        self._faults_sent: list[asyncio.Future[Any]] = []
         # What a killed target left in /dev/shm goes before this one adds its own.
         range_locks.remove_stale()
 
@@ -814,7 +816,10 @@ class MultiCoreTarget(Target):
 
     def faults_changed(self) -> None:
         super().faults_changed()
-        self.workers.faults_changed(self.faults.specs())
+        self._faults_sent = self.workers.faults_changed(self.faults.specs())
+
+    async def faults_applied(self) -> None:
+        await wait_all(self._faults_sent)
 
     async def start(self) -> None:
         for subsystem in self.subsystems.values():
