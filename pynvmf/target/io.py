@@ -68,6 +68,9 @@ _SLBA_NLB: Final = COPY_RANGE_SLBA_NLB
 _READ: Final = int(IoOpcode.READ)
 _WRITE: Final = int(IoOpcode.WRITE)
 _COPY: Final = int(IoOpcode.COPY)
+# The builtin as a C static: compiled, the name `memoryview` is a lookup in the builtins
+# module each time (a test per in-capsule Write).
+_MEMORYVIEW: Final = memoryview
 # The histogram of IoHandler's run of timed fast-path commands while it has none (no
 # command is counted in it).
 _NO_RUN: Final = Histogram()
@@ -184,7 +187,7 @@ class IoHandler:
                     else:
                         data = req.data
                         if (
-                            type(data) is memoryview
+                            type(data) is _MEMORYVIEW
                             and not ns.gate.closed
                             and inplace.write_now(
                                 sqe.cdw10 | sqe.cdw11 << 32, (sqe.cdw12 & 0xFFFF) + 1, data

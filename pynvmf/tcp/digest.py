@@ -31,6 +31,9 @@ POLYNOMIAL_REVERSED = 0x82F63B78
 _MASK = 0xFFFFFFFF
 # CRC-32/ISCSI of b"123456789", the CRC catalogue's check value.
 CHECK_VALUE = 0xE3069283
+# The CRC of any data followed by its digest (the CRC little endian): a receiver checks a
+# digest with one CRC call over both, and no read of the digest field.
+RESIDUE = 0x48674BC7
 _ZEROS9 = 0xBBE568A3  # of 9 zero bytes, passed as a writable memoryview as pynvmf does
 
 # -- the pure-Python fallback ------------------------------------------------------------------

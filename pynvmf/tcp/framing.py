@@ -57,12 +57,20 @@ _PACK_U32: Final = _U32.pack
 # The CRC function itself (a C function where an accelerated package is installed),
 # called directly: D.digest is an interpreted call per digest.
 _CRC32C: Final = D.crc32c
+_RESIDUE: Final = D.RESIDUE
 _FLAG_HDGST: Final = P.FLAG_HDGST
 _FLAG_DDGST: Final = P.FLAG_DDGST
 _DIGEST_LEN: Final = P.DIGEST_LEN
 _DIGEST_FLAGS: Final = P.FLAG_HDGST | P.FLAG_DDGST
 _CAPSULE_CMD: Final = int(P.PduType.CAPSULE_CMD)
 _EXPECTED_HLEN: Final = P.EXPECTED_HLEN
+# The target's two per-command PDUs, framed by PduWriter.c2h_data / capsule_resp.
+_PACK_DATA_HEADER: Final = P.DATA_HEADER.pack
+_PACK_CAPSULE_RESP: Final = P.CAPSULE_RESP.pack
+_C2H_DATA_TYPE: Final = int(P.PduType.C2H_DATA)
+_CAPSULE_RESP_TYPE: Final = int(P.PduType.CAPSULE_RESP)
+_DATA_HLEN: Final = P.DATA_HLEN
+_CAPSULE_RESP_HLEN: Final = P.CAPSULE_RESP_HLEN
 # Receive buffer size once a connection is established (each read may fill it).
 _MIN_BUFFER: Final = 256 * 1024
 # PDU types as bit masks (1 << type): the parser tests them on every PDU, after it has
@@ -271,7 +279,7 @@ class PduReader:
                 if not flags & P.FLAG_HDGST:
                     self._fatal(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_FLAGS, start, hlen)
                     return
-                if _U32.unpack_from(pdu, hlen)[0] != _CRC32C(pdu[:hlen]):
+                if _CRC32C(pdu[:header_end]) != _RESIDUE:  # header and its digest
                     self._fatal(P.FatalError.HEADER_DIGEST_ERROR, 0, start, hlen)
                     return
             if plen > header_end:
@@ -290,7 +298,7 @@ class PduReader:
                     if not flags & P.FLAG_DDGST:
                         self._fatal(P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_FLAGS, start, hlen)
                         return
-                    if _U32.unpack_from(pdu, data_end)[0] != _CRC32C(pdu[pdo:data_end]):
+                    if _CRC32C(pdu[pdo:plen]) != _RESIDUE:  # data and its digest
                         if self._on_ddgst_error is None:
                             self._fatal(P.FatalError.HEADER_DIGEST_ERROR, 0, start, hlen)
                         else:
@@ -386,6 +394,72 @@ class PduWriter:
         out.append(payload)
         if ddgst:
             out.append(_PACK_U32(_CRC32C(payload)))
+
+    # The target's per-command PDUs, as `data` and `control` frame them (the same bytes),
+    # with the layout and its fields fixed: compiled, a call with `*fields` builds a
+    # tuple, a list and a tuple again and calls `pack` through the generic call path,
+    # most of what a CapsuleResp with a header digest cost (docs/performance.md,
+    # "Digests without the writer's general calls").
+
+    def c2h_data(
+        self, out: list[Buffer], flags: int, cid: int, datao: int, payload: Buffer, n: int
+    ) -> None:
+        """A C2HData PDU carrying `payload` (`n` bytes) at `datao` of command `cid`."""
+        hdgst, ddgst = self.hdgst, self.ddgst
+        start = _DATA_HLEN + _DIGEST_LEN if hdgst else _DATA_HLEN
+        align = (self.pda + 1) * 4
+        pdo = -(-start // align) * align
+        plen = pdo + n + (_DIGEST_LEN if ddgst else 0)
+        if hdgst:
+            flags |= _FLAG_HDGST
+        if ddgst:
+            flags |= _FLAG_DDGST
+        header = _PACK_DATA_HEADER(_C2H_DATA_TYPE, flags, _DATA_HLEN, pdo, plen, cid, 0, datao, n)
+        out.append(header)
+        if hdgst:
+            out.append(_PACK_U32(_CRC32C(header)))
+        if pdo > start:
+            out.append(bytes(pdo - start))
+        out.append(payload)
+        if ddgst:
+            out.append(_PACK_U32(_CRC32C(payload)))
+
+    def capsule_resp(
+        self, out: list[Buffer], cdw0: int, cdw1: int, sqhd: int, sqid: int, cid: int, status: int
+    ) -> None:
+        """A CapsuleResp: the completion queue entry's fields, `status` with its phase bit."""
+        if self.hdgst:
+            header = _PACK_CAPSULE_RESP(
+                _CAPSULE_RESP_TYPE,
+                _FLAG_HDGST,
+                _CAPSULE_RESP_HLEN,
+                0,
+                _CAPSULE_RESP_HLEN + _DIGEST_LEN,
+                cdw0,
+                cdw1,
+                sqhd,
+                sqid,
+                cid,
+                status,
+            )
+            out.append(header)
+            out.append(_PACK_U32(_CRC32C(header)))
+        else:
+            out.append(
+                _PACK_CAPSULE_RESP(
+                    _CAPSULE_RESP_TYPE,
+                    0,
+                    _CAPSULE_RESP_HLEN,
+                    0,
+                    _CAPSULE_RESP_HLEN,
+                    cdw0,
+                    cdw1,
+                    sqhd,
+                    sqid,
+                    cid,
+                    status,
+                )
+            )
 
 
 class PduConnection:
@@ -526,6 +600,29 @@ class MarkingWriter(PduWriter):
         if mark == MARK_HEADER_DIGEST and self.hdgst:
             frame[1] = _spoiled(frame[1])
         out.extend(frame)
+
+    # The fixed-layout methods go through control and data, where the marks are read.
+
+    def c2h_data(
+        self, out: list[Buffer], flags: int, cid: int, datao: int, payload: Buffer, n: int
+    ) -> None:
+        self.data(out, P.DATA_HEADER, _C2H_DATA, flags, P.DATA_HLEN, payload, cid, 0, datao, n)
+
+    def capsule_resp(
+        self, out: list[Buffer], cdw0: int, cdw1: int, sqhd: int, sqid: int, cid: int, status: int
+    ) -> None:
+        self.control(
+            out,
+            P.CAPSULE_RESP,
+            _CAPSULE_RESP,
+            P.CAPSULE_RESP_HLEN,
+            cdw0,
+            cdw1,
+            sqhd,
+            sqid,
+            cid,
+            status,
+        )
 
     def data(
         self,

@@ -68,8 +68,10 @@ _H2C_DATA_TYPE: Final = int(P.PduType.H2C_DATA)
 _CAPSULE_CMD_TYPE: Final = int(P.PduType.CAPSULE_CMD)
 _R2T_TYPE: Final = int(P.PduType.R2T)
 _DATA_HEADER: Final = P.DATA_HEADER
-_CAPSULE_RESP: Final = P.CAPSULE_RESP
 _PACK_DATA_HEADER: Final = P.DATA_HEADER.pack
+# The builtin as a C static: compiled, the name `memoryview` is a lookup in the builtins
+# module each time (a test per data PDU).
+_MEMORYVIEW: Final = memoryview
 _UNPACK_DATA_BODY: Final = P.DATA_BODY.unpack_from
 _FABRICS: Final = int(AdminOpcode.FABRICS)
 _CONNECT: Final = int(FabricsType.CONNECT)
@@ -590,11 +592,8 @@ class TargetConnection(PduConnection):
                 )
             )
         else:
-            self.writer.control(
+            self.writer.capsule_resp(
                 out,
-                _CAPSULE_RESP,
-                _CAPSULE_RESP_TYPE,
-                P.CAPSULE_RESP_HLEN,
                 result & 0xFFFFFFFF,
                 result >> 32,
                 0xFFFF if self.sqhd_disabled else self._sqhd,
@@ -620,7 +619,7 @@ class TargetConnection(PduConnection):
         if self.closing or req.retired:
             return
         self._emit_c2h_data(req.sqe.cid, data, req.sent, False, False)
-        req.sent += len(data) if type(data) is not memoryview else data.nbytes
+        req.sent += len(data) if type(data) is not _MEMORYVIEW else data.nbytes
         flush = self._flush_now
         if flush is not None:
             flush()
@@ -630,7 +629,7 @@ class TargetConnection(PduConnection):
     def _emit_c2h_data(self, cid: int, data: Buffer, datao: int, last: bool, success: bool) -> None:
         self.stats.c2h_data_pdus += 1
         flags = (P.FLAG_DATA_LAST if last else 0) | (P.FLAG_DATA_SUCCESS if success else 0)
-        n = len(data) if type(data) is not memoryview else data.nbytes
+        n = len(data) if type(data) is not _MEMORYVIEW else data.nbytes
         if self._plain_data:
             # No digests, data right after the header: the header is one pack.
             out = self.outbox
@@ -649,18 +648,7 @@ class TargetConnection(PduConnection):
             )
             out.append(data)
             return
-        self.writer.data(
-            self.outbox,
-            _DATA_HEADER,
-            _C2H_DATA_TYPE,
-            flags,
-            P.DATA_HLEN,
-            data,
-            cid,
-            0,
-            datao,
-            n,
-        )
+        self.writer.c2h_data(self.outbox, flags, cid, datao, data, n)
 
     # -- fault rules on the wire (wire_faults.py, docs/faults.md) ----------------------
 

@@ -88,6 +88,7 @@ def test_digest_is_the_crc_little_endian_and_verifies_by_residue() -> None:
         assert len(d) == 4 and int.from_bytes(d, "little") == D.crc32c(data)
         # A receiver may run the CRC over data and digest together.
         assert D.crc32c(data + d) == RESIDUE
+    assert D.RESIDUE == RESIDUE  # the constant the reader checks against
 
 
 def test_buffer_types(crc: Crc) -> None:
