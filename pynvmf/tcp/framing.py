@@ -428,38 +428,23 @@ class PduWriter:
         self, out: list[Buffer], cdw0: int, cdw1: int, sqhd: int, sqid: int, cid: int, status: int
     ) -> None:
         """A CapsuleResp: the completion queue entry's fields, `status` with its phase bit."""
-        if self.hdgst:
-            header = _PACK_CAPSULE_RESP(
-                _CAPSULE_RESP_TYPE,
-                _FLAG_HDGST,
-                _CAPSULE_RESP_HLEN,
-                0,
-                _CAPSULE_RESP_HLEN + _DIGEST_LEN,
-                cdw0,
-                cdw1,
-                sqhd,
-                sqid,
-                cid,
-                status,
-            )
-            out.append(header)
+        hdgst = self.hdgst
+        header = _PACK_CAPSULE_RESP(
+            _CAPSULE_RESP_TYPE,
+            _FLAG_HDGST if hdgst else 0,
+            _CAPSULE_RESP_HLEN,
+            0,
+            _CAPSULE_RESP_HLEN + _DIGEST_LEN if hdgst else _CAPSULE_RESP_HLEN,
+            cdw0,
+            cdw1,
+            sqhd,
+            sqid,
+            cid,
+            status,
+        )
+        out.append(header)
+        if hdgst:
             out.append(_PACK_U32(_CRC32C(header)))
-        else:
-            out.append(
-                _PACK_CAPSULE_RESP(
-                    _CAPSULE_RESP_TYPE,
-                    0,
-                    _CAPSULE_RESP_HLEN,
-                    0,
-                    _CAPSULE_RESP_HLEN,
-                    cdw0,
-                    cdw1,
-                    sqhd,
-                    sqid,
-                    cid,
-                    status,
-                )
-            )
 
 
 class PduConnection:
