@@ -12,6 +12,8 @@ few long ones did, and on a shared machine it is the number of pairs that narrow
 median (a drift of the machine hits the two runs of a pair alike). The first pair warms
 both targets and is not counted. It prints the pairs' on/off ratios, their median, and the
 range of the median over 2,000 bootstrap resamples of the pairs (a 95% interval).
+--control runs the second target without the endpoint too: what the method reads where
+there is no difference (two processes on one CPU need not run alike).
 
 The target runs this checkout's code, compiled if `make compiled` was run (the first
 line says which). docs/metrics.md records the results.
@@ -123,7 +125,7 @@ def fresh(args: argparse.Namespace) -> dict[bool, list[float]]:
 def resident(args: argparse.Namespace) -> dict[bool, list[float]]:
     """Both targets up for the whole run, the runs alternated between them."""
     results: dict[bool, list[float]] = {False: [], True: []}
-    with target(args, False) as off_port, target(args, True) as on_port:
+    with target(args, False) as off_port, target(args, not args.control) as on_port:
         ports = {False: off_port, True: on_port}
         for rep in range(args.repeats + 1):
             pair: dict[bool, float] = {}
@@ -148,6 +150,9 @@ def main() -> None:
     parser.add_argument("--qd", type=int, default=32)
     parser.add_argument(
         "--resident", action="store_true", help="both targets up at once, runs alternated"
+    )
+    parser.add_argument(
+        "--control", action="store_true", help="--resident with the endpoint off in both"
     )
     parser.add_argument("--target-cpu", type=int, default=0)
     parser.add_argument("--host-cpu", type=int, default=1)
