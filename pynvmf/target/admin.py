@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from pynvmf.spec.command import Sqe
     from pynvmf.target.queue import TargetQueue
     from pynvmf.target.subsystem import Namespace
-    from pynvmf.tcp.target import Request
+    from pynvmf.target.transport import Request
 
 log = logging.getLogger(__name__)
 
