@@ -3,11 +3,11 @@
 Thin: every protocol decision is the sans-I/O layer's (cm.py for the connect request,
 queue.py for commands and data); this module moves bytes between them and the verbs.
 
-- The RDMA CM listener uses an event channel (private data arrives only there, docs/rdma.md).
-  pyverbs 65 gives no file descriptor for a CM event channel, so one thread per listener
-  blocks in `CMEvent(channel)` and hands each event to the event loop, waiting until the
-  loop has handled it (events stay in order, and the CM ID an event carries is taken
-  before the event is acknowledged).
+- The RDMA CM listener uses an event channel (private data arrives only there, docs/rdma.md),
+  made non-blocking and on the event loop (`loop.add_reader`). pyverbs 65 gives no file
+  descriptor for a CM event channel: it is the one the channel opened on
+  /dev/infiniband/rdma_cm (and a thread blocked in `CMEvent(channel)` would hold the GIL:
+  pyverbs does not release it there).
 - Each queue has the CM ID's queue pair, with a send and a receive completion queue whose
   completion channels' descriptors are on the loop (`loop.add_reader`). Receive buffers
   (an MR each, 64 bytes + the in-capsule size) are posted before the accept. pyverbs posts
@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
-import threading
+import os
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -40,9 +40,37 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+RDMA_CM_DEVICE = "/dev/infiniband/rdma_cm"
+
 # The I/O queues' largest size the accept allows (HSQSIZE + 1), and how many queues.
 IO_QUEUE_SIZE = 128
 MAX_QID = 128
+
+
+def _open_fds() -> set[int]:
+    return {int(name) for name in os.listdir("/proc/self/fd")}
+
+
+def _rdma_cm_fd(candidates: set[int]) -> int:
+    """The descriptor of the RDMA CM event channel just made (pyverbs 65 does not give
+    it): among `candidates` (what making it opened), the one on the RDMA CM's character
+    device, or the only one (librdmacm may open the device through a node of its own)."""
+    try:
+        device = os.stat(RDMA_CM_DEVICE).st_rdev
+    except OSError:
+        device = -1
+    found = []
+    for fd in sorted(candidates):
+        try:
+            info = os.fstat(fd)
+        except OSError:
+            continue
+        if info.st_rdev == device:
+            return fd
+        found.append(fd)
+    if len(found) == 1:
+        return found[0]
+    raise OSError(f"no descriptor on {RDMA_CM_DEVICE} among {sorted(candidates)}")
 
 
 def _keep(obj: object) -> None:
@@ -62,7 +90,11 @@ class RdmaListener:
         self.port = port
         self.loop = asyncio.get_running_loop()
         self._c = c
+        before = _open_fds()
         self.channel = c.CMEventChannel()
+        self.fd = _rdma_cm_fd(_open_fds() - before)
+        # Non-blocking: rdma_get_cm_event answers EAGAIN when no event is waiting.
+        os.set_blocking(self.fd, False)
         self.listen_id = c.CMID(creator=self.channel, port_space=PS.RDMA_PS_TCP)
         info = c.AddrInfo(
             src=port.address,
@@ -74,29 +106,19 @@ class RdmaListener:
         self.listen_id.listen()
         self.queues: dict[int, RdmaQueue] = {}
         self.closed = asyncio.Event()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._events, name=f"rdma-cm {port}", daemon=True)
-        self._thread.start()
+        self.loop.add_reader(self.fd, self._events)
 
     def _events(self) -> None:
-        while not self._stopping:
+        """The event channel is readable: handle every event waiting, in order."""
+        while True:
             try:
                 event = self._c.CMEvent(self.channel)
-            except Exception as exc:  # the channel closed under it
-                if not self._stopping:
-                    log.warning("RDMA CM events on %s ended: %s", self.port, exc)
-                break
-            done = threading.Event()
-            self.loop.call_soon_threadsafe(self._handle, event, done)
-            done.wait()
-
-    def _handle(self, event: Any, done: threading.Event) -> None:
-        try:
-            self._dispatch(event)
-        except Exception:
-            log.exception("RDMA CM event %s on %s", event.event_str(), self.port)
-        finally:
-            done.set()
+            except Exception:  # EAGAIN: none left
+                return
+            try:
+                self._dispatch(event)
+            except Exception:
+                log.exception("RDMA CM event %s on %s", event.event_str(), self.port)
 
     def _dispatch(self, event: Any) -> None:
         from pyverbs.librdmacm_enums import rdma_cm_event_type as EV
@@ -139,27 +161,26 @@ class RdmaListener:
         controllers = {cntlid for s in self.target.subsystems.values() for cntlid in s.controllers}
         answer = cm.answer_connect(private, limits, controllers)
         if isinstance(answer, cm.ConnectReject):
-            log.info("RDMA connect request on %s rejected: %s", self.port, answer.meaning())
+            log.info("RDMA connect request on %s rejected: %s", self.port, answer.meaning)
             child.reject(answer.encode())
             return
-        request = cm.ConnectRequest.decode(private)
+        request, accept = answer
         try:
             queue = RdmaQueue(self, child, request.hsqsize + 1)
         except Exception as exc:
             log.warning("RDMA queue on %s: no resources: %s", self.port, exc)
-            reject = cm.ConnectReject(status=cm.RejectStatus.NO_RESOURCES)
-            child.reject(reject.encode())
+            child.reject(cm.ConnectReject(status=cm.RejectStatus.NO_RESOURCES).encode())
             return
         self.queues[id(queue)] = queue
         param = self._c.ConnParam(resources=16, depth=16, data_len=196)
-        param.set_private_data(answer.encode())
+        param.set_private_data(accept.encode())
         child.accept(param)
 
     def forget(self, queue: RdmaQueue) -> None:
         self.queues.pop(id(queue), None)
 
     def close(self) -> None:
-        self._stopping = True
+        self.loop.remove_reader(self.fd)
         for queue in list(self.queues.values()):
             queue.conn.close("port closing")
         self.closed.set()
@@ -215,6 +236,7 @@ class RdmaQueue:
         loop = listener.loop
         for channel, cq in ((self.send_channel, self.send_cq), (self.recv_channel, self.recv_cq)):
             cq.req_notify()
+            os.set_blocking(channel.fd, False)
             loop.add_reader(channel.fd, self._on_completions, channel, cq)
         from pynvmf.target.queue import TargetQueue
 
@@ -263,7 +285,10 @@ class RdmaQueue:
 
     def _on_completions(self, channel: Any, cq: Any) -> None:
         try:
-            channel.get_cq_event(cq)
+            try:
+                channel.get_cq_event(cq)
+            except Exception:  # EAGAIN: the wakeup was for an event already taken
+                return
             cq.ack_events(1)
             cq.req_notify()
             while not self.closed:

@@ -18,7 +18,10 @@ class's trait vtables). `QueueTransport` is a mypyc trait (interpreted, a plain 
 class), so the TCP hot path's `complete` and `send_data` keep native calls. A compiled
 trait can only be implemented by compiled classes: the RDMA connection's module is
 compiled with the others (the pyverbs adapter, which is not, holds one rather than
-being one).
+being one). Measured compiled (2026-12-05, `benchmarks/instructions.py --callgrind
+--workloads read4k,write4k`, PYTHONHASHSEED=0): read4k 15,966 -> 16,029 and write4k
+20,359 -> 20,448 instructions per command from 39d533f (TargetConnection typed
+concretely) to the trait, +0.4%.
 """
 
 from __future__ import annotations

@@ -11,8 +11,11 @@ pynvmf logs no error.
 
 from __future__ import annotations
 
+import io
 import re
+import tarfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +28,19 @@ NQN = "nqn.2014-08.org.pynvmf:rdma-host"
 ADDRESS = "10.0.2.15"
 PORT = 4420
 RXE = "rxe0"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _pynvmf_bundle() -> bytes:
+    """pynvmf's source as a tar.gz, for the guest."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        tar.add(
+            REPO / "pynvmf",
+            arcname="pynvmf",
+            filter=lambda info: None if "__pycache__" in info.name else info,
+        )
+    return out.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +55,20 @@ def guest(linux_peer: Peer) -> Iterator[Guest]:
 def target(guest: Guest) -> Iterator[None]:
     guest_rdma.add_soft_roce(guest, RXE)
     guest.run("modprobe nvme-rdma")
+    # pynvmf (and the suite's Python packages for the guest's Python) under /opt/pynvmf.
+    guest.write_file("/tmp/pynvmf.tgz", _pynvmf_bundle())
+    install = "mkdir -p /opt/pynvmf && tar -C /opt/pynvmf -xzf /tmp/pynvmf.tgz"
+    bundle = guest.peer.python_bundle
+    if bundle is not None:
+        guest.write_file("/tmp/python.tgz", bundle().read_bytes())
+        install += " && tar -C /opt/pynvmf -xzf /tmp/python.tgz"
+    guest.run(install)
     # One process (the guest's Python lacks what --cores' workers need); pynvmf from the
     # shared tree, with the guest's Debian Python and its python3-pyverbs.
     guest.run(
         "cd /tmp && (PYTHONPATH=/opt/pynvmf python3 -m pynvmf target"
         f" --listen rdma:{ADDRESS}:{PORT} --memory 64M --nqn {NQN} --discovery-port 0"
+        " --cores 1 -v"
         " > /tmp/target.out 2> /tmp/target.err & echo $! > /tmp/target.pid)\n"
         "for i in $(seq 300); do grep -q ready /tmp/target.out && exit 0; sleep 0.2; done;"
         " cat /tmp/target.err; exit 1",

@@ -25,8 +25,10 @@ from pynvmf.rdma.queue import (
     receive_size,
 )
 from pynvmf.spec import command as C
+from pynvmf.spec import identify as I
 from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import DNR, Status
+from pynvmf.target.admin import identify_controller
 from pynvmf.target.controller import Controller
 from pynvmf.target.port import Port
 from pynvmf.target.queue import TargetQueue
@@ -338,7 +340,7 @@ class Rig:
         self.device = MemoryDevice(BLOCK * BLOCKS, BLOCK)
         subsystem = Subsystem(NQN)
         subsystem.add_namespace(Namespace.create(NQN, 1, self.device, "memory:1"))
-        port = Port("127.0.0.1", 0)
+        port = Port("127.0.0.1", 0, trtype="rdma")
         target = Target([subsystem], [port])
         self.ctrl = Controller(target, subsystem, 1, HOSTNQN, HOSTID, 0, port)
         subsystem.controllers[1] = self.ctrl
@@ -396,3 +398,12 @@ async def test_a_write_naming_a_key_the_host_never_registered_ends_the_queue_unw
     with pytest.raises(StopIteration):
         rig.device.read(0, memoryview(buf)).send(None)
     assert buf == bytes(4096)
+
+
+def test_an_rdma_port_says_keyed_sgls_and_its_in_capsule_size() -> None:
+    rig = Rig()
+    ident = identify_controller(rig.ctrl, rig.queue)
+    # Keyed SGL data blocks (the Linux RDMA host requires them), offsets for in-capsule data,
+    # and a capsule of an SQE and 16 KiB.
+    assert ident.sgls & I.Sgls.KEYED and ident.sgls & I.Sgls.OFFSET
+    assert ident.ioccsz * 16 == 64 + DEFAULT_IN_CAPSULE_SIZE
