@@ -41,36 +41,34 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RDMA_CM_DEVICE = "/dev/infiniband/rdma_cm"
+# The event channels' descriptors of the listeners open in this process.
+_CHANNEL_FDS: set[int] = set()
 
 # The I/O queues' largest size the accept allows (HSQSIZE + 1), and how many queues.
 IO_QUEUE_SIZE = 128
 MAX_QID = 128
 
 
-def _open_fds() -> set[int]:
-    return {int(name) for name in os.listdir("/proc/self/fd")}
-
-
-def _rdma_cm_fd(candidates: set[int]) -> int:
+def _rdma_cm_fd(exclude: set[int]) -> int:
     """The descriptor of the RDMA CM event channel just made (pyverbs 65 does not give
-    it): among `candidates` (what making it opened), the one on the RDMA CM's character
-    device, or the only one (librdmacm may open the device through a node of its own)."""
+    it): the newest (highest) open on the RDMA CM's character device, other than the
+    `exclude`d ones (those of the listeners made before)."""
     try:
         device = os.stat(RDMA_CM_DEVICE).st_rdev
     except OSError:
         device = -1
-    found = []
-    for fd in sorted(candidates):
+    seen = []
+    for name in sorted(os.listdir("/proc/self/fd"), key=int, reverse=True):
+        fd = int(name)
         try:
-            info = os.fstat(fd)
+            link = os.readlink(f"/proc/self/fd/{name}")
+            rdev = os.fstat(fd).st_rdev
         except OSError:
-            continue
-        if info.st_rdev == device:
+            continue  # the listing's own descriptor, closed since
+        seen.append(f"{fd}:{link}")
+        if fd not in exclude and (rdev == device or link.endswith("/rdma_cm")):
             return fd
-        found.append(fd)
-    if len(found) == 1:
-        return found[0]
-    raise OSError(f"no descriptor on {RDMA_CM_DEVICE} among {sorted(candidates)}")
+    raise OSError(f"no descriptor on {RDMA_CM_DEVICE}: {seen}")
 
 
 def _keep(obj: object) -> None:
@@ -90,9 +88,9 @@ class RdmaListener:
         self.port = port
         self.loop = asyncio.get_running_loop()
         self._c = c
-        before = _open_fds()
         self.channel = c.CMEventChannel()
-        self.fd = _rdma_cm_fd(_open_fds() - before)
+        self.fd = _rdma_cm_fd(_CHANNEL_FDS)
+        _CHANNEL_FDS.add(self.fd)
         # Non-blocking: rdma_get_cm_event answers EAGAIN when no event is waiting.
         os.set_blocking(self.fd, False)
         self.listen_id = c.CMID(creator=self.channel, port_space=PS.RDMA_PS_TCP)
@@ -181,6 +179,7 @@ class RdmaListener:
 
     def close(self) -> None:
         self.loop.remove_reader(self.fd)
+        _CHANNEL_FDS.discard(self.fd)
         for queue in list(self.queues.values()):
             queue.conn.close("port closing")
         self.closed.set()
@@ -332,7 +331,18 @@ class RdmaQueue:
         loop = self.listener.loop
         loop.remove_reader(self.send_channel.fd)
         loop.remove_reader(self.recv_channel.fd)
-        self.conn.disconnected()
+        conn = self.conn
+        log.info(
+            "rdma queue %d on %s closed: %d commands, %d bytes in capsules,"
+            " %d RDMA READs, %d RDMA WRITEs",
+            conn.qid,
+            self.listener.port,
+            conn.commands,
+            conn.in_capsule_bytes,
+            conn.rdma_reads,
+            conn.rdma_writes,
+        )
+        conn.disconnected()
         self.queue.connection_lost()
         self.listener.forget(self)
 

@@ -114,6 +114,24 @@ def test_connect_write_read_back_and_disconnect(guest: Guest, target: None) -> N
             timeout=300,
         )
     guest.run(f"nvme disconnect -n {NQN}", timeout=120)
+    # Each queue's transport figures, as the target logs them when the queue closes: once
+    # the admin queue closed (the host deletes it last; the discovery controller's closed
+    # in the test before), all are there.
+    closed = guest.run(
+        "for i in $(seq 100); do n=$(grep -c 'rdma queue 0 .* closed' /tmp/target.err);"
+        ' [ "$n" -ge 2 ] && break; sleep 0.1; done; grep "rdma queue" /tmp/target.err'
+    ).output
+    io_queues = re.findall(
+        r"rdma queue [1-9]\d* .* (\d+) commands, (\d+) bytes in capsules,"
+        r" (\d+) RDMA READs, (\d+) RDMA WRITEs",
+        closed,
+    )
+    print(closed)  # the figures, for the record (pytest -s)
+    assert io_queues, closed
+    totals = [sum(int(q[i]) for q in io_queues) for i in range(4)]
+    # The 4 KiB writes came in capsules (4 MiB of them), the 64 KiB ones by RDMA READ (64
+    # of them at least), the reads back by RDMA WRITE.
+    assert totals[1] >= 4 << 20 and totals[2] >= 64 and totals[3] >= 128, closed
     log = _log(guest)
     assert not re.search(r"\b(ERROR|Traceback|exception)\b", log), log
     assert "nvmet_rdma" not in guest.run("dmesg | grep -i 'nvme.*error' || true").output
