@@ -5,7 +5,6 @@
   the binding names), and the controller's decision on a request.
 - :mod:`pynvmf.rdma.sgl`: the keyed SGL data block descriptor a command carries to name host
   memory the controller reads (RDMA READ) or writes (RDMA WRITE).
-
 - :mod:`pynvmf.rdma.queue`: the controller's end of a queue (sans-I/O): commands from the
   SENDs it receives, data in the capsule or by RDMA READ and WRITE, completions by SEND;
   the NVMe layer sees it through target/transport.py's QueueTransport.
