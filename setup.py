@@ -36,6 +36,7 @@ from setuptools.errors import CCompilerError, CompileError, ExecError, PlatformE
 COMPILED = [
     "pynvmf/tcp/framing.py",
     "pynvmf/tcp/target.py",
+    "pynvmf/target/transport.py",
     "pynvmf/tcp/host.py",
     "pynvmf/target/queue.py",
     "pynvmf/target/io.py",
@@ -45,6 +46,7 @@ COMPILED = [
     "pynvmf/host/queue.py",
     "pynvmf/host/namespace.py",
     "pynvmf/target/command_counts.py",
+    "pynvmf/rdma/queue.py",
 ]
 # mypy's checks stop at the compiled modules (the rest of the package is not type-clean
 # under mypy, and need not be: it stays interpreted); crc32c-rs has no type stubs.

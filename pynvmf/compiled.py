@@ -13,18 +13,23 @@ from typing import TypeVar
 T = TypeVar("T")
 
 try:
-    from mypy_extensions import mypyc_attr
+    from mypy_extensions import mypyc_attr, trait
 except ImportError:  # mypy brings it (the compiled extra); a pure install need not have it
 
     def mypyc_attr(*attrs: str, **kwattrs: object) -> Callable[[T], T]:
         """What mypyc reads of a compiled class (tcp/glue.py); nothing at run time."""
         return lambda cls: cls
 
+    def trait(cls: T) -> T:
+        """A mypyc trait (target/transport.py): a plain class at run time."""
+        return cls
+
 
 # The modules setup.py compiles (a test checks that the two lists agree).
 HOT_MODULES = (
     "pynvmf.tcp.framing",
     "pynvmf.tcp.target",
+    "pynvmf.target.transport",
     "pynvmf.tcp.host",
     "pynvmf.target.queue",
     "pynvmf.target.io",
@@ -34,6 +39,7 @@ HOT_MODULES = (
     "pynvmf.host.queue",
     "pynvmf.host.namespace",
     "pynvmf.target.command_counts",
+    "pynvmf.rdma.queue",
 )
 
 

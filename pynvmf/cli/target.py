@@ -136,8 +136,9 @@ def add_target_command(sub: Any) -> None:
         "--listen",
         action="append",
         default=[],
-        metavar="ADDR:PORT",
-        help="listen address, repeatable; IPv6 in brackets (default 127.0.0.1:4420)",
+        metavar="[rdma:]ADDR:PORT",
+        help="listen address, repeatable; IPv6 in brackets; rdma: before it for NVMe/RDMA "
+        "(pyverbs and an RDMA device, docs/rdma.md) (default 127.0.0.1:4420, NVMe/TCP)",
     )
     p.add_argument(
         "--memory",

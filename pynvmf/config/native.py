@@ -30,7 +30,7 @@ from pynvmf.target import devices as D
 from pynvmf.target.changes import ChangeError
 from pynvmf.target.devices import NamedDevice
 from pynvmf.target.faults import parse_scenario
-from pynvmf.target.port import Port, endpoint
+from pynvmf.target.port import TRTYPES, Port, endpoint
 from pynvmf.target.referrals import Referral
 from pynvmf.target.subsystem import CNTLID_MAX, CNTLID_MIN, DEFAULT_VERSION, Subsystem
 from pynvmf.target.target import Target
@@ -66,6 +66,7 @@ _HOST_KEYS = {"nqn", "dhchap_key", "dhchap_ctrl_key", "dhchap_hash", "dhchap_dhg
 # a PSK given inline): never the secret; loading it fails, naming the key.
 REDACTED_KEY = "<redacted>"
 _PORT_KEYS = {
+    "trtype",
     "secure_channel",
     "ktls",
     "address",
@@ -171,6 +172,15 @@ def parse_listen(text: str) -> tuple[str, int]:
     if not port_text.isdigit() or not 0 <= int(port_text) <= 0xFFFF:
         raise ConfigError(f"{text!r}: {port_text!r} is not a TCP port (0 to 65535)")
     return host, int(port_text)
+
+
+def parse_transport_listen(text: str) -> tuple[str, str, int]:
+    """'rdma:10.0.2.15:4420', 'tcp:[::1]:4420', '127.0.0.1:4420' -> (trtype, address, port):
+    parse_listen's ADDR:PORT after an optional transport (NVMe/TCP when none is named)."""
+    trtype, sep, rest = text.partition(":")
+    if sep and trtype in TRTYPES:
+        return trtype, *parse_listen(rest)
+    return "tcp", *parse_listen(text)
 
 
 def parse_version(text: str | int) -> int:
@@ -404,6 +414,7 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
                 transport=transport_of(spec, where, target.transport),
                 discovery_listener=r.get("discovery", bool, False),
                 advertise=r.get("advertise", str, ""),
+                trtype=r.get("trtype", str, "tcp"),
                 secure_channel=r.get("secure_channel", str, "none"),
                 ktls=r.get("ktls", str, "auto"),
             )
@@ -411,14 +422,20 @@ async def apply_config(target: Target, config: dict[str, Any]) -> None:
         if "discovery_ports" in config:
             discovery = top.items("discovery_ports")
         else:
+            # Discovery-only ports are NVMe/TCP's, beside the tcp ports.
+            readers = [Reader(p, "ports[]", _PORT_KEYS) for p in ports]
             addresses = dict.fromkeys(
-                Reader(p, "ports[]", _PORT_KEYS).get("address", str, "127.0.0.1") for p in ports
+                r.get("address", str, "127.0.0.1")
+                for r in readers
+                if r.get("trtype", str, "tcp") == "tcp"
             )
             discovery = [{"address": a, "port": DISCOVERY_PORT} for a in addresses]
         for i, spec in enumerate(discovery):
             where = f"discovery_ports[{i}]"
             r = Reader(
-                spec, where, _PORT_KEYS - {"subsystems", "discovery", "secure_channel", "ktls"}
+                spec,
+                where,
+                _PORT_KEYS - {"subsystems", "discovery", "secure_channel", "ktls", "trtype"},
             )
             port = Port(
                 address=r.get("address", str, "127.0.0.1"),
@@ -772,8 +789,12 @@ def config_from_options(
         ns["nsid"] = nsid
     ports = []
     for text in listen or ["127.0.0.1:4420"]:
-        address, port = parse_listen(text)
-        ports.append({"address": address, "port": port, "inline_data_size": inline_data_size})
+        trtype, address, port = parse_transport_listen(text)
+        spec: dict[str, Any] = {"address": address, "port": port}
+        if trtype != "tcp":
+            spec["trtype"] = trtype
+        spec["inline_data_size"] = inline_data_size
+        ports.append(spec)
     config: dict[str, Any] = {
         "ports": ports,
         "subsystems": [{"nqn": nqn, "hosts": allow_hosts, "namespaces": namespaces}],
@@ -781,7 +802,8 @@ def config_from_options(
     if discovery_port == 0:
         config["discovery_ports"] = []
     else:
-        addresses = dict.fromkeys(p["address"] for p in ports)
+        # Discovery-only ports are NVMe/TCP's; an rdma port answers discovery itself.
+        addresses = dict.fromkeys(p["address"] for p in ports if "trtype" not in p)
         config["discovery_ports"] = [{"address": a, "port": discovery_port} for a in addresses]
     return config
 
@@ -820,6 +842,8 @@ def config_of(target: Target, *, metrics_listen: tuple[str, int] | None = None) 
         if port.discovery_only:
             continue
         spec: dict[str, Any] = {"address": port.address, "port": port.port}
+        if port.trtype != "tcp":
+            spec["trtype"] = port.trtype
         if port.subsystems is not None:
             spec["subsystems"] = list(port.subsystems)
         if port.discovery_listener:

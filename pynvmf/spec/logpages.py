@@ -381,6 +381,34 @@ class DiscEflags(IntFlag):
     NCC = 1 << 2  # no CDC connectivity
 
 
+class RdmaQpType(IntEnum):
+    """TSAS byte 0 (RDMA_QPTYPE) for the RDMA transport."""
+
+    CONNECTED = 1  # reliable connected
+    DATAGRAM = 2  # reliable datagram
+
+
+class RdmaPrType(IntEnum):
+    """TSAS byte 1 (RDMA_PRTYPE): the RDMA provider type."""
+
+    NOT_SPECIFIED = 1
+    IB = 2
+    ROCE = 3
+    ROCEV2 = 4
+    IWARP = 5
+
+
+class RdmaCms(IntEnum):
+    """TSAS byte 2 (RDMA_CMS): the connection management service."""
+
+    RDMA_CM = 1
+
+
+# The RDMA TSAS of a port, as nvmet fills it (nvmet_port_init_tsas_rdma): a reliable
+# connected queue pair, the provider not specified, the RDMA CM; P_KEY (bytes 8-9) zero.
+RDMA_TSAS = bytes([RdmaQpType.CONNECTED, RdmaPrType.NOT_SPECIFIED, RdmaCms.RDMA_CM])
+
+
 class TcpSecType(IntEnum):
     """TSAS byte 0 (SECTYPE) for the TCP transport."""
 

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from pynvmf.spec.command import Sqe
     from pynvmf.target.queue import TargetQueue
     from pynvmf.target.subsystem import Namespace
-    from pynvmf.tcp.target import Request
+    from pynvmf.target.transport import Request
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +267,11 @@ def identify_controller(ctrl: Controller, queue: TargetQueue) -> I.IdentifyContr
         ieee=subsystem.ieee_oui,
         maxcmd=QUEUE_ENTRIES,
         kas=KAS_100MS,
-        sgls=I.Sgls.SUPPORTED | (I.Sgls.OFFSET if inline else 0),
+        # Keyed SGL data blocks on an rdma port (the host's memory under its key), as
+        # nvmet's transports with keyed SGLs say; the Linux RDMA host requires the bit.
+        sgls=I.Sgls.SUPPORTED
+        | (I.Sgls.OFFSET if inline else 0)
+        | (I.Sgls.KEYED if queue.port.trtype == "rdma" else 0),
         subnqn=subsystem.nqn,
         ioccsz=(64 + inline) // 16,
         iorcsz=1,

@@ -29,7 +29,7 @@ from pynvmf.tcp.psk import generated_tls_psks
 
 if TYPE_CHECKING:
     from pynvmf.target.queue import TargetQueue
-    from pynvmf.tcp.target import Request
+    from pynvmf.target.transport import Request
 
 log = logging.getLogger(__name__)
 

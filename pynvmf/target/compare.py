@@ -31,7 +31,7 @@ from pynvmf.target.quiesce import wait_resumed
 if TYPE_CHECKING:
     from pynvmf.target.io import IoHandler
     from pynvmf.target.subsystem import Namespace
-    from pynvmf.tcp.target import Request
+    from pynvmf.target.transport import Request
 
 log = logging.getLogger(__name__)
 

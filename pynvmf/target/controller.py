@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from pynvmf.target.queue import TargetQueue
     from pynvmf.target.subsystem import Subsystem
     from pynvmf.target.target import Target
+    from pynvmf.target.transport import Request
     from pynvmf.tcp.psk import TlsPsk
-    from pynvmf.tcp.target import Request
 
 log = logging.getLogger(__name__)
 

@@ -52,8 +52,9 @@ def _entry(port: Port, nqn: str, subtype: int, queue: TargetQueue) -> L.Discover
     if not address or ipaddress.ip_address(address).is_unspecified:
         # A wildcard listener: tell the host the address it reached us on.
         address = queue.local_address
+    rdma = port.trtype == "rdma"
     return L.DiscoveryLogEntry(
-        trtype=L.TrType.TCP,
+        trtype=L.TrType.RDMA if rdma else L.TrType.TCP,
         adrfam=L.AdrFam.IPV6 if ":" in address else L.AdrFam.IPV4,
         subtype=subtype,
         # As nvmet reports a port: secure channel "not specified" (nvmet's default) where
@@ -62,7 +63,10 @@ def _entry(port: Port, nqn: str, subtype: int, queue: TargetQueue) -> L.Discover
         # which that kernel refuses; "required" when only TLS is accepted, "not
         # required" when either is; SECTYPE TLS 1.3 in the TSAS whenever TLS is.
         treq=_TREQ[port.secure_channel] | L.Treq.DISABLE_SQFLOW,
-        tsas=bytes([L.TcpSecType.TLS13 if port.offers_tls else L.TcpSecType.NONE]),
+        # An RDMA port's TSAS is the RDMA transport's (queue pair type, provider, CM).
+        tsas=L.RDMA_TSAS
+        if rdma
+        else bytes([L.TcpSecType.TLS13 if port.offers_tls else L.TcpSecType.NONE]),
         portid=port.portid,
         cntlid=0xFFFF,
         asqsz=32,

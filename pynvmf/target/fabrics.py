@@ -17,7 +17,7 @@ from pynvmf.target.outcome import Outcome
 
 if TYPE_CHECKING:
     from pynvmf.target.queue import TargetQueue
-    from pynvmf.tcp.target import Request
+    from pynvmf.target.transport import Request
 
 log = logging.getLogger(__name__)
 

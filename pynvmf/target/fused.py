@@ -44,7 +44,7 @@ from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import DNR, Status
 
 if TYPE_CHECKING:
-    from pynvmf.tcp.target import Request
+    from pynvmf.target.transport import Request
 
 # Retrying one command of a failed fused operation alone cannot succeed: DNR.
 FUSED_MISSING = Status.FUSED_MISSING | DNR

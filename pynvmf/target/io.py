@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from pynvmf.target.qos_gate import QosGate
     from pynvmf.target.queue import TargetQueue
     from pynvmf.target.subsystem import Namespace
-    from pynvmf.tcp.target import Request
+    from pynvmf.target.transport import Request
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import logging
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pynvmf.spec.opcodes import DISCOVERY_NQN
 from pynvmf.target.changes import ChangeError, check_transport
@@ -38,6 +38,16 @@ class SecureChannelPolicy(enum.StrEnum):
 
 
 SECURE_CHANNELS = tuple(policy.value for policy in SecureChannelPolicy)
+# The transports a port may listen on.
+TRTYPES = ("tcp", "rdma")
+
+
+class Listener(Protocol):
+    """What the target asks of an open port's listener when the port closes."""
+
+    def close(self) -> None: ...
+
+    async def wait_closed(self) -> None: ...
 
 
 @dataclass(eq=False)
@@ -52,6 +62,9 @@ class Port:
     subsystems: list[str] | None = None
     discovery_only: bool = False
     transport: TransportConfig = field(default_factory=TransportConfig)
+    # The transport hosts reach it by: "tcp" (NVMe/TCP) or "rdma" (NVMe/RDMA over the RDMA
+    # CM, pynvmf/rdma/; needs rdma-core's pyverbs and an RDMA device: docs/rdma.md).
+    trtype: str = "tcp"
     # Asked for as a listener of the discovery subsystem: when the last subsystem leaves
     # an I/O port with a list of subsystems, the port stays as a discovery-only port
     # rather than closing.
@@ -65,7 +78,8 @@ class Port:
     # in user space ("off", for measurements and for kernels whose kTLS misbehaves).
     ktls: str = "auto"
     connections: set[TargetProtocol] = field(default_factory=set, repr=False, compare=False)
-    server: asyncio.base_events.Server | None = field(default=None, repr=False, compare=False)
+    # What listens: a TCP port's asyncio Server, an rdma port's RDMA CM listener.
+    server: Listener | None = field(default=None, repr=False, compare=False)
 
     @property
     def offers_tls(self) -> bool:
@@ -86,7 +100,8 @@ class Port:
         return self.port == port and normal_address(self.address) == normal_address(address)
 
     def __str__(self) -> str:
-        return endpoint(self.address, self.port)
+        where = endpoint(self.address, self.port)
+        return where if self.trtype == "tcp" else f"{self.trtype}:{where}"
 
 
 def endpoint(address: str, port: int) -> str:
@@ -117,11 +132,18 @@ def check_port(port: Port, existing: Iterable[Port]) -> None:
             raise ChangeError("advertise", f"{port.advertise!r} is not an IP address") from None
     if not isinstance(port.port, int) or not 0 <= port.port <= 0xFFFF:
         raise ChangeError("port", f"{port.port!r} is not a TCP port")
-    if port.port and any(other.same_address(port.address, port.port) for other in existing):
+    if port.trtype not in TRTYPES:
+        raise ChangeError("trtype", f"{port.trtype!r} is not one of {TRTYPES}")
+    if port.port and any(
+        other.trtype == port.trtype and other.same_address(port.address, port.port)
+        for other in existing
+    ):
         raise ChangeError("port", f"the target already listens on {port}")
     if port.subsystems is not None:
         port.subsystems = list(dict.fromkeys(port.subsystems))
     port.secure_channel = secure_channel_policy(port.secure_channel)
+    if port.trtype != "tcp" and port.offers_tls:
+        raise ChangeError("secure_channel", "TLS is NVMe/TCP's: an rdma port has none")
     if port.ktls not in KTLS_POLICIES:
         raise ChangeError("ktls", f"{port.ktls!r} is not one of {KTLS_POLICIES}")
     check_transport(port.transport)
@@ -137,7 +159,7 @@ def secure_channel_policy(name: str) -> SecureChannelPolicy:
 
 async def listen(port: Port, protocol: Callable[[], asyncio.BaseProtocol]) -> None:
     """Open `port` (its number becomes the one bound, for port 0), each connection
-    served by a new `protocol()`."""
+    served by a new `protocol()`; an rdma port by the RDMA CM (pynvmf/rdma/verbs.py)."""
     loop = asyncio.get_running_loop()
     try:
         server = await loop.create_server(

@@ -1,4 +1,5 @@
-"""One NVMe queue of the target: a TCP connection bound (by Connect) to a controller."""
+"""One NVMe queue of the target: a transport's connection (NVMe/TCP's or NVMe/RDMA's, through
+target/transport.py's QueueTransport) bound (by Connect) to a controller."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from pynvmf.target.faults import FaultTable, opcode_name
 from pynvmf.target.fused import FusedPairing
 from pynvmf.target.io import IoHandler
 from pynvmf.target.port import endpoint
+from pynvmf.target.transport import QueueParams, QueueTransport, Request
 from pynvmf.tcp.errors import TransferAborted
-from pynvmf.tcp.target import QueueParams, Request, TargetConnection
 
 if TYPE_CHECKING:
     from pynvmf.auth.controller import ControllerAuth
@@ -65,11 +66,11 @@ def _own_data(req: Request) -> None:
 
 
 class TargetQueue:
-    """The NVMe layer's queue above one connection (tcp/target.py's NvmeQueue: it attaches
+    """The NVMe layer's queue above one connection (transport.py's NvmeQueue: it attaches
     itself to the connection when made)."""
 
     def __init__(
-        self, target: Target, port: Port, conn: TargetConnection, local_address: str
+        self, target: Target, port: Port, conn: QueueTransport, local_address: str
     ) -> None:
         self.target = target
         self.port = port

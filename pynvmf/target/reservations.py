@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from pynvmf.target.io import IoHandler
     from pynvmf.target.queue import TargetQueue
     from pynvmf.target.subsystem import Namespace, Subsystem
-    from pynvmf.tcp.target import Request
+    from pynvmf.target.transport import Request
 
 log = logging.getLogger(__name__)
 

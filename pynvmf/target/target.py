@@ -103,7 +103,7 @@ from pynvmf.tls.channel import TlsCounters
 if TYPE_CHECKING:
     from pynvmf.target.controller import Controller
     from pynvmf.target.queue import TargetQueue
-    from pynvmf.tcp.target import Request
+    from pynvmf.target.transport import Request
 
 log = logging.getLogger(__name__)
 
@@ -1368,6 +1368,15 @@ class Target:
         self.ports.append(port)
 
     async def _listen(self, port: Port) -> None:
+        if port.trtype == "rdma":
+            # pyverbs (rdma-core's Python bindings) is imported only for an rdma port.
+            from pynvmf.rdma import verbs
+
+            try:
+                port.server = await verbs.listen(self, port)
+            except (ImportError, OSError) as exc:
+                raise ChangeError("trtype", f"cannot listen on {port}: {exc}") from exc
+            return
         await listen(port, lambda: TargetProtocol(self, port))
 
     async def remove_port(self, port: Port) -> None:

@@ -10,10 +10,13 @@ digests a PDU carries, and which TermReq a malformed PDU earns. The NVMe
 command semantics are the layer's above (`NvmeQueue`).
 
 The seam between the two is named, as nvmet's `nvmet_fabrics_ops` and SPDK's
-transport ops tables name theirs: the NVMe layer gives the connection its
-`NvmeQueue` once (`attach`), and states the queue's parameters once Connect has
+transport ops tables name theirs: `pynvmf.target.transport.QueueTransport`, which this
+connection implements (as the RDMA transport's does). The NVMe layer gives the connection
+its `NvmeQueue` once (`attach`), and states the queue's parameters once Connect has
 bound it (`bind_queue`); it calls `complete`, `send_data`, `fetch_data` and `close`,
 and, for a command a fault rule selected, `can_inject` and `inject` (wire_faults.py).
+`Request`, `QueueParams`, `NvmeQueue` and `Charges` are the seam's, imported here under
+their names as before.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import Final
 
 from pynvmf.logs import ContextLog
 from pynvmf.spec import pdu as P
@@ -34,6 +37,14 @@ from pynvmf.spec.command import (
 )
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType
 from pynvmf.spec.status import DNR, Status
+from pynvmf.target.transport import (
+    Buffer,
+    Charges,
+    NvmeQueue,
+    QueueParams,
+    QueueTransport,
+    Request,
+)
 from pynvmf.tcp.config import EstablishedState, TransportConfig
 from pynvmf.tcp.framing import (
     MARK_DATA_DIGEST,
@@ -46,10 +57,6 @@ from pynvmf.tcp.framing import (
     PduWriter,
 )
 from pynvmf.tcp.wire_faults import WireFault, capsule_header, malformed_resp
-
-if TYPE_CHECKING:
-    # The NVMe layer's, for the type of Request.latency alone (set and read there).
-    from pynvmf.target.command_counts import Histogram
 
 log = logging.getLogger(__name__)
 
@@ -79,16 +86,6 @@ _UNPACK_SQE: Final = unpack_sqe
 _NEW_SQE: Final = new_sqe
 _SQE: Final = Sqe
 
-Buffer = bytes | bytearray | memoryview
-
-
-class Charges(Protocol):
-    """What the transport needs of a memory budget: to give back what commands held."""
-
-    def give(self, n: int) -> None: ...
-
-    def close(self) -> None: ...
-
 
 class _Unbudgeted:
     def give(self, n: int) -> None:
@@ -108,59 +105,6 @@ def _no_context() -> dict[str, object]:
 _UNATTACHED_LOG = ContextLog(log, _no_context)
 
 
-class Request:
-    """One command in flight on this connection."""
-
-    __slots__ = (
-        "charge",
-        "completed",
-        "data",
-        "dispatched",
-        "latency",
-        "length",
-        "on_data",
-        "received",
-        "retired",
-        "reusable",
-        "sent",
-        "sqe",
-        "started",
-        "ttag",
-        "waited",
-    )
-
-    def __init__(self, sqe: Sqe) -> None:
-        self.sqe = sqe
-        # Bytes of data buffers this command holds against the connection's budget.
-        self.charge = 0
-        # A command that only waits for an event (an Asynchronous Event Request) holds no
-        # data and may be given up by the host: a new command with its CID retires it, and
-        # a retired command never completes.
-        self.reusable = False
-        self.retired = False
-        # Host-to-controller data, once it has all arrived (in-capsule or via R2T).
-        self.data: bytearray | memoryview | None = None
-        self.length = sqe.sgl_length
-        self.ttag = -1
-        self.received = 0
-        # Controller-to-host data already sent with send_data (a Read sent in pieces).
-        self.sent = 0
-        self.on_data: Callable[[Request], None] | None = None
-        # While latency tracking is on (monotonic ns, else 0; docs/metrics.md): when
-        # the capsule began to arrive; when it was dispatched, if in a later batch of
-        # input than the one it began in (0: in that one, at `started`); when the NVMe
-        # layer handed its completion over off the fast path (0: on it, or not yet);
-        # and the ns of that it waited for host data or a buffer.
-        self.started = 0
-        self.dispatched = 0
-        self.completed = 0
-        self.waited = 0
-        # Where its latency is counted (command_counts.Histogram), set by the NVMe layer
-        # where it counts the command: the connection hands the commands that have one
-        # to it at the flush that sends their completions (timed_sent).
-        self.latency: Histogram | None = None
-
-
 @dataclass(slots=True)
 class TransportStats:
     commands: int = 0
@@ -173,44 +117,7 @@ class TransportStats:
     data_digest_errors: int = 0
 
 
-class NvmeQueue(Protocol):
-    """The NVMe layer above one connection: what the transport calls upward. Given once,
-    with `TargetConnection.attach`."""
-
-    @property
-    def budget(self) -> Charges:
-        """Where the data buffers commands hold are given back (target/budget.py)."""
-        ...
-
-    def on_command(self, req: Request) -> None:
-        """A command has arrived, with its in-capsule data if any (`req.data`)."""
-        ...
-
-    def on_refused(self, req: Request) -> None:
-        """The transport failed `req` by itself (its submission queue entry is consumed
-        all the same), so that the NVMe layer's view of the queue's order (fused
-        operations pair adjacent entries) has no holes."""
-        ...
-
-    def log_context(self) -> dict[str, object]:
-        """What each log record about this connection says of it (pynvmf/logs.py)."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class QueueParams:
-    """What Connect decided for the queue a connection carries (`TargetConnection.bind_queue`)."""
-
-    qid: int
-    sq_size: int
-    sqhd_disabled: bool = False
-    # In-capsule data is handed to on_command as a memoryview of the receive buffer,
-    # valid only until on_command returns, when the NVMe layer says it copies what it
-    # keeps; otherwise as a bytearray of its own.
-    borrow_capsule_data: bool = False
-
-
-class TargetConnection(PduConnection):
+class TargetConnection(PduConnection, QueueTransport):
     def __init__(
         self,
         config: TransportConfig,

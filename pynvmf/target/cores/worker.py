@@ -47,7 +47,7 @@ from pynvmf.target.quiesce import quiesced
 from pynvmf.target.reservations import ReservationState
 from pynvmf.target.subsystem import Namespace, Subsystem
 from pynvmf.target.target import Target
-from pynvmf.tcp.target import Request
+from pynvmf.target.transport import Request
 
 log = logging.getLogger("pynvmf.worker")
 

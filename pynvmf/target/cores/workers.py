@@ -62,7 +62,8 @@ from pynvmf.target.port import Port
 from pynvmf.target.qos import QosLimits
 from pynvmf.target.qos_gate import QosGate
 from pynvmf.target.target import Target
-from pynvmf.tcp.target import Request
+from pynvmf.target.transport import Request
+from pynvmf.tcp.target import TargetConnection
 
 if TYPE_CHECKING:
     from pynvmf.auth.controller import ControllerAuth
@@ -373,6 +374,8 @@ class WorkerPool:
             # what a worker adopts: the connection stays with this process.
             return False
         conn = queue.conn
+        if not isinstance(conn, TargetConnection):
+            return False  # workers adopt NVMe/TCP connections alone
         if conn.input_pending():
             # The host sent more before the Connect completed: served here, in order.
             return False
