@@ -44,6 +44,26 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
+# Seconds each test module took (setup, call and teardown of its tests, module fixtures
+# included), for the summary: `make test` has a 40-minute budget on 2 cores, and the
+# modules are what a cut removes or moves.
+_module_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    module = report.nodeid.partition("::")[0]
+    _module_seconds[module] = _module_seconds.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _module_seconds:
+        return
+    total = sum(_module_seconds.values())
+    terminalreporter.write_sep("=", f"slowest modules (of {total / 60:.1f} minutes in tests)")
+    for module, seconds in sorted(_module_seconds.items(), key=lambda e: -e[1])[:20]:
+        terminalreporter.write_line(f"{seconds:8.1f}s {100 * seconds / total:5.1f}%  {module}")
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     return f"pynvmf hot modules: {'compiled (mypyc)' if compiled_modules() else 'pure Python'}"
 

@@ -658,6 +658,8 @@ class RbdDevice:
             self._start_watch()
 
     def _header_notified(self, *_args: Any) -> None:  # on a librados thread
+        if self._closing:  # closing the image releases its lock: a notify, not a resize
+            return
         for listener, loop in list(self._size_listeners):
             with contextlib.suppress(RuntimeError):  # that loop is closed
                 loop.call_soon_threadsafe(listener)

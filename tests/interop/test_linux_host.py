@@ -208,9 +208,10 @@ def disconnect(guest: Guest, nqn: str) -> None:
 
 def wait_size(guest: Guest, dev: str, size: int) -> int:
     """The size of block device `dev` once it is `size` bytes (a namespace that grew:
-    the host revalidates it on the event), or what it is after 10 s."""
+    the host revalidates it on the event), or what it is after 30 s (a guest under
+    emulation on a loaded machine takes seconds to rescan)."""
     out = guest.run(
-        f"i=0; while [ $i -lt 100 ] && [ $(blockdev --getsize64 {dev}) != {size} ]; "
+        f"i=0; while [ $i -lt 300 ] && [ $(blockdev --getsize64 {dev}) != {size} ]; "
         f"do i=$((i + 1)); sleep 0.1; done; blockdev --getsize64 {dev}"
     ).output
     return int(out)

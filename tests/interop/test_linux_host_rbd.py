@@ -231,6 +231,11 @@ def _rbd_target_process(
     return proc
 
 
+def _log_tail(proc: TargetProcess) -> str:
+    """What the target logged last: whether it heard of the resize, and when."""
+    return proc.stderr_path.read_text(errors="replace")[-4000:]
+
+
 def test_pynvmf_target_rbd_command_line_serves_the_image(
     guest: Guest, ceph_cluster: CephCluster, tmp_path: Path
 ) -> None:
@@ -278,14 +283,14 @@ def test_an_image_grown_over_rpc_and_by_another_ceph_client_takes_its_size_on_th
                 if b["product_name"] == "Ceph Rbd Disk"
             ]
             assert rpc.call("bdev_rbd_resize", name=name, new_size=32) is True
-        assert host.wait_size(guest, dev, 32 * MIB) == 32 * MIB
+        assert host.wait_size(guest, dev, 32 * MIB) == 32 * MIB, _log_tail(proc)
         subprocess.run(
             ["rbd", "-c", str(ceph_cluster.conf), "resize", "--size", "48M", f"rbd/{GROW_IMAGE}"],
             check=True,
             capture_output=True,
             timeout=60,
         )
-        assert host.wait_size(guest, dev, 48 * MIB) == 48 * MIB
+        assert host.wait_size(guest, dev, 48 * MIB) == 48 * MIB, _log_tail(proc)
         offset = 40 * MIB
         digest = guest.run(
             "dd if=/dev/urandom of=/tmp/r1 bs=65536 count=1 2>/dev/null && "
