@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pynvmf.rdma import cm
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane
 from pynvmf.spec.logpages import AnaState
@@ -27,6 +28,7 @@ from pynvmf.target.port import Port, SecureChannelPolicy
 from pynvmf.target.referrals import Referral
 from pynvmf.target.subsystem import Subsystem
 from pynvmf.target.target import Target
+from pynvmf.tcp.config import TransportConfig
 
 # The configuration "subsystems" (SPDK's word for its libraries) pynvmf has.
 CONFIG_SUBSYSTEMS = (
@@ -114,6 +116,44 @@ def _rbd_config(entry: NamedDevice, clusters: dict[Any, str]) -> list[dict[str, 
     return calls
 
 
+# What pynvmf's RDMA transport is in SPDK's options (cm.py's limits, the controller's).
+RDMA_FIXED: dict[str, int] = {
+    "max_queue_depth": cm.IO_QUEUE_SIZE,
+    "max_io_qpairs_per_ctrlr": min(MAX_IO_QUEUES, cm.MAX_QID),
+    "max_io_size": MAX_TRANSFER,
+    "max_aq_depth": cm.ADMIN_QUEUE_SIZE,
+}
+
+
+def rdma_transport(
+    target: Target, created: TransportConfig | None = None
+) -> TransportConfig | None:
+    """The RDMA transport's options: those nvmf_create_transport -t RDMA gave (`created`),
+    else an rdma port's; None when there is neither."""
+    if created is not None:
+        return created
+    return next((p.transport for p in target.ports if p.trtype == "rdma"), None)
+
+
+def rdma_transport_json(config: TransportConfig) -> dict[str, Any]:
+    """nvmf_get_transports' entry for the RDMA transport (SPDK's fields; what pynvmf has
+    no equivalent of is 0 or what pynvmf does: no shared receive queue)."""
+    return {
+        "trtype": "RDMA",
+        **RDMA_FIXED,
+        "in_capsule_data_size": config.inline_data_size,
+        "io_unit_size": MAX_TRANSFER,
+        "num_shared_buffers": 0,
+        "buf_cache_size": 0,
+        "dif_insert_or_strip": False,
+        "abort_timeout_sec": 0,
+        "max_srq_depth": 0,
+        "no_srq": True,
+        "acceptor_backlog": 0,
+        "no_wr_batching": True,
+    }
+
+
 def transport_json(target: Target) -> dict[str, Any]:
     t = target.transport
     return {
@@ -136,9 +176,18 @@ def transport_json(target: Target) -> dict[str, Any]:
     }
 
 
+# SPDK's transport type names (any case in its RPCs) and the Port.trtype of each.
+SPDK_TRTYPES: dict[str, str] = {"TCP": "tcp", "RDMA": "rdma"}
+
+
+def spdk_trtype(trtype: str) -> str:
+    """SPDK's name of Port.trtype `trtype` ("TCP", "RDMA")."""
+    return next(name for name, ours in SPDK_TRTYPES.items() if ours == trtype)
+
+
 def trid(port: Port) -> dict[str, str]:
     return {
-        "trtype": "TCP",
+        "trtype": spdk_trtype(port.trtype),
         "adrfam": "IPv6" if port.is_ipv6 else "IPv4",
         "traddr": port.address,
         "trsvcid": str(port.port),
@@ -180,9 +229,11 @@ def nvmf_config(target: Target) -> list[dict[str, Any]]:
         {"method": "nvmf_set_max_subsystems", "params": {"max_subsystems": target.max_subsystems}},
         {"method": "nvmf_create_transport", "params": transport_json(target)},
     ]
-    transport = target.transport
+    rdma = rdma_transport(target)
+    if rdma is not None:
+        config.append({"method": "nvmf_create_transport", "params": rdma_transport_json(rdma)})
     for port in target.ports:
-        if port.transport != transport:
+        if port.transport != (rdma if port.trtype == "rdma" else target.transport):
             raise RpcError(
                 INVALID_PARAMS,
                 f"name: port {port} has transport options of its own, which SPDK's "

@@ -37,6 +37,10 @@ RECFMT_1_0: Final = 0x0000
 ADMIN_QUEUE_SIZE: Final = 32
 # The smallest queue: SQSIZE is 0's based and must be at least 1 (two entries).
 MIN_QUEUE_SIZE: Final = 2
+# What pynvmf's RDMA listener accepts: I/O queues of up to 128 entries (HSQSIZE + 1), QIDs
+# up to 128 (SPDK's RDMA defaults: max_queue_depth 128, max_io_qpairs_per_ctrlr 128).
+IO_QUEUE_SIZE: Final = 128
+MAX_QID: Final = 128
 
 
 class RejectStatus(IntEnum):

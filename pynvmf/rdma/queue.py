@@ -180,10 +180,7 @@ class RdmaConnection(QueueTransport):
     ) -> None:
         # The adapter copies what it writes into registered memory when it posts the
         # WRITE: the command's buffers are free once this returns.
-        charge = req.charge
-        if charge:
-            req.charge = 0
-            self._budget.give(charge)
+        self._release(req)
         if self.closing or req.retired:
             return
         cid = req.sqe.cid
@@ -204,10 +201,7 @@ class RdmaConnection(QueueTransport):
         self.verbs.send(cqe, invalidate)
 
     def send_data(self, req: Request, data: Buffer) -> None:
-        charge = req.charge
-        if charge:
-            req.charge = 0
-            self._budget.give(charge)
+        self._release(req)
         if self.closing or req.retired:
             return
         keyed = self._keyed.get(req.sqe.cid)
@@ -217,6 +211,13 @@ class RdmaConnection(QueueTransport):
             return
         self._write(keyed, req.sent, data)
         req.sent += n
+
+    def _release(self, req: Request) -> None:
+        """Give `req`'s memory charge back to the budget (once: the charge is cleared)."""
+        charge = req.charge
+        if charge:
+            req.charge = 0
+            self._budget.give(charge)
 
     def fetch_data(self, req: Request, on_data: Callable[[Request], None]) -> None:
         keyed = self._keyed.get(req.sqe.cid)
@@ -284,9 +285,7 @@ class RdmaConnection(QueueTransport):
         self.closing = True
         self._budget.close()
         for req in self._inflight.values():
-            if req.charge:
-                self._budget.give(req.charge)
-                req.charge = 0
+            self._release(req)
         self._inflight.clear()
         self._keyed.clear()
         self._on_command = _ignore_request

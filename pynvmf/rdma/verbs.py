@@ -14,6 +14,12 @@ queue.py for commands and data); this module moves bytes between them and the ve
   on a CM ID without work request IDs: completions are matched by order (RdmaQueue).
 - After the host's disconnect, the DISCONNECTED event is answered with `disconnect()`, or the
   host waits for the CM's timeout.
+- What the listener holds is bounded by the connections alive (cmids.py): a connection's
+  CM ID wrapper, with its own Python wrappers of the device context and PD (so that
+  destroying it leaves the listener's alone), until the connection ends; then its CM ID
+  (and queue pair), completion queues, channels and memory regions are destroyed. The
+  wrapper pyverbs makes for each later event is disowned once its QP number is read; a
+  rejected connect request's CM ID is destroyed at once.
 
 pyverbs exists only where rdma-core's Python bindings are installed (Debian's
 python3-pyverbs, in the RDMA guest): imported here alone, when an rdma port opens.
@@ -22,13 +28,13 @@ python3-pyverbs, in the RDMA guest): imported here alone, when an rdma port open
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import os
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from pynvmf.rdma import cm
+from pynvmf.rdma.cmids import CmIdLedger
 from pynvmf.rdma.queue import RdmaConnection, receive_size
 from pynvmf.target.limits import MAX_TRANSFER
 from pynvmf.target.transport import Buffer
@@ -43,10 +49,6 @@ log = logging.getLogger(__name__)
 RDMA_CM_DEVICE = "/dev/infiniband/rdma_cm"
 # The event channels' descriptors of the listeners open in this process.
 _CHANNEL_FDS: set[int] = set()
-
-# The I/O queues' largest size the accept allows (HSQSIZE + 1), and how many queues.
-IO_QUEUE_SIZE = 128
-MAX_QID = 128
 
 
 def _rdma_cm_fd(exclude: set[int]) -> int:
@@ -69,11 +71,6 @@ def _rdma_cm_fd(exclude: set[int]) -> int:
         if fd not in exclude and (rdev == device or link.endswith("/rdma_cm")):
             return fd
     raise OSError(f"no descriptor on {RDMA_CM_DEVICE}: {seen}")
-
-
-def _keep(obj: object) -> None:
-    """Never collect `obj` (a reference no one gives back)."""
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
 class RdmaListener:
@@ -102,7 +99,11 @@ class RdmaListener:
         )
         self.listen_id.bind_addr(info)
         self.listen_id.listen()
-        self.queues: dict[int, RdmaQueue] = {}
+        # The listen_id of every wrapper made from an event: unbound, so the wrapper has
+        # no device context or PD (the bound listen_id's would be shared with it, and a
+        # wrapper's close() clears them).
+        self.bare_id = c.CMID(creator=self.channel, port_space=PS.RDMA_PS_TCP)
+        self.ledger: CmIdLedger[RdmaQueue] = CmIdLedger()
         self.closed = asyncio.Event()
         self.loop.add_reader(self.fd, self._events)
 
@@ -127,16 +128,21 @@ class RdmaListener:
             EV.RDMA_CM_EVENT_DEVICE_REMOVAL,
             EV.RDMA_CM_EVENT_REJECTED,
             EV.RDMA_CM_EVENT_CONNECT_ERROR,
+            EV.RDMA_CM_EVENT_UNREACHABLE,
         )
         kind = event.event_type
         if kind == EV.RDMA_CM_EVENT_CONNECT_REQUEST:
             private = bytes(event.private_data)
-            child = self._c.CMID(creator=event, listen_id=self.listen_id)
+            child = self._c.CMID(creator=event, listen_id=self.bare_id)
             event.ack_cm_event()
+            self.ledger.learn(child, (self.channel, None, None))
             self._connect_request(child, private)
             return
         # The events of an accepted queue name it by its CM ID's QP number.
-        queue = self._queue_of(event)
+        wrapper = self._c.CMID(creator=event, listen_id=self.bare_id)
+        queue = self.ledger.queue_of(wrapper.qpn)
+        self.ledger.event_wrapper(wrapper, None if queue is None else queue.cmid)
+        del wrapper
         event.ack_cm_event()
         if queue is None:
             return
@@ -145,43 +151,50 @@ class RdmaListener:
         elif kind in ended:
             queue.disconnected()
 
-    def _queue_of(self, event: Any) -> RdmaQueue | None:
-        # pyverbs gives no way from an event to its CM ID but a new CMID object over it,
-        # which would destroy the CM ID when collected: it is kept forever (a few small
-        # objects per queue), and the queue is known by its queue pair's number.
-        wrapper = self._c.CMID(creator=event, listen_id=self.listen_id)
-        _keep(wrapper)
-        qpn = wrapper.qpn
-        return next((q for q in self.queues.values() if q.qpn == qpn), None)
+    @property
+    def held_cm_ids(self) -> int:
+        """The CM IDs (and pyverbs wrappers of them) this listener holds besides its own:
+        one per connection alive (cmids.CmIdLedger.held)."""
+        return self.ledger.held
 
     def _connect_request(self, child: Any, private: bytes) -> None:
-        limits = cm.QueueLimits(max_qid=MAX_QID, io_queue_size=IO_QUEUE_SIZE)
+        limits = cm.QueueLimits(max_qid=cm.MAX_QID, io_queue_size=cm.IO_QUEUE_SIZE)
         controllers = {cntlid for s in self.target.subsystems.values() for cntlid in s.controllers}
         answer = cm.answer_connect(private, limits, controllers)
         if isinstance(answer, cm.ConnectReject):
             log.info("RDMA connect request on %s rejected: %s", self.port, answer.meaning)
-            child.reject(answer.encode())
+            self._reject(child, answer)
             return
         request, accept = answer
         try:
             queue = RdmaQueue(self, child, request.hsqsize + 1)
         except Exception as exc:
             log.warning("RDMA queue on %s: no resources: %s", self.port, exc)
-            child.reject(cm.ConnectReject(status=cm.RejectStatus.NO_RESOURCES).encode())
+            self._reject(child, cm.ConnectReject(status=cm.RejectStatus.NO_RESOURCES))
             return
-        self.queues[id(queue)] = queue
+        self.ledger.accepted(queue.qpn, queue)
         param = self._c.ConnParam(resources=16, depth=16, data_len=196)
         param.set_private_data(accept.encode())
         child.accept(param)
 
+    def _reject(self, child: Any, reject: cm.ConnectReject) -> None:
+        """Reject a connect request and destroy its CM ID (and any queue pair made for
+        it): nothing of a rejected request stays."""
+        try:
+            child.reject(reject.encode())
+        finally:
+            child.close()
+
     def forget(self, queue: RdmaQueue) -> None:
-        self.queues.pop(id(queue), None)
+        self.ledger.ended(queue.qpn)
 
     def close(self) -> None:
         self.loop.remove_reader(self.fd)
         _CHANNEL_FDS.discard(self.fd)
-        for queue in list(self.queues.values()):
+        for queue in self.ledger.queues():
             queue.conn.close("port closing")
+            # The DISCONNECTED event would come on the channel no longer read.
+            queue.disconnected()
         self.closed.set()
 
     async def wait_closed(self) -> None:
@@ -199,7 +212,9 @@ class RdmaQueue:
     def __init__(self, listener: RdmaListener, cmid: Any, depth: int) -> None:
         import pyverbs.libibverbs_enums as e
         from pyverbs.cq import CQ, CompChannel
+        from pyverbs.device import Context
         from pyverbs.mr import MR
+        from pyverbs.pd import PD
         from pyverbs.qp import QPCap, QPInitAttr
 
         self._e = e
@@ -208,8 +223,14 @@ class RdmaQueue:
         self.cmid = cmid
         target = listener.target
         port = listener.port
-        ctx = cmid.context
-        self.pd = cmid.pd
+        # This CM ID's own Python wrappers of the device context and PD (the same C objects
+        # as every CM ID's on the device): its close() clears these, not the listener's.
+        ctx = Context(cmid=cmid)
+        self.pd = PD(cmid)
+        self.closed = False
+        self.released = False
+        self.receives: list[Any] = []
+        self._sent: deque[tuple[int, Any]] = deque()
         sends = depth * 3 + 4  # a completion, a WRITE and a READ per command at most
         self.send_channel = CompChannel(ctx)
         self.recv_channel = CompChannel(ctx)
@@ -227,9 +248,9 @@ class RdmaQueue:
         size = receive_size(in_capsule)
         access = e.ibv_access_flags.IBV_ACCESS_LOCAL_WRITE
         self.receives = [MR(self.pd, size, access) for _ in range(depth)]
-        # The slots posted, oldest first; the send queue's work: (READ tag or -1, MR).
+        # The slots posted, oldest first; the send queue's work (self._sent): (READ tag or
+        # -1, MR).
         self._posted: deque[int] = deque()
-        self._sent: deque[tuple[int, Any]] = deque()
         for slot in range(depth):
             self.post_receive(slot)
         loop = listener.loop
@@ -240,7 +261,6 @@ class RdmaQueue:
         from pynvmf.target.queue import TargetQueue
 
         self.queue: TargetQueue = TargetQueue(target, port, self.conn, port.address)
-        self.closed = False
 
     def established(self) -> None:
         pass
@@ -248,16 +268,22 @@ class RdmaQueue:
     # -- Verbs (queue.py) -------------------------------------------------------------------
 
     def post_receive(self, slot: int) -> None:
+        if self.released:
+            return  # the CM ID is gone: nothing more goes out
         self.cmid.post_recv(self.receives[slot])
         self._posted.append(slot)
 
     def read(self, tag: int, length: int, address: int, key: int) -> None:
+        if self.released:
+            return
         e = self._e
         mr = self._MR(self.pd, max(length, 1), e.ibv_access_flags.IBV_ACCESS_LOCAL_WRITE)
         self._sent.append((tag, mr))
         self.cmid.post_read(mr, length, address, key, e.ibv_send_flags.IBV_SEND_SIGNALED)
 
     def write(self, data: Buffer, address: int, key: int) -> None:
+        if self.released:
+            return
         e = self._e
         n = len(data) if type(data) is not memoryview else data.nbytes
         mr = self._MR(self.pd, max(n, 1), e.ibv_access_flags.IBV_ACCESS_LOCAL_WRITE)
@@ -266,6 +292,8 @@ class RdmaQueue:
         self.cmid.post_write(mr, n, address, key, e.ibv_send_flags.IBV_SEND_SIGNALED)
 
     def send(self, message: bytes, invalidate_key: int | None) -> None:
+        if self.released:
+            return
         # pyverbs' CM ID posts a plain SEND only: a host that asked for invalidation
         # invalidates the key itself when the completion comes without (Linux's does).
         e = self._e
@@ -275,6 +303,8 @@ class RdmaQueue:
         self.cmid.post_send(mr, e.ibv_send_flags.IBV_SEND_SIGNALED)
 
     def disconnect(self) -> None:
+        if self.released:
+            return
         try:
             self.cmid.disconnect()
         except Exception as exc:
@@ -332,19 +362,38 @@ class RdmaQueue:
         loop.remove_reader(self.send_channel.fd)
         loop.remove_reader(self.recv_channel.fd)
         conn = self.conn
+        conn.disconnected()
+        self.queue.connection_lost()
+        self.listener.forget(self)
+        self.release()
         log.info(
             "rdma queue %d on %s closed: %d commands, %d bytes in capsules,"
-            " %d RDMA READs, %d RDMA WRITEs",
+            " %d RDMA READs, %d RDMA WRITEs; the listener holds %d CM IDs",
             conn.qid,
             self.listener.port,
             conn.commands,
             conn.in_capsule_bytes,
             conn.rdma_reads,
             conn.rdma_writes,
+            self.listener.held_cm_ids,
         )
-        conn.disconnected()
-        self.queue.connection_lost()
-        self.listener.forget(self)
+
+    def release(self) -> None:
+        """Destroy the CM ID (with its queue pair: first, as the completion queues it uses
+        must outlive it), then the completion queues, their channels and the memory
+        regions. Once; nothing of the connection stays."""
+        if self.released:
+            return
+        self.released = True
+        self.cmid.close()
+        for obj in (self.send_cq, self.recv_cq, self.send_channel, self.recv_channel):
+            obj.close()
+        for mr in self.receives:
+            mr.close()
+        for _, mr in self._sent:
+            mr.close()
+        self.receives = []
+        self._sent.clear()
 
 
 async def listen(target: Target, port: Port) -> RdmaListener:

@@ -18,6 +18,7 @@ from pynvmf.metrics.endpoint import MetricsEndpoint
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, RpcError
 from pynvmf.target.changes import ChangeError
 from pynvmf.target.target import Target
+from pynvmf.tcp.config import TransportConfig
 
 _MISSING = object()
 
@@ -173,6 +174,10 @@ class ControlPlane:
     # SPDK creates its transport once (nvmf_create_transport); pynvmf's exists from the
     # start, and this says whether a client has created it, as SPDK would refuse twice.
     transport_created: bool = False
+    # The RDMA transport once nvmf_create_transport -t RDMA made it: the options its new
+    # rdma listeners open with (None: not created; rdma ports opened otherwise, by
+    # --listen or a configuration, have the target's).
+    rdma_transport: TransportConfig | None = None
     # Stops the process (spdk_kill_instance); None: the method is refused.
     shutdown: Callable[[], None] | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)

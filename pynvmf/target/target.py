@@ -1343,9 +1343,11 @@ class Target:
 
     # -- ports and listeners ------------------------------------------------------------
 
-    def find_port(self, address: str, port: int) -> Port | None:
+    def find_port(self, address: str, port: int, trtype: str = "tcp") -> Port | None:
+        """The `trtype` port listening on address:port (a TCP and an rdma port may share
+        an address and number)."""
         for candidate in self.ports:
-            if candidate.same_address(address, port):
+            if candidate.trtype == trtype and candidate.same_address(address, port):
                 return candidate
         return None
 
@@ -1401,21 +1403,30 @@ class Target:
         self._discovery_changed()
 
     async def add_listener(
-        self, nqn: str, address: str, port_number: int, *, secure_channel: str | None = None
+        self,
+        nqn: str,
+        address: str,
+        port_number: int,
+        *,
+        secure_channel: str | None = None,
+        trtype: str = "tcp",
+        transport: TransportConfig | None = None,
     ) -> Port:
-        """Let subsystem `nqn` (or the discovery subsystem) be reached on address:port,
-        opening the port if the target does not listen there yet. `secure_channel` sets a
-        new port's TLS requirement; on a port that exists it must match."""
+        """Let subsystem `nqn` (or the discovery subsystem) be reached on address:port
+        over `trtype`, opening the port if the target does not listen there yet (with
+        `transport`'s options, the target's by default). `secure_channel` sets a new port's
+        TLS requirement; on a port that exists it must match."""
         if nqn != DISCOVERY_NQN:
             self._subsystem(nqn)
         policy = None if secure_channel is None else secure_channel_policy(secure_channel)
-        port = self.find_port(address, port_number) if port_number else None
+        port = self.find_port(address, port_number, trtype) if port_number else None
         if port is None:
             if nqn == DISCOVERY_NQN:
                 new = Port(address, port_number, discovery_only=True, discovery_listener=True)
             else:
                 new = Port(address, port_number, subsystems=[nqn])
-            new.transport = self.transport
+            new.trtype = trtype
+            new.transport = transport if transport is not None else self.transport
             new.secure_channel = policy or SecureChannelPolicy.NONE
             await self.add_port(new)
             if nqn != DISCOVERY_NQN:
@@ -1442,10 +1453,13 @@ class Target:
         self._changed(nqn)
         return port
 
-    async def remove_listener(self, nqn: str, address: str, port_number: int) -> None:
-        """Subsystem `nqn` is no longer reached on address:port: its controllers with a
-        queue through the port are torn down; a port left with nothing to serve closes."""
-        port = self.find_port(address, port_number)
+    async def remove_listener(
+        self, nqn: str, address: str, port_number: int, trtype: str = "tcp"
+    ) -> None:
+        """Subsystem `nqn` is no longer reached on address:port (over `trtype`): its
+        controllers with a queue through the port are torn down; a port left with nothing
+        to serve closes."""
+        port = self.find_port(address, port_number, trtype)
         if port is None:
             raise ChangeError("address", f"the target does not listen on {address} {port_number}")
         if nqn == DISCOVERY_NQN:
@@ -1479,10 +1493,10 @@ class Target:
 
     # -- ANA ----------------------------------------------------------------------------
 
-    def listener(self, nqn: str, address: str, port_number: int) -> Port:
-        """The port through which subsystem `nqn` is reached on address:port."""
+    def listener(self, nqn: str, address: str, port_number: int, trtype: str = "tcp") -> Port:
+        """The port through which subsystem `nqn` is reached on address:port over `trtype`."""
         self._subsystem(nqn)
-        port = self.find_port(address, port_number)
+        port = self.find_port(address, port_number, trtype)
         if port is None or port.discovery_only or not port.exposes(nqn):
             raise ChangeError("address", f"{nqn} does not listen on {address} {port_number}")
         return port
@@ -1527,12 +1541,13 @@ class Target:
         state: AnaState | str,
         address: str | None = None,
         port_number: int | None = None,
+        trtype: str = "tcp",
     ) -> int:
         """Put ANA group `anagrpid` of subsystem `nqn` (every group of it if None) in
-        `state` on the listener address:port_number, or, without an address, on every
-        listener of the subsystem (and on those added later). The controllers whose ANA
-        log says something new, and only they, get an ANA Change event; the log's change
-        count moves on. Returns the number of controllers told."""
+        `state` on the listener address:port_number (over `trtype`), or, without an
+        address, on every listener of the subsystem (and on those added later). The
+        controllers whose ANA log says something new, and only they, get an ANA Change
+        event; the log's change count moves on. Returns the number of controllers told."""
         subsystem = self._subsystem(nqn)
         new_state = check_state(state)
         if anagrpid is None:
@@ -1547,7 +1562,7 @@ class Target:
                     f"{', '.join(map(str, sorted(subsystem.ana.groups)))})",
                 )
             groups = [group]
-        port = None if address is None else self.listener(nqn, address, port_number or 0)
+        port = None if address is None else self.listener(nqn, address, port_number or 0, trtype)
         controllers = list(subsystem.controllers.values())
         ports = {ctrl.port for ctrl in controllers}
         if port is not None:

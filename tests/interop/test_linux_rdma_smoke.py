@@ -4,8 +4,8 @@ rdma-core's Python bindings (pyverbs) on the guest's Debian Python, which pynvmf
 transport will use. The machines' own kernel has no rdma_rxe, so everything RDMA runs in a
 guest (docs/rdma.md).
 
-One guest boots the RDMA variant of the linux-7 peer (tests/support/guest_rdma.py) for the
-module; the tests share its soft-RoCE device and run in file order.
+One guest boots the module's peer (linux-7; linux-6.12 too under PYNVMF_GUEST_EVERY_PEER=1:
+tests/support/guest_rdma.py); the tests share its soft-RoCE device and run in file order.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from tests.support import guest_rdma
 from tests.support.guest import (
     Guest,
     Peer,
-    require_guest_prerequisites,
     setup_kernel_target,
     teardown_kernel_target,
 )
@@ -46,9 +45,7 @@ DATA_MIB = 4
 
 @pytest.fixture(scope="module")
 def guest(linux_peer: Peer) -> Iterator[Guest]:
-    peer = guest_rdma.variant(linux_peer)
-    require_guest_prerequisites(peer)
-    with Guest(peer=peer) as g:
+    with guest_rdma.rdma_guest(linux_peer, soft_roce=None) as g:
         yield g
 
 

@@ -25,21 +25,19 @@ identities only.
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
 import re
 import secrets
-import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from pynvmf.host import connect
 from pynvmf.host.errors import NvmeConnectionError
 from pynvmf.tcp.psk import HASH_SHA256, HASH_SHA384, ConfiguredPsk, PskError, tls_psk
+from tests.support import guest_pynvmf
 from tests.support.guest import SECURE_CHANNEL, Guest, Peer
 from tests.support.guest_assets import TLSHD_CONF
 from tests.support.ports import free_tcp_port
@@ -47,7 +45,6 @@ from tests.support.target_process import TargetProcess
 
 pytestmark = SECURE_CHANNEL.mark()
 
-REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
 SUBNQN = "nqn.2014-08.org.pynvmf:tls-interop"
 LINUX_NQN = "nqn.2014-08.org.pynvmf:tls-linux-target"
@@ -106,18 +103,6 @@ def target(tmp_path_factory: pytest.TempPathFactory, linux_peer: Peer) -> Iterat
     assert not any(k in process.stderr() for k in (key1.encode(), key2.encode()))
 
 
-def _pynvmf_bundle() -> bytes:
-    """pynvmf's source as a tar.gz, for the guest."""
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w:gz") as tar:
-        tar.add(
-            REPO / "pynvmf",
-            arcname="pynvmf",
-            filter=lambda info: None if "__pycache__" in info.name else info,
-        )
-    return out.getvalue()
-
-
 @pytest.fixture(scope="module")
 def guest(linux_peer: Peer, target: Setup) -> Iterator[Guest]:
     nvmet_port = free_tcp_port()
@@ -128,14 +113,7 @@ def guest(linux_peer: Peer, target: Setup) -> Iterator[Guest]:
     g.write_file("/etc/tlshd.conf", TLSHD_CONF)
     g.run("(tlshd > /tmp/tlshd.log 2>&1 &) ; sleep 0.5; busybox pidof tlshd")
     # pynvmf and the suite's cryptography for the guest's Python.
-    assert linux_peer.python_bundle is not None
-    g.write_file("/tmp/pynvmf.tgz", _pynvmf_bundle())
-    g.write_file("/tmp/python.tgz", linux_peer.python_bundle().read_bytes())
-    g.run(
-        "mkdir -p /opt/pynvmf && tar -C /opt/pynvmf -xzf /tmp/pynvmf.tgz"
-        " && tar -C /opt/pynvmf -xzf /tmp/python.tgz"
-        " && PYTHONPATH=/opt/pynvmf python3 -c 'import pynvmf.tls.channel'"
-    )
+    guest_pynvmf.install(g, check_import="pynvmf.tls.channel")
     yield g
     g.stop()
 

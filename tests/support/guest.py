@@ -79,9 +79,10 @@ newest cannot stand for it:
   ``.tls_compat_keys``, ``.tlshd_sha384``);
 - the peers whose nvmet has reservations (``linux-7``):
   ``test_linux_target_reservations.py``;
-- the RDMA variant of ``linux-7`` (rdma-core and pyverbs added to its image:
-  tests/support/guest_rdma.py): ``test_linux_rdma_smoke.py`` (soft-RoCE, nvme-rdma against
-  nvmet-rdma in one guest; docs/rdma.md);
+- ``linux-7``, and ``linux-6.12`` under PYNVMF_GUEST_EVERY_PEER=1 (both images carry
+  rdma-core and pyverbs: tests/support/guest_rdma.py): ``test_linux_rdma_smoke.py``
+  (soft-RoCE, nvme-rdma against nvmet-rdma in one guest) and ``test_linux_rdma_host.py``
+  (the kernel's nvme-rdma host against pynvmf's target; docs/rdma.md);
 - ``linux-6.1`` alone (the default peer): ``test_linux_nvmetcli.py`` (nvmetcli's
   configfs layout).
 
@@ -310,7 +311,7 @@ _DESCRIBED = (
     "fio",
     "ktls-utils",
     "python3",
-    # The RDMA variant's (tests/support/guest_rdma.py).
+    # NVMe/RDMA's (tests/support/guest_rdma.py).
     "rdma-core",
     "python3-pyverbs",
 )

@@ -83,6 +83,15 @@ TRIXIE = Suite(peer="linux-6.12", name="trixie", kernel="6.12")
 SID = Suite(peer="linux-7", name="sid", kernel="7")
 SUITES: tuple[Suite, ...] = (TRIXIE, SID)
 
+# NVMe/RDMA over soft-RoCE (tests/support/guest_rdma.py); the kernel's modules are in the
+# module tree every image carries.
+RDMA_PACKAGES: tuple[str, ...] = (
+    "rdma-core",  # udev rules, rdma-ndd, the rdma_rxe module options
+    "ibverbs-providers",  # librxe: user-space verbs on a soft-RoCE device
+    "ibverbs-utils",  # ibv_devices, ibv_devinfo: what the device offers
+    "python3-pyverbs",  # rdma-core's Python bindings, for pynvmf on the guest's Python
+)
+
 # Installed by debootstrap (with their dependencies) into the minbase system.
 PACKAGES: tuple[str, ...] = (
     "nvme-cli",
@@ -98,6 +107,8 @@ PACKAGES: tuple[str, ...] = (
     # nc (write_file/read_file move bulk data over the network) and poweroff: minbase has
     # neither an init system nor a netcat.
     "busybox",
+    # One image per suite: the image opens snapshot=on, so its size costs no boot time.
+    *RDMA_PACKAGES,
 )
 
 # Tools this peer needs on the machine besides guest_assets.REQUIRED_TOOLS.
@@ -555,17 +566,8 @@ def _check_kernel(suite: Suite, kernel: A.UnpackedKernel) -> None:
         )
 
 
-def prepare_assets(
-    suite: Suite, variant: str = "", extra_packages: Sequence[str] = ()
-) -> GuestAssets:
-    """Build (once, cached) and return the kernel, stage-1 initramfs and root image.
-
-    A `variant` (a name) is a root filesystem with `extra_packages` too, for a harness that
-    needs more than the interoperability tests (blktests): cached as
-    ``<variant>-rootfs-*.ext4``, apart from the plain image, which keeps its size and build
-    time (and neither one's clean-up removes the other)."""
-    packages = (*PACKAGES, *(p for p in extra_packages if p not in PACKAGES))
-    prefix = f"{variant}-rootfs" if variant else "rootfs"
+def prepare_assets(suite: Suite) -> GuestAssets:
+    """Build (once, cached) and return the kernel, stage-1 initramfs and root image."""
     require_prerequisites(suite)
     cache = A.cache_dir()
     work = cache / suite.name
@@ -579,22 +581,22 @@ def prepare_assets(
         _check_kernel(suite, kernel)
         kver = kernel.version
 
-        key = _rootfs_key(suite, mirror, kernel.package, packages)
-        rootfs = work / f"{prefix}-{kver}-{key}.ext4"
+        key = _rootfs_key(suite, mirror, kernel.package, PACKAGES)
+        rootfs = work / f"rootfs-{kver}-{key}.ext4"
         if not rootfs.exists():
-            _build_rootfs(suite, rootfs, kernel, mirror, work, packages)
+            _build_rootfs(suite, rootfs, kernel, mirror, work, PACKAGES)
         busybox = A.tool("busybox")
         stage1 = work / f"stage1-{kver}-{_stage1_key(kver, busybox)}.cpio.gz"
         if not stage1.exists():
             _build_stage1(stage1, kernel.root / "lib" / "modules" / kver, busybox)
         for path in (rootfs, stage1):
             os.utime(path)
-        _prune(work, f"{prefix}-*.ext4", rootfs, spare=1)
-        _prune(work, f"{prefix}-*.json", rootfs.with_suffix(".json"), spare=1)
+        _prune(work, "rootfs-*.ext4", rootfs, spare=1)
+        _prune(work, "rootfs-*.json", rootfs.with_suffix(".json"), spare=1)
         _prune(work, "stage1-*.cpio.gz", stage1, spare=2)
         # Kernels no remaining image was built from.
         kvers = {
-            p.stem.partition("rootfs-")[2].rsplit("-", 1)[0] for p in work.glob("*rootfs-*.ext4")
+            p.stem.partition("rootfs-")[2].rsplit("-", 1)[0] for p in work.glob("rootfs-*.ext4")
         }
         for old in (work / "kernel").glob("linux-image-*"):
             version = (

@@ -1,53 +1,39 @@
-"""The guest NVMe/RDMA runs in: a kernel peer's root filesystem with rdma-core.
+"""NVMe/RDMA in the debootstrap peers' guests: soft-RoCE on the guest's network device.
 
-The machines' own kernel has no ``rdma_rxe``; Debian's 7.x kernel has it (soft-RoCE), with
-``ib_core``, ``rdma_cm``, ``ib_uverbs``, ``nvme-rdma`` and ``nvmet-rdma``, all in the module
-tree every debootstrap peer carries (guest_debootstrap._furnish_rootfs copies it whole).
-What the plain peer lacks is user space: rdma-core's udev rules and ``rdma_rxe`` provider
-(``librxe`` in ibverbs-providers), and the Python bindings (python3-pyverbs, which pynvmf's
-RDMA transport uses on the guest's Debian Python). The ``rdma`` tool that creates a soft-RoCE
-link is iproute2's, already in the plain peer.
-
-This variant adds those packages, cached apart from the plain image (guest_debootstrap's
-``variant``), so the peers the other interoperability tests boot keep their image, size and
-build time.
+The machines' own kernel has no ``rdma_rxe``; Debian's 6.12 and 7.x kernels have it
+(soft-RoCE), with ``ib_core``, ``rdma_cm``, ``ib_uverbs``, ``nvme-rdma`` and ``nvmet-rdma``,
+all in the module tree every debootstrap peer carries (guest_debootstrap._furnish_rootfs
+copies it whole). The user space (rdma-core's udev rules and ``rdma_rxe`` provider,
+``librxe`` in ibverbs-providers, ibverbs-utils and python3-pyverbs, which pynvmf's RDMA
+transport uses on the guest's Debian Python) is in guest_debootstrap.PACKAGES: every
+trixie and sid image has it, so an RDMA module boots ``linux_peer`` itself. The ``rdma``
+tool that creates a soft-RoCE link is iproute2's.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
+import contextlib
 import re
+from collections.abc import Iterator
 
 from tests.support import guest_debootstrap
-from tests.support.guest import LINUX_7, Guest, GuestError, Peer, PeerSet
-
-VARIANT = "rdma"
-
-# Added to the peers' packages (guest_debootstrap.PACKAGES) for NVMe/RDMA over soft-RoCE.
-PACKAGES: tuple[str, ...] = (
-    "rdma-core",  # udev rules, rdma-ndd, the rdma_rxe module options
-    "ibverbs-providers",  # librxe: user-space verbs on a soft-RoCE device
-    "ibverbs-utils",  # ibv_devices, ibv_devinfo: what the device offers
-    "python3-pyverbs",  # rdma-core's Python bindings (pyverbs), for pynvmf in the guest
+from tests.support.guest import (
+    LINUX_6_12,
+    LINUX_7,
+    Guest,
+    GuestError,
+    Peer,
+    PeerSet,
+    require_guest_prerequisites,
 )
 
+# What the images carry for NVMe/RDMA (the peer's description names some).
+PACKAGES = guest_debootstrap.RDMA_PACKAGES
 
-def _variant(peer: Peer, suite: guest_debootstrap.Suite) -> Peer:
-    prepare = functools.partial(
-        guest_debootstrap.prepare_assets, suite, variant=VARIANT, extra_packages=PACKAGES
-    )
-    return dataclasses.replace(peer, prepare=prepare)
-
-
-# The kernel peers NVMe/RDMA runs on, by name (the 6.12 kernel has the same modules; its
-# variant is a line here when a test needs it).
-PEERS: dict[str, Peer] = {
-    LINUX_7.name: _variant(LINUX_7, guest_debootstrap.SID),
-}
-# For a test module's ``linux_peer`` (PYNVMF_GUEST_PEERS selects among them by name); the
-# module's guest boots ``variant(linux_peer)``.
-RDMA_PEERS = PeerSet((LINUX_7,))
+# The RDMA modules' peers (a module's ``pytestmark``): linux-7, and linux-6.12 (the same
+# modules and packages) under PYNVMF_GUEST_EVERY_PEER=1. linux-6.1's initramfs has no
+# rdma-core.
+RDMA_PEERS = PeerSet((LINUX_7,), others=(LINUX_6_12,))
 
 # The guest's one network device (guest_assets' init brings it up as 10.0.2.15).
 NETDEV = "eth0"
@@ -60,11 +46,6 @@ MODULES: tuple[str, ...] = (
     "nvme-rdma",
     "nvmet-rdma",
 )
-
-
-def variant(peer: Peer) -> Peer:
-    """The RDMA variant of a kernel peer ``linux_peer`` names."""
-    return PEERS[peer.name]
 
 
 def add_soft_roce(guest: Guest, name: str = "rxe0", netdev: str = NETDEV) -> str:
@@ -87,3 +68,14 @@ rdma link show {name}/1
     if line is None:
         raise GuestError(f"no soft-RoCE link {name} after rdma link add:\n{out}")
     return line
+
+
+@contextlib.contextmanager
+def rdma_guest(peer: Peer, soft_roce: str | None = "rxe0") -> Iterator[Guest]:
+    """A module's guest on ``peer`` (its ``linux_peer``), with the soft-RoCE device
+    ``soft_roce`` added (None: none yet)."""
+    require_guest_prerequisites(peer)
+    with Guest(peer=peer) as guest:
+        if soft_roce is not None:
+            add_soft_roce(guest, soft_roce)
+        yield guest

@@ -228,8 +228,14 @@ async def test_the_saved_configuration_names_where_the_metrics_endpoint_listens(
         ),
         (
             "nvmf_subsystem_add_listener",
-            {"nqn": NQN, "listen_address": listen(trtype="rdma")},
-            "listen_address.trtype: 'rdma': pynvmf serves NVMe/TCP only",
+            {"nqn": NQN, "listen_address": listen(trtype="fc")},
+            "listen_address.trtype: 'fc': pynvmf serves TCP and RDMA only",
+        ),
+        (
+            # SPDK's rule: the transport first.
+            "nvmf_subsystem_add_listener",
+            {"nqn": NQN, "listen_address": listen(trtype="RDMA")},
+            "listen_address.trtype: no RDMA transport (nvmf_create_transport -t RDMA first)",
         ),
         (
             "nvmf_subsystem_add_listener",
@@ -281,8 +287,23 @@ async def test_the_saved_configuration_names_where_the_metrics_endpoint_listens(
         ("bdev_malloc_delete", {"name": "Aio0"}, "name: no malloc bdev named 'Aio0'"),
         (
             "nvmf_create_transport",
-            {"trtype": "RDMA"},
-            "trtype: 'RDMA': pynvmf serves NVMe/TCP only",
+            {"trtype": "FC"},
+            "trtype: 'FC': pynvmf serves TCP and RDMA only",
+        ),
+        (
+            "nvmf_create_transport",
+            {"trtype": "RDMA", "max_queue_depth": 256},
+            "max_queue_depth: 256: pynvmf's RDMA transport has 128",
+        ),
+        (
+            "nvmf_create_transport",
+            {"trtype": "RDMA", "dif_insert_or_strip": True},
+            "dif_insert_or_strip: True: pynvmf inserts and strips no protection information",
+        ),
+        (
+            "nvmf_create_transport",
+            {"trtype": "rdma", "in_capsule_data_size": 100},
+            "in_capsule_data_size: 100 is not a multiple of 16",
         ),
         (
             "nvmf_create_transport",

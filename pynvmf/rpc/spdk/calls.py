@@ -9,6 +9,7 @@ import ipaddress
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from pynvmf.config.spdk import SPDK_TRTYPES
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import Params, change_error
 from pynvmf.target.changes import ChangeError
@@ -32,18 +33,25 @@ def change_now(call: Callable[[], Any], names: dict[str, str]) -> Any:
         raise change_error(exc, names) from exc
 
 
-def check_trtype(p: Params, key: str = "trtype") -> None:
+def check_trtype(p: Params, key: str = "trtype", served: tuple[str, ...] = ("tcp", "rdma")) -> str:
+    """The transport type `key` names, as a Port.trtype; the error names the field when it
+    is not one of `served`."""
     trtype = p.string(key)
-    if trtype.upper() != "TCP":
-        raise RpcError(INVALID_PARAMS, f"{p.name(key)}: {trtype!r}: pynvmf serves NVMe/TCP only")
+    ours = SPDK_TRTYPES.get(trtype.upper())
+    if ours not in served:
+        names = " and ".join(name for name, t in SPDK_TRTYPES.items() if t in served)
+        raise RpcError(INVALID_PARAMS, f"{p.name(key)}: {trtype!r}: pynvmf serves {names} only")
+    return ours
 
 
-def listen_address(p: Params, key: str) -> tuple[str, int]:
-    """A transport ID object (SPDK's listen_address, a referral's address) as an IP
-    address and a TCP port."""
+def listen_trid(
+    p: Params, key: str, served: tuple[str, ...] = ("tcp", "rdma")
+) -> tuple[str, str, int]:
+    """A transport ID object (SPDK's listen_address) as a Port.trtype, an IP address and a
+    port number."""
     a = p.nested(key)
     assert a is not None
-    check_trtype(a)
+    trtype = check_trtype(a, served=served)
     adrfam = a.string("adrfam", "ipv4")
     traddr = a.string("traddr")
     trsvcid = a.string("trsvcid")
@@ -61,5 +69,12 @@ def listen_address(p: Params, key: str) -> tuple[str, int]:
     if adrfam.lower() != f"ipv{ip.version}":
         raise RpcError(INVALID_PARAMS, f"{a.name('adrfam')}: {adrfam} does not match {traddr}")
     if not trsvcid.isdigit() or not 1 <= int(trsvcid) <= 0xFFFF:
-        raise RpcError(INVALID_PARAMS, f"{a.name('trsvcid')}: {trsvcid!r} is not a TCP port")
-    return traddr, int(trsvcid)
+        raise RpcError(INVALID_PARAMS, f"{a.name('trsvcid')}: {trsvcid!r} is not a port number")
+    return trtype, traddr, int(trsvcid)
+
+
+def listen_address(p: Params, key: str) -> tuple[str, int]:
+    """An NVMe/TCP transport ID object (a referral's address) as an IP address and a TCP
+    port."""
+    _, traddr, trsvcid = listen_trid(p, key, served=("tcp",))
+    return traddr, trsvcid

@@ -10,11 +10,12 @@ from typing import Any
 from pynvmf.config.native import REDACTED_KEY
 from pynvmf.config.spdk import (
     listeners_of,
+    rdma_transport,
     trid,
 )
 from pynvmf.rpc.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane, MethodTable, Params
-from pynvmf.rpc.spdk.calls import apply_change, change_now, listen_address, no_target_name
+from pynvmf.rpc.spdk.calls import apply_change, change_now, listen_trid, no_target_name
 from pynvmf.spec.logpages import AnaState
 from pynvmf.spec.opcodes import DISCOVERY_NQN
 from pynvmf.target import ana
@@ -138,13 +139,18 @@ async def nvmf_get_subsystems(cp: ControlPlane, p: Params) -> list[dict[str, Any
 # -- listeners -----------------------------------------------------------------------------
 
 
-_LISTENER_NAMES = {"address": "listen_address.traddr", "port": "listen_address.trsvcid"}
+_LISTENER_NAMES = {
+    "address": "listen_address.traddr",
+    "port": "listen_address.trsvcid",
+    # An rdma port that cannot open (no pyverbs, no RDMA device on the address).
+    "trtype": "listen_address.trtype",
+}
 
 
 @method("nvmf_subsystem_add_listener")
 async def nvmf_subsystem_add_listener(cp: ControlPlane, p: Params) -> bool:
     nqn = p.string("nqn")
-    address, port = listen_address(p, "listen_address")
+    trtype, address, port = listen_trid(p, "listen_address")
     no_target_name(p)
     secure = p.boolean("secure_channel", False)
     ana_state = p.string("ana_state", None)
@@ -157,16 +163,31 @@ async def nvmf_subsystem_add_listener(cp: ControlPlane, p: Params) -> bool:
         raise RpcError(
             INTERNAL_ERROR, "Cannot establish secure channel, when 'allow_any_host' is set"
         )
+    transport = None
+    if trtype == "rdma":
+        # SPDK's rule: a listener's transport exists first (nvmf_create_transport).
+        transport = rdma_transport(cp.target, cp.rdma_transport)
+        if transport is None:
+            raise RpcError(
+                INVALID_PARAMS,
+                "listen_address.trtype: no RDMA transport (nvmf_create_transport -t RDMA first)",
+            )
     await apply_change(
         cp.target.add_listener(
-            nqn, address, port, secure_channel=SecureChannelPolicy.REQUIRED if secure else None
+            nqn,
+            address,
+            port,
+            secure_channel=SecureChannelPolicy.REQUIRED if secure else None,
+            trtype=trtype,
+            transport=transport,
         ),
         {**_LISTENER_NAMES, "secure_channel": "secure_channel"},
     )
     if state is not None and nqn != DISCOVERY_NQN:
         # SPDK's listener option: the state of every ANA group on this listener.
         change_now(
-            lambda: cp.target.set_ana_state(nqn, None, state, address, port), _LISTENER_NAMES
+            lambda: cp.target.set_ana_state(nqn, None, state, address, port, trtype),
+            _LISTENER_NAMES,
         )
     return True
 
@@ -184,14 +205,14 @@ def _ana_state(p: Params, name: str) -> AnaState:
 @method("nvmf_subsystem_listener_set_ana_state")
 async def nvmf_subsystem_listener_set_ana_state(cp: ControlPlane, p: Params) -> bool:
     nqn = p.string("nqn")
-    address, port = listen_address(p, "listen_address")
+    trtype, address, port = listen_trid(p, "listen_address")
     name = p.string("ana_state")
     anagrpid = p.integer("anagrpid", 0, high=0xFFFFFFFF)
     no_target_name(p)
     p.done()
     state = _ana_state(p, name)
     change_now(
-        lambda: cp.target.set_ana_state(nqn, anagrpid or None, state, address, port),
+        lambda: cp.target.set_ana_state(nqn, anagrpid or None, state, address, port, trtype),
         _LISTENER_NAMES,
     )
     return True
@@ -200,11 +221,11 @@ async def nvmf_subsystem_listener_set_ana_state(cp: ControlPlane, p: Params) -> 
 @method("nvmf_subsystem_remove_listener")
 async def nvmf_subsystem_remove_listener(cp: ControlPlane, p: Params) -> bool:
     nqn = p.string("nqn")
-    address, port = listen_address(p, "listen_address")
+    trtype, address, port = listen_trid(p, "listen_address")
     no_target_name(p)
     p.ignore("secure_channel", "ana_state", "sock_impl")  # SPDK's decoder takes them here too
     p.done()
-    await apply_change(cp.target.remove_listener(nqn, address, port), _LISTENER_NAMES)
+    await apply_change(cp.target.remove_listener(nqn, address, port, trtype), _LISTENER_NAMES)
     return True
 
 

@@ -1,4 +1,4 @@
-"""SPDK's NVMe-oF target-wide methods: the TCP transport (nvmf_create_transport,
+"""SPDK's NVMe-oF target-wide methods: the TCP and RDMA transports (nvmf_create_transport,
 nvmf_get_transports) and the target's settings (nvmf_set_max_subsystems, nvmf_set_crdt,
 nvmf_set_config).
 """
@@ -9,12 +9,16 @@ import logging
 from typing import Any
 
 from pynvmf.config.spdk import (
+    RDMA_FIXED,
+    rdma_transport,
+    rdma_transport_json,
     transport_json,
 )
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane, MethodTable, Params
 from pynvmf.rpc.spdk.calls import change_now, check_trtype, no_target_name
 from pynvmf.spec.auth import dhgroup_from_name, hash_from_name
+from pynvmf.target.changes import check_transport
 from pynvmf.target.controller import MAX_IO_QUEUES, QUEUE_ENTRIES
 from pynvmf.target.limits import MAX_TRANSFER
 from pynvmf.target.target import Target
@@ -89,9 +93,61 @@ def _unapplied_transport_options(p: Params, target: Target) -> list[str]:
     return unapplied
 
 
+# What pynvmf's RDMA transport cannot do, by SPDK option: only these values are taken.
+_RDMA_REFUSED: dict[str, tuple[object, str]] = {
+    "dif_insert_or_strip": (False, "pynvmf inserts and strips no protection information"),
+}
+
+
+def _rdma_options(p: Params, target: Target) -> list[str]:
+    """Check an RDMA transport's options: a limit of pynvmf's RDMA queues given another
+    value is refused, naming the field; SPDK's resource tunings (buffers, SRQ, batching,
+    backlog: pynvmf has none of them) are checked and returned as not applied."""
+    for key, (allowed, reason) in _RDMA_REFUSED.items():
+        p.refuse_unless(key, (allowed,), reason)
+    for key in _TRANSPORT_BOOLEANS:
+        p.boolean(key, None)
+    unapplied = []
+    for key in _TRANSPORT_INTEGERS:
+        value = p.integer(key, None, high=0xFFFFFFFF)
+        fixed = RDMA_FIXED.get(key)
+        if value is None:
+            continue
+        if fixed is not None and value != fixed:
+            raise RpcError(
+                INVALID_PARAMS, f"{p.name(key)}: {value}: pynvmf's RDMA transport has {fixed}"
+            )
+        if fixed is None:
+            unapplied.append(f"{key} {value}")
+    return unapplied
+
+
+async def _create_rdma_transport(cp: ControlPlane, p: Params) -> bool:
+    no_target_name(p)
+    current = cp.target.transport
+    inline = p.integer("in_capsule_data_size", current.inline_data_size, high=0xFFFFFFFF)
+    unapplied = _rdma_options(p, cp.target)
+    p.done()
+    if cp.rdma_transport is not None:
+        raise RpcError(INVALID_PARAMS, "trtype: transport type 'RDMA' already exists")
+    config = TransportConfig(
+        inline_data_size=inline,
+        max_h2c_data=current.max_h2c_data,
+        allow_header_digest=current.allow_header_digest,
+        allow_data_digest=current.allow_data_digest,
+        cpda=current.cpda,
+    )
+    change_now(lambda: check_transport(config), {"inline_data_size": "in_capsule_data_size"})
+    cp.rdma_transport = config
+    if unapplied:
+        log.warning("nvmf_create_transport RDMA: not applied: %s", ", ".join(unapplied))
+    return True
+
+
 @method("nvmf_create_transport")
 async def nvmf_create_transport(cp: ControlPlane, p: Params) -> bool:
-    check_trtype(p)
+    if check_trtype(p) == "rdma":
+        return await _create_rdma_transport(cp, p)
     no_target_name(p)
     inline = p.integer("in_capsule_data_size", None, high=0xFFFFFFFF)
     unapplied = _unapplied_transport_options(p, cp.target)
@@ -121,9 +177,15 @@ async def nvmf_get_transports(cp: ControlPlane, p: Params) -> list[dict[str, Any
     trtype = p.string("trtype", None)
     no_target_name(p)
     p.done()
-    if trtype is not None and trtype.upper() != "TCP":
-        raise RpcError(INVALID_PARAMS, f"trtype: no transport {trtype!r}")
-    return [transport_json(cp.target)]
+    transports = [transport_json(cp.target)]
+    rdma = rdma_transport(cp.target, cp.rdma_transport)
+    if rdma is not None:
+        transports.append(rdma_transport_json(rdma))
+    if trtype is not None:
+        transports = [t for t in transports if t["trtype"] == trtype.upper()]
+        if not transports:
+            raise RpcError(INVALID_PARAMS, f"trtype: no transport {trtype!r}")
+    return transports
 
 
 @method("nvmf_set_max_subsystems")

@@ -1,0 +1,193 @@
+"""SPDK's RPCs for NVMe/RDMA over the RPC socket of a running target: the RDMA transport
+(nvmf_create_transport -t RDMA, nvmf_get_transports) and rdma listeners
+(nvmf_subsystem_add_listener / remove_listener / get_listeners with trtype RDMA, IPv4 and
+IPv6), seen in the discovery log as TRTYPE rdma.
+
+These machines have no pyverbs and no RDMA device: a listener that cannot open is refused
+naming listen_address.trtype, nothing applied. The tests of what follows a listener that
+opens stand the RDMA CM listener in with a stub (`pynvmf.rdma.verbs.listen`); the real one
+is the guest's (tests/interop/test_linux_rdma_host.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pynvmf.host import discover
+from pynvmf.rdma import verbs
+from pynvmf.rpc.client import RpcClient, RpcClientError
+from pynvmf.rpc.server import RpcServer, control_plane
+from pynvmf.spec import logpages as L
+from pynvmf.target.port import Port
+from pynvmf.target.target import Target
+from tests.protocol.conftest import RAW_SUBNQN, RawTarget, RawTargetFactory
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Rig:
+    def __init__(self, raw: RawTarget, socket: str) -> None:
+        self.raw = raw
+        self.socket = socket
+
+    @property
+    def target(self) -> Target:
+        return self.raw.target
+
+    async def call(self, method: str, **params: Any) -> Any:
+        def call() -> Any:
+            with RpcClient(self.socket) as client:
+                return client.call(method, params)
+
+        return await asyncio.to_thread(call)
+
+
+@pytest.fixture
+async def rig(raw_target_factory: RawTargetFactory, tmp_path: Path) -> AsyncIterator[Rig]:
+    raw = await raw_target_factory()
+    server = RpcServer(control_plane(raw.target))
+    path = str(tmp_path / "rpc.sock")
+    await server.listen_unix(path)
+    yield Rig(raw, path)
+    await server.close()
+
+
+class StubListener:
+    """What verbs.listen returns, without the RDMA CM."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+    async def wait_closed(self) -> None:
+        pass
+
+
+@pytest.fixture
+def rdma_opens(monkeypatch: pytest.MonkeyPatch) -> list[Port]:
+    """rdma ports open (with a stub listener); the ports opened, in order."""
+    opened: list[Port] = []
+
+    async def listen(target: Target, port: Port) -> StubListener:
+        opened.append(port)
+        return StubListener()
+
+    monkeypatch.setattr(verbs, "listen", listen)
+    return opened
+
+
+def rdma(address: str, port: int, adrfam: str = "IPv4") -> dict[str, str]:
+    return {"trtype": "RDMA", "adrfam": adrfam, "traddr": address, "trsvcid": str(port)}
+
+
+async def test_the_rdma_transport_is_created_once_and_listed(rig: Rig) -> None:
+    transports = await rig.call("nvmf_get_transports")
+    assert [t["trtype"] for t in transports] == ["TCP"]
+    await rig.call(
+        "nvmf_create_transport",
+        trtype="RDMA",
+        in_capsule_data_size=4096,
+        max_queue_depth=128,
+        max_io_size=transports[0]["max_io_size"],
+        num_shared_buffers=4095,  # SPDK's buffers: pynvmf has none, nothing to apply
+    )
+    transports = await rig.call("nvmf_get_transports")
+    assert [t["trtype"] for t in transports] == ["TCP", "RDMA"]
+    tcp, rdma_transport = transports
+    assert rdma_transport["in_capsule_data_size"] == 4096
+    assert rdma_transport["max_queue_depth"] == 128
+    assert tcp["in_capsule_data_size"] == rig.target.transport.inline_data_size != 4096
+    assert await rig.call("nvmf_get_transports", trtype="rdma") == [rdma_transport]
+    with pytest.raises(RpcClientError, match="trtype: transport type 'RDMA' already exists"):
+        await rig.call("nvmf_create_transport", trtype="RDMA")
+
+
+async def test_a_limit_pynvmf_cannot_honour_is_refused_and_no_transport_made(rig: Rig) -> None:
+    with pytest.raises(RpcClientError, match="max_aq_depth: 128: pynvmf's RDMA transport has 32"):
+        await rig.call("nvmf_create_transport", trtype="RDMA", max_aq_depth=128)
+    assert [t["trtype"] for t in await rig.call("nvmf_get_transports")] == ["TCP"]
+
+
+async def test_an_rdma_listener_that_cannot_open_is_refused_and_nothing_applied(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No pyverbs here (and none even where rdma-core is installed: the import fails).
+    monkeypatch.setitem(sys.modules, "pyverbs", None)
+    monkeypatch.setitem(sys.modules, "pyverbs.cmid", None)
+    await rig.call("nvmf_create_transport", trtype="RDMA")
+    ports = list(rig.target.ports)
+    genctr = rig.target.genctr
+    with pytest.raises(RpcClientError) as info:
+        await rig.call(
+            "nvmf_subsystem_add_listener", nqn=RAW_SUBNQN, listen_address=rdma("127.0.0.1", 4420)
+        )
+    assert str(info.value).startswith(
+        "listen_address.trtype: cannot listen on rdma:127.0.0.1:4420: "
+    ), info.value
+    assert "pyverbs" in str(info.value)
+    assert rig.target.ports == ports
+    assert rig.target.genctr == genctr
+    listeners = await rig.call("nvmf_subsystem_get_listeners", nqn=RAW_SUBNQN)
+    assert all(entry["address"]["trtype"] == "TCP" for entry in listeners)
+
+
+async def test_rdma_listeners_added_listed_in_discovery_and_removed(
+    rig: Rig, rdma_opens: list[Port]
+) -> None:
+    tcp = rig.target.ports[0]
+    await rig.call("nvmf_create_transport", trtype="RDMA", in_capsule_data_size=8192)
+    # The same address and number as the TCP port: another transport, another listener.
+    await rig.call(
+        "nvmf_subsystem_add_listener", nqn=RAW_SUBNQN, listen_address=rdma(tcp.address, tcp.port)
+    )
+    await rig.call(
+        "nvmf_subsystem_add_listener", nqn=RAW_SUBNQN, listen_address=rdma("::1", 4420, "IPv6")
+    )
+    assert [(p.trtype, p.address, p.transport.inline_data_size) for p in rdma_opens] == [
+        ("rdma", tcp.address, 8192),
+        ("rdma", "::1", 8192),
+    ]
+    listeners = [
+        e["address"] for e in await rig.call("nvmf_subsystem_get_listeners", nqn=RAW_SUBNQN)
+    ]
+    assert rdma(tcp.address, tcp.port) in listeners
+    assert rdma("::1", 4420, "IPv6") in listeners
+    assert {
+        "trtype": "TCP",
+        "adrfam": "IPv4",
+        "traddr": tcp.address,
+        "trsvcid": str(tcp.port),
+    } in listeners
+
+    entries = [e for e in await discover(tcp.address, tcp.port) if e.subnqn == RAW_SUBNQN]
+    seen = {(e.trtype, e.adrfam, e.traddr, e.trsvcid) for e in entries}
+    assert (L.TrType.RDMA, L.AdrFam.IPV4, tcp.address, str(tcp.port)) in seen
+    assert (L.TrType.RDMA, L.AdrFam.IPV6, "::1", "4420") in seen
+    assert (L.TrType.TCP, L.AdrFam.IPV4, tcp.address, str(tcp.port)) in seen
+
+    await rig.call(
+        "nvmf_subsystem_remove_listener",
+        nqn=RAW_SUBNQN,
+        listen_address=rdma(tcp.address, tcp.port),
+    )
+    listeners = [
+        e["address"] for e in await rig.call("nvmf_subsystem_get_listeners", nqn=RAW_SUBNQN)
+    ]
+    assert rdma(tcp.address, tcp.port) not in listeners
+    # The TCP listener on the same address and number stays.
+    assert any(e["trtype"] == "TCP" and e["trsvcid"] == str(tcp.port) for e in listeners)
+    assert any(p is tcp for p in rig.target.ports)
+    with pytest.raises(RpcClientError, match=r"listen_address\.traddr: the target does not listen"):
+        await rig.call(
+            "nvmf_subsystem_remove_listener",
+            nqn=RAW_SUBNQN,
+            listen_address=rdma(tcp.address, tcp.port),
+        )
