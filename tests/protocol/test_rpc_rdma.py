@@ -167,6 +167,17 @@ async def test_rdma_listeners_added_listed_in_discovery_and_removed(
         "trsvcid": str(tcp.port),
     } in listeners
 
+    # save_config writes the RDMA transport and its listeners.
+    config = await rig.call("framework_get_config", name="nvmf")
+    transports = [c["params"] for c in config if c["method"] == "nvmf_create_transport"]
+    assert [(t["trtype"], t["in_capsule_data_size"]) for t in transports][1:] == [("RDMA", 8192)]
+    listened = [
+        c["params"]["listen_address"]
+        for c in config
+        if c["method"] == "nvmf_subsystem_add_listener" and c["params"]["nqn"] == RAW_SUBNQN
+    ]
+    assert rdma("::1", 4420, "IPv6") in listened
+
     entries = [e for e in await discover(tcp.address, tcp.port) if e.subnqn == RAW_SUBNQN]
     seen = {(e.trtype, e.adrfam, e.traddr, e.trsvcid) for e in entries}
     assert (L.TrType.RDMA, L.AdrFam.IPV4, tcp.address, str(tcp.port)) in seen

@@ -440,3 +440,14 @@ async def test_add_ns_takes_spdks_ptpl_file(cp: ControlPlane, tmp_path: Path) ->
             {"nqn": NQN, "namespace": {"bdev_name": other, "ptpl_file": str(damaged)}},
         )
     assert sorted(cp.target.subsystems[NQN].namespaces) == [nsid]
+
+
+async def test_the_rdma_transport_nvmf_get_transports_lists_is_taken_back() -> None:
+    # What nvmf_get_transports (and save_config) says of the RDMA transport creates it again.
+    first = control_plane(Target())
+    await first.call("nvmf_create_transport", {"trtype": "RDMA", "in_capsule_data_size": 4096})
+    (entry,) = await first.call("nvmf_get_transports", {"trtype": "RDMA"})
+    again = control_plane(Target())
+    await again.call("nvmf_create_transport", entry)
+    assert await again.call("nvmf_get_transports", {"trtype": "RDMA"}) == [entry]
+    assert entry["in_capsule_data_size"] == 4096 and entry["max_queue_depth"] == 128
