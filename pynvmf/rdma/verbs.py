@@ -9,7 +9,8 @@ queue.py for commands and data); this module moves bytes between them and the ve
   /dev/infiniband/rdma_cm (and a thread blocked in `CMEvent(channel)` would hold the GIL:
   pyverbs does not release it there).
 - Each queue has the CM ID's queue pair, with a send and a receive completion queue whose
-  completion channels' descriptors are on the loop (`loop.add_reader`). Receive buffers
+  completion channels' descriptors are on the loop (`loop.add_reader`; pyverbs 56, Debian
+  13's, has no `CompChannel.fd`: the descriptor is the one the channel opened). Receive buffers
   (an MR each, 64 bytes + the in-capsule size) are posted before the accept. pyverbs posts
   on a CM ID without work request IDs: completions are matched by order (RdmaQueue).
 - After the host's disconnect, the DISCONNECTED event is answered with `disconnect()`, or the
@@ -71,6 +72,41 @@ def _rdma_cm_fd(exclude: set[int]) -> int:
         if fd not in exclude and (rdev == device or link.endswith("/rdma_cm")):
             return fd
     raise OSError(f"no descriptor on {RDMA_CM_DEVICE}: {seen}")
+
+
+# What /proc/self/fd links a completion channel's descriptor to (an anonymous inode).
+COMP_CHANNEL_LINK = "anon_inode:[infinibandevent]"
+
+
+def _open_fds() -> dict[int, str]:
+    """The process's open descriptors and what each links to (not the listing's own,
+    closed by then: a descriptor opened next may take its number)."""
+    fds = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fds[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+    return fds
+
+
+def _comp_channel(ctx: Any) -> tuple[Any, int]:
+    """A new completion channel on `ctx` and its descriptor: `CompChannel.fd` where pyverbs
+    has it (65; not 56, Debian 13's), else the one descriptor the channel opened."""
+    from pyverbs.cq import CompChannel
+
+    before = _open_fds()
+    channel = CompChannel(ctx)
+    fd = getattr(channel, "fd", None)
+    if isinstance(fd, int):
+        return channel, fd
+    new = [
+        fd for fd, link in _open_fds().items() if link == COMP_CHANNEL_LINK and fd not in before
+    ]
+    if len(new) != 1:
+        channel.close()
+        raise OSError(f"the completion channel's descriptor is not known: {new}")
+    return channel, new[0]
 
 
 class RdmaListener:
@@ -175,7 +211,11 @@ class RdmaListener:
         self.ledger.accepted(queue.qpn, queue)
         param = self._c.ConnParam(resources=16, depth=16, data_len=196)
         param.set_private_data(accept.encode())
-        child.accept(param)
+        try:
+            child.accept(param)
+        except Exception as exc:
+            log.warning("RDMA accept on %s failed: %s", self.port, exc)
+            queue.disconnected()  # no event will end it: release it now
 
     def _reject(self, child: Any, reject: cm.ConnectReject) -> None:
         """Reject a connect request and destroy its CM ID (and any queue pair made for
@@ -211,7 +251,7 @@ class RdmaQueue:
 
     def __init__(self, listener: RdmaListener, cmid: Any, depth: int) -> None:
         import pyverbs.libibverbs_enums as e
-        from pyverbs.cq import CQ, CompChannel
+        from pyverbs.cq import CQ
         from pyverbs.device import Context
         from pyverbs.mr import MR
         from pyverbs.pd import PD
@@ -232,8 +272,8 @@ class RdmaQueue:
         self.receives: list[Any] = []
         self._sent: deque[tuple[int, Any]] = deque()
         sends = depth * 3 + 4  # a completion, a WRITE and a READ per command at most
-        self.send_channel = CompChannel(ctx)
-        self.recv_channel = CompChannel(ctx)
+        self.send_channel, self.send_fd = _comp_channel(ctx)
+        self.recv_channel, self.recv_fd = _comp_channel(ctx)
         self.send_cq = CQ(ctx, sends, None, self.send_channel, 0)
         self.recv_cq = CQ(ctx, depth, None, self.recv_channel, 0)
         cap = QPCap(max_send_wr=sends, max_recv_wr=depth, max_send_sge=1, max_recv_sge=1)
@@ -254,10 +294,13 @@ class RdmaQueue:
         for slot in range(depth):
             self.post_receive(slot)
         loop = listener.loop
-        for channel, cq in ((self.send_channel, self.send_cq), (self.recv_channel, self.recv_cq)):
+        for channel, fd, cq in (
+            (self.send_channel, self.send_fd, self.send_cq),
+            (self.recv_channel, self.recv_fd, self.recv_cq),
+        ):
             cq.req_notify()
-            os.set_blocking(channel.fd, False)
-            loop.add_reader(channel.fd, self._on_completions, channel, cq)
+            os.set_blocking(fd, False)
+            loop.add_reader(fd, self._on_completions, channel, cq)
         from pynvmf.target.queue import TargetQueue
 
         self.queue: TargetQueue = TargetQueue(target, port, self.conn, port.address)
@@ -359,8 +402,8 @@ class RdmaQueue:
         self.closed = True
         self.disconnect()  # the answer to the host's DREQ
         loop = self.listener.loop
-        loop.remove_reader(self.send_channel.fd)
-        loop.remove_reader(self.recv_channel.fd)
+        loop.remove_reader(self.send_fd)
+        loop.remove_reader(self.recv_fd)
         conn = self.conn
         conn.disconnected()
         self.queue.connection_lost()
@@ -385,15 +428,22 @@ class RdmaQueue:
         if self.released:
             return
         self.released = True
-        self.cmid.close()
-        for obj in (self.send_cq, self.recv_cq, self.send_channel, self.recv_channel):
-            obj.close()
-        for mr in self.receives:
-            mr.close()
-        for _, mr in self._sent:
-            mr.close()
+        owned = [
+            self.cmid,
+            self.send_cq,
+            self.recv_cq,
+            self.send_channel,
+            self.recv_channel,
+            *self.receives,
+            *(mr for _, mr in self._sent),
+        ]
         self.receives = []
         self._sent.clear()
+        for obj in owned:
+            try:
+                obj.close()
+            except Exception as exc:  # one that fails leaves the others to close
+                log.warning("RDMA queue on %s: closing %s: %s", self.listener.port, obj, exc)
 
 
 async def listen(target: Target, port: Port) -> RdmaListener:
