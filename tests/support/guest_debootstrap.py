@@ -566,8 +566,17 @@ def _check_kernel(suite: Suite, kernel: A.UnpackedKernel) -> None:
         )
 
 
-def prepare_assets(suite: Suite) -> GuestAssets:
-    """Build (once, cached) and return the kernel, stage-1 initramfs and root image."""
+def prepare_assets(
+    suite: Suite, variant: str = "", extra_packages: Sequence[str] = ()
+) -> GuestAssets:
+    """Build (once, cached) and return the kernel, stage-1 initramfs and root image.
+
+    A `variant` (a name) is a root filesystem with `extra_packages` too, for a harness that
+    needs more than the interoperability tests (blktests: tests/blktests/guest.py): cached
+    as ``<variant>-rootfs-*.ext4``, apart from the plain image, which keeps its size and
+    build time (and neither one's clean-up removes the other)."""
+    packages = (*PACKAGES, *(p for p in extra_packages if p not in PACKAGES))
+    prefix = f"{variant}-rootfs" if variant else "rootfs"
     require_prerequisites(suite)
     cache = A.cache_dir()
     work = cache / suite.name
@@ -581,22 +590,22 @@ def prepare_assets(suite: Suite) -> GuestAssets:
         _check_kernel(suite, kernel)
         kver = kernel.version
 
-        key = _rootfs_key(suite, mirror, kernel.package, PACKAGES)
-        rootfs = work / f"rootfs-{kver}-{key}.ext4"
+        key = _rootfs_key(suite, mirror, kernel.package, packages)
+        rootfs = work / f"{prefix}-{kver}-{key}.ext4"
         if not rootfs.exists():
-            _build_rootfs(suite, rootfs, kernel, mirror, work, PACKAGES)
+            _build_rootfs(suite, rootfs, kernel, mirror, work, packages)
         busybox = A.tool("busybox")
         stage1 = work / f"stage1-{kver}-{_stage1_key(kver, busybox)}.cpio.gz"
         if not stage1.exists():
             _build_stage1(stage1, kernel.root / "lib" / "modules" / kver, busybox)
         for path in (rootfs, stage1):
             os.utime(path)
-        _prune(work, "rootfs-*.ext4", rootfs, spare=1)
-        _prune(work, "rootfs-*.json", rootfs.with_suffix(".json"), spare=1)
+        _prune(work, f"{prefix}-*.ext4", rootfs, spare=1)
+        _prune(work, f"{prefix}-*.json", rootfs.with_suffix(".json"), spare=1)
         _prune(work, "stage1-*.cpio.gz", stage1, spare=2)
         # Kernels no remaining image was built from.
         kvers = {
-            p.stem.partition("rootfs-")[2].rsplit("-", 1)[0] for p in work.glob("rootfs-*.ext4")
+            p.stem.partition("rootfs-")[2].rsplit("-", 1)[0] for p in work.glob("*rootfs-*.ext4")
         }
         for old in (work / "kernel").glob("linux-image-*"):
             version = (
