@@ -1,8 +1,8 @@
-"""NVMe/RDMA's environment, proved in one Linux 7 guest: soft-RoCE (rdma_rxe) on the guest's
-network device, the kernel's nvmet-rdma target and nvme-rdma host talking over it, and
-rdma-core's Python bindings (pyverbs) on the guest's Debian Python, which pynvmf's RDMA
-transport will use. The machines' own kernel has no rdma_rxe, so everything RDMA runs in a
-guest (docs/rdma.md).
+"""NVMe/RDMA's environment, proved in one guest (Linux 7; 6.12 too): soft-RoCE (rdma_rxe)
+on the guest's network device, the kernel's nvmet-rdma target and nvme-rdma host talking
+over it, and rdma-core's Python bindings (pyverbs) on the guest's Debian Python, which
+pynvmf's RDMA transport uses. The machines' own kernel has no rdma_rxe, so everything RDMA
+runs in a guest (docs/rdma.md).
 
 One guest boots the module's peer (linux-7; linux-6.12 too under PYNVMF_GUEST_EVERY_PEER=1:
 tests/support/guest_rdma.py); the tests share its soft-RoCE device and run in file order.
