@@ -430,11 +430,14 @@ class IoHandler:
         `started` and were dispatched at `dispatched`, were sent at `now`."""
         counts = self.counts
         latency.observe(now - started, n)
-        counts.receive.observe(dispatched - started, n)
+        if dispatched == started:  # dispatched in the batch it arrived in: 0 ns
+            counts.receive.b0 += n
+        else:
+            counts.receive.observe(dispatched - started, n)
         ns = now - dispatched
         counts.device.observe(ns, n)
         latency.device(ns, n)  # the fast path completes successful commands only
-        counts.send.observe(0, n)
+        counts.send.b0 += n  # 0 ns: b0 (observe's first bucket), and the sum unchanged
 
     def waited(self, req: Request, stage: str, since: int) -> None:
         """A timed command waited from `since` until now in `stage` ("data" or "budget",
