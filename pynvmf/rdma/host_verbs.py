@@ -41,6 +41,8 @@ RDMA_CM_DEVICE = "/dev/infiniband/rdma_cm"
 RECEIVE_SIZE = 64
 # What the CM waits for address and route resolution.
 RESOLVE_TIMEOUT_MS = 2000
+# RDMA READs of the controller the host's queue pair answers at once (soft-RoCE allows 128).
+RESPONDER_RESOURCES = 16
 # The largest private data of a connect request (an InfiniBand/RoCE CM REQ's).
 REQUEST_PRIVATE_DATA = 56
 
@@ -71,11 +73,13 @@ class PyverbsHostVerbs:
     def __init__(self, depth: int) -> None:
         import pyverbs.cmid as c
         import pyverbs.libibverbs_enums as e
+        from pyverbs.librdmacm_enums import rdma_cm_event_type as EV
         from pyverbs.librdmacm_enums import rdma_port_space as PS
         from pyverbs.mr import MR
 
         self._c = c
         self._e = e
+        self._with_private_data = (EV.RDMA_CM_EVENT_ESTABLISHED, EV.RDMA_CM_EVENT_REJECTED)
         self._MR = MR
         self.loop = asyncio.get_running_loop()
         # Receives: one per entry of the queue (HRQSIZE), as the connect request says.
@@ -98,6 +102,7 @@ class PyverbsHostVerbs:
         self._sent: deque[Any] = deque()
         self._cqs: list[tuple[Any, Any]] = []
         self._disconnecting = False
+        self._established = False
         self._gone = False
 
     # -- connection ------------------------------------------------------------------------
@@ -119,7 +124,15 @@ class PyverbsHostVerbs:
         self.cmid.resolve_route(RESOLVE_TIMEOUT_MS)
         await self._expect(EV.RDMA_CM_EVENT_ROUTE_RESOLVED, where, "route resolution")
         self._make_queue_pair()
-        param = c.ConnParam(resources=0, depth=16, data_len=REQUEST_PRIVATE_DATA)
+        # The controller RDMA READs writes' data from the host: responder resources for
+        # it; the host issues no READ. Retries as Linux's host asks (7: the most).
+        param = c.ConnParam(
+            resources=RESPONDER_RESOURCES,
+            depth=0,
+            retry=7,
+            rnr_retry=7,
+            data_len=REQUEST_PRIVATE_DATA,
+        )
         param.set_private_data(request.encode())
         self.cmid.connect(param)
         kind, private = await self._events.get()
@@ -127,6 +140,7 @@ class PyverbsHostVerbs:
         if not established and kind != EV.RDMA_CM_EVENT_REJECTED:
             raise NvmeConnectionError(f"{where}: RDMA CM event {kind} instead of an accept")
         crqsize = read_connect_answer(established, private, request, where)
+        self._established = True
         self.loop.add_reader(self.fd, self._cm_readable_connected)
         return crqsize
 
@@ -170,10 +184,9 @@ class PyverbsHostVerbs:
             except Exception:  # EAGAIN: none left
                 return events
             kind = event.event_type
-            try:
-                private = bytes(event.private_data or b"")
-            except Exception:
-                private = b""
+            # Only a connection's events carry private data (the union pyverbs reads is
+            # another event's otherwise).
+            private = bytes(event.private_data) if kind in self._with_private_data else b""
             event.ack_cm_event()
             events.append((kind, private))
 
@@ -220,6 +233,10 @@ class PyverbsHostVerbs:
         if self._disconnecting or self._gone:
             return
         self._disconnecting = True
+        if not self._established:
+            # Rejected, or given up on before the accept: no DISCONNECTED event will come.
+            self._ended()
+            return
         try:
             self.cmid.disconnect()
         except Exception as exc:  # never connected, or already down

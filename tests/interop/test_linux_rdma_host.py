@@ -11,16 +11,14 @@ pynvmf logs no error.
 
 from __future__ import annotations
 
-import io
 import re
-import tarfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.support import guest_rdma
 from tests.support.guest import Guest, Peer, require_guest_prerequisites
+from tests.support.guest_pynvmf import install_pynvmf
 
 pytestmark = guest_rdma.RDMA_PEERS.mark()
 
@@ -28,19 +26,6 @@ NQN = "nqn.2014-08.org.pynvmf:rdma-host"
 ADDRESS = "10.0.2.15"
 PORT = 4420
 RXE = "rxe0"
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _pynvmf_bundle() -> bytes:
-    """pynvmf's source as a tar.gz, for the guest."""
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w:gz") as tar:
-        tar.add(
-            REPO / "pynvmf",
-            arcname="pynvmf",
-            filter=lambda info: None if "__pycache__" in info.name else info,
-        )
-    return out.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -56,13 +41,7 @@ def target(guest: Guest) -> Iterator[None]:
     guest_rdma.add_soft_roce(guest, RXE)
     guest.run("modprobe nvme-rdma")
     # pynvmf (and the suite's Python packages for the guest's Python) under /opt/pynvmf.
-    guest.write_file("/tmp/pynvmf.tgz", _pynvmf_bundle())
-    install = "mkdir -p /opt/pynvmf && tar -C /opt/pynvmf -xzf /tmp/pynvmf.tgz"
-    bundle = guest.peer.python_bundle
-    if bundle is not None:
-        guest.write_file("/tmp/python.tgz", bundle().read_bytes())
-        install += " && tar -C /opt/pynvmf -xzf /tmp/python.tgz"
-    guest.run(install)
+    install_pynvmf(guest)
     # One process (the guest's Python lacks what --cores' workers need); pynvmf from the
     # shared tree, with the guest's Debian Python and its python3-pyverbs.
     guest.run(
