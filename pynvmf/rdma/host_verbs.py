@@ -177,7 +177,7 @@ class PyverbsHostVerbs:
             self._cqs.append((channel, cq))
 
     def _read_cm_events(self) -> list[tuple[int, bytes]]:
-        events = []
+        events: list[tuple[int, bytes]] = []
         while True:
             try:
                 event = self._c.CMEvent(self.channel)
