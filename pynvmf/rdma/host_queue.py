@@ -458,9 +458,12 @@ class RdmaHostQueue:
             self._slot_waiters.append(fut)
             try:
                 await fut
-            finally:
+            except BaseException:
                 if fut in self._slot_waiters:
                     self._slot_waiters.remove(fut)
+                elif not fut.cancelled():
+                    self._wake_one()  # woken, then cancelled: pass the wake-up on
+                raise
             if conn.closing:
                 raise NvmeConnectionError(conn.close_reason)
             if conn.free_slots >= slots:
@@ -470,11 +473,14 @@ class RdmaHostQueue:
         fut = cmd.waiter
         if fut is not None and not fut.done():
             fut.set_result(None)
+        self._wake_one()
+
+    def _wake_one(self) -> None:
         while self._slot_waiters:
             waiter = self._slot_waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
-                break
+                return
 
     def _on_closed(self, reason: str) -> None:
         for fut in self._slot_waiters:

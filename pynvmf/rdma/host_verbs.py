@@ -66,6 +66,16 @@ def _rdma_cm_fds() -> set[int]:
     return found
 
 
+def _event_name(kind: int) -> str:
+    """An RDMA CM event type's name, for errors."""
+    from pyverbs.librdmacm_enums import rdma_cm_event_type as EV
+
+    try:
+        return f"RDMA CM event {EV(kind).name}"
+    except (ValueError, TypeError, AttributeError):
+        return f"RDMA CM event {kind}"
+
+
 class PyverbsHostVerbs:
     """One RDMA connection of a host queue: the CM ID, its queue pair, the completion
     queues and the memory regions. host_queue.HostVerbs over pyverbs."""
@@ -138,7 +148,7 @@ class PyverbsHostVerbs:
         kind, private = await self._events.get()
         established = kind == EV.RDMA_CM_EVENT_ESTABLISHED
         if not established and kind != EV.RDMA_CM_EVENT_REJECTED:
-            raise NvmeConnectionError(f"{where}: RDMA CM event {kind} instead of an accept")
+            raise NvmeConnectionError(f"{where}: {_event_name(kind)} instead of an accept")
         crqsize = read_connect_answer(established, private, request, where)
         self._established = True
         self.loop.add_reader(self.fd, self._cm_readable_connected)
@@ -147,7 +157,7 @@ class PyverbsHostVerbs:
     async def _expect(self, want: int, where: str, what: str) -> None:
         kind, _ = await self._events.get()
         if kind != want:
-            raise NvmeConnectionError(f"{where}: {what} failed (RDMA CM event {kind})")
+            raise NvmeConnectionError(f"{where}: {what} failed ({_event_name(kind)})")
 
     def _make_queue_pair(self) -> None:
         import pyverbs.libibverbs_enums as e
@@ -349,8 +359,15 @@ async def open_queue(
         raise NvmeConnectionError(
             f"{address} port {port} qid {qid}: no RDMA CM answer within {timeout} s"
         ) from None
-    except BaseException:
+    except NvmeConnectionError:
         queue.abort("connect failed")
+        raise
+    except Exception as exc:
+        # pyverbs' errors (no RDMA device for the address, no route...): the connection's.
+        queue.abort("connect failed")
+        raise NvmeConnectionError(f"{address} port {port} qid {qid}: {exc}") from exc
+    except BaseException:
+        queue.abort("cancelled")
         raise
     log.debug("rdma queue %d to %s: CRQSIZE %d", qid, queue.peer, crqsize)
     return queue

@@ -276,6 +276,21 @@ async def test_the_queue_waits_for_a_free_command_id_and_raises_a_failed_status(
     assert info.value.status == Status.INVALID_FIELD and "DNR" in str(info.value)
 
 
+async def test_a_waiter_cancelled_after_its_wake_up_passes_it_on() -> None:
+    verbs = FakeVerbs()
+    queue = RdmaHostQueue(1, 1, verbs)
+    first = await queue.submit(IoOpcode.FLUSH, 1)
+    woken = asyncio.create_task(queue.submit(IoOpcode.FLUSH, 1))
+    behind = asyncio.create_task(queue.submit(IoOpcode.FLUSH, 2))
+    await asyncio.sleep(0)  # both tasks run up to their wait for a command id
+    queue.received(cqe(first.cid))  # wakes the first waiter...
+    woken.cancel()  # ...which gives up before it runs
+    async with asyncio.timeout(5):  # without the wake-up passed on, it waits for ever
+        cmd = await behind
+    assert cmd.sqe[4] == 2 and len(verbs.sent) == 2
+    assert woken.cancelled()
+
+
 async def test_a_queue_that_ends_fails_its_commands_and_its_waiters() -> None:
     verbs = FakeVerbs()
     queue = RdmaHostQueue(2, 1, verbs)
