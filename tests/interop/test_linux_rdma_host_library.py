@@ -214,10 +214,10 @@ def test_the_host_library_over_rdma_against_pynvmf_target(
     strict=True,
     raises=GuestCommandError,
     reason="pynvmf's target (pynvmf/rdma/verbs.py) dies (a segfault in libibverbs) on the"
-    " connect request after one it rejected: the rejected request's CMID wrapper is not"
-    " kept, and pyverbs' CMID.close, when it is collected, sets the listener's shared"
-    " Context and PD to NULL; the host then sees the reject of a port nobody listens on"
-    " (nvmet-rdma takes that request: the test above)",
+    " connect request after one it rejected; the likely cause: the rejected request's"
+    " CMID wrapper is not kept, and pyverbs' CMID.close, when it is collected, sets the"
+    " listener's Context and PD (shared with it) to NULL. The host then sees the reject of"
+    " a port nobody listens on (nvmet-rdma takes that request: the test above)",
 )
 def test_a_connect_after_a_reject_against_pynvmf_target(guest: Guest, pynvmf_target: None) -> None:
     # Runs last: a target in that state takes no more queues.
