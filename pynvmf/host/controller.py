@@ -8,6 +8,7 @@ import contextlib
 import logging
 from collections.abc import Mapping
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from pynvmf.auth.host import HostAuth
 from pynvmf.auth.keys import DhchapKey
@@ -31,6 +32,13 @@ from pynvmf.spec.opcodes import DISCOVERY_NQN, NSID_ALL, AdminOpcode, FeatureId
 from pynvmf.tcp.host import Buffer
 from pynvmf.tcp.psk import ConfiguredPsk, TlsPsk, generated_tls_psks, tls_psk
 
+if TYPE_CHECKING:
+    from pynvmf.rdma.host_queue import RdmaHostQueue
+
+    # A queue of either transport: the same submission interface (submit, execute, wait,
+    # submit_fused, close, abort, wait_closed), tcp/host.py's HostCommand for both.
+    AnyQueue = HostQueue | RdmaHostQueue
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_TRANSFER = 1024 * 1024
@@ -39,6 +47,9 @@ ADMIN_QUEUE_DEPTH = 31
 SHUTDOWN_TIMEOUT_MIN = 5.0
 SHUTDOWN_TIMEOUT_MAX = 60.0
 _MPS_BASE = 4096
+# The transports a controller's queues may use (nvme-cli's -t): each queue of a controller
+# is opened the same way, by `Controller._open`.
+TRTYPES = ("tcp", "rdma")
 
 
 def cap_mqes(cap: int) -> int:
@@ -78,7 +89,11 @@ class Controller:
         ktls: str = "auto",
         io_identity: HostIdentity | None = None,
         concat: bool = False,
+        trtype: str = "tcp",
     ) -> None:
+        if trtype not in TRTYPES:
+            raise ValueError(f"trtype: {trtype!r} is not one of {', '.join(TRTYPES)}")
+        self.trtype = trtype
         self.address = address
         # The TLS PSK every queue's connection uses (with `concat`, the one the admin
         # queue's authentication generated, from then on), or None: plain TCP.
@@ -103,8 +118,8 @@ class Controller:
         self._dhchap_ctrl_secret = dhchap_ctrl_secret
         # Queue IDs that authenticated (the last transaction on each succeeded).
         self.authenticated_queues: set[int] = set()
-        self.admin: HostQueue | None = None
-        self.io_queues: list[HostQueue] = []
+        self.admin: AnyQueue | None = None
+        self.io_queues: list[AnyQueue] = []
         self.cntlid = 0
         self.cap = 0
         self.vs = 0
@@ -167,7 +182,7 @@ class Controller:
             )
             raise NvmeTimeoutError(f"{self.address} port {self.port}: {what}") from None
 
-    async def _connect_admin(self) -> tuple[HostQueue, int]:
+    async def _connect_admin(self) -> tuple[AnyQueue, int]:
         """Open the admin queue and Connect it (a new controller): it and Connect's DW0."""
         admin = await self._open_queue(0, ADMIN_QUEUE_DEPTH)
         self.admin = admin
@@ -218,8 +233,8 @@ class Controller:
             *(self._connect_io_queue(qid) for qid in range(1, queues + 1)),
             return_exceptions=True,
         )
-        opened = [r for r in results if isinstance(r, HostQueue)]
-        failed = [r for r in results if not isinstance(r, HostQueue)]
+        opened = [r for r in results if not isinstance(r, BaseException)]
+        failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             for queue in opened:
                 queue.abort("another I/O queue failed to connect")
@@ -227,7 +242,7 @@ class Controller:
         self.io_queues = opened
         await self.refresh_namespaces()
 
-    async def _open_queue(self, qid: int, depth: int) -> HostQueue:
+    async def _open_queue(self, qid: int, depth: int) -> AnyQueue:
         if self.tls_psk is None:
             return await self._open(qid, depth)
         # One TLS handshake at a time, as Linux's host opens its queues: tlshd (ktls-utils
@@ -236,7 +251,21 @@ class Controller:
         async with self._handshakes:
             return await self._open(qid, depth)
 
-    async def _open(self, qid: int, depth: int) -> HostQueue:
+    async def _open(self, qid: int, depth: int) -> AnyQueue:
+        if self.trtype == "rdma":
+            # pyverbs is there only where rdma-core's Python bindings are: imported when
+            # an rdma queue opens.
+            from pynvmf.rdma.host_verbs import open_queue
+
+            return await open_queue(
+                self.address,
+                self.port,
+                qid,
+                depth,
+                cntlid=self.cntlid if qid else 0,
+                max_transfer=self.max_transfer,
+                timeout=self.timeout,
+            )
         return await HostQueue.open(
             self.address,
             self.port,
@@ -273,7 +302,7 @@ class Controller:
         granted = await self.set_features(FeatureId.NUM_QUEUES, n | n << 16)
         return min(wanted, (granted & 0xFFFF) + 1, (granted >> 16) + 1)
 
-    async def _connect_io_queue(self, qid: int) -> HostQueue:
+    async def _connect_io_queue(self, qid: int) -> AnyQueue:
         queue = await self._open_queue(qid, self.queue_depth)
         queue.conn.set_inline_limit(self.io_inline_limit)
         try:
@@ -303,7 +332,7 @@ class Controller:
             queue.conn.set_inline_limit(effective)
         return effective
 
-    async def _concatenate(self, admin: HostQueue, result: int) -> tuple[HostQueue, int]:
+    async def _concatenate(self, admin: AnyQueue, result: int) -> tuple[AnyQueue, int]:
         """Secure channel concatenation, as Linux's host does it: authenticate the plain
         admin queue asking for a new TLS PSK (SC_C NEWTLSPSK), close it, and connect the
         admin queue again over TLS with the generated PSK (which the I/O queues use too).
@@ -329,7 +358,7 @@ class Controller:
                 "without dhchap_ctrl_secret, as Linux's host does with --concat)"
             ) from exc
 
-    async def _authenticate_if_asked(self, queue: HostQueue, connect_result: int) -> None:
+    async def _authenticate_if_asked(self, queue: AnyQueue, connect_result: int) -> None:
         """Authenticate `queue` when Connect's AUTHREQ asks for it (as Linux's host: a
         secret given to a controller that does not ask is not used)."""
         if not connect_result & AUTHREQ_ATR:
@@ -340,7 +369,7 @@ class Controller:
             )
         await self._authenticate(queue)
 
-    async def _authenticate(self, queue: HostQueue) -> None:
+    async def _authenticate(self, queue: AnyQueue) -> None:
         assert self._dhchap_secret is not None
         self.authenticated_queues.discard(queue.qid)
         concat = SecureConcat.NONE
@@ -384,19 +413,23 @@ class Controller:
 
     # -- commands ----------------------------------------------------------------------------
 
-    def _admin(self) -> HostQueue:
+    def _admin(self) -> AnyQueue:
         if self.admin is None or self._closed:
             raise NvmeConnectionError("controller is closed")
         return self.admin
 
     def next_queue(self) -> HostQueue:
-        """The I/O queue for the next command (round-robin)."""
+        """The I/O queue for the next command (round-robin).
+
+        Typed as TCP's queue for the compiled namespace.py, whose per-command calls stay
+        native calls that way; an rdma queue (RdmaHostQueue) has the same interface and
+        is served by the pure build (docs/rdma.md, "The host library over RDMA")."""
         queues = self.io_queues
         if not queues:
             raise NvmeConnectionError("controller has no I/O queues")
         i = self._rr
         self._rr = i + 1 if i + 1 < len(queues) else 0
-        return queues[i]
+        return queues[i]  # type: ignore[return-value]  # an RdmaHostQueue alike
 
     # The NSID and CDW10-CDW15 are HostQueue.execute's, forwarded as they come (as many
     # as the command uses): the submission's fields are spelled out on the queue alone.
@@ -620,7 +653,7 @@ class Controller:
         for queue in self._all_queues():
             queue.abort(reason)
 
-    def _all_queues(self) -> list[HostQueue]:
+    def _all_queues(self) -> list[AnyQueue]:
         return [*self.io_queues, *([self.admin] if self.admin is not None else [])]
 
     async def close(self) -> None:
@@ -651,7 +684,7 @@ class Controller:
             queue.close()
         await asyncio.gather(*(queue.wait_closed() for queue in queues))
 
-    async def _shutdown(self, admin: HostQueue) -> None:
+    async def _shutdown(self, admin: AnyQueue) -> None:
         limit = SHUTDOWN_TIMEOUT_MIN
         if self.info is not None and self.info.rtd3e:
             limit = min(max(limit, self.info.rtd3e / 1e6), SHUTDOWN_TIMEOUT_MAX)
@@ -698,6 +731,7 @@ async def connect(
     ktls: str = "auto",
     io_hostid: bytes | None = None,
     concat: bool = False,
+    trtype: str = "tcp",
 ) -> Controller:
     """Create a controller on the subsystem `subnqn` at address:port and bring it up:
     admin queue, enable, Identify, `queues` I/O queues, namespaces.
@@ -720,7 +754,15 @@ async def connect(
     1.3 with the PSK that authentication generated (identity ``NVMe1G0x <hostnqn>
     <subnqn> <digest>``). It needs `dhchap_secret` and no `tls_psk`, as Linux's host; the
     listener must take both plain and TLS connections (nvmet's TREQ "not required").
+
+    `trtype` "rdma": every queue over NVMe/RDMA (pynvmf.rdma.host_verbs, through rdma-core's
+    pyverbs, which must be installed), to an RDMA CM address and port; no TLS or digests
+    there (they are NVMe/TCP's).
     """
+    if trtype not in TRTYPES:
+        raise ValueError(f"trtype: {trtype!r} is not one of {', '.join(TRTYPES)}")
+    if trtype == "rdma" and (tls_psk is not None or concat or header_digest or data_digest):
+        raise ValueError("trtype rdma: TLS, secure channel concatenation and digests are TCP's")
     if queue_depth < 1:
         raise ValueError("queue_depth must be at least 1")
     host_key = DhchapKey.parse(dhchap_secret) if isinstance(dhchap_secret, str) else dhchap_secret
@@ -755,6 +797,7 @@ async def connect(
         ktls=ktls,
         io_identity=io_identity,
         concat=concat,
+        trtype=trtype,
     )
     try:
         await ctrl._start(queues, queue_depth)

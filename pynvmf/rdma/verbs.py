@@ -411,7 +411,7 @@ class RdmaQueue:
         self.release()
         log.info(
             "rdma queue %d on %s closed: %d commands, %d bytes in capsules,"
-            " %d RDMA READs, %d RDMA WRITEs; the listener holds %d CM IDs",
+            " %d RDMA READs, %d RDMA WRITEs; the listener holds %d CM IDs; reason: %s",
             conn.qid,
             self.listener.port,
             conn.commands,
@@ -419,6 +419,7 @@ class RdmaQueue:
             conn.rdma_reads,
             conn.rdma_writes,
             self.listener.held_cm_ids,
+            conn.close_reason or "the host disconnected",
         )
 
     def release(self) -> None:
