@@ -100,9 +100,7 @@ def _comp_channel(ctx: Any) -> tuple[Any, int]:
     fd = getattr(channel, "fd", None)
     if isinstance(fd, int):
         return channel, fd
-    new = [
-        fd for fd, link in _open_fds().items() if link == COMP_CHANNEL_LINK and fd not in before
-    ]
+    new = [fd for fd, link in _open_fds().items() if link == COMP_CHANNEL_LINK and fd not in before]
     if len(new) != 1:
         channel.close()
         raise OSError(f"the completion channel's descriptor is not known: {new}")
