@@ -235,3 +235,205 @@ def test_an_rdma_listener_added_over_spdks_rpcs(guest: Guest, target: None) -> N
     )
     assert [entry["address"]["trsvcid"] for entry in listeners] == [str(PORT)]
     assert not re.search(r"\b(ERROR|Traceback|exception)\b", _log(guest))
+
+
+# A host that breaks the rules, in the guest on pyverbs (the guest's Python), its capsules
+# built here byte by byte (nothing of pynvmf's encoders): connect requests the binding
+# rejects; then a controller with an admin and an I/O queue whose commands name too little
+# host memory, an rkey the host never registered, and a SEND larger than the target's
+# receive buffers. One JSON line per step.
+HOSTILE_HOST = r"""
+import json, os, struct, sys
+import pyverbs.cmid as c
+from pyverbs.librdmacm_enums import rdma_cm_event_type as EV, rdma_port_space as PS
+from pyverbs.libibverbs_enums import ibv_qp_type, ibv_access_flags as A, ibv_wc_status
+from pyverbs.mr import MR
+from pyverbs.qp import QPCap, QPInitAttr
+
+addr, port, subnqn, hostnqn = sys.argv[1:5]
+TCP = PS.RDMA_PS_TCP
+LOCAL = A.IBV_ACCESS_LOCAL_WRITE | A.IBV_ACCESS_REMOTE_READ | A.IBV_ACCESS_REMOTE_WRITE
+
+
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+def must(step, answer):  # a step the next ones need: stop at once if it failed
+    say(step=step, **answer)
+    if answer.get("sc", 1) != 0:
+        os._exit(1)
+    return answer
+
+
+def private(qid, hrqsize, hsqsize, cntlid=0, recfmt=0):
+    return struct.pack("<HHHHH22x", recfmt, qid, hrqsize, hsqsize, cntlid)
+
+
+class Queue:
+    def __init__(self, data):
+        self.ch = c.CMEventChannel()
+        self.id = c.CMID(creator=self.ch, port_space=TCP)
+        self.id.resolve_addr(c.AddrInfo(src=addr, dst=addr, dst_service=port, port_space=TCP))
+        self.expect(EV.RDMA_CM_EVENT_ADDR_RESOLVED)
+        self.id.resolve_route()
+        self.expect(EV.RDMA_CM_EVENT_ROUTE_RESOLVED)
+        # The CM makes the queue pair's completion queues (rdma_get_*_comp wait on them).
+        self.id.create_qp(
+            QPInitAttr(qp_type=ibv_qp_type.IBV_QPT_RC, cap=QPCap(max_send_wr=16, max_recv_wr=16))
+        )
+        self.pd = self.id.pd
+        self.cqes = [MR(self.pd, 64, LOCAL) for _ in range(8)]
+        for mr in self.cqes:
+            self.id.post_recv(mr)
+        param = c.ConnParam(data_len=56)
+        param.set_private_data(data)
+        self.id.connect(param)
+        ev = c.CMEvent(self.ch)
+        self.event, self.data = ev.event_str(), bytes(ev.private_data or b"")
+        ev.ack_cm_event()
+        self.cid = 0
+
+    def expect(self, kind):
+        ev = c.CMEvent(self.ch)
+        assert ev.event_type == kind, ev.event_str()
+        ev.ack_cm_event()
+
+    def next_event(self):
+        ev = c.CMEvent(self.ch)
+        name = ev.event_str()
+        ev.ack_cm_event()
+        return name
+
+    def send(self, sqe, data=b""):
+        mr = MR(self.pd, max(len(sqe) + len(data), 1), LOCAL)
+        mr.write(sqe + data, len(sqe) + len(data))
+        self.id.post_send(mr)
+        self.sent = mr  # registered until its completion
+        return self.id.get_send_comp().status
+
+    def command(self, sqe, data=b""):
+        status = self.send(sqe, data)
+        if status != ibv_wc_status.IBV_WC_SUCCESS:
+            return {"send_status": int(status)}
+        wc = self.id.get_recv_comp()
+        if wc.status != ibv_wc_status.IBV_WC_SUCCESS:
+            return {"recv_status": int(wc.status)}
+        mr = self.cqes.pop(0)
+        cqe = mr.read(16, 0)
+        self.id.post_recv(mr)
+        self.cqes.append(mr)
+        dw0, _dw1, _sqhd, _sqid, cid, status = struct.unpack("<IIHHHH", cqe)
+        return {"result": dw0, "cid": cid, "sc": (status >> 1) & 0x7FF, "dnr": status >> 15}
+
+    def sqe(self, opcode, nsid=0, sgl=None, cdws=(0,) * 6, byte4=0):
+        self.cid += 1
+        head = struct.pack("<BBHI", opcode, 0x40, self.cid, nsid)
+        if byte4:
+            head = struct.pack("<BBHB3x", opcode, 0x40, self.cid, byte4)
+        # No data: a keyed SGL data block of length 0 (what Linux's nvme-rdma sends).
+        sgl = keyed(0, 0, 0) if sgl is None else sgl
+        return head + b"\0" * 16 + sgl + struct.pack("<6I", *cdws)
+
+
+def in_capsule(length):  # SGL data block, sub type offset, at offset 0
+    return struct.pack("<QI3xB", 0, length, 0x01)
+
+
+def keyed(address, length, key):  # keyed SGL data block, sub type address
+    return struct.pack("<Q", address) + length.to_bytes(3, "little") + struct.pack("<IB", key, 0x40)
+
+
+def fabrics_connect(q, qid, sqsize, cntlid):
+    data = bytearray(1024)
+    data[0:16] = bytes(range(16))
+    data[16:18] = struct.pack("<H", cntlid)
+    data[256 : 256 + len(subnqn)] = subnqn.encode()
+    data[512 : 512 + len(hostnqn)] = hostnqn.encode()
+    cdws = (qid << 16, sqsize - 1, 30000, 0, 0, 0)
+    return q.command(q.sqe(0x7F, sgl=in_capsule(1024), cdws=cdws, byte4=0x01), bytes(data))
+
+
+# 1. Connect requests the binding rejects: the REJECTED event and its status.
+for name, data in [
+    ("recfmt", private(0, 32, 31, recfmt=1)),
+    ("qid", private(200, 32, 31, 1)),
+    ("hsqsize", private(0, 34, 33)),
+    ("hrqsize", private(1, 16, 31, 1)),
+    ("cntlid", private(1, 32, 31, 0x7777)),
+]:
+    q = Queue(data)
+    say(step="reject", case=name, event=q.event, data=q.data[:4].hex())
+    q.id.close()
+
+# 2. A controller: admin queue, Fabrics Connect, then an I/O queue of its own.
+admin = Queue(private(0, 32, 31))
+say(step="admin", event=admin.event)
+cntlid = must("admin connect", fabrics_connect(admin, 0, 32, 0xFFFF))["result"] & 0xFFFF
+# Property Set CC (EN, 64-byte SQEs, 16-byte CQEs), then Property Get CSTS until RDY.
+must("enable", admin.command(admin.sqe(0x7F, cdws=(0, 0x14, 0x460001, 0, 0, 0))))
+for _ in range(100):
+    if admin.command(admin.sqe(0x7F, cdws=(0, 0x1C, 0, 0, 0, 0), byte4=0x04))["result"] & 1:
+        break
+io = Queue(private(1, 32, 31, cntlid))
+say(step="io", event=io.event)
+must("io connect", fabrics_connect(io, 1, 32, cntlid))
+
+# 3. A Write of 8 blocks (4 KiB) whose keyed SGL names 512 bytes of host memory.
+buf = MR(io.pd, 4096, LOCAL)
+sqe = io.sqe(0x01, 1, keyed(buf.buf, 512, buf.rkey), (0, 0, 7, 0, 0, 0))
+say(step="short sgl", **io.command(sqe))
+# 4. A Read of one block whose SGL names 4 KiB: the target sends no more than it has, so it
+# refuses (nothing of its memory past the block leaves).
+sqe = io.sqe(0x02, 1, keyed(buf.buf, 4096, buf.rkey), (0, 0, 0, 0, 0, 0))
+say(step="long sgl", **io.command(sqe))
+# 5. A Write whose keyed SGL names a key this host never registered: the target's RDMA READ
+# fails, and that queue ends.
+sqe = io.sqe(0x01, 1, keyed(buf.buf, 4096, buf.rkey ^ 0x5A5A5A), (0, 0, 7, 0, 0, 0))
+io.send(sqe)
+say(step="bad key", event=io.next_event())
+# 6. The admin queue of the same controller still answers (Keep Alive).
+say(step="keep alive", **admin.command(admin.sqe(0x18)))
+# 7. A SEND larger than the target's receive buffers: that queue ends.
+status = admin.send(admin.sqe(0x18), b"\0" * 65536)
+say(step="oversized send", send_status=int(status), event=admin.next_event())
+# 8. The target still serves a new host.
+again = Queue(private(0, 32, 31))
+say(step="again", event=again.event)
+say(step="again connect", **fabrics_connect(again, 0, 32, 0xFFFF))
+again.id.disconnect()
+os._exit(0)  # pyverbs' objects are not torn down in order at exit
+"""
+
+# The NVMe/RDMA binding's reject statuses (NVMe over Fabrics, RDMA transport binding).
+REJECT_STATUS = {"recfmt": 2, "qid": 3, "hsqsize": 4, "hrqsize": 5, "cntlid": 9}
+HOSTNQN = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000bad01"
+
+
+def test_a_host_that_breaks_the_rules_loses_its_queue_only(guest: Guest, target: None) -> None:
+    guest.write_file("/tmp/hostile_host.py", HOSTILE_HOST)
+    out = guest.run(
+        f"python3 /tmp/hostile_host.py {ADDRESS} {PORT} {NQN} {HOSTNQN}", timeout=300
+    ).output
+    steps = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    by = {(s["step"], s.get("case")): s for s in steps}
+    for case, status in REJECT_STATUS.items():
+        rejected = by["reject", case]
+        assert rejected["event"] == "RDMA_CM_EVENT_REJECTED", rejected
+        # RECFMT 0, then STS: the status the binding names for that field.
+        assert rejected["data"] == f"0000{status:02x}00", rejected
+    assert by["admin", None]["event"] == "RDMA_CM_EVENT_ESTABLISHED", out
+    assert by["admin connect", None]["sc"] == 0, out
+    assert by["enable", None]["sc"] == 0, out
+    assert by["io connect", None]["sc"] == 0, out
+    # Data SGL Length Invalid, DNR: the descriptor names less (or more) than the blocks.
+    for step in ("short sgl", "long sgl"):
+        assert (by[step, None]["sc"], by[step, None]["dnr"]) == (0x0F, 1), out
+    assert by["bad key", None]["event"] == "RDMA_CM_EVENT_DISCONNECTED", out
+    assert by["keep alive", None]["sc"] == 0, out
+    assert by["oversized send", None]["event"] == "RDMA_CM_EVENT_DISCONNECTED", out
+    assert by["again connect", None]["sc"] == 0, out
+    log = _log(guest)
+    assert "RDMA READ of command" in log and "receive buffers hold" in log, log[-3000:]
+    assert not re.search(r"\b(ERROR|Traceback|exception)\b", log), log[-3000:]
+    assert guest.run("kill -0 $(cat /tmp/target.pid)", check=False).ok
