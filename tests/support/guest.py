@@ -103,6 +103,8 @@ Environment variables:
 - ``PYNVMF_GUEST_PEERS``: comma-separated peer names ``linux_peer`` runs (default all) —
   for a quick local run; CI runs every peer (each module on the peers it names).
 - ``PYNVMF_GUEST_EVERY_PEER=1``: each module also on the peers the rule above leaves out.
+- ``PYNVMF_GUEST_DEFERRED``: ``MODULE:PEER`` pairs left out of this run (`make test`'s pure
+  pass leaves the modules its compiled pass runs on linux-7: tests/interop/conftest.py).
 - ``PYNVMF_GUEST_KVM=1``: try KVM first (with a short deadline), then fall back to TCG.
 - ``PYNVMF_GUEST_KVM_CPU``: CPU model for the KVM attempt (default ``host``).
 - ``PYNVMF_GUEST_BZIMAGE=1``: boot the compressed vmlinuz instead of the extracted vmlinux.
