@@ -378,10 +378,17 @@ class RdmaQueue:
         slot = self._posted.popleft() if self._posted else -1
         if wc.status != self._e.ibv_wc_status.IBV_WC_SUCCESS or slot < 0:
             if not self.conn.closing:
-                self.conn.receive_failed(f"status {wc.status}")
+                self.conn.receive_failed(self._status(wc))
             return
         message = memoryview(self.receives[slot].read(wc.byte_len, 0))
         self.conn.received(slot, message)
+
+    def _status(self, wc: Any) -> str:
+        """A failed completion's status, as libibverbs names it (ibv_wc_status_str)."""
+        try:
+            return f"{self._e.ibv_wc_status(wc.status).name} ({wc.status})"
+        except (ValueError, TypeError, AttributeError):
+            return f"status {wc.status}"
 
     def _sent_done(self, wc: Any) -> None:
         if not self._sent:
@@ -391,7 +398,7 @@ class RdmaQueue:
         if tag >= 0:
             self.conn.read_done(tag, bytearray(mr.read(mr.length, 0)) if ok else None)
         elif not ok and not self.conn.closing:
-            self.conn.close(f"work request failed: status {wc.status}")
+            self.conn.close(f"work request failed: {self._status(wc)}")
         mr.close()
 
     def disconnected(self) -> None:
