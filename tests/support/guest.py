@@ -81,8 +81,10 @@ newest cannot stand for it:
   ``test_linux_target_reservations.py``;
 - ``linux-7``, and ``linux-6.12`` under PYNVMF_GUEST_EVERY_PEER=1 (both images carry
   rdma-core and pyverbs: tests/support/guest_rdma.py): ``test_linux_rdma_smoke.py``
-  (soft-RoCE, nvme-rdma against nvmet-rdma in one guest) and ``test_linux_rdma_host.py``
-  (the kernel's nvme-rdma host against pynvmf's target; docs/rdma.md);
+  (soft-RoCE, nvme-rdma against nvmet-rdma in one guest), ``test_linux_rdma_host.py``
+  (the kernel's nvme-rdma host, and a host that breaks the rules, against pynvmf's
+  target) and ``test_linux_rdma_host_library.py`` (pynvmf's host library against
+  nvmet-rdma and pynvmf's target; docs/rdma.md);
 - ``linux-6.1`` alone (the default peer): ``test_linux_nvmetcli.py`` (nvmetcli's
   configfs layout).
 
