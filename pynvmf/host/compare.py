@@ -25,8 +25,8 @@ from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.spec.status import Status
 
 if TYPE_CHECKING:
+    from pynvmf.host.controller import AnyQueue
     from pynvmf.host.namespace import RemoteNamespace
-    from pynvmf.host.queue import HostQueue
     from pynvmf.tcp.host import HostCommand
 
 _MAX_NLB = 0x10000  # NLB is a 16-bit 0's based field
@@ -44,7 +44,7 @@ async def compare(ns: RemoteNamespace, lba: int, data: Buffer, *, fua: bool = Fa
     shift = ns._shift
     flags = RW_FUA if fua else 0
     ctrl = ns.controller
-    submitted: list[tuple[HostQueue, HostCommand]] = []
+    submitted: list[tuple[AnyQueue, HostCommand]] = []
     try:
         for off in range(0, nblocks, step):
             n = min(step, nblocks - off)
@@ -79,7 +79,7 @@ async def verify(ns: RemoteNamespace, lba: int, nblocks: int, *, fua: bool = Fal
     limit = ctrl.size_limit_bytes((await ctrl.nvm_limits()).vsl)
     step = min(_MAX_NLB, limit // ns.capabilities.block_size if limit else _MAX_NLB)
     flags = RW_FUA if fua else 0
-    submitted: list[tuple[HostQueue, HostCommand]] = []
+    submitted: list[tuple[AnyQueue, HostCommand]] = []
     try:
         for start in range(lba, lba + nblocks, step):
             n = min(step, lba + nblocks - start)
@@ -151,7 +151,7 @@ async def compare_and_write(
     return True
 
 
-async def _outcome(queue: HostQueue, cmd: HostCommand) -> NvmeStatusError | None:
+async def _outcome(queue: AnyQueue, cmd: HostCommand) -> NvmeStatusError | None:
     """A command's failure status, or None; the queue's loss still raises."""
     try:
         await queue.wait(cmd)

@@ -418,18 +418,16 @@ class Controller:
             raise NvmeConnectionError("controller is closed")
         return self.admin
 
-    def next_queue(self) -> HostQueue:
-        """The I/O queue for the next command (round-robin).
-
-        Typed as TCP's queue for the compiled namespace.py, whose per-command calls stay
-        native calls that way; an rdma queue (RdmaHostQueue) has the same interface and
-        is served by the pure build (docs/rdma.md, "The host library over RDMA")."""
+    def next_queue(self) -> AnyQueue:
+        """The I/O queue for the next command (round-robin). Compiled, namespace.py's calls
+        on it test the queue's type and call TCP's compiled queue natively, an rdma queue
+        (RdmaHostQueue, interpreted) as a Python object."""
         queues = self.io_queues
         if not queues:
             raise NvmeConnectionError("controller has no I/O queues")
         i = self._rr
         self._rr = i + 1 if i + 1 < len(queues) else 0
-        return queues[i]  # type: ignore[return-value]  # an RdmaHostQueue alike
+        return queues[i]
 
     # The NSID and CDW10-CDW15 are HostQueue.execute's, forwarded as they come (as many
     # as the command uses): the submission's fields are spelled out on the queue alone.

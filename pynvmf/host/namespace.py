@@ -48,8 +48,7 @@ from pynvmf.spec.opcodes import IoOpcode
 from pynvmf.tcp.host import HostCommand
 
 if TYPE_CHECKING:
-    from pynvmf.host.controller import Controller
-    from pynvmf.host.queue import HostQueue
+    from pynvmf.host.controller import AnyQueue, Controller
 
 # Read/Write/Write Zeroes CDW12 and Dataset Management CDW11 bits.
 # Dataset Management range: context attributes, length in LBAs, starting LBA.
@@ -162,7 +161,7 @@ class RemoteNamespace(NamespaceReservations):
             return
         flags = RW_FUA if fua else 0
         ctrl = self.controller
-        submitted: list[tuple[HostQueue, HostCommand]] = []
+        submitted: list[tuple[AnyQueue, HostCommand]] = []
         try:
             for start in range(lba, lba + nblocks, _MAX_NLB):
                 n = min(_MAX_NLB, lba + nblocks - start)
@@ -244,7 +243,7 @@ class RemoteNamespace(NamespaceReservations):
         step = self._max_blocks
         shift = self._shift
         nblocks = view.nbytes >> shift
-        submitted: list[tuple[HostQueue, HostCommand]] = []
+        submitted: list[tuple[AnyQueue, HostCommand]] = []
         try:
             for off in range(0, nblocks, step):
                 n = min(step, nblocks - off)
@@ -507,7 +506,7 @@ def _needs_enabling(desfmt: int | None) -> bool:
     return desfmt is not None and bool(1 << desfmt & COPY_CDFE_FORMATS)
 
 
-async def _wait_all(submitted: list[tuple[HostQueue, HostCommand]]) -> None:
+async def _wait_all(submitted: list[tuple[AnyQueue, HostCommand]]) -> None:
     first: BaseException | None = None
     for queue, cmd in submitted:
         try:
