@@ -53,13 +53,20 @@ COMPILED_SKIP := tests/protocol/test_cli_as_typed.py tests/protocol/test_operato
 	tests/unit/test_bench_cli.py tests/protocol/test_top.py tests/protocol/test_cli.py \
 	tests/protocol/test_controllers_cli.py
 COMPILED_PEERS := linux-7
+# Each pass in two parts: the tests that may run side by side on every CPU (pytest-xdist),
+# then those that run alone (the `serial` marker: guests, rates; tests/conftest.py).
+PARALLEL := -m "not serial" -n $(TEST_WORKERS)
+TEST_WORKERS ?= auto
 test: system-deps setup lint
 	$(MAKE) clean-compiled
+	$(BIN)/python -m pytest --durations=25 $(PARALLEL)
 	PYNVMF_GUEST_DEFERRED="$(foreach m,$(COMPILED_GUESTS),$(m):$(COMPILED_PEERS))" \
-		$(BIN)/python -m pytest --durations=25
+		$(BIN)/python -m pytest --durations=25 -m serial
 	$(MAKE) compiled
-	PYNVMF_COMPILED=1 PYNVMF_GUEST_PEERS=$(COMPILED_PEERS) $(BIN)/python -m pytest --durations=25 $(COMPILED_TESTS) \
+	PYNVMF_COMPILED=1 $(BIN)/python -m pytest --durations=25 $(PARALLEL) $(COMPILED_TESTS) \
 		$(addprefix --ignore=,$(COMPILED_SKIP))
+	PYNVMF_COMPILED=1 PYNVMF_GUEST_PEERS=$(COMPILED_PEERS) $(BIN)/python -m pytest --durations=25 \
+		-m serial $(COMPILED_TESTS) $(addprefix --ignore=,$(COMPILED_SKIP))
 	$(MAKE) clean-compiled
 
 $(BIN)/.compiled-installed: $(BIN)/.installed pyproject.toml

@@ -44,6 +44,26 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
+# What runs alone (`serial`): `make test` runs the rest first on every CPU (pytest-xdist's
+# `-n`), then these in one process. A guest under TCG takes every CPU it is given and its
+# tests wait on it with deadlines; the modules below assert rates or the order of what
+# concurrent processes log, which another test's load beside them would change.
+SERIAL_DIRS: tuple[str, ...] = ("tests/interop/", "tests/ceph/", "tests/blktests/")
+SERIAL_MODULES: dict[str, str] = {
+    "tests/unit/test_qos.py": "two processes sharing a limit reach its rate",
+    "tests/protocol/test_qos.py": "hosts under a limit reach its rate within 5%",
+    "tests/protocol/test_log_methods.py": "what the workers log before a level changes",
+    "tests/protocol/test_bench_cli.py": "a job's mean rate against its overall rate",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.nodeid.partition("::")[0]
+        if module.startswith(SERIAL_DIRS) or module in SERIAL_MODULES:
+            item.add_marker(pytest.mark.serial)
+
+
 # Seconds each test module took (setup, call and teardown of its tests, module fixtures
 # included), for the summary: `make test` has a 40-minute budget on 2 cores, and the
 # modules are what a cut removes or moves.
