@@ -55,8 +55,8 @@ COMPILED_SKIP := tests/protocol/test_cli_as_typed.py tests/protocol/test_operato
 COMPILED_PEERS := linux-7
 # Each pass in two parts: the tests that may run side by side on every CPU (pytest-xdist),
 # then those that run alone (the `serial` marker: guests, rates; tests/conftest.py).
-PARALLEL := -m "not serial" -n $(TEST_WORKERS)
 TEST_WORKERS ?= auto
+PARALLEL = -m "not serial" -n $(TEST_WORKERS)
 test: system-deps setup lint
 	$(MAKE) clean-compiled
 	$(BIN)/python -m pytest --durations=25 $(PARALLEL)
