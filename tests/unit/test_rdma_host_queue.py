@@ -11,6 +11,7 @@ against pynvmf's own NVMe/RDMA target queue (pynvmf.rdma.queue) and a memory nam
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import struct
 from collections.abc import Iterator
 
@@ -29,6 +30,7 @@ from pynvmf.rdma.host_queue import (
 )
 from pynvmf.rdma.queue import RdmaConnection
 from pynvmf.spec import command as C
+from pynvmf.spec import logpages as L
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType, IoOpcode
 from pynvmf.spec.status import DNR, Status
 from pynvmf.target.port import Port
@@ -449,3 +451,63 @@ async def test_connect_refuses_what_rdma_does_not_carry() -> None:
         await host.connect("127.0.0.1", 4420, NQN, trtype="fc")
     with pytest.raises(ValueError, match="digests are TCP's"):
         await host.connect("127.0.0.1", 4420, NQN, trtype="rdma", header_digest=True)
+
+
+# -- discovery over RDMA, and following what the log lists ---------------------------------
+
+
+async def test_discovery_over_rdma_lists_trtype_rdma_and_its_entry_connects(
+    fabric: LoopbackFabric,
+) -> None:
+    # The rdma port answers the discovery NQN itself (no TCP discovery port).
+    listed = await host.discover("127.0.0.1", 4420, trtype="rdma")
+    # Every entry, the current discovery subsystem's included, says TRTYPE rdma.
+    assert {e.trtype for e in listed} == {L.TrType.RDMA}
+    entries = [e for e in listed if e.subtype == L.SubType.NVME]
+    assert [(e.subnqn, e.traddr, e.trsvcid) for e in entries] == [(NQN, "127.0.0.1", "4420")]
+    assert host.entry_trtype(entries[0]) == "rdma"
+    # The discovery controller's queue was an rdma queue, and it is closed.
+    discovery_queue, _ = fabric.queues[0]
+    assert discovery_queue.qid == 0 and discovery_queue.closed
+    opened = len(fabric.queues)
+    ctrl = await host.connect_entry(entries[0], queues=1, queue_depth=4, kato_ms=0)
+    try:
+        assert ctrl.trtype == "rdma" and ctrl.subnqn == NQN
+        assert len(fabric.queues) == opened + 2  # its admin and I/O queues, over rdma
+        await ctrl.namespaces[1].write(0, bytes(BLOCK))
+    finally:
+        await ctrl.close()
+
+
+async def test_an_entry_of_a_transport_the_host_library_does_not_speak_is_refused() -> None:
+    fc = L.DiscoveryLogEntry(trtype=L.TrType.FC, trsvcid="none", subnqn=NQN, traddr="x")
+    with pytest.raises(ValueError, match="TRTYPE 2"):
+        host.entry_trtype(fc)
+    with pytest.raises(ValueError, match="TRTYPE 2"):
+        await host.connect_entry(fc)
+    tcp = L.DiscoveryLogEntry(trtype=L.TrType.TCP, trsvcid="4420", subnqn=NQN, traddr="x")
+    assert host.entry_trtype(tcp) == "tcp"
+    odd = L.DiscoveryLogEntry(trtype=L.TrType.RDMA, trsvcid="port", subnqn=NQN, traddr="x")
+    with pytest.raises(ValueError, match="trsvcid"):
+        await host.connect_entry(odd)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("pyverbs") is not None, reason="pyverbs is installed here"
+)
+async def test_rdma_without_pyverbs_says_what_is_missing_before_anything_is_sent() -> None:
+    # This Python has no pyverbs: the real adapter's import fails, and the host library
+    # names the package rather than a ModuleNotFoundError from inside the adapter.
+    with pytest.raises(host.NvmeTransportUnavailableError, match="python3-pyverbs"):
+        await host.connect("127.0.0.1", 4420, NQN, trtype="rdma", timeout=2)
+    with pytest.raises(host.NvmeTransportUnavailableError, match="pyverbs"):
+        await host.discover("127.0.0.1", 4420, trtype="rdma", timeout=2)
+
+
+async def test_an_rdma_queue_is_never_deeper_than_128_entries(fabric: LoopbackFabric) -> None:
+    # CAP.MQES allows 1024 entries; the RDMA CM would reject 129 (INVALID_HSQSIZE).
+    ctrl = await host.connect("127.0.0.1", 4420, NQN, trtype="rdma", queue_depth=1000, kato_ms=0)
+    try:
+        assert ctrl.queue_depth == cm.IO_QUEUE_SIZE - 1
+    finally:
+        await ctrl.close()
