@@ -202,3 +202,63 @@ async def test_rdma_listeners_added_listed_in_discovery_and_removed(
             nqn=RAW_SUBNQN,
             listen_address=rdma(tcp.address, tcp.port),
         )
+
+
+# -- pynvmf_add_port with trtype rdma ---------------------------------------------------------
+
+
+async def test_pynvmf_add_port_opens_an_rdma_port_beside_the_tcp_one_and_removes_it(
+    rig: Rig, rdma_opens: list[Port]
+) -> None:
+    tcp = rig.target.ports[0]
+    await rig.call("nvmf_create_transport", trtype="RDMA", in_capsule_data_size=8192)
+    number = await rig.call("pynvmf_add_port", address=tcp.address, port=tcp.port, trtype="rdma")
+    assert number == tcp.port
+    # The RDMA transport's options, not the TCP port's.
+    [port] = rdma_opens
+    assert (port.trtype, port.address, port.transport.inline_data_size) == (
+        "rdma",
+        tcp.address,
+        8192,
+    )
+    assert not port.transport.allow_header_digest and not port.transport.allow_data_digest
+    entries = await discover(tcp.address, tcp.port)
+    assert (L.TrType.RDMA, RAW_SUBNQN) in {(e.trtype, e.subnqn) for e in entries}
+    # The same address and number: trtype says which one goes.
+    await rig.call("pynvmf_remove_port", address=tcp.address, port=tcp.port, trtype="rdma")
+    assert [p.trtype for p in rig.target.ports] == ["tcp"]
+    assert rig.target.ports[0] is tcp
+    with pytest.raises(RpcClientError, match=r"port: the target does not listen on .* \(rdma\)"):
+        await rig.call("pynvmf_remove_port", address=tcp.address, port=tcp.port, trtype="rdma")
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"trtype": "fc"}, "trtype: 'fc' is not one of tcp, rdma"),
+        ({"trtype": "rdma", "header_digest": True}, "header_digest: digests are NVMe/TCP's"),
+        ({"trtype": "rdma", "data_digest": True}, "data_digest: digests are NVMe/TCP's"),
+        ({"trtype": "rdma", "discovery_only": True}, "discovery_only: an rdma port answers"),
+        ({"trtype": "rdma", "secure_channel": "required"}, "secure_channel: TLS is NVMe/TCP's"),
+    ],
+)
+async def test_pynvmf_add_port_refuses_what_an_rdma_port_cannot_have(
+    rig: Rig, rdma_opens: list[Port], params: dict[str, Any], message: str
+) -> None:
+    ports = list(rig.target.ports)
+    with pytest.raises(RpcClientError, match=message):
+        await rig.call("pynvmf_add_port", address="127.0.0.1", port=4420, **params)
+    assert rig.target.ports == ports and rdma_opens == []
+
+
+async def test_pynvmf_add_port_rdma_without_pyverbs_names_trtype_and_applies_nothing(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "pyverbs", None)
+    monkeypatch.setitem(sys.modules, "pyverbs.cmid", None)
+    ports = list(rig.target.ports)
+    with pytest.raises(RpcClientError) as info:
+        await rig.call("pynvmf_add_port", address="127.0.0.1", port=4420, trtype="rdma")
+    assert str(info.value).startswith("trtype: cannot listen on rdma:127.0.0.1:4420: ")
+    assert "pyverbs" in str(info.value)
+    assert rig.target.ports == ports
