@@ -19,14 +19,15 @@ from typing import Any
 
 import pytest
 
-from pynvmf.host import discover
-from pynvmf.rdma import verbs
+from pynvmf.host import connect, discover
+from pynvmf.rdma import host_verbs, verbs
 from pynvmf.rpc.client import RpcClient, RpcClientError
 from pynvmf.rpc.server import RpcServer, control_plane
 from pynvmf.spec import logpages as L
 from pynvmf.target.port import Port
 from pynvmf.target.target import Target
 from tests.protocol.conftest import RAW_SUBNQN, RawTarget, RawTargetFactory
+from tests.unit.test_rdma_host_queue import LoopbackFabric
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -262,3 +263,60 @@ async def test_pynvmf_add_port_rdma_without_pyverbs_names_trtype_and_applies_not
     assert str(info.value).startswith("trtype: cannot listen on rdma:127.0.0.1:4420: ")
     assert "pyverbs" in str(info.value)
     assert rig.target.ports == ports
+
+
+# -- nvmf_get_stats: the RDMA transport's counters --------------------------------------------
+
+
+def rdma_stats(stats: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each poll group's RDMA transport entry."""
+    return [t for g in stats["poll_groups"] for t in g["transports"] if t["trtype"] == "RDMA"]
+
+
+async def test_nvmf_get_stats_shows_the_rdma_queues_counters_as_spdk_shapes_them(
+    rig: Rig, rdma_opens: list[Port], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No RDMA transport yet: only TCP's entry, as SPDK without nvmf_create_transport -t RDMA.
+    assert rdma_stats(await rig.call("nvmf_get_stats")) == []
+    await rig.call("nvmf_create_transport", trtype="RDMA")
+    [group] = rdma_stats(await rig.call("nvmf_get_stats"))
+    assert group == {"trtype": "RDMA", "pending_data_buffer": 0, "devices": []}
+
+    tcp = rig.target.ports[0]
+    await rig.call(
+        "nvmf_subsystem_add_listener", nqn=RAW_SUBNQN, listen_address=rdma(tcp.address, tcp.port)
+    )
+    [port] = rdma_opens
+    # The host library's rdma queues, joined in memory to the target's RDMA queues (the
+    # loopback of tests/unit/test_rdma_host_queue.py), which count into the port's tally.
+    fabric = LoopbackFabric(rig.target, port)
+    monkeypatch.setattr(host_verbs, "open_queue", fabric.open_queue)
+    ctrl = await connect(tcp.address, tcp.port, RAW_SUBNQN, trtype="rdma", queues=1, kato_ms=0)
+    try:
+        ns = ctrl.namespaces[1]
+        await ns.write(0, b"\x01" * 4096)  # in the capsule
+        await ns.write(64, b"\x02" * 65536)  # above the 16 KiB in-capsule size: RDMA READ
+        await ns.read(0, memoryview(bytearray(8192)))  # RDMA WRITE
+        [group] = rdma_stats(await rig.call("nvmf_get_stats"))
+    finally:
+        await ctrl.close()
+    [device] = group["devices"]
+    spdk_fields = {
+        "name", "polls", "idle_polls", "completions", "requests", "request_latency",
+        "pending_free_request", "pending_rdma_read", "pending_rdma_write", "pending_rdma_send",
+        "total_send_wrs", "send_doorbell_updates", "total_recv_wrs", "recv_doorbell_updates",
+    }  # fmt: skip
+    assert spdk_fields <= device.keys()
+    assert device["name"] == f"rdma:{tcp.address}:{tcp.port}"
+    assert device["queues_opened"] == device["queues_alive"] == 2
+    # The I/O queue's Connect (1 KiB) and the 4 KiB write came in capsules.
+    assert device["in_capsule_bytes"] >= 1024 + 4096
+    assert device["rdma_reads"] >= 2  # the 64 KiB write, and the admin Connect's data
+    assert device["rdma_writes"] >= 2  # the read, and the Identify data
+    assert device["requests"] >= 5 and device["completions"] > device["requests"]
+    assert device["total_send_wrs"] >= device["requests"] + 4
+    # The queues ended: what they counted stays.
+    [group] = rdma_stats(await rig.call("nvmf_get_stats"))
+    [after] = group["devices"]
+    assert after["queues_alive"] == 0
+    assert after["requests"] >= device["requests"] and after["rdma_reads"] >= device["rdma_reads"]

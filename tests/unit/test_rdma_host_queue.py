@@ -400,7 +400,9 @@ class LoopbackFabric:
             def disconnect(self) -> None:
                 loop.call_soon(queue.disconnected)
 
-        target_conn = RdmaConnection(TargetSide(), max_transfer=1 << 20)
+        # Counted into the port's tally, as verbs.py's queues are (nvmf_get_stats).
+        tally = self.target.rdma_counters.port(str(self.port))
+        target_conn = RdmaConnection(TargetSide(), max_transfer=1 << 20, tally=tally)
         TargetQueue(self.target, self.port, target_conn, "127.0.0.1")
         queue = RdmaHostQueue(qid, depth, HostSide(), max_transfer=max_transfer)
         self.queues.append((queue, target_conn))
