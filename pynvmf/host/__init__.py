@@ -1,4 +1,4 @@
-"""The NVMe/TCP host library: connect to a remote controller, use its namespaces
+"""The NVMe/TCP and NVMe/RDMA host library: connect to a remote controller, use its namespaces
 as BlockDevices, discover subsystems."""
 
 from pynvmf.host.controller import Controller, connect
