@@ -8,20 +8,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from pynvmf.block.memory import MemoryDevice
 from pynvmf.cli import build_parser
 from pynvmf.cli.common import resolve_target
 from pynvmf.cli.host import run_host_command
-from pynvmf.rdma import host_verbs as host_verbs_module
-from pynvmf.target.port import Port
-from pynvmf.target.subsystem import Namespace, Subsystem
-from pynvmf.target.target import Target
-from tests.unit.test_rdma_host_queue import BLOCK, NQN, LoopbackFabric
+from tests.unit.test_rdma_host_queue import NQN, LoopbackFabric, loopback_target
 
 NO_PYVERBS = importlib.util.find_spec("pyverbs") is None
 
@@ -92,14 +86,8 @@ def test_rdma_with_tls_or_digests_is_refused_before_anything_is_sent(
 
 
 @pytest.fixture
-def fabric(monkeypatch: pytest.MonkeyPatch) -> Iterator[LoopbackFabric]:
-    device = MemoryDevice(BLOCK * 4096, BLOCK)
-    subsystem = Subsystem(NQN)
-    subsystem.add_namespace(Namespace.create(NQN, 1, device, "memory:1"))
-    port = Port("127.0.0.1", 4420, trtype="rdma")
-    loopback = LoopbackFabric(Target([subsystem], [port]), port)
-    monkeypatch.setattr(host_verbs_module, "open_queue", loopback.open_queue)
-    yield loopback
+def fabric(monkeypatch: pytest.MonkeyPatch) -> LoopbackFabric:
+    return loopback_target(monkeypatch)
 
 
 def test_discover_t_rdma_reads_the_log_over_rdma(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import struct
-from collections.abc import Iterator
 
 import pytest
 
@@ -409,8 +408,9 @@ class LoopbackFabric:
         return queue
 
 
-@pytest.fixture
-def fabric(monkeypatch: pytest.MonkeyPatch) -> Iterator[LoopbackFabric]:
+def loopback_target(monkeypatch: pytest.MonkeyPatch) -> LoopbackFabric:
+    """A target with a memory namespace on an rdma port at 127.0.0.1:4420, which the host
+    library's rdma queues reach over the loopback (for the test's duration)."""
     device = MemoryDevice(BLOCK * 4096, BLOCK)
     subsystem = Subsystem(NQN)
     subsystem.add_namespace(Namespace.create(NQN, 1, device, "memory:1"))
@@ -418,7 +418,12 @@ def fabric(monkeypatch: pytest.MonkeyPatch) -> Iterator[LoopbackFabric]:
     loopback = LoopbackFabric(Target([subsystem], [port]), port)
     # The controller opens its rdma queues through host_verbs.open_queue.
     monkeypatch.setattr(host_verbs_module, "open_queue", loopback.open_queue)
-    yield loopback
+    return loopback
+
+
+@pytest.fixture
+def fabric(monkeypatch: pytest.MonkeyPatch) -> LoopbackFabric:
+    return loopback_target(monkeypatch)
 
 
 async def test_the_host_library_over_rdma_identifies_writes_and_reads_back(
