@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from pynvmf.host import connect, discover
+from pynvmf.metrics.endpoint import MetricsEndpoint
 from pynvmf.rdma import host_verbs, verbs
 from pynvmf.rpc.client import RpcClient, RpcClientError
 from pynvmf.rpc.server import RpcServer, control_plane
@@ -27,6 +28,7 @@ from pynvmf.spec import logpages as L
 from pynvmf.target.port import Port
 from pynvmf.target.target import Target
 from tests.protocol.conftest import RAW_SUBNQN, RawTarget, RawTargetFactory
+from tests.support.scrape import samples_of, value
 from tests.unit.test_rdma_host_queue import LoopbackFabric
 
 pytestmark = pytest.mark.timeout(60)
@@ -319,4 +321,21 @@ async def test_nvmf_get_stats_shows_the_rdma_queues_counters_as_spdk_shapes_them
     [group] = rdma_stats(await rig.call("nvmf_get_stats"))
     [after] = group["devices"]
     assert after["queues_alive"] == 0
+    # The Prometheus endpoint reads the same tallies.
+    m = samples_of(MetricsEndpoint(rig.target).exposition().decode())
+    listener = after["name"]
+    assert value(m, "pynvmf_rdma_commands_total", listener=listener) == after["requests"]
+    assert (
+        value(m, "pynvmf_rdma_in_capsule_bytes_total", listener=listener)
+        == (after["in_capsule_bytes"])
+    )
+    assert (
+        value(m, "pynvmf_rdma_transfers_total", listener=listener, op="read")
+        == (after["rdma_reads"])
+    )
+    assert (
+        value(m, "pynvmf_rdma_transfers_total", listener=listener, op="write")
+        == (after["rdma_writes"])
+    )
+    assert value(m, "pynvmf_rdma_queues_total", listener=listener) == 2
     assert after["requests"] >= device["requests"] and after["rdma_reads"] >= device["rdma_reads"]
