@@ -41,6 +41,7 @@ from pynvmf.cli.common import (
     int_at_least,
     namespace_option,
     output_option,
+    resolve_target,
     size,
 )
 from pynvmf.cli.failures import Attempt, connect_failure
@@ -213,6 +214,7 @@ def _plan(args: argparse.Namespace) -> Plan:
 async def _bench(
     args: argparse.Namespace, identity: CommandIdentity, out: TextIO, err: TextIO
 ) -> int:
+    resolve_target(args)
     plan = _plan(args)
     depth = plan.iodepth * (plan.copy_ranges + 1 if plan.rw == "copy" else 1)
     try:
@@ -225,7 +227,9 @@ async def _bench(
             **connect_arguments(args, identity),
         )
     except NvmeError as exc:
-        raise connect_failure(Attempt(args.traddr, args.trsvcid, identity), exc) from exc
+        raise connect_failure(
+            Attempt(args.traddr, args.trsvcid, identity, args.transport), exc
+        ) from exc
     render = _renderer(args, plan)
     async with ctrl:
         ns = active_namespace(ctrl, args)

@@ -27,7 +27,9 @@ from typing import Any
 from pynvmf import units
 from pynvmf.cli.identity import CommandIdentity, IdentityError, resolve
 from pynvmf.host import Controller, RemoteNamespace
+from pynvmf.host.controller import TRTYPES
 from pynvmf.spec.nqn import nqn_problem
+from pynvmf.spec.ports import NVME_RDMA_PORT
 from pynvmf.tcp.psk import ConfiguredPsk, PskError
 
 log = logging.getLogger(__name__)
@@ -136,17 +138,30 @@ def hostid_arg(text: str) -> bytes:
 def target_options(p: argparse.ArgumentParser, *, default_port: int) -> None:
     """Where the controller is: nvme connect's -t, -a and -s."""
     p.add_argument(
-        "-t", "--transport", choices=("tcp",), default="tcp", help="transport (only tcp)"
+        "-t",
+        "--transport",
+        choices=TRTYPES,
+        default="tcp",
+        help="transport: tcp, or rdma (needs rdma-core's pyverbs; no TLS or digests there)",
     )
     p.add_argument("-a", "--traddr", required=True, metavar="ADDR", help="target address")
     p.add_argument(
         "-s",
         "--trsvcid",
         type=port_number,
-        default=default_port,
         metavar="PORT",
-        help=f"target TCP port (default {default_port})",
+        help=f"target port (default {default_port} with tcp, {NVME_RDMA_PORT} with rdma)",
     )
+    # Resolved by resolve_target() once -t is known: nvme-cli's defaults differ by transport.
+    p.set_defaults(default_trsvcid=default_port)
+
+
+def resolve_target(args: argparse.Namespace) -> None:
+    """Fill in -s where it was not given, once -t is known: nvme-cli's default for the
+    transport (the command's own port with tcp; 4420 with rdma, where the discovery
+    controller shares the I/O controllers' port)."""
+    if args.trsvcid is None:
+        args.trsvcid = NVME_RDMA_PORT if args.transport == "rdma" else args.default_trsvcid
 
 
 def subsystem_option(p: argparse.ArgumentParser) -> None:
@@ -297,6 +312,7 @@ def connect_arguments(args: argparse.Namespace, identity: CommandIdentity) -> di
     """connect()'s keyword arguments from the options of host_identity_options and
     connect_options, for the host identity `identity` (host_identity(args))."""
     return {
+        "trtype": args.transport,
         "hostnqn": identity.hostnqn,
         "hostid": identity.hostid,
         "header_digest": args.hdr_digest,

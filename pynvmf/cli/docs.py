@@ -45,6 +45,13 @@ so it keeps one:
   `-n` where it takes no namespace, says so.
 - `-s` is the TCP port, as in `nvme connect`. `nvme read -s` (the first block) is
   `--start-block`; a read or write whose port is refused says so.
+- `-t` is the transport, as in `nvme connect` and `nvme discover`: `tcp` (the default)
+  or `rdma` (NVMe/RDMA through rdma-core's pyverbs, [rdma.md](rdma.md); without it the
+  command says so in one line, and TLS or digests with `rdma` are refused before anything
+  is sent). With `rdma`, `-s` defaults to 4420 for `discover` too, as nvme-cli's: an rdma
+  port answers the discovery NQN on the I/O controllers' port. pynvmf has no `connect`
+  or `connect-all` (it attaches no kernel device): `discover` lists what a log holds,
+  and the host library's `connect_entry` follows an entry over the transport it names.
 - `-c` is `--block-count`, 0's based as nvme-cli's (`-c 0` is one block); `-z` is
   `--data-size` in bytes. `copy`'s count is `--count` (blocks or a size, 1's based).
 - `-q` is the host NQN everywhere (`copy --quiet` has no letter).

@@ -21,6 +21,7 @@ class Attempt:
     address: str
     port: int
     identity: CommandIdentity
+    trtype: str = "tcp"
 
     @property
     def where(self) -> str:
@@ -32,7 +33,8 @@ class Attempt:
         return f"{host}:{self.port}"
 
     def discover_command(self) -> str:
-        return f"`pynvmf discover -a {self.address} -s {self.port}`"
+        transport = "" if self.trtype == "tcp" else f"-t {self.trtype} "
+        return f"`pynvmf discover {transport}-a {self.address} -s {self.port}`"
 
 
 def _refusal(attempt: Attempt, exc: NvmeConnectRejected) -> str:

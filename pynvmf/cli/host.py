@@ -33,6 +33,7 @@ from pynvmf.cli.common import (
     int_at_least,
     namespace_option,
     output_option,
+    resolve_target,
     size,
     where,
 )
@@ -68,7 +69,7 @@ def add_host_commands(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "discover",
         help="print the discovery log of a discovery controller",
-        description="Read the discovery log page, like `nvme discover -t tcp`.",
+        description="Read the discovery log page, like `nvme discover -t tcp` (or -t rdma).",
         habits=_DISCOVER_HABITS,
     )
     connection_options(p, default_port=DISCOVERY_PORT, subsystem=False)
@@ -180,6 +181,7 @@ def run_host_command(args: argparse.Namespace) -> int:
     """Run the subcommand `args.command` parsed by add_host_commands' parsers; the exit status."""
     name = f"pynvmf {args.command}"
     command = _COMMANDS[args.command]
+    resolve_target(args)
     try:
         identity = host_identity(args)
         with asyncio.Runner(loop_factory=uvloop_factory()) as runner:
@@ -208,13 +210,17 @@ async def _open(args: argparse.Namespace, identity: CommandIdentity, *, queues: 
             **connect_arguments(args, identity),
         )
     except NvmeError as exc:
-        failure = connect_failure(Attempt(args.traddr, args.trsvcid, identity), exc)
+        failure = connect_failure(_attempt(args, identity), exc)
         refused = isinstance(exc.__cause__, ConnectionRefusedError)
         if refused and args.command in ("read", "write"):
             # nvme read's -s is the first block: a user who meant that learns it here.
             hint = "-s is the TCP port; the first block is --start-block"
             failure = CommandError(f"{failure} ({hint})")
         raise failure from exc
+
+
+def _attempt(args: argparse.Namespace, identity: CommandIdentity) -> Attempt:
+    return Attempt(args.traddr, args.trsvcid, identity, args.transport)
 
 
 def _blocks(args: argparse.Namespace, block_size: int) -> int | None:
@@ -330,10 +336,14 @@ def _entry_fields(entry: DiscoveryLogEntry) -> dict[str, str | int]:
 async def _discover(args: argparse.Namespace, identity: CommandIdentity) -> int:
     try:
         page = await read_discovery_log(
-            args.traddr, args.trsvcid, hostnqn=identity.hostnqn, hostid=identity.hostid
+            args.traddr,
+            args.trsvcid,
+            hostnqn=identity.hostnqn,
+            hostid=identity.hostid,
+            trtype=args.transport,
         )
     except NvmeError as exc:
-        raise connect_failure(Attempt(args.traddr, args.trsvcid, identity), exc) from exc
+        raise connect_failure(_attempt(args, identity), exc) from exc
     records = [_entry_fields(entry) for entry in page.entries]
     if args.output_format == "json":
         _print_json({"genctr": page.genctr, "records": records})

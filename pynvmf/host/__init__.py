@@ -1,8 +1,8 @@
-"""The NVMe/TCP host library: connect to a remote controller, use its namespaces
+"""The NVMe/TCP and NVMe/RDMA host library: connect to a remote controller, use its namespaces
 as BlockDevices, discover subsystems."""
 
 from pynvmf.host.controller import Controller, connect
-from pynvmf.host.discovery import discover, read_discovery_log
+from pynvmf.host.discovery import connect_entry, discover, entry_trtype, read_discovery_log
 from pynvmf.host.errors import (
     NvmeAuthenticationError,
     NvmeConnectionError,
@@ -10,6 +10,7 @@ from pynvmf.host.errors import (
     NvmeError,
     NvmeStatusError,
     NvmeTimeoutError,
+    NvmeTransportUnavailableError,
     NvmeUnsupportedError,
 )
 from pynvmf.host.fabrics import HostIdentity
@@ -26,9 +27,12 @@ __all__ = [
     "NvmeError",
     "NvmeStatusError",
     "NvmeTimeoutError",
+    "NvmeTransportUnavailableError",
     "NvmeUnsupportedError",
     "RemoteNamespace",
     "connect",
+    "connect_entry",
     "discover",
+    "entry_trtype",
     "read_discovery_log",
 ]

@@ -19,10 +19,12 @@ from pynvmf.host.errors import (
     NvmeError,
     NvmeStatusError,
     NvmeTimeoutError,
+    NvmeTransportUnavailableError,
 )
 from pynvmf.host.fabrics import HostIdentity
 from pynvmf.host.namespace import RemoteNamespace, remote_namespace
 from pynvmf.host.queue import HostQueue
+from pynvmf.rdma import cm as rdma_cm
 from pynvmf.spec import command as C
 from pynvmf.spec import identify as I
 from pynvmf.spec import reservations as R
@@ -50,6 +52,14 @@ _MPS_BASE = 4096
 # The transports a controller's queues may use (nvme-cli's -t): each queue of a controller
 # is opened the same way, by `Controller._open`.
 TRTYPES = ("tcp", "rdma")
+# The most commands in flight on an I/O queue, by transport, beyond CAP.MQES: an NVMe/RDMA
+# queue has at most 128 entries (Linux's NVME_RDMA_MAX_QUEUE_SIZE, what nvmet-rdma and
+# pynvmf's rdma listener accept; the RDMA CM rejects a deeper one with INVALID_HSQSIZE).
+_MAX_QUEUE_DEPTH = {"rdma": rdma_cm.IO_QUEUE_SIZE - 1}
+PYVERBS_MISSING = (
+    "trtype rdma needs rdma-core's Python bindings (pyverbs: Debian's python3-pyverbs), "
+    "which this Python cannot import"
+)
 
 
 def cap_mqes(cap: int) -> int:
@@ -225,7 +235,7 @@ class Controller:
         if self.is_discovery or queues <= 0:
             return
         queues = await self._negotiate_queue_count(queues)
-        depth = min(queue_depth, cap_mqes(self.cap))
+        depth = min(queue_depth, cap_mqes(self.cap), _MAX_QUEUE_DEPTH.get(self.trtype, queue_depth))
         if info.maxcmd:
             depth = min(depth, info.maxcmd)
         self.queue_depth = max(1, depth)
@@ -257,15 +267,21 @@ class Controller:
             # an rdma queue opens.
             from pynvmf.rdma.host_verbs import open_queue
 
-            return await open_queue(
-                self.address,
-                self.port,
-                qid,
-                depth,
-                cntlid=self.cntlid if qid else 0,
-                max_transfer=self.max_transfer,
-                timeout=self.timeout,
-            )
+            try:
+                return await open_queue(
+                    self.address,
+                    self.port,
+                    qid,
+                    depth,
+                    cntlid=self.cntlid if qid else 0,
+                    max_transfer=self.max_transfer,
+                    timeout=self.timeout,
+                )
+            except ModuleNotFoundError as exc:
+                # The adapter imports pyverbs before it opens anything: nothing was sent.
+                if (exc.name or "").partition(".")[0] != "pyverbs":
+                    raise
+                raise NvmeTransportUnavailableError(PYVERBS_MISSING) from exc
         return await HostQueue.open(
             self.address,
             self.port,

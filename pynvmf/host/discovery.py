@@ -2,13 +2,38 @@
 
 from __future__ import annotations
 
-from pynvmf.host.controller import connect
+from typing import Any
+
+from pynvmf.host.controller import Controller, connect
 from pynvmf.host.errors import NvmeError
 from pynvmf.spec import logpages as L
 from pynvmf.spec.opcodes import DISCOVERY_NQN
 
 # The log changed under us this many times in a row: give up rather than loop.
 _GENCTR_RETRIES = 10
+
+# A log entry's TRTYPE as connect()'s `trtype`: the transports the host library speaks.
+_ENTRY_TRTYPES: dict[int, str] = {L.TrType.TCP: "tcp", L.TrType.RDMA: "rdma"}
+
+
+def entry_trtype(entry: L.DiscoveryLogEntry) -> str:
+    """The `trtype` connect() takes for what `entry` lists ("tcp" or "rdma"); ValueError
+    for a transport the host library does not speak (FC, loop)."""
+    trtype = _ENTRY_TRTYPES.get(entry.trtype)
+    if trtype is None:
+        raise ValueError(f"trtype: the host library cannot connect to TRTYPE {entry.trtype}")
+    return trtype
+
+
+async def connect_entry(entry: L.DiscoveryLogEntry, **options: Any) -> Controller:
+    """connect() to the subsystem a discovery log entry lists, over the transport it names
+    (its TRTYPE, TRADDR, TRSVCID and SUBNQN); `options` are connect()'s others."""
+    trtype = entry_trtype(entry)
+    try:
+        port = int(entry.trsvcid)
+    except ValueError:
+        raise ValueError(f"trsvcid: {entry.trsvcid!r} is not a port number") from None
+    return await connect(entry.traddr, port, entry.subnqn, trtype=trtype, **options)
 
 
 async def discover(
@@ -18,10 +43,14 @@ async def discover(
     hostnqn: str | None = None,
     hostid: bytes | None = None,
     timeout: float = 10.0,
+    trtype: str = "tcp",
 ) -> list[L.DiscoveryLogEntry]:
-    """Connect to the discovery subsystem at address:port (IPv4 or IPv6), read the
-    whole Discovery log page and disconnect; its entries."""
-    page = await read_discovery_log(address, port, hostnqn=hostnqn, hostid=hostid, timeout=timeout)
+    """Connect to the discovery subsystem at address:port (IPv4 or IPv6) over `trtype`
+    ("tcp" or "rdma", as connect()), read the whole Discovery log page and disconnect;
+    its entries."""
+    page = await read_discovery_log(
+        address, port, hostnqn=hostnqn, hostid=hostid, timeout=timeout, trtype=trtype
+    )
     return page.entries
 
 
@@ -32,6 +61,7 @@ async def read_discovery_log(
     hostnqn: str | None = None,
     hostid: bytes | None = None,
     timeout: float = 10.0,
+    trtype: str = "tcp",
 ) -> L.DiscoveryLogPage:
     """As discover(), the whole page: its entries and its generation counter."""
     ctrl = await connect(
@@ -43,6 +73,7 @@ async def read_discovery_log(
         queues=0,
         kato_ms=0,
         timeout=timeout,
+        trtype=trtype,
     )
     async with ctrl:
         for _ in range(_GENCTR_RETRIES):

@@ -68,6 +68,11 @@ class NvmeUnsupportedError(NvmeError):
     """The controller does not support the command (Identify says so): nothing was sent."""
 
 
+class NvmeTransportUnavailableError(NvmeError):
+    """The transport asked for cannot be used on this machine (trtype rdma without
+    rdma-core's Python bindings, pyverbs): nothing was sent."""
+
+
 class NvmeConnectionError(NvmeError, ConnectionError):
     """The queue's connection is gone (closed, lost, or ended by a protocol error):
     the command's outcome is unknown."""

@@ -389,6 +389,38 @@ def _transport(s: Scrape) -> Iterator[Metric]:
     )
 
 
+def _rdma(s: Scrape) -> Iterator[Metric]:
+    # What each rdma listener's queues counted, those alive and those closed (the same
+    # tallies nvmf_get_stats reads: pynvmf/rdma/counters.py).
+    commands = CounterMetricFamily(
+        "pynvmf_rdma_commands", "Command capsules received on NVMe/RDMA queues", labels=["listener"]
+    )
+    in_capsule = CounterMetricFamily(
+        "pynvmf_rdma_in_capsule_bytes",
+        "Data that came in NVMe/RDMA command capsules",
+        labels=["listener"],
+    )
+    transfers = CounterMetricFamily(
+        "pynvmf_rdma_transfers",
+        "RDMA READs of host memory (a write's data) and RDMA WRITEs to it (a read's data)",
+        labels=["listener", "op"],
+    )
+    queues = CounterMetricFamily(
+        "pynvmf_rdma_queues", "NVMe/RDMA queues opened", labels=["listener"]
+    )
+    for name, tally in s.target.rdma_counters.ports():
+        total = tally.total()
+        commands.add_metric([name], total.commands)
+        in_capsule.add_metric([name], total.in_capsule_bytes)
+        transfers.add_metric([name, "read"], total.rdma_reads)
+        transfers.add_metric([name, "write"], total.rdma_writes)
+        queues.add_metric([name], tally.queues)
+    yield commands
+    yield in_capsule
+    yield transfers
+    yield queues
+
+
 def _budgets(s: Scrape) -> Iterator[Metric]:
     pool = s.target.memory_pool
     yield GaugeMetricFamily(
@@ -471,6 +503,7 @@ SOURCES: tuple[Source, ...] = (
     _tls,
     _auth,
     _transport,
+    _rdma,
     _budgets,
     _faults,
 )

@@ -29,6 +29,7 @@ from typing import Final, Protocol
 
 from pynvmf.logs import ContextLog
 from pynvmf.rdma import sgl
+from pynvmf.rdma.counters import RdmaCounters, RdmaQueueTally
 from pynvmf.spec.command import SQE_SIZE, Sqe
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType
 from pynvmf.spec.status import DNR, Status
@@ -125,6 +126,7 @@ class RdmaConnection(QueueTransport):
         *,
         in_capsule_size: int = DEFAULT_IN_CAPSULE_SIZE,
         max_transfer: int = sgl.KEYED_MAX_LENGTH,
+        tally: RdmaQueueTally | None = None,
     ) -> None:
         self.verbs = verbs
         self.in_capsule_size = in_capsule_size
@@ -148,6 +150,21 @@ class RdmaConnection(QueueTransport):
         self.in_capsule_bytes = 0
         self.rdma_reads = 0
         self.rdma_writes = 0
+        self.completions = 0
+        # The port's tally, which reads counters() while the queue lives (counters.py).
+        self._tally = tally
+        if tally is not None:
+            tally.opened(self)
+
+    def counters(self) -> RdmaCounters:
+        """What this queue has counted so far (a copy): the transport's statistics."""
+        return RdmaCounters(
+            commands=self.commands,
+            in_capsule_bytes=self.in_capsule_bytes,
+            rdma_reads=self.rdma_reads,
+            rdma_writes=self.rdma_writes,
+            completions=self.completions,
+        )
 
     # -- the seam (target/transport.py) -------------------------------------------------
 
@@ -198,6 +215,7 @@ class RdmaConnection(QueueTransport):
         sqhd = 0xFFFF if self.sqhd_disabled else self._sqhd
         cqe = pack_completion(result, sqhd, self.qid, cid, status)
         invalidate = keyed.key if keyed is not None and keyed.invalidate else None
+        self.completions += 1
         self.verbs.send(cqe, invalidate)
 
     def send_data(self, req: Request, data: Buffer) -> None:
@@ -290,6 +308,8 @@ class RdmaConnection(QueueTransport):
         self._keyed.clear()
         self._on_command = _ignore_request
         self._on_refused = _ignore_request
+        if self._tally is not None:
+            self._tally.ended(self)
 
     # -- input ------------------------------------------------------------------------------
 

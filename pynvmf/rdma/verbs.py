@@ -282,7 +282,12 @@ class RdmaQueue:
         )
         self.qpn = cmid.qpn
         in_capsule = port.transport.inline_data_size
-        self.conn = RdmaConnection(self, in_capsule_size=in_capsule, max_transfer=MAX_TRANSFER)
+        self.conn = RdmaConnection(
+            self,
+            in_capsule_size=in_capsule,
+            max_transfer=MAX_TRANSFER,
+            tally=target.rdma_counters.port(str(port)),
+        )
         size = receive_size(in_capsule)
         access = e.ibv_access_flags.IBV_ACCESS_LOCAL_WRITE
         self.receives = [MR(self.pd, size, access) for _ in range(depth)]

@@ -9,7 +9,11 @@
 - pynvmf_add_port / pynvmf_remove_port: a listener with transport options of its own
   (SPDK's listeners share the transport's), or one that exposes every subsystem; its
   `secure_channel` is "none" (default), "optional" (TLS or plain: nvmet's TREQ "not
-  required", which SPDK's boolean cannot say) or "required".
+  required", which SPDK's boolean cannot say) or "required". `trtype` "tcp" (default) or
+  "rdma": an NVMe/RDMA port (its transport options default to the RDMA transport's, no
+  digests, TLS or discovery-only port there; pyverbs and an RDMA device needed, else the
+  error names `trtype`); pynvmf_remove_port takes `trtype` too (a TCP and an rdma port
+  may share an address and number).
 - pynvmf_subsystem_add_peer_listener / pynvmf_subsystem_remove_peer_listener
   {nqn, traddr, trsvcid, portid?}: another gateway's listener for the same subsystem,
   which this target's discovery log lists too (so `nvme connect-all` finds all paths);
@@ -51,14 +55,14 @@ from typing import Any
 from pynvmf.config.files import json_bytes, write_atomically
 from pynvmf.config.native import ConfigError, config_of
 from pynvmf.config.nvmetcli import nvmetcli_config
-from pynvmf.config.spdk import spdk_config
+from pynvmf.config.spdk import rdma_transport, spdk_config
 from pynvmf.metrics.endpoint import MetricsEndpoint, MetricsListenError
 from pynvmf.metrics.host_stats import host_stats
 from pynvmf.rpc.jsonrpc import INVALID_PARAMS, RpcError
 from pynvmf.rpc.methods import ControlPlane, MethodTable, Params, change_error
 from pynvmf.target.changes import ChangeError
 from pynvmf.target.faults import FAULT_FIELDS, parse_fault, parse_for_ms
-from pynvmf.target.port import Port
+from pynvmf.target.port import TRTYPES, Port
 from pynvmf.tcp.target import TransportConfig
 
 table = MethodTable()
@@ -101,6 +105,13 @@ async def pynvmf_save_config(cp: ControlPlane, p: Params) -> bool:
     return True
 
 
+def _trtype(p: Params) -> str:
+    trtype: str = p.string("trtype", "tcp")
+    if trtype not in TRTYPES:
+        raise RpcError(INVALID_PARAMS, f"trtype: {trtype!r} is not one of {', '.join(TRTYPES)}")
+    return trtype
+
+
 @method("pynvmf_add_port")
 async def pynvmf_add_port(cp: ControlPlane, p: Params) -> int:
     address = p.string("address")
@@ -108,17 +119,32 @@ async def pynvmf_add_port(cp: ControlPlane, p: Params) -> int:
     subsystems = p.strings("subsystems")
     discovery_only = p.boolean("discovery_only", False)
     secure_channel = p.string("secure_channel", "none")
-    base = cp.target.transport
+    trtype = _trtype(p)
+    rdma = trtype == "rdma"
+    # An rdma port takes the RDMA transport's options (nvmf_create_transport -t RDMA's, or
+    # another rdma port's) where there is one; digests are NVMe/TCP's.
+    base = (rdma_transport(cp.target, cp.rdma_transport) if rdma else None) or cp.target.transport
+    digests = not rdma and base.allow_header_digest, not rdma and base.allow_data_digest
     transport = TransportConfig(
         inline_data_size=p.integer("inline_data_size", base.inline_data_size, high=0xFFFFFFFF),
         max_h2c_data=p.integer("max_h2c_data", base.max_h2c_data, high=0xFFFFFFFF),
-        allow_header_digest=p.boolean("header_digest", base.allow_header_digest),
-        allow_data_digest=p.boolean("data_digest", base.allow_data_digest),
+        allow_header_digest=p.boolean("header_digest", digests[0]),
+        allow_data_digest=p.boolean("data_digest", digests[1]),
         cpda=base.cpda,
     )
     p.done()
     if discovery_only and subsystems:
         raise RpcError(INVALID_PARAMS, "subsystems: a discovery-only port exposes none")
+    if rdma:
+        if transport.allow_header_digest or transport.allow_data_digest:
+            field = "header_digest" if transport.allow_header_digest else "data_digest"
+            raise RpcError(
+                INVALID_PARAMS, f"{field}: digests are NVMe/TCP's: an rdma port has none"
+            )
+        if discovery_only:
+            raise RpcError(
+                INVALID_PARAMS, "discovery_only: an rdma port answers the discovery NQN itself"
+            )
     for i, nqn in enumerate(subsystems or []):
         if nqn not in cp.target.subsystems:
             raise RpcError(INVALID_PARAMS, f"subsystems[{i}]: no subsystem {nqn!r}")
@@ -129,6 +155,7 @@ async def pynvmf_add_port(cp: ControlPlane, p: Params) -> int:
         discovery_only=discovery_only,
         discovery_listener=discovery_only,
         transport=transport,
+        trtype=trtype,
     )
     port.secure_channel = secure_channel
     try:
@@ -142,11 +169,13 @@ async def pynvmf_add_port(cp: ControlPlane, p: Params) -> int:
 async def pynvmf_remove_port(cp: ControlPlane, p: Params) -> bool:
     address = p.string("address")
     port_number = p.integer("port", high=0xFFFF)
+    trtype = _trtype(p)
     p.done()
-    port = cp.target.find_port(address, port_number)
+    port = cp.target.find_port(address, port_number, trtype)
     if port is None:
         raise RpcError(
-            INVALID_PARAMS, f"port: the target does not listen on {address} {port_number}"
+            INVALID_PARAMS,
+            f"port: the target does not listen on {address} {port_number} ({trtype})",
         )
     await cp.target.remove_port(port)
     return True

@@ -33,6 +33,7 @@ from pynvmf.block.device import GrowsOutside, Resizable, Shrinkable, StorageShra
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.logs import LogLevels, set_log_levels
 from pynvmf.malloc import trim
+from pynvmf.rdma.counters import RdmaTransportCounters
 from pynvmf.record.tap import RECORDING_STOPPED, Recorder
 from pynvmf.spec.auth import DhGroupId, HashId
 from pynvmf.spec.command import COPY_CDFE_FORMATS
@@ -192,6 +193,8 @@ class Target:
         self.counters = TargetCounters()
         # Secure-channel decisions (handshakes, kTLS or user space per direction).
         self.tls_counters = TlsCounters()
+        # What the NVMe/RDMA queues counted, per rdma port (nvmf_get_stats).
+        self.rdma_counters = RdmaTransportCounters()
         # Completed I/O commands by subsystem, host, namespace and opcode (metrics); kept
         # by NQN, past the controllers and subsystems that counted them.
         self.command_counts = CommandCounts()

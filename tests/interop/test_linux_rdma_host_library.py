@@ -12,7 +12,10 @@ capsule: nvmet-rdma's in-capsule size is 4 KiB) and 64 KiB (a keyed SGL: the tar
 READs it), reads both back identical (the target RDMA WRITEs them), and disconnects; the
 kernel logs no nvmet_rdma error. The same host then runs against pynvmf's own NVMe/RDMA
 target (pynvmf/rdma/verbs.py, 16 KiB in-capsule) started in the same guest on the next
-port, and again after a rejected request; its log has no error.
+port, and again after a rejected request; its log has no error. Last, discovery over
+RDMA: the host library reads both targets' discovery logs over rdma queues (TRTYPE rdma)
+and connects to what they list; `pynvmf discover -t rdma` reads the kernel's; pynvmf's
+nvmf_get_stats shows its rdma queues' counts.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ PORT = 4420
 # pynvmf's own target, in the same guest.
 PYNVMF_NQN = "nqn.2014-08.org.pynvmf:rdma-host-library-pynvmf"
 PYNVMF_PORT = 4421
+RPC_SOCKET = "/tmp/pynvmf-rpc.sock"
 RXE = "rxe0"
 
 
@@ -174,7 +178,7 @@ def pynvmf_target(guest: Guest, kernel_target: KernelTarget) -> Iterator[None]:
     guest.run(
         f"cd /tmp && (PYTHONPATH={GUEST_DIR} python3 -m pynvmf target"
         f" --listen rdma:{guest.guest_address}:{PYNVMF_PORT} --memory 64M --nqn {PYNVMF_NQN}"
-        " --discovery-port 0 --cores 1 -v"
+        f" --discovery-port 0 --cores 1 -v --rpc-socket {RPC_SOCKET}"
         " > /tmp/pynvmf.out 2> /tmp/pynvmf.err & echo $! > /tmp/pynvmf.pid)\n"
         "for i in $(seq 300); do grep -q ready /tmp/pynvmf.out && exit 0; sleep 0.2; done;"
         " cat /tmp/pynvmf.err; exit 1",
@@ -207,3 +211,99 @@ def test_a_connect_after_a_reject_against_pynvmf_target(guest: Guest, pynvmf_tar
     seen = _run_host(guest, PYNVMF_PORT, PYNVMF_NQN, "reject")
     assert seen["reject"][0] == "INVALID_HSQSIZE", seen
     _check(seen, 16384)
+
+
+# Runs in the guest: discovery over rdma queues at each (port, NQN) given, then a connect
+# to the entry that lists NQN (connect_entry: the transport its TRTYPE names), a 4 KiB
+# write read back; prints one JSON line.
+DISCOVER = r"""
+import asyncio, json, os, sys
+from pynvmf import host
+
+address = sys.argv[1]
+targets = [(int(p), nqn) for p, nqn in (a.split("=") for a in sys.argv[2:])]
+
+
+async def one(port, nqn):
+    entries = await host.discover(address, port, trtype="rdma")
+    seen = {"log": [[e.trtype, e.subtype, e.subnqn, e.trsvcid] for e in entries]}
+    [entry] = [e for e in entries if e.subnqn == nqn]
+    ctrl = await host.connect_entry(entry, queues=1, queue_depth=16)
+    try:
+        seen["trtype"] = ctrl.trtype
+        seen["queues"] = len(ctrl.io_queues)
+        data = os.urandom(4096)
+        await ctrl.namespaces[1].write(8, data)
+        back = bytearray(4096)
+        await ctrl.namespaces[1].read(8, memoryview(back))
+        seen["back"] = bytes(back) == data
+    finally:
+        await ctrl.close()
+    return seen
+
+
+async def main():
+    print(json.dumps({nqn: await one(port, nqn) for port, nqn in targets}))
+
+
+asyncio.run(main())
+"""
+
+STATS = f"""
+import json
+from pynvmf.rpc.client import RpcClient
+with RpcClient({RPC_SOCKET!r}) as client:
+    print(json.dumps(client.call("nvmf_get_stats", {{}})))
+"""
+
+
+def _last_json(output: str) -> Any:
+    lines = [ln for ln in output.splitlines() if ln.startswith(("{", "["))]
+    assert lines, output
+    return json.loads(lines[-1])
+
+
+def test_discovery_over_rdma_the_cli_and_the_rdma_statistics(
+    guest: Guest, kernel_target: KernelTarget, pynvmf_target: None
+) -> None:
+    address = guest.guest_address
+    guest.write_file("/tmp/rdma_discover.py", DISCOVER)
+    done = guest.run(
+        f"cd /tmp && PYTHONPATH={GUEST_DIR} python3 /tmp/rdma_discover.py {address}"
+        f" {PORT}={NQN} {PYNVMF_PORT}={PYNVMF_NQN}",
+        timeout=240,
+    )
+    print(done.output)
+    assert "Traceback" not in done.output
+    seen = _last_json(done.output)
+    for nqn, port in ((NQN, PORT), (PYNVMF_NQN, PYNVMF_PORT)):
+        # Every entry of both logs says TRTYPE rdma (1); the subsystem is listed at its port.
+        assert {trtype for trtype, *_ in seen[nqn]["log"]} == {1}, seen
+        assert [2, nqn, str(port)] in [e[1:] for e in seen[nqn]["log"]], seen
+        assert seen[nqn]["trtype"] == "rdma" and seen[nqn]["queues"] == 1, seen
+        assert seen[nqn]["back"], seen
+
+    # The command line: nvme-cli's -t rdma, the port by default 4420 (the kernel's).
+    cli = guest.run(
+        f"cd /tmp && PYTHONPATH={GUEST_DIR} python3 -m pynvmf discover -t rdma -a {address}"
+        " -o json",
+        timeout=240,
+    )
+    # -o json prints the log indented, over several lines.
+    output = cli.output
+    records = json.loads(output[output.index("{\n") : output.rindex("}") + 1])["records"]
+    ours = [r for r in records if r["subnqn"] == NQN]
+    assert ours and ours[0]["trtype"] == "rdma" and ours[0]["trsvcid"] == str(PORT), cli.output
+
+    # pynvmf's target counted what its rdma queues carried (the host library's runs).
+    guest.write_file("/tmp/rdma_stats.py", STATS)
+    stats = _last_json(guest.run(f"PYTHONPATH={GUEST_DIR} python3 /tmp/rdma_stats.py").output)
+    print(json.dumps(stats))
+    [rdma] = [t for t in stats["poll_groups"][0]["transports"] if t["trtype"] == "RDMA"]
+    [device] = rdma["devices"]
+    assert device["name"] == f"rdma:{address}:{PYNVMF_PORT}", device
+    assert device["requests"] > 0 and device["completions"] > device["requests"], device
+    assert device["in_capsule_bytes"] > 0 and device["rdma_reads"] > 0, device
+    assert device["rdma_writes"] > 0 and device["total_send_wrs"] > 0, device
+    # Each run opened an admin and an I/O queue (those alive still may be closing).
+    assert device["queues_opened"] >= 2, device

@@ -6,6 +6,7 @@ loads back with rpc.py's load_config and with `pynvmf target --json`."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import subprocess
@@ -919,3 +920,38 @@ def test_rpc_py_subsystem_limits_and_secure_channel_as_spdk(
             assert list(ctrl.namespaces) == [32]
 
     asyncio.run(identify())
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("pyverbs") is not None, reason="pyverbs is installed here"
+)
+def test_rpc_py_creates_the_rdma_transport_and_an_rdma_listener_says_pyverbs_is_missing(
+    served: tuple[TargetProcess, Spdk],
+) -> None:
+    """rpc.py's `nvmf_create_transport -t RDMA` needs no RDMA device; its
+    `nvmf_subsystem_add_listener -t rdma` needs pyverbs, which this machine's Python has
+    not: refused naming the field and the package, nothing applied, the target serving on.
+    (The listener that opens is the RDMA guest's: tests/interop/test_linux_rdma_host.py.)"""
+    proc, spdk = served
+    spdk.run("nvmf_create_transport", "-t", "RDMA", "-c", "8192")
+    rdma = [t for t in spdk.json("nvmf_get_transports") if t["trtype"] == "RDMA"]
+    assert [t["in_capsule_data_size"] for t in rdma] == [8192]
+    # The RDMA transport in every poll group's statistics, with no device yet.
+    for group in spdk.json("nvmf_get_stats")["poll_groups"]:
+        assert {"trtype": "RDMA", "pending_data_buffer": 0, "devices": []} in group["transports"]
+    spdk.run("nvmf_create_subsystem", NQN, "-a")
+    port = free_tcp_port()
+    refused = spdk.run(
+        "nvmf_subsystem_add_listener", NQN, "-t", "rdma", "-a", "127.0.0.1", "-s", str(port),
+        check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    said = refused.stdout + refused.stderr
+    assert "listen_address.trtype: cannot listen on rdma:127.0.0.1:" in said, said
+    assert "pyverbs" in said, said
+    assert spdk.json("nvmf_subsystem_get_listeners", NQN) == []
+    assert proc.alive
+    # The same listener on TCP opens: the refusal left the subsystem as it was.
+    spdk.run("nvmf_subsystem_add_listener", NQN, "-t", "tcp", "-a", "127.0.0.1", "-s", str(port))
+    [listener] = spdk.json("nvmf_subsystem_get_listeners", NQN)
+    assert listener["address"]["trtype"] == "TCP"

@@ -19,14 +19,17 @@ from typing import Any
 
 import pytest
 
-from pynvmf.host import discover
-from pynvmf.rdma import verbs
+from pynvmf.host import connect, discover
+from pynvmf.metrics.endpoint import MetricsEndpoint
+from pynvmf.rdma import host_verbs, verbs
 from pynvmf.rpc.client import RpcClient, RpcClientError
 from pynvmf.rpc.server import RpcServer, control_plane
 from pynvmf.spec import logpages as L
 from pynvmf.target.port import Port
 from pynvmf.target.target import Target
 from tests.protocol.conftest import RAW_SUBNQN, RawTarget, RawTargetFactory
+from tests.support.scrape import samples_of, value
+from tests.unit.test_rdma_host_queue import LoopbackFabric
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -202,3 +205,137 @@ async def test_rdma_listeners_added_listed_in_discovery_and_removed(
             nqn=RAW_SUBNQN,
             listen_address=rdma(tcp.address, tcp.port),
         )
+
+
+# -- pynvmf_add_port with trtype rdma ---------------------------------------------------------
+
+
+async def test_pynvmf_add_port_opens_an_rdma_port_beside_the_tcp_one_and_removes_it(
+    rig: Rig, rdma_opens: list[Port]
+) -> None:
+    tcp = rig.target.ports[0]
+    await rig.call("nvmf_create_transport", trtype="RDMA", in_capsule_data_size=8192)
+    number = await rig.call("pynvmf_add_port", address=tcp.address, port=tcp.port, trtype="rdma")
+    assert number == tcp.port
+    # The RDMA transport's options, not the TCP port's.
+    [port] = rdma_opens
+    assert (port.trtype, port.address, port.transport.inline_data_size) == (
+        "rdma",
+        tcp.address,
+        8192,
+    )
+    assert not port.transport.allow_header_digest and not port.transport.allow_data_digest
+    entries = await discover(tcp.address, tcp.port)
+    assert (L.TrType.RDMA, RAW_SUBNQN) in {(e.trtype, e.subnqn) for e in entries}
+    # The same address and number: trtype says which one goes.
+    await rig.call("pynvmf_remove_port", address=tcp.address, port=tcp.port, trtype="rdma")
+    assert [p.trtype for p in rig.target.ports] == ["tcp"]
+    assert rig.target.ports[0] is tcp
+    with pytest.raises(RpcClientError, match=r"port: the target does not listen on .* \(rdma\)"):
+        await rig.call("pynvmf_remove_port", address=tcp.address, port=tcp.port, trtype="rdma")
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"trtype": "fc"}, "trtype: 'fc' is not one of tcp, rdma"),
+        ({"trtype": "rdma", "header_digest": True}, "header_digest: digests are NVMe/TCP's"),
+        ({"trtype": "rdma", "data_digest": True}, "data_digest: digests are NVMe/TCP's"),
+        ({"trtype": "rdma", "discovery_only": True}, "discovery_only: an rdma port answers"),
+        ({"trtype": "rdma", "secure_channel": "required"}, "secure_channel: TLS is NVMe/TCP's"),
+    ],
+)
+async def test_pynvmf_add_port_refuses_what_an_rdma_port_cannot_have(
+    rig: Rig, rdma_opens: list[Port], params: dict[str, Any], message: str
+) -> None:
+    ports = list(rig.target.ports)
+    with pytest.raises(RpcClientError, match=message):
+        await rig.call("pynvmf_add_port", address="127.0.0.1", port=4420, **params)
+    assert rig.target.ports == ports and rdma_opens == []
+
+
+async def test_pynvmf_add_port_rdma_without_pyverbs_names_trtype_and_applies_nothing(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "pyverbs", None)
+    monkeypatch.setitem(sys.modules, "pyverbs.cmid", None)
+    ports = list(rig.target.ports)
+    with pytest.raises(RpcClientError) as info:
+        await rig.call("pynvmf_add_port", address="127.0.0.1", port=4420, trtype="rdma")
+    assert str(info.value).startswith("trtype: cannot listen on rdma:127.0.0.1:4420: ")
+    assert "pyverbs" in str(info.value)
+    assert rig.target.ports == ports
+
+
+# -- nvmf_get_stats: the RDMA transport's counters --------------------------------------------
+
+
+def rdma_stats(stats: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each poll group's RDMA transport entry."""
+    return [t for g in stats["poll_groups"] for t in g["transports"] if t["trtype"] == "RDMA"]
+
+
+async def test_nvmf_get_stats_shows_the_rdma_queues_counters_as_spdk_shapes_them(
+    rig: Rig, rdma_opens: list[Port], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No RDMA transport yet: only TCP's entry, as SPDK without nvmf_create_transport -t RDMA.
+    assert rdma_stats(await rig.call("nvmf_get_stats")) == []
+    await rig.call("nvmf_create_transport", trtype="RDMA")
+    [group] = rdma_stats(await rig.call("nvmf_get_stats"))
+    assert group == {"trtype": "RDMA", "pending_data_buffer": 0, "devices": []}
+
+    tcp = rig.target.ports[0]
+    await rig.call(
+        "nvmf_subsystem_add_listener", nqn=RAW_SUBNQN, listen_address=rdma(tcp.address, tcp.port)
+    )
+    [port] = rdma_opens
+    # The host library's rdma queues, joined in memory to the target's RDMA queues (the
+    # loopback of tests/unit/test_rdma_host_queue.py), which count into the port's tally.
+    fabric = LoopbackFabric(rig.target, port)
+    monkeypatch.setattr(host_verbs, "open_queue", fabric.open_queue)
+    ctrl = await connect(tcp.address, tcp.port, RAW_SUBNQN, trtype="rdma", queues=1, kato_ms=0)
+    try:
+        ns = ctrl.namespaces[1]
+        await ns.write(0, b"\x01" * 4096)  # in the capsule
+        await ns.write(64, b"\x02" * 65536)  # above the 16 KiB in-capsule size: RDMA READ
+        await ns.read(0, memoryview(bytearray(8192)))  # RDMA WRITE
+        [group] = rdma_stats(await rig.call("nvmf_get_stats"))
+    finally:
+        await ctrl.close()
+    [device] = group["devices"]
+    spdk_fields = {
+        "name", "polls", "idle_polls", "completions", "requests", "request_latency",
+        "pending_free_request", "pending_rdma_read", "pending_rdma_write", "pending_rdma_send",
+        "total_send_wrs", "send_doorbell_updates", "total_recv_wrs", "recv_doorbell_updates",
+    }  # fmt: skip
+    assert spdk_fields <= device.keys()
+    assert device["name"] == f"rdma:{tcp.address}:{tcp.port}"
+    assert device["queues_opened"] == device["queues_alive"] == 2
+    # The I/O queue's Connect (1 KiB) and the 4 KiB write came in capsules.
+    assert device["in_capsule_bytes"] >= 1024 + 4096
+    assert device["rdma_reads"] >= 2  # the 64 KiB write, and the admin Connect's data
+    assert device["rdma_writes"] >= 2  # the read, and the Identify data
+    assert device["requests"] >= 5 and device["completions"] > device["requests"]
+    assert device["total_send_wrs"] >= device["requests"] + 4
+    # The queues ended: what they counted stays.
+    [group] = rdma_stats(await rig.call("nvmf_get_stats"))
+    [after] = group["devices"]
+    assert after["queues_alive"] == 0
+    # The Prometheus endpoint reads the same tallies.
+    m = samples_of(MetricsEndpoint(rig.target).exposition().decode())
+    listener = after["name"]
+    assert value(m, "pynvmf_rdma_commands_total", listener=listener) == after["requests"]
+    assert (
+        value(m, "pynvmf_rdma_in_capsule_bytes_total", listener=listener)
+        == (after["in_capsule_bytes"])
+    )
+    assert (
+        value(m, "pynvmf_rdma_transfers_total", listener=listener, op="read")
+        == (after["rdma_reads"])
+    )
+    assert (
+        value(m, "pynvmf_rdma_transfers_total", listener=listener, op="write")
+        == (after["rdma_writes"])
+    )
+    assert value(m, "pynvmf_rdma_queues_total", listener=listener) == 2
+    assert after["requests"] >= device["requests"] and after["rdma_reads"] >= device["rdma_reads"]

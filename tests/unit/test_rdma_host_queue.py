@@ -11,8 +11,8 @@ against pynvmf's own NVMe/RDMA target queue (pynvmf.rdma.queue) and a memory nam
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import struct
-from collections.abc import Iterator
 
 import pytest
 
@@ -29,6 +29,7 @@ from pynvmf.rdma.host_queue import (
 )
 from pynvmf.rdma.queue import RdmaConnection
 from pynvmf.spec import command as C
+from pynvmf.spec import logpages as L
 from pynvmf.spec.opcodes import AdminOpcode, FabricsType, IoOpcode
 from pynvmf.spec.status import DNR, Status
 from pynvmf.target.port import Port
@@ -398,15 +399,18 @@ class LoopbackFabric:
             def disconnect(self) -> None:
                 loop.call_soon(queue.disconnected)
 
-        target_conn = RdmaConnection(TargetSide(), max_transfer=1 << 20)
+        # Counted into the port's tally, as verbs.py's queues are (nvmf_get_stats).
+        tally = self.target.rdma_counters.port(str(self.port))
+        target_conn = RdmaConnection(TargetSide(), max_transfer=1 << 20, tally=tally)
         TargetQueue(self.target, self.port, target_conn, "127.0.0.1")
         queue = RdmaHostQueue(qid, depth, HostSide(), max_transfer=max_transfer)
         self.queues.append((queue, target_conn))
         return queue
 
 
-@pytest.fixture
-def fabric(monkeypatch: pytest.MonkeyPatch) -> Iterator[LoopbackFabric]:
+def loopback_target(monkeypatch: pytest.MonkeyPatch) -> LoopbackFabric:
+    """A target with a memory namespace on an rdma port at 127.0.0.1:4420, which the host
+    library's rdma queues reach over the loopback (for the test's duration)."""
     device = MemoryDevice(BLOCK * 4096, BLOCK)
     subsystem = Subsystem(NQN)
     subsystem.add_namespace(Namespace.create(NQN, 1, device, "memory:1"))
@@ -414,7 +418,12 @@ def fabric(monkeypatch: pytest.MonkeyPatch) -> Iterator[LoopbackFabric]:
     loopback = LoopbackFabric(Target([subsystem], [port]), port)
     # The controller opens its rdma queues through host_verbs.open_queue.
     monkeypatch.setattr(host_verbs_module, "open_queue", loopback.open_queue)
-    yield loopback
+    return loopback
+
+
+@pytest.fixture
+def fabric(monkeypatch: pytest.MonkeyPatch) -> LoopbackFabric:
+    return loopback_target(monkeypatch)
 
 
 async def test_the_host_library_over_rdma_identifies_writes_and_reads_back(
@@ -449,3 +458,63 @@ async def test_connect_refuses_what_rdma_does_not_carry() -> None:
         await host.connect("127.0.0.1", 4420, NQN, trtype="fc")
     with pytest.raises(ValueError, match="digests are TCP's"):
         await host.connect("127.0.0.1", 4420, NQN, trtype="rdma", header_digest=True)
+
+
+# -- discovery over RDMA, and following what the log lists ---------------------------------
+
+
+async def test_discovery_over_rdma_lists_trtype_rdma_and_its_entry_connects(
+    fabric: LoopbackFabric,
+) -> None:
+    # The rdma port answers the discovery NQN itself (no TCP discovery port).
+    listed = await host.discover("127.0.0.1", 4420, trtype="rdma")
+    # Every entry, the current discovery subsystem's included, says TRTYPE rdma.
+    assert {e.trtype for e in listed} == {L.TrType.RDMA}
+    entries = [e for e in listed if e.subtype == L.SubType.NVME]
+    assert [(e.subnqn, e.traddr, e.trsvcid) for e in entries] == [(NQN, "127.0.0.1", "4420")]
+    assert host.entry_trtype(entries[0]) == "rdma"
+    # The discovery controller's queue was an rdma queue, and it is closed.
+    discovery_queue, _ = fabric.queues[0]
+    assert discovery_queue.qid == 0 and discovery_queue.closed
+    opened = len(fabric.queues)
+    ctrl = await host.connect_entry(entries[0], queues=1, queue_depth=4, kato_ms=0)
+    try:
+        assert ctrl.trtype == "rdma" and ctrl.subnqn == NQN
+        assert len(fabric.queues) == opened + 2  # its admin and I/O queues, over rdma
+        await ctrl.namespaces[1].write(0, bytes(BLOCK))
+    finally:
+        await ctrl.close()
+
+
+async def test_an_entry_of_a_transport_the_host_library_does_not_speak_is_refused() -> None:
+    fc = L.DiscoveryLogEntry(trtype=L.TrType.FC, trsvcid="none", subnqn=NQN, traddr="x")
+    with pytest.raises(ValueError, match="TRTYPE 2"):
+        host.entry_trtype(fc)
+    with pytest.raises(ValueError, match="TRTYPE 2"):
+        await host.connect_entry(fc)
+    tcp = L.DiscoveryLogEntry(trtype=L.TrType.TCP, trsvcid="4420", subnqn=NQN, traddr="x")
+    assert host.entry_trtype(tcp) == "tcp"
+    odd = L.DiscoveryLogEntry(trtype=L.TrType.RDMA, trsvcid="port", subnqn=NQN, traddr="x")
+    with pytest.raises(ValueError, match="trsvcid"):
+        await host.connect_entry(odd)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("pyverbs") is not None, reason="pyverbs is installed here"
+)
+async def test_rdma_without_pyverbs_says_what_is_missing_before_anything_is_sent() -> None:
+    # This Python has no pyverbs: the real adapter's import fails, and the host library
+    # names the package rather than a ModuleNotFoundError from inside the adapter.
+    with pytest.raises(host.NvmeTransportUnavailableError, match="python3-pyverbs"):
+        await host.connect("127.0.0.1", 4420, NQN, trtype="rdma", timeout=2)
+    with pytest.raises(host.NvmeTransportUnavailableError, match="pyverbs"):
+        await host.discover("127.0.0.1", 4420, trtype="rdma", timeout=2)
+
+
+async def test_an_rdma_queue_is_never_deeper_than_128_entries(fabric: LoopbackFabric) -> None:
+    # CAP.MQES allows 1024 entries; the RDMA CM would reject 129 (INVALID_HSQSIZE).
+    ctrl = await host.connect("127.0.0.1", 4420, NQN, trtype="rdma", queue_depth=1000, kato_ms=0)
+    try:
+        assert ctrl.queue_depth == cm.IO_QUEUE_SIZE - 1
+    finally:
+        await ctrl.close()

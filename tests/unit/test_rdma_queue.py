@@ -18,6 +18,7 @@ import pytest
 
 from pynvmf.block.memory import MemoryDevice
 from pynvmf.rdma import sgl
+from pynvmf.rdma.counters import RdmaCounters, RdmaQueueTally, RdmaTransportCounters
 from pynvmf.rdma.queue import (
     DEFAULT_IN_CAPSULE_SIZE,
     RdmaConnection,
@@ -323,6 +324,42 @@ def test_a_disconnected_queue_gives_back_what_commands_held_and_sends_nothing() 
     assert upper.budget.given == 1024 and upper.budget.closed
     conn.complete(req, 0, 0, b"x" * 1024)
     assert verbs.sends == [] and verbs.writes == []
+
+
+def test_a_queue_counts_into_its_ports_tally_while_alive_and_once_when_it_ends() -> None:
+    tally = RdmaQueueTally()
+    verbs = FakeVerbs()
+    conn = RdmaConnection(verbs, max_transfer=1 << 20, tally=tally)
+    verbs.conn = conn
+    upper = RecordingQueue()
+    conn.attach(upper)
+    conn.bind_queue(QueueParams(1, 32, borrow_capsule_data=True))
+    assert (tally.queues, tally.alive, tally.total()) == (1, 1, RdmaCounters())
+    conn.received(0, memoryview(sqe(IoOpcode.WRITE, 1, in_capsule(512)) + b"\x01" * 512))
+    conn.received(1, memoryview(sqe(IoOpcode.WRITE, 2, keyed(4096), nlb=8)))
+    conn.received(2, memoryview(sqe(IoOpcode.READ, 3, keyed(1024), nlb=2)))
+    (small, _), (big, _), (read, _) = upper.commands
+    conn.complete(small, 0)
+    conn.fetch_data(big, lambda r: None)
+    conn.read_done(2, bytearray(4096))
+    conn.complete(big, 0)
+    conn.complete(read, 0, 0, b"\x02" * 1024)
+    expected = RdmaCounters(
+        commands=3, in_capsule_bytes=512, rdma_reads=1, rdma_writes=1, completions=3
+    )
+    # The named interface: a copy of the queue's counts, read by the tally while it lives.
+    assert conn.counters() == expected and tally.total() == expected
+    conn.disconnected()
+    conn.disconnected()  # the adapter may report the end twice: counted once
+    assert (tally.queues, tally.alive, tally.total()) == (1, 0, expected)
+
+
+def test_a_transports_counters_keep_a_tally_per_port() -> None:
+    counters = RdmaTransportCounters()
+    first = counters.port("rdma:10.0.0.1:4420")
+    assert counters.port("rdma:10.0.0.1:4420") is first
+    second = counters.port("rdma:10.0.0.1:4421")
+    assert counters.ports() == [("rdma:10.0.0.1:4420", first), ("rdma:10.0.0.1:4421", second)]
 
 
 def test_the_rdma_connection_is_a_queue_transport() -> None:
