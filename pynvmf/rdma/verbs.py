@@ -522,8 +522,14 @@ class RdmaQueue:
             self.conn.close("completion handling failed")
 
     def _received(self, wc: Any) -> None:
-        if wc.status != self._e.ibv_wc_status.IBV_WC_SUCCESS:
-            if not self.conn.closing:
+        status = self._e.ibv_wc_status
+        if wc.status != status.IBV_WC_SUCCESS:
+            if wc.status == status.IBV_WC_WR_FLUSH_ERR:
+                # The queue pair went into error for a reason another completion names
+                # (an RDMA READ refused, on the send queue, whose completion may come
+                # after these): that one closes the queue; this one only if none does.
+                self.listener.loop.call_soon(self._flushed, self._status(wc))
+            elif not self.conn.closing:
                 self.conn.receive_failed(self._status(wc))
             return
         slot = wc.wr_id
@@ -531,6 +537,10 @@ class RdmaQueue:
         # Lent, not copied: the queue posts the buffer again once the NVMe layer has
         # taken what it keeps (borrow_capsule_data's rule).
         self.conn.received(slot, self._recv_view[offset : offset + wc.byte_len])
+
+    def _flushed(self, reason: str) -> None:
+        if not self.conn.closing and not self.closed:
+            self.conn.receive_failed(reason)
 
     def _status(self, wc: Any) -> str:
         """A failed completion's status, as libibverbs names it (ibv_wc_status_str)."""
