@@ -443,8 +443,8 @@ class RdmaQueue:
         e = self._e
         SGE, SendWR = self._SGE, self._SendWR
         for work, slot in ready:
-            if self.released:
-                return
+            if self.released or self.conn.closing:
+                return  # nothing more goes out (what waited is dropped with the queue)
             wr_id = self._next_wr
             self._next_wr = wr_id + 1
             n = work.length
@@ -555,17 +555,24 @@ class RdmaQueue:
             return
         tag, length, slot, cqe = posted
         ok = wc.status == self._e.ibv_wc_status.IBV_WC_SUCCESS
-        data = None
-        if tag >= 0 and ok and slot is not None:
-            data = bytearray(self._data_view[slot.offset : slot.offset + length])
         if cqe is not None:
             self.cqes.give(cqe)
-        # What waited goes out before anything the callbacks below ask for.
+        if not ok:
+            # The queue pair is in error: the queue closes, and nothing more is posted.
+            if tag >= 0:
+                self.conn.read_done(tag, None)
+            elif not self.conn.closing:
+                self.conn.close(f"work request failed: {self._status(wc)}")
+            self._post(self.work.done(slot))
+            return
+        data = None
+        if tag >= 0 and slot is not None:
+            # The READ's bytes, for the command's length only; the slot is free after.
+            data = bytearray(self._data_view[slot.offset : slot.offset + length])
+        # What waited goes out before anything the callback below asks for.
         self._post(self.work.done(slot))
         if tag >= 0:
             self.conn.read_done(tag, data)
-        elif not ok and not self.conn.closing:
-            self.conn.close(f"work request failed: {self._status(wc)}")
 
     def disconnected(self) -> None:
         if self.closed:
