@@ -29,8 +29,9 @@ an RDMA READ is read for the command's length only.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -184,3 +185,49 @@ class OrderedWork(Generic[T]):
         dropped = [w.work for w in self._waiting]
         self._waiting.clear()
         return dropped
+
+
+class Region(Protocol):
+    """A registered memory region, as the pool needs it (pyverbs' MR)."""
+
+    def close(self) -> None: ...
+
+
+R = TypeVar("R", bound=Region)
+
+
+class RegionPool(Generic[R]):
+    """A region per slot of ``pool``, registered (``register(size)``) the first time its
+    slot is taken and kept until :meth:`close`: where a work request must name a whole
+    region from its start (pyverbs' CM ID posts), a buffer is a region, not an offset. A
+    request that no free slot fits gets a region of its own (slot None), closed when given
+    back; the regions kept are bounded by the pool's slots."""
+
+    def __init__(self, pool: BufferPool, register: Callable[[int], R]) -> None:
+        self.pool = pool
+        self._register = register
+        self._regions: dict[int, R] = {}
+
+    def take(self, length: int) -> tuple[R, Slot | None]:
+        slot = self.pool.take(length)
+        if slot is None:
+            return self._register(max(length, 1)), None
+        mr = self._regions.get(slot.index)
+        if mr is None:
+            mr = self._regions[slot.index] = self._register(slot.size)
+        return mr, slot
+
+    def give(self, mr: R, slot: Slot | None) -> None:
+        if slot is None:
+            mr.close()
+        else:
+            self.pool.give(slot)
+
+    @property
+    def registered(self) -> int:
+        return len(self._regions)
+
+    def close(self) -> None:
+        regions, self._regions = self._regions, {}
+        for mr in regions.values():
+            mr.close()

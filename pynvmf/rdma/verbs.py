@@ -453,7 +453,8 @@ class RdmaQueue:
                 if cqe is None:  # as many as send queue entries: never
                     self.conn.close("no completion buffer")
                     return
-                self._cqe_view[cqe.offset : cqe.offset + n] = work.data  # type: ignore[index]
+                assert work.data is not None
+                self._cqe_view[cqe.offset : cqe.offset + n] = work.data
                 sge = SGE(self.cqe_mr.buf + cqe.offset, n, self.cqe_mr.lkey)
                 if work.tag >= 0:
                     # SEND with Invalidate: the host's key is invalidated as the CQE
@@ -477,9 +478,10 @@ class RdmaQueue:
                 sge = SGE(self.data_mr.buf + slot.offset, n, self.data_mr.lkey)
                 if work.kind == _WRITE:
                     data = work.data
+                    assert data is not None
                     if type(data) is memoryview and data.format != "B":
                         data = data.cast("B")
-                    self._data_view[slot.offset : slot.offset + n] = data  # type: ignore[index]
+                    self._data_view[slot.offset : slot.offset + n] = data
                     opcode = e.ibv_wr_opcode.IBV_WR_RDMA_WRITE
                     self._posted[wr_id] = (-1, n, slot, None)
                 else:

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from pynvmf.rdma.buffers import ALIGN, BufferPool, OrderedWork, data_classes
+from pynvmf.rdma.buffers import ALIGN, BufferPool, OrderedWork, RegionPool, data_classes
 
 
 def test_slots_are_laid_out_by_class_aligned_and_disjoint() -> None:
@@ -99,3 +99,39 @@ def test_clear_drops_what_waits() -> None:
     work.push("b", 64)
     assert work.clear() == ["b"]
     assert work.waiting == 0
+
+
+class FakeRegion:
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_regions_are_registered_once_per_slot_and_kept() -> None:
+    made: list[FakeRegion] = []
+
+    def register(size: int) -> FakeRegion:
+        made.append(FakeRegion(size))
+        return made[-1]
+
+    regions = RegionPool(BufferPool([(1088, 1), (16448, 1)]), register)
+    mr, slot = regions.take(100)
+    assert slot is not None and mr.size == 1088
+    regions.give(mr, slot)
+    again, slot = regions.take(1000)
+    assert again is mr and len(made) == 1  # the slot's region, not a new one
+    # Every fitting slot in use (or none large enough): a region of its own, closed when
+    # given back; the kept ones stay open until the pool closes.
+    big, big_slot = regions.take(16448)
+    own, own_slot = regions.take(20000)
+    assert big_slot is not None and own_slot is None and own.size == 20000
+    regions.give(own, own_slot)
+    assert own.closed and not big.closed
+    assert regions.registered == 2
+    regions.give(mr, slot)
+    regions.give(big, big_slot)
+    regions.close()
+    assert mr.closed and big.closed and regions.registered == 0
