@@ -36,6 +36,7 @@ from typing import Any
 from pynvmf.host.errors import NvmeConnectionError
 from pynvmf.rdma import cm
 from pynvmf.rdma.buffers import BufferPool, RegionPool, Slot, data_classes
+from pynvmf.rdma.channels import comp_channel
 from pynvmf.rdma.host_queue import RdmaHostQueue, read_connect_answer
 
 log = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ class PyverbsHostVerbs:
         self._receives: list[Any] = []
         self._posted: deque[int] = deque()
         self._sent: deque[tuple[Any, Slot | None]] = deque()
-        self._cqs: list[tuple[Any, Any]] = []
+        self._cqs: list[tuple[Any, Any, int]] = []  # (channel, CQ, its descriptor)
         self._disconnecting = False
         self._established = False
         self._gone = False
@@ -173,13 +174,13 @@ class PyverbsHostVerbs:
 
     def _make_queue_pair(self) -> None:
         import pyverbs.libibverbs_enums as e
-        from pyverbs.cq import CQ, CompChannel
+        from pyverbs.cq import CQ
         from pyverbs.qp import QPCap, QPInitAttr
 
         ctx = self.cmid.context
         pd = self.cmid.pd
         n = self.receive_count
-        send_channel, recv_channel = CompChannel(ctx), CompChannel(ctx)
+        (send_channel, send_fd), (recv_channel, recv_fd) = comp_channel(ctx), comp_channel(ctx)
         self.send_cq = CQ(ctx, n, None, send_channel, 0)
         self.recv_cq = CQ(ctx, n, None, recv_channel, 0)
         cap = QPCap(max_send_wr=n, max_recv_wr=n, max_send_sge=1, max_recv_sge=1)
@@ -204,11 +205,14 @@ class PyverbsHostVerbs:
         )
         for slot in range(n):
             self._post_receive(slot)
-        for channel, cq in ((send_channel, self.send_cq), (recv_channel, self.recv_cq)):
+        for channel, fd, cq in (
+            (send_channel, send_fd, self.send_cq),
+            (recv_channel, recv_fd, self.recv_cq),
+        ):
             cq.req_notify()
-            os.set_blocking(channel.fd, False)
-            self.loop.add_reader(channel.fd, self._on_completions, channel, cq)
-            self._cqs.append((channel, cq))
+            os.set_blocking(fd, False)
+            self.loop.add_reader(fd, self._on_completions, channel, cq)
+            self._cqs.append((channel, cq, fd))
 
     def _read_cm_events(self) -> list[tuple[int, bytes]]:
         events: list[tuple[int, bytes]] = []
@@ -340,15 +344,15 @@ class PyverbsHostVerbs:
             except Exception as exc:
                 log.debug("RDMA disconnect: %s", exc)
         self.loop.remove_reader(self.fd)
-        for channel, _cq in self._cqs:
-            self.loop.remove_reader(channel.fd)
+        for _channel, _cq, fd in self._cqs:
+            self.loop.remove_reader(fd)
         queue = self.queue
         if queue is not None:
             queue.disconnected()
         for cid in list(self._regions):
             self.release(cid)
         # The queue pair (with the CM ID) before the completion queues it uses.
-        for obj in (self.cmid, *(cq for _, cq in self._cqs), *(ch for ch, _ in self._cqs)):
+        for obj in (self.cmid, *(cq for _, cq, _ in self._cqs), *(ch for ch, _, _ in self._cqs)):
             try:
                 obj.close()
             except Exception as exc:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from pynvmf.rdma import cm
 from pynvmf.rdma.buffers import BufferPool, OrderedWork, Slot, data_classes
+from pynvmf.rdma.channels import comp_channel
 from pynvmf.rdma.cmids import CmIdLedger
 from pynvmf.rdma.queue import RdmaConnection, receive_size
 from pynvmf.target.limits import MAX_TRANSFER
@@ -76,39 +77,6 @@ def _rdma_cm_fd(exclude: set[int]) -> int:
         if fd not in exclude and (rdev == device or link.endswith("/rdma_cm")):
             return fd
     raise OSError(f"no descriptor on {RDMA_CM_DEVICE}: {seen}")
-
-
-# What /proc/self/fd links a completion channel's descriptor to (an anonymous inode).
-COMP_CHANNEL_LINK = "anon_inode:[infinibandevent]"
-
-
-def _open_fds() -> dict[int, str]:
-    """The process's open descriptors and what each links to (not the listing's own,
-    closed by then: a descriptor opened next may take its number)."""
-    fds = {}
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            fds[int(name)] = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue
-    return fds
-
-
-def _comp_channel(ctx: Any) -> tuple[Any, int]:
-    """A new completion channel on `ctx` and its descriptor: `CompChannel.fd` where pyverbs
-    has it (65; not 56, Debian 13's), else the one descriptor the channel opened."""
-    from pyverbs.cq import CompChannel
-
-    before = _open_fds()
-    channel = CompChannel(ctx)
-    fd = getattr(channel, "fd", None)
-    if isinstance(fd, int):
-        return channel, fd
-    new = [fd for fd, link in _open_fds().items() if link == COMP_CHANNEL_LINK and fd not in before]
-    if len(new) != 1:
-        channel.close()
-        raise OSError(f"the completion channel's descriptor is not known: {new}")
-    return channel, new[0]
 
 
 class RdmaListener:
@@ -324,8 +292,8 @@ class RdmaQueue:
         self.released = False
         self._owned: list[Any] = []  # what release() closes, in order
         sends = depth * 3 + 4  # a completion, a WRITE and a READ per command at most
-        self.send_channel, self.send_fd = _comp_channel(ctx)
-        self.recv_channel, self.recv_fd = _comp_channel(ctx)
+        self.send_channel, self.send_fd = comp_channel(ctx)
+        self.recv_channel, self.recv_fd = comp_channel(ctx)
         self.send_cq = CQ(ctx, sends, None, self.send_channel, 0)
         self.recv_cq = CQ(ctx, depth, None, self.recv_channel, 0)
         cap = QPCap(max_send_wr=sends, max_recv_wr=depth, max_send_sge=1, max_recv_sge=1)
