@@ -494,12 +494,12 @@ class RdmaQueue:
     def _received(self, wc: Any) -> None:
         status = self._e.ibv_wc_status
         if wc.status != status.IBV_WC_SUCCESS:
-            if wc.status == status.IBV_WC_WR_FLUSH_ERR:
-                # The queue pair went into error for a reason another completion names
-                # (an RDMA READ refused, on the send queue, whose completion may come
-                # after these): that one closes the queue; this one only if none does.
-                self.listener.loop.call_soon(self._flushed, self._status(wc))
-            elif not self.conn.closing:
+            if wc.status == status.IBV_WC_WR_FLUSH_ERR and self._posted:
+                # The queue pair went into error for a reason a send queue completion
+                # names (an RDMA READ the host refused), which may come after these: every
+                # work request posted there completes, in error, and closes the queue.
+                return
+            if not self.conn.closing:
                 self.conn.receive_failed(self._status(wc))
             return
         slot = wc.wr_id
@@ -507,10 +507,6 @@ class RdmaQueue:
         # Lent, not copied: the queue posts the buffer again once the NVMe layer has
         # taken what it keeps (borrow_capsule_data's rule).
         self.conn.received(slot, self._recv_view[offset : offset + wc.byte_len])
-
-    def _flushed(self, reason: str) -> None:
-        if not self.conn.closing and not self.closed:
-            self.conn.receive_failed(reason)
 
     def _status(self, wc: Any) -> str:
         """A failed completion's status, as libibverbs names it (ibv_wc_status_str)."""
