@@ -71,8 +71,9 @@ class PointerField:
 
 
 class CmIdLedger(Generic[Q]):
-    """The listener's accepted queues by their queue pair's number, and the CM ID wrappers
-    of their events (disowned, or kept where they cannot be)."""
+    """The listener's accepted queues by a key of their connection (the CM ID's pointer,
+    :meth:`key_of`), and the CM ID wrappers of their events (disowned, or kept where they
+    cannot be)."""
 
     def __init__(self) -> None:
         self._queues: dict[int, Q] = {}
@@ -100,11 +101,21 @@ class CmIdLedger(Generic[Q]):
         if self._field is None and not self._gave_up:
             self._field = PointerField.before(wrapper, neighbours)
 
-    def accepted(self, qpn: int, queue: Q) -> None:
-        self._queues[qpn] = queue
+    def key_of(self, wrapper: object) -> int | None:
+        """The CM ID ``wrapper`` wraps (its C pointer), read through the field found by
+        :meth:`learn`; None where no field was found. A queue pair the adapter creates
+        itself is not the CM ID's, so its number cannot name the connection of an event:
+        this pointer does."""
+        field = self._field
+        if field is None:
+            return None
+        return field.get(wrapper) or None
 
-    def queue_of(self, qpn: int | None) -> Q | None:
-        return None if qpn is None else self._queues.get(qpn)
+    def accepted(self, key: int, queue: Q) -> None:
+        self._queues[key] = queue
+
+    def queue_of(self, key: int | None) -> Q | None:
+        return None if key is None else self._queues.get(key)
 
     def event_wrapper(self, wrapper: object, owner: object | None) -> None:
         """Done with ``wrapper`` (made for one event; ``owner``: the connection's own
@@ -127,10 +138,10 @@ class CmIdLedger(Generic[Q]):
         else:
             self._kept.append(wrapper)
 
-    def ended(self, qpn: int) -> Q | None:
-        """The connection of queue pair ``qpn`` ended: forget its queue (returned; the
-        caller destroys its CM ID once, through the connection's own wrapper)."""
-        return self._queues.pop(qpn, None)
+    def ended(self, key: int) -> Q | None:
+        """The connection ``key`` ended: forget its queue (returned; the caller destroys
+        its CM ID once, through the connection's own wrapper)."""
+        return self._queues.pop(key, None)
 
     def queues(self) -> list[Q]:
         return list(self._queues.values())

@@ -14,8 +14,12 @@ module opens the RDMA connection and moves bytes between it and the verbs.
 - A send and a receive completion queue, their completion channels on the loop. pyverbs
   posts on a CM ID without work request IDs: completions match by order, which a
   reliable connection keeps (receives in the order posted, sends in the order posted).
-- Memory: a region per command with data (registered for the controller's RDMA READ or
-  WRITE), one per SEND; receive buffers registered once. A pool is a later step.
+- Memory: regions registered on first use and kept for the queue's life (buffers.py's
+  slots, a region each: pyverbs' CM ID posts a whole region from its start, so a buffer is
+  a region here rather than an offset in one): a command's data region (the controller's
+  RDMA READ or WRITE, under the region's own key) and a SEND's capsule come from them,
+  bounded by the size classes; what finds none free (or is larger than any) gets a region
+  of its own, deregistered when done. Receive buffers are registered once.
 
 pyverbs exists only where rdma-core's Python bindings are installed (Debian's
 python3-pyverbs): imported here alone, when a host opens an rdma queue.
@@ -31,6 +35,8 @@ from typing import Any
 
 from pynvmf.host.errors import NvmeConnectionError
 from pynvmf.rdma import cm
+from pynvmf.rdma.buffers import BufferPool, RegionPool, Slot, data_classes
+from pynvmf.rdma.channels import comp_channel
 from pynvmf.rdma.host_queue import RdmaHostQueue, read_connect_answer
 
 log = logging.getLogger(__name__)
@@ -45,6 +51,9 @@ RESOLVE_TIMEOUT_MS = 2000
 RESPONDER_RESOURCES = 16
 # The largest private data of a connect request (an InfiniBand/RoCE CM REQ's).
 REQUEST_PRIVATE_DATA = 56
+# Capsule buffers: a command with 1 KiB of data (a Connect's) or 16 KiB (the in-capsule
+# size pynvmf's target and the seed offer); larger capsules get a region of their own.
+CAPSULE_SIZES = (64 + 1024, 64 + 16384)
 
 
 def _rdma_cm_fds() -> set[int]:
@@ -80,7 +89,7 @@ class PyverbsHostVerbs:
     """One RDMA connection of a host queue: the CM ID, its queue pair, the completion
     queues and the memory regions. host_queue.HostVerbs over pyverbs."""
 
-    def __init__(self, depth: int) -> None:
+    def __init__(self, depth: int, max_transfer: int = 1024 * 1024) -> None:
         import pyverbs.cmid as c
         import pyverbs.libibverbs_enums as e
         from pyverbs.librdmacm_enums import rdma_cm_event_type as EV
@@ -106,11 +115,15 @@ class PyverbsHostVerbs:
         self._events: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
         self.loop.add_reader(self.fd, self._cm_readable)
         self.queue: RdmaHostQueue | None = None
-        self._regions: dict[int, Any] = {}
+        self._max_transfer = max_transfer
+        self._data: RegionPool[Any] | None = None  # made with the queue pair (the PD's)
+        self._capsules: RegionPool[Any] | None = None
+        # Command data regions by CID: (region, its slot; None: a region of its own).
+        self._regions: dict[int, tuple[Any, Slot | None]] = {}
         self._receives: list[Any] = []
         self._posted: deque[int] = deque()
-        self._sent: deque[Any] = deque()
-        self._cqs: list[tuple[Any, Any]] = []
+        self._sent: deque[tuple[Any, Slot | None]] = deque()
+        self._cqs: list[tuple[Any, Any, int]] = []  # (channel, CQ, its descriptor)
         self._disconnecting = False
         self._established = False
         self._gone = False
@@ -161,13 +174,13 @@ class PyverbsHostVerbs:
 
     def _make_queue_pair(self) -> None:
         import pyverbs.libibverbs_enums as e
-        from pyverbs.cq import CQ, CompChannel
+        from pyverbs.cq import CQ
         from pyverbs.qp import QPCap, QPInitAttr
 
         ctx = self.cmid.context
         pd = self.cmid.pd
         n = self.receive_count
-        send_channel, recv_channel = CompChannel(ctx), CompChannel(ctx)
+        (send_channel, send_fd), (recv_channel, recv_fd) = comp_channel(ctx), comp_channel(ctx)
         self.send_cq = CQ(ctx, n, None, send_channel, 0)
         self.recv_cq = CQ(ctx, n, None, recv_channel, 0)
         cap = QPCap(max_send_wr=n, max_recv_wr=n, max_send_sge=1, max_recv_sge=1)
@@ -178,13 +191,28 @@ class PyverbsHostVerbs:
         )
         access = e.ibv_access_flags.IBV_ACCESS_LOCAL_WRITE
         self._receives = [self._MR(pd, RECEIVE_SIZE, access) for _ in range(n)]
+        flags = e.ibv_access_flags
+        # A data region serves a write (the controller's RDMA READ) or a read (its RDMA
+        # WRITE) as the slot's next command needs.
+        remote = access | flags.IBV_ACCESS_REMOTE_READ | flags.IBV_ACCESS_REMOTE_WRITE
+        self._data = RegionPool(
+            BufferPool(data_classes(n, self._max_transfer)),
+            lambda size: self._MR(pd, size, remote),
+        )
+        self._capsules = RegionPool(
+            BufferPool([(size, n) for size in CAPSULE_SIZES]),
+            lambda size: self._MR(pd, size, access),
+        )
         for slot in range(n):
             self._post_receive(slot)
-        for channel, cq in ((send_channel, self.send_cq), (recv_channel, self.recv_cq)):
+        for channel, fd, cq in (
+            (send_channel, send_fd, self.send_cq),
+            (recv_channel, recv_fd, self.recv_cq),
+        ):
             cq.req_notify()
-            os.set_blocking(channel.fd, False)
-            self.loop.add_reader(channel.fd, self._on_completions, channel, cq)
-            self._cqs.append((channel, cq))
+            os.set_blocking(fd, False)
+            self.loop.add_reader(fd, self._on_completions, channel, cq)
+            self._cqs.append((channel, cq, fd))
 
     def _read_cm_events(self) -> list[tuple[int, bytes]]:
         events: list[tuple[int, bytes]] = []
@@ -216,28 +244,30 @@ class PyverbsHostVerbs:
     # -- host_queue.HostVerbs --------------------------------------------------------------
 
     def send(self, capsule: bytes) -> None:
-        e = self._e
-        mr = self._MR(self.cmid.pd, len(capsule), e.ibv_access_flags.IBV_ACCESS_LOCAL_WRITE)
-        mr.write(capsule, len(capsule))
-        self._sent.append(mr)
-        self.cmid.post_send(mr, e.ibv_send_flags.IBV_SEND_SIGNALED)
+        assert self._capsules is not None  # the queue pair is made before any command
+        n = len(capsule)
+        mr, slot = self._capsules.take(n)
+        mr.write(capsule, n)
+        self._sent.append((mr, slot))
+        # Exactly the capsule's bytes go out of a region that may be larger.
+        self.cmid.post_send(mr, self._e.ibv_send_flags.IBV_SEND_SIGNALED, n)
 
     def register(self, cid: int, length: int, data: memoryview | None) -> tuple[int, int]:
-        flags = self._e.ibv_access_flags
-        remote = flags.IBV_ACCESS_REMOTE_READ if data is not None else flags.IBV_ACCESS_REMOTE_WRITE
-        mr = self._MR(self.cmid.pd, length, flags.IBV_ACCESS_LOCAL_WRITE | remote)
+        assert self._data is not None
+        mr, slot = self._data.take(length)
         if data is not None:
             mr.write(data.tobytes(), length)
-        self._regions[cid] = mr
+        self._regions[cid] = (mr, slot)
+        # The descriptor names `length` bytes: the controller moves no more than that.
         return mr.buf, mr.rkey
 
     def registered_data(self, cid: int, length: int) -> bytes:
-        return bytes(self._regions[cid].read(length, 0))
+        return bytes(self._regions[cid][0].read(length, 0))
 
     def release(self, cid: int) -> None:
-        mr = self._regions.pop(cid, None)
-        if mr is not None:
-            mr.close()
+        region = self._regions.pop(cid, None)
+        if region is not None and self._data is not None:
+            self._data.give(*region)
 
     def disconnect(self) -> None:
         if self._disconnecting or self._gone:
@@ -292,9 +322,8 @@ class PyverbsHostVerbs:
             self.queue.received(message)
 
     def _sent_done(self, wc: Any) -> None:
-        mr = self._sent.popleft() if self._sent else None
-        if mr is not None:
-            mr.close()
+        if self._sent and self._capsules is not None:
+            self._capsules.give(*self._sent.popleft())
         if wc.status != self._e.ibv_wc_status.IBV_WC_SUCCESS:
             self._fail(f"a SEND completed with status {wc.status}")
 
@@ -315,22 +344,28 @@ class PyverbsHostVerbs:
             except Exception as exc:
                 log.debug("RDMA disconnect: %s", exc)
         self.loop.remove_reader(self.fd)
-        for channel, _cq in self._cqs:
-            self.loop.remove_reader(channel.fd)
+        for _channel, _cq, fd in self._cqs:
+            self.loop.remove_reader(fd)
         queue = self.queue
         if queue is not None:
             queue.disconnected()
         for cid in list(self._regions):
             self.release(cid)
         # The queue pair (with the CM ID) before the completion queues it uses.
-        for obj in (self.cmid, *(cq for _, cq in self._cqs), *(ch for ch, _ in self._cqs)):
+        for obj in (self.cmid, *(cq for _, cq, _ in self._cqs), *(ch for ch, _, _ in self._cqs)):
             try:
                 obj.close()
             except Exception as exc:
                 log.debug("RDMA close: %s", exc)
-        for mr in (*self._receives, *self._sent):
-            mr.close()
+        for mr, slot in self._sent:
+            if slot is None:
+                mr.close()
         self._sent.clear()
+        for mr in self._receives:
+            mr.close()
+        for pool in (self._data, self._capsules):
+            if pool is not None:
+                pool.close()
         self.channel.close()
 
 
@@ -348,7 +383,7 @@ async def open_queue(
     (``depth`` + 1 entries: HSQSIZE ``depth``, HRQSIZE ``depth`` + 1); the NVMe Connect is
     the caller's."""
     request = cm.ConnectRequest.for_queue(qid, depth + 1, cntlid)
-    verbs = PyverbsHostVerbs(depth)
+    verbs = PyverbsHostVerbs(depth, max_transfer)
     queue = RdmaHostQueue(qid, depth, verbs, max_transfer=max_transfer)
     queue.peer = f"{address}:{port}"
     try:

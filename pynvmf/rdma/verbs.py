@@ -8,19 +8,23 @@ queue.py for commands and data); this module moves bytes between them and the ve
   descriptor for a CM event channel: it is the one the channel opened on
   /dev/infiniband/rdma_cm (and a thread blocked in `CMEvent(channel)` would hold the GIL:
   pyverbs does not release it there).
-- Each queue has the CM ID's queue pair, with a send and a receive completion queue whose
-  completion channels' descriptors are on the loop (`loop.add_reader`; pyverbs 56, Debian
-  13's, has no `CompChannel.fd`: the descriptor is the one the channel opened). Receive buffers
-  (an MR each, 64 bytes + the in-capsule size) are posted before the accept. pyverbs posts
-  on a CM ID without work request IDs: completions are matched by order (RdmaQueue).
+- Each queue has a queue pair of the adapter's own (pyverbs' QP, given to the RDMA CM by
+  number in the accept: work requests with IDs, buffers by offset, SEND with Invalidate),
+  with a send and a receive completion queue whose completion channels' descriptors are on
+  the loop (`loop.add_reader`; pyverbs 56, Debian 13's, has no `CompChannel.fd`: the
+  descriptor is the one the channel opened). Memory is registered once per queue
+  (buffers.py); the receive buffers (64 bytes + the in-capsule size each) are posted
+  before the accept.
 - After the host's disconnect, the DISCONNECTED event is answered with `disconnect()`, or the
   host waits for the CM's timeout.
 - What the listener holds is bounded by the connections alive (cmids.py): a connection's
   CM ID wrapper, with its own Python wrappers of the device context and PD (so that
   destroying it leaves the listener's alone), until the connection ends; then its CM ID
-  (and queue pair), completion queues, channels and memory regions are destroyed. The
-  wrapper pyverbs makes for each later event is disowned once its QP number is read; a
-  rejected connect request's CM ID is destroyed at once.
+  and queue pair, completion queues, channels and memory regions are destroyed. An
+  event's connection is named by its CM ID's pointer (cmids.CmIdLedger.key_of: the queue
+  pair is not the CM ID's, so it has no number there); the wrapper pyverbs makes for each
+  later event is disowned once that is read; a rejected connect request's CM ID is
+  destroyed at once.
 
 pyverbs exists only where rdma-core's Python bindings are installed (Debian's
 python3-pyverbs, in the RDMA guest): imported here alone, when an rdma port opens.
@@ -31,10 +35,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from pynvmf.rdma import cm
+from pynvmf.rdma.buffers import BufferPool, OrderedWork, Slot, data_classes
+from pynvmf.rdma.channels import comp_channel
 from pynvmf.rdma.cmids import CmIdLedger
 from pynvmf.rdma.queue import RdmaConnection, receive_size
 from pynvmf.target.limits import MAX_TRANSFER
@@ -72,39 +77,6 @@ def _rdma_cm_fd(exclude: set[int]) -> int:
         if fd not in exclude and (rdev == device or link.endswith("/rdma_cm")):
             return fd
     raise OSError(f"no descriptor on {RDMA_CM_DEVICE}: {seen}")
-
-
-# What /proc/self/fd links a completion channel's descriptor to (an anonymous inode).
-COMP_CHANNEL_LINK = "anon_inode:[infinibandevent]"
-
-
-def _open_fds() -> dict[int, str]:
-    """The process's open descriptors and what each links to (not the listing's own,
-    closed by then: a descriptor opened next may take its number)."""
-    fds = {}
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            fds[int(name)] = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue
-    return fds
-
-
-def _comp_channel(ctx: Any) -> tuple[Any, int]:
-    """A new completion channel on `ctx` and its descriptor: `CompChannel.fd` where pyverbs
-    has it (65; not 56, Debian 13's), else the one descriptor the channel opened."""
-    from pyverbs.cq import CompChannel
-
-    before = _open_fds()
-    channel = CompChannel(ctx)
-    fd = getattr(channel, "fd", None)
-    if isinstance(fd, int):
-        return channel, fd
-    new = [fd for fd, link in _open_fds().items() if link == COMP_CHANNEL_LINK and fd not in before]
-    if len(new) != 1:
-        channel.close()
-        raise OSError(f"the completion channel's descriptor is not known: {new}")
-    return channel, new[0]
 
 
 class RdmaListener:
@@ -174,7 +146,7 @@ class RdmaListener:
             return
         # The events of an accepted queue name it by its CM ID's QP number.
         wrapper = self._c.CMID(creator=event, listen_id=self.bare_id)
-        queue = self.ledger.queue_of(wrapper.qpn)
+        queue = self.ledger.queue_of(self.ledger.key_of(wrapper))
         self.ledger.event_wrapper(wrapper, None if queue is None else queue.cmid)
         del wrapper
         event.ack_cm_event()
@@ -200,17 +172,26 @@ class RdmaListener:
             self._reject(child, answer)
             return
         request, accept = answer
+        key = self.ledger.key_of(child)
+        if key is None:
+            # Without the CM ID's pointer no later event (DISCONNECTED...) could be told
+            # apart: the queue could never be released.
+            log.error(
+                "RDMA connect request on %s: pyverbs' CMID layout is not the one known"
+                " (docs/rdma.md): refused",
+                self.port,
+            )
+            self._reject(child, cm.ConnectReject(status=cm.RejectStatus.NO_RESOURCES))
+            return
         try:
-            queue = RdmaQueue(self, child, request.hsqsize + 1)
+            queue = RdmaQueue(self, child, request.hsqsize + 1, key)
         except Exception as exc:
             log.warning("RDMA queue on %s: no resources: %s", self.port, exc)
             self._reject(child, cm.ConnectReject(status=cm.RejectStatus.NO_RESOURCES))
             return
-        self.ledger.accepted(queue.qpn, queue)
-        param = self._c.ConnParam(resources=16, depth=16, data_len=196)
-        param.set_private_data(accept.encode())
+        self.ledger.accepted(key, queue)
         try:
-            child.accept(param)
+            child.accept(queue.accept_param(accept.encode()))
         except Exception as exc:
             log.warning("RDMA accept on %s failed: %s", self.port, exc)
             queue.disconnected()  # no event will end it: release it now
@@ -224,7 +205,7 @@ class RdmaListener:
             child.close()
 
     def forget(self, queue: RdmaQueue) -> None:
-        self.ledger.ended(queue.qpn)
+        self.ledger.ended(queue.key)
 
     def close(self) -> None:
         self.loop.remove_reader(self.fd)
@@ -239,26 +220,68 @@ class RdmaListener:
         await self.closed.wait()
 
 
+# RDMA READs the controller accepts from the host at once (none are asked for) and issues
+# to it at once (each queue's RDMA READs of write data): the accept's responder resources
+# and initiator depth, and the queue pair's max_dest_rd_atomic and max_rd_atomic.
+RESPONDER_RESOURCES = 16
+INITIATOR_DEPTH = 16
+# A completion buffer: a CQE (16 bytes), in a slot of its own.
+CQE_SLOT = 16
+
+_READ, _WRITE, _SEND = 0, 1, 2
+
+
+class _Work:
+    """One send queue work request the queue asked for (posted, or waiting for a buffer)."""
+
+    __slots__ = ("address", "data", "key", "kind", "length", "tag")
+
+    def __init__(
+        self, kind: int, tag: int, length: int, data: Buffer | None, address: int, key: int
+    ) -> None:
+        self.kind = kind
+        self.tag = tag  # a READ's CID; a SEND's key to invalidate (-1: none)
+        self.length = length
+        self.data = data
+        self.address = address
+        self.key = key
+
+
+def _region_view(mr: Any) -> memoryview:
+    """A memoryview of registered memory region ``mr``'s bytes (valid while it is)."""
+    import ctypes
+
+    return memoryview((ctypes.c_char * mr.length).from_address(mr.buf)).cast("B")
+
+
 class RdmaQueue:
-    """One accepted queue: the CM ID's queue pair, its two completion queues, and the
-    buffers; the Verbs that RdmaConnection drives.
+    """One accepted queue: its queue pair, two completion queues, and registered memory;
+    the Verbs that RdmaConnection drives.
 
-    pyverbs posts on a CM ID's queue pair without work request IDs, so completions are
-    matched by order, which a reliable connection keeps: the receive queue's in the order
-    the buffers were posted, the send queue's in the order its work requests were."""
+    The queue pair is the adapter's own (pyverbs' ``QP`` on the CM ID's PD), given to the
+    RDMA CM by number in the accept and moved through INIT, RTR and RTS with the CM's
+    attributes (``CMID.init_qp_attr``), as librdmacm does for its own: pyverbs posts on a
+    CM ID's queue pair only plain SENDs, READs and WRITEs of a whole MR, without work
+    request IDs; on a QP of its own it posts work requests with IDs, SGEs that name an
+    offset in a region, and SEND with Invalidate. Memory is registered once per queue
+    (buffers.py): the receive buffers, the data buffers in size classes, a completion
+    buffer per send queue entry; released once with the queue."""
 
-    def __init__(self, listener: RdmaListener, cmid: Any, depth: int) -> None:
+    def __init__(self, listener: RdmaListener, cmid: Any, depth: int, key: int) -> None:
         import pyverbs.libibverbs_enums as e
         from pyverbs.cq import CQ
         from pyverbs.device import Context
         from pyverbs.mr import MR
         from pyverbs.pd import PD
-        from pyverbs.qp import QPCap, QPInitAttr
+        from pyverbs.qp import QP, QPCap, QPInitAttr
+        from pyverbs.wr import SGE, RecvWR, SendWR
 
         self._e = e
-        self._MR = MR
+        self._SGE = SGE
+        self._SendWR = SendWR
         self.listener = listener
         self.cmid = cmid
+        self.key = key
         target = listener.target
         port = listener.port
         # This CM ID's own Python wrappers of the device context and PD (the same C objects
@@ -267,20 +290,21 @@ class RdmaQueue:
         self.pd = PD(cmid)
         self.closed = False
         self.released = False
-        self.receives: list[Any] = []
-        self._sent: deque[tuple[int, Any]] = deque()
+        self._owned: list[Any] = []  # what release() closes, in order
         sends = depth * 3 + 4  # a completion, a WRITE and a READ per command at most
-        self.send_channel, self.send_fd = _comp_channel(ctx)
-        self.recv_channel, self.recv_fd = _comp_channel(ctx)
+        self.send_channel, self.send_fd = comp_channel(ctx)
+        self.recv_channel, self.recv_fd = comp_channel(ctx)
         self.send_cq = CQ(ctx, sends, None, self.send_channel, 0)
         self.recv_cq = CQ(ctx, depth, None, self.recv_channel, 0)
         cap = QPCap(max_send_wr=sends, max_recv_wr=depth, max_send_sge=1, max_recv_sge=1)
-        cmid.create_qp(
-            QPInitAttr(
-                qp_type=e.ibv_qp_type.IBV_QPT_RC, scq=self.send_cq, rcq=self.recv_cq, cap=cap
-            )
+        init = QPInitAttr(
+            qp_type=e.ibv_qp_type.IBV_QPT_RC, scq=self.send_cq, rcq=self.recv_cq, cap=cap
         )
-        self.qpn = cmid.qpn
+        self.qp = QP(self.pd, init)
+        # The queue pair before the CM ID and the completion queues it uses.
+        self._owned = [self.qp, cmid, self.send_cq, self.recv_cq]
+        self._owned += [self.send_channel, self.recv_channel]
+        self.qpn = self.qp.qp_num
         in_capsule = port.transport.inline_data_size
         self.conn = RdmaConnection(
             self,
@@ -288,12 +312,35 @@ class RdmaQueue:
             max_transfer=MAX_TRANSFER,
             tally=target.rdma_counters.port(str(port)),
         )
-        size = receive_size(in_capsule)
         access = e.ibv_access_flags.IBV_ACCESS_LOCAL_WRITE
-        self.receives = [MR(self.pd, size, access) for _ in range(depth)]
-        # The slots posted, oldest first; the send queue's work (self._sent): (READ tag or
-        # -1, MR).
-        self._posted: deque[int] = deque()
+        # Receive buffers: one region, a slot per entry.
+        receives = BufferPool([(receive_size(in_capsule), depth)])
+        self.recv_mr = MR(self.pd, receives.size, access)
+        self._owned.append(self.recv_mr)
+        self._recv_view = _region_view(self.recv_mr)
+        base, lkey = self.recv_mr.buf, self.recv_mr.lkey
+        self._recv_slots = receives.slots
+        self._recv_wrs = [
+            RecvWR(wr_id=s.index, num_sge=1, sg=[SGE(base + s.offset, s.size, lkey)])
+            for s in receives.slots
+        ]
+        # Data buffers (RDMA READ into, RDMA WRITE from) and completion buffers.
+        self.work: OrderedWork[_Work] = OrderedWork(
+            BufferPool(data_classes(depth, MAX_TRANSFER)), sends
+        )
+        self.data_mr = MR(self.pd, self.work.pool.size, access)
+        self._owned.append(self.data_mr)
+        self._data_view = _region_view(self.data_mr)
+        self.cqes = BufferPool([(CQE_SLOT, sends)])
+        self.cqe_mr = MR(self.pd, self.cqes.size, access)
+        self._owned.append(self.cqe_mr)
+        self._cqe_view = _region_view(self.cqe_mr)
+        # Posted send queue work by work request ID: (READ tag or -1, length, data slot,
+        # completion slot).
+        self._posted: dict[int, tuple[int, int, Slot | None, Slot | None]] = {}
+        self._next_wr = 0
+        self.sends_with_invalidate = 0
+        self._connect_qp()
         for slot in range(depth):
             self.post_receive(slot)
         loop = listener.loop
@@ -308,6 +355,29 @@ class RdmaQueue:
 
         self.queue: TargetQueue = TargetQueue(target, port, self.conn, port.address)
 
+    def _connect_qp(self) -> None:
+        """INIT, RTR and RTS with the attributes the RDMA CM gives for this connection
+        (before the accept, as librdmacm's rdma_accept does for a QP of its own), with
+        the READ depths the accept announces."""
+        states = self._e.ibv_qp_state
+        for state in (states.IBV_QPS_INIT, states.IBV_QPS_RTR, states.IBV_QPS_RTS):
+            attr, mask = self.cmid.init_qp_attr(state)
+            if state == states.IBV_QPS_RTR:
+                attr.max_dest_rd_atomic = RESPONDER_RESOURCES
+            elif state == states.IBV_QPS_RTS:
+                attr.max_rd_atomic = INITIATOR_DEPTH
+            self.qp.modify(attr, mask)
+
+    def accept_param(self, private: bytes) -> Any:
+        """The accept's parameters: this queue pair's number, the READ depths, the
+        NVMe/RDMA private data."""
+        c = self.listener._c
+        param = c.ConnParam(
+            resources=RESPONDER_RESOURCES, depth=INITIATOR_DEPTH, qp_num=self.qpn, data_len=196
+        )
+        param.set_private_data(private)
+        return param
+
     def established(self) -> None:
         pass
 
@@ -315,38 +385,85 @@ class RdmaQueue:
 
     def post_receive(self, slot: int) -> None:
         if self.released:
-            return  # the CM ID is gone: nothing more goes out
-        self.cmid.post_recv(self.receives[slot])
-        self._posted.append(slot)
+            return  # the queue pair is gone: nothing more goes out
+        self.qp.post_recv(self._recv_wrs[slot])
 
     def read(self, tag: int, length: int, address: int, key: int) -> None:
-        if self.released:
-            return
-        e = self._e
-        mr = self._MR(self.pd, max(length, 1), e.ibv_access_flags.IBV_ACCESS_LOCAL_WRITE)
-        self._sent.append((tag, mr))
-        self.cmid.post_read(mr, length, address, key, e.ibv_send_flags.IBV_SEND_SIGNALED)
+        self._ask(_Work(_READ, tag, length, None, address, key), max(length, 1))
 
     def write(self, data: Buffer, address: int, key: int) -> None:
-        if self.released:
-            return
-        e = self._e
         n = len(data) if type(data) is not memoryview else data.nbytes
-        mr = self._MR(self.pd, max(n, 1), e.ibv_access_flags.IBV_ACCESS_LOCAL_WRITE)
-        mr.write(bytes(data), n)
-        self._sent.append((-1, mr))
-        self.cmid.post_write(mr, n, address, key, e.ibv_send_flags.IBV_SEND_SIGNALED)
+        self._ask(_Work(_WRITE, -1, n, data, address, key), max(n, 1))
 
     def send(self, message: bytes, invalidate_key: int | None) -> None:
+        tag = -1 if invalidate_key is None else invalidate_key
+        self._ask(_Work(_SEND, tag, len(message), message, 0, 0), 0)
+
+    def _ask(self, work: _Work, need: int) -> None:
         if self.released:
             return
-        # pyverbs' CM ID posts a plain SEND only: a host that asked for invalidation
-        # invalidates the key itself when the completion comes without (Linux's does).
+        try:
+            ready = self.work.push(work, need)
+        except ValueError as exc:  # larger than any buffer: the queue checked the length
+            self.conn.close(f"no buffer: {exc}")
+            return
+        self._post(ready)
+        if work.data is not None and all(w is not work for w, _ in ready):
+            # Waiting: the caller's data is its own again once this returns.
+            work.data = bytes(work.data)
+
+    def _post(self, ready: list[tuple[_Work, Slot | None]]) -> None:
         e = self._e
-        mr = self._MR(self.pd, len(message), e.ibv_access_flags.IBV_ACCESS_LOCAL_WRITE)
-        mr.write(message, len(message))
-        self._sent.append((-1, mr))
-        self.cmid.post_send(mr, e.ibv_send_flags.IBV_SEND_SIGNALED)
+        SGE, SendWR = self._SGE, self._SendWR
+        for work, slot in ready:
+            if self.released or self.conn.closing:
+                return  # nothing more goes out (what waited is dropped with the queue)
+            wr_id = self._next_wr
+            self._next_wr = wr_id + 1
+            n = work.length
+            if work.kind == _SEND:
+                cqe = self.cqes.take(n)
+                if cqe is None:  # as many as send queue entries: never
+                    self.conn.close("no completion buffer")
+                    return
+                assert work.data is not None
+                self._cqe_view[cqe.offset : cqe.offset + n] = work.data
+                sge = SGE(self.cqe_mr.buf + cqe.offset, n, self.cqe_mr.lkey)
+                if work.tag >= 0:
+                    # SEND with Invalidate: the host's key is invalidated as the CQE
+                    # arrives, and its driver skips its own local invalidation.
+                    wr = SendWR(
+                        wr_id=wr_id,
+                        opcode=e.ibv_wr_opcode.IBV_WR_SEND_WITH_INV,
+                        num_sge=1,
+                        sg=[sge],
+                        # invalidate_rkey shares imm_data's place in ibv_send_wr.
+                        imm_data=work.tag,
+                    )
+                    self.sends_with_invalidate += 1
+                else:
+                    wr = SendWR(
+                        wr_id=wr_id, opcode=e.ibv_wr_opcode.IBV_WR_SEND, num_sge=1, sg=[sge]
+                    )
+                self._posted[wr_id] = (-1, n, None, cqe)
+            else:
+                assert slot is not None
+                sge = SGE(self.data_mr.buf + slot.offset, n, self.data_mr.lkey)
+                if work.kind == _WRITE:
+                    data = work.data
+                    assert data is not None
+                    if type(data) is memoryview and data.format != "B":
+                        data = data.cast("B")
+                    self._data_view[slot.offset : slot.offset + n] = data
+                    opcode = e.ibv_wr_opcode.IBV_WR_RDMA_WRITE
+                    self._posted[wr_id] = (-1, n, slot, None)
+                else:
+                    opcode = e.ibv_wr_opcode.IBV_WR_RDMA_READ
+                    self._posted[wr_id] = (work.tag, n, slot, None)
+                wr = SendWR(wr_id=wr_id, opcode=opcode, num_sge=1, sg=[sge])
+                wr.set_wr_rdma(work.key, work.address)
+            work.data = None
+            self.qp.post_send(wr)
 
     def disconnect(self) -> None:
         if self.released:
@@ -380,13 +497,21 @@ class RdmaQueue:
             self.conn.close("completion handling failed")
 
     def _received(self, wc: Any) -> None:
-        slot = self._posted.popleft() if self._posted else -1
-        if wc.status != self._e.ibv_wc_status.IBV_WC_SUCCESS or slot < 0:
+        status = self._e.ibv_wc_status
+        if wc.status != status.IBV_WC_SUCCESS:
+            if wc.status == status.IBV_WC_WR_FLUSH_ERR and self._posted:
+                # The queue pair went into error for a reason a send queue completion
+                # names (an RDMA READ the host refused), which may come after these: every
+                # work request posted there completes, in error, and closes the queue.
+                return
             if not self.conn.closing:
                 self.conn.receive_failed(self._status(wc))
             return
-        message = memoryview(self.receives[slot].read(wc.byte_len, 0))
-        self.conn.received(slot, message)
+        slot = wc.wr_id
+        offset = self._recv_slots[slot].offset
+        # Lent, not copied: the queue posts the buffer again once the NVMe layer has
+        # taken what it keeps (borrow_capsule_data's rule).
+        self.conn.received(slot, self._recv_view[offset : offset + wc.byte_len])
 
     def _status(self, wc: Any) -> str:
         """A failed completion's status, as libibverbs names it (ibv_wc_status_str)."""
@@ -396,15 +521,29 @@ class RdmaQueue:
             return f"status {wc.status}"
 
     def _sent_done(self, wc: Any) -> None:
-        if not self._sent:
+        posted = self._posted.pop(wc.wr_id, None)
+        if posted is None:
             return
-        tag, mr = self._sent.popleft()
+        tag, length, slot, cqe = posted
         ok = wc.status == self._e.ibv_wc_status.IBV_WC_SUCCESS
+        if cqe is not None:
+            self.cqes.give(cqe)
+        if not ok:
+            # The queue pair is in error: the queue closes, and nothing more is posted.
+            if tag >= 0:
+                self.conn.read_done(tag, None)
+            elif not self.conn.closing:
+                self.conn.close(f"work request failed: {self._status(wc)}")
+            self._post(self.work.done(slot))
+            return
+        data = None
+        if tag >= 0 and slot is not None:
+            # The READ's bytes, for the command's length only; the slot is free after.
+            data = bytearray(self._data_view[slot.offset : slot.offset + length])
+        # What waited goes out before anything the callback below asks for.
+        self._post(self.work.done(slot))
         if tag >= 0:
-            self.conn.read_done(tag, bytearray(mr.read(mr.length, 0)) if ok else None)
-        elif not ok and not self.conn.closing:
-            self.conn.close(f"work request failed: {self._status(wc)}")
-        mr.close()
+            self.conn.read_done(tag, data)
 
     def disconnected(self) -> None:
         if self.closed:
@@ -421,35 +560,31 @@ class RdmaQueue:
         self.release()
         log.info(
             "rdma queue %d on %s closed: %d commands, %d bytes in capsules,"
-            " %d RDMA READs, %d RDMA WRITEs; the listener holds %d CM IDs; reason: %s",
+            " %d RDMA READs, %d RDMA WRITEs, %d sends with invalidate, %d waits for a"
+            " data buffer; the listener holds %d CM IDs; reason: %s",
             conn.qid,
             self.listener.port,
             conn.commands,
             conn.in_capsule_bytes,
             conn.rdma_reads,
             conn.rdma_writes,
+            self.sends_with_invalidate,
+            self.work.waits,
             self.listener.held_cm_ids,
             conn.close_reason or "the host disconnected",
         )
 
     def release(self) -> None:
-        """Destroy the CM ID (with its queue pair: first, as the completion queues it uses
-        must outlive it), then the completion queues, their channels and the memory
-        regions. Once; nothing of the connection stays."""
+        """Destroy the queue pair (first: it uses the completion queues), the CM ID, the
+        completion queues, their channels and the memory regions. Once; nothing of the
+        connection stays."""
         if self.released:
             return
         self.released = True
-        owned = [
-            self.cmid,
-            self.send_cq,
-            self.recv_cq,
-            self.send_channel,
-            self.recv_channel,
-            *self.receives,
-            *(mr for _, mr in self._sent),
-        ]
-        self.receives = []
-        self._sent.clear()
+        self.work.clear()
+        self._posted.clear()
+        self._recv_wrs = []
+        owned, self._owned = self._owned, []
         for obj in owned:
             try:
                 obj.close()

@@ -110,15 +110,19 @@ def test_connect_write_read_back_and_disconnect(guest: Guest, target: None) -> N
     ).output
     io_queues = re.findall(
         r"rdma queue [1-9]\d* .* (\d+) commands, (\d+) bytes in capsules,"
-        r" (\d+) RDMA READs, (\d+) RDMA WRITEs",
+        r" (\d+) RDMA READs, (\d+) RDMA WRITEs, (\d+) sends with invalidate",
         closed,
     )
     print(closed)  # the figures, for the record (pytest -s)
     assert io_queues, closed
-    totals = [sum(int(q[i]) for q in io_queues) for i in range(4)]
+    totals = [sum(int(q[i]) for q in io_queues) for i in range(5)]
     # The 4 KiB writes came in capsules (4 MiB of them), the 64 KiB ones by RDMA READ (64
     # of them at least), the reads back by RDMA WRITE.
     assert totals[1] >= 4 << 20 and totals[2] >= 64 and totals[3] >= 128, closed
+    # nvme-rdma registers the memory of each keyed transfer and asks for its key to be
+    # invalidated (sub type Invalidate Key): every such command's completion went as SEND
+    # with Invalidate (which the host checks against the key: a wrong one fails its queue).
+    assert totals[4] >= totals[2] + 128, closed
     log = _log(guest)
     assert not re.search(r"\b(ERROR|Traceback|exception)\b", log), log
     assert "nvmet_rdma" not in guest.run("dmesg | grep -i 'nvme.*error' || true").output
@@ -143,7 +147,12 @@ def _fio(guest: Guest, dev: str, verify_only: bool) -> None:
     )
 
 
+def _sends_with_invalidate(log: str) -> int:
+    return sum(int(n) for n in re.findall(r"rdma queue \d+ .* (\d+) sends with invalidate", log))
+
+
 def test_fio_verify_across_a_reconnect(guest: Guest, target: None) -> None:
+    before = _sends_with_invalidate(_log(guest))
     dev = _connect(guest)
     _fio(guest, dev, verify_only=False)
     guest.run(f"nvme disconnect -n {NQN}", timeout=120)
@@ -151,7 +160,12 @@ def test_fio_verify_across_a_reconnect(guest: Guest, target: None) -> None:
     dev = _connect(guest)
     _fio(guest, dev, verify_only=True)
     guest.run(f"nvme disconnect -n {NQN}", timeout=120)
-    assert not re.search(r"\b(ERROR|Traceback|exception)\b", _log(guest))
+    log = _log(guest)
+    assert not re.search(r"\b(ERROR|Traceback|exception)\b", log)
+    # The 64 KiB writes and every read were keyed, their completions sent with Invalidate
+    # (the I/O queues' figures are logged as they close, before the disconnect returns or
+    # just after: at least the first controller's are there).
+    assert _sends_with_invalidate(log) > before, log[-3000:]
 
 
 CYCLES = 10

@@ -107,3 +107,31 @@ def test_without_a_layout_wrappers_are_kept_and_counted() -> None:
     ledger.event_wrapper(Wrapper(object(), CHANNEL), child)
     ledger.ended(1)
     assert ledger.held == 1
+
+
+def test_an_events_connection_is_named_by_its_cm_ids_pointer() -> None:
+    """The adapter's queue pairs are its own, not the CM ID's: an event's wrapper names
+    its connection by the CM ID pointer read through the field found."""
+    ledger: CmIdLedger[str] = CmIdLedger()
+    first, second = object(), object()
+    child = Wrapper(first, CHANNEL)
+    assert ledger.key_of(child) is None  # nothing learnt yet
+    ledger.learn(child, (CHANNEL, None, None))
+    key = ledger.key_of(child)
+    assert key == id(first)
+    ledger.accepted(key, "queue 1")
+    other = Wrapper(second, CHANNEL)
+    ledger.accepted(id(second), "queue 2")
+    event = Wrapper(first, CHANNEL)
+    assert ledger.queue_of(ledger.key_of(event)) == "queue 1"
+    assert ledger.queue_of(ledger.key_of(other)) == "queue 2"
+    ledger.event_wrapper(event, child)
+    assert ledger.disowning
+    assert ledger.key_of(event) is None  # disowned: its pointer cleared
+
+
+def test_no_key_without_a_layout() -> None:
+    ledger: CmIdLedger[str] = CmIdLedger()
+    child = Wrapper(object(), CHANNEL)
+    ledger.learn(child, (object(),))
+    assert ledger.key_of(child) is None
