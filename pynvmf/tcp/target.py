@@ -76,7 +76,6 @@ _H2C_DATA_TYPE: Final = int(P.PduType.H2C_DATA)
 _CAPSULE_CMD_TYPE: Final = int(P.PduType.CAPSULE_CMD)
 _R2T_TYPE: Final = int(P.PduType.R2T)
 _DATA_HEADER: Final = P.DATA_HEADER
-_PACK_DATA_HEADER: Final = P.DATA_HEADER.pack
 # The builtin as a C static: compiled, the name `memoryview` is a lookup in the builtins
 # module each time (a test per data PDU).
 _MEMORYVIEW: Final = memoryview
@@ -90,6 +89,11 @@ _RESP_COMMON_HEADER: Final = P.CAPSULE_RESP.pack(
     _CAPSULE_RESP_TYPE, 0, P.CAPSULE_RESP_HLEN, 0, P.CAPSULE_RESP_HLEN, 0, 0, 0, 0, 0, 0
 )[: P.CH_LEN]
 _PACK_RESP: Final = struct.Struct("<8sQII").pack
+# A C2HData header without digests or padding, in one pack of five values likewise: the
+# common header's first four bytes (type, flags, HLEN, PDO) as one 32-bit value, the
+# CCCID with its TTAG (0) as another; nine values took nine conversions a Read.
+_PACK_C2H_HEADER: Final = struct.Struct("<IIIII4x").pack
+_C2H_HEAD: Final = _C2H_DATA_TYPE | P.DATA_HLEN << 16 | P.DATA_HLEN << 24
 _UNPACK_SQE: Final = unpack_sqe
 _NEW_SQE: Final = new_sqe
 _SQE: Final = Sqe
@@ -541,19 +545,7 @@ class TargetConnection(PduConnection, QueueTransport):
         if self._plain_data:
             # No digests, data right after the header: the header is one pack.
             out = self.outbox
-            out.append(
-                _PACK_DATA_HEADER(
-                    _C2H_DATA_TYPE,
-                    flags,
-                    P.DATA_HLEN,
-                    P.DATA_HLEN,
-                    P.DATA_HLEN + n,
-                    cid,
-                    0,
-                    datao,
-                    n,
-                )
-            )
+            out.append(_PACK_C2H_HEADER(_C2H_HEAD | flags << 8, P.DATA_HLEN + n, cid, datao, n))
             out.append(data)
             return
         self.writer.c2h_data(self.outbox, flags, cid, datao, data, n)
