@@ -58,6 +58,14 @@ class InPlace:
         self.writes = writes
         self.copies = copies
 
+    def retire(self) -> None:
+        """The device no longer does I/O through this (its memory mapped again, or
+        closed): every call refuses from now on, so that a table that still holds it
+        (the target's fast-path table, until the Target refreshes it) sends the command
+        to the device's own methods, which know the new size."""
+        self.reads = self.writes = self.copies = False
+        self.size = 0
+
     def read_now(self, lba: int, nblocks: int, length: int) -> bytes | None:
         """The `nblocks` blocks at `lba`, copied, or None if the range is not inside the
         device or is not `length` bytes long."""

@@ -109,6 +109,14 @@ class MemoryDevice:
             locks=self._locks,
         )
 
+    def _unmapped(self) -> None:
+        """The mapping is about to change or go: the InPlace made for it refuses from now
+        on (a caller that still holds it, the target's fast-path table, falls back to
+        this device's own methods) and the device has none until `_mapped`."""
+        if self.inplace is not None:
+            self.inplace.retire()
+            self.inplace = None
+
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         # A subclass that overrides read or write wants it called for every I/O: the
@@ -195,7 +203,7 @@ class MemoryDevice:
         """Make the mapping `size_bytes` long, the bytes below both ends kept: mremap,
         which moves page table entries, never the data (pages never touched stay
         unallocated; those past a smaller end are freed)."""
-        self.inplace = None
+        self._unmapped()
         self._view.release()
         try:
             self._map.resize(size_bytes)
@@ -299,7 +307,7 @@ class MemoryDevice:
     def close_sync(self) -> None:
         """Unmap the memory (its contents are gone); idempotent."""
         if not self._map.closed:
-            self.inplace = None
+            self._unmapped()
             if self._locks is not None:
                 self._locks.close()
                 self._locks = None

@@ -122,7 +122,7 @@ class SharedMemoryDevice(MemoryDevice):
             os.ftruncate(self._fd, size_bytes)
         new = mmap.mmap(self._fd, size_bytes, flags=mmap.MAP_SHARED)
         old = self._map
-        self.inplace = None
+        self._unmapped()
         self._view.release()
         self._map = new
         self._view = memoryview(new)

@@ -78,6 +78,9 @@ class Controller:
         # The namespaces attached to this controller (every one visible to its host), by
         # NSID: what its commands may name. Kept in place by Subsystem.refresh_views.
         self.namespaces = subsystem.view_of(hostnqn)
+        # Those of them whose Reads, Writes and Copies may take the I/O fast path now
+        # (target/io.py), by NSID. Kept in place by Subsystem.refresh_io_paths.
+        self.io_paths = subsystem.io_paths_of(self.namespaces)
         self.io_queues = subsystem.max_io_queues or MAX_IO_QUEUES
         # Asynchronous Event Requests waiting for an event, and events waiting for one.
         self.aer: deque[tuple[TargetQueue, Request]] = deque()

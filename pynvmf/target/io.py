@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, final
 
 from pynvmf.aio import start_eager
 from pynvmf.block import copy as block_copy
@@ -52,6 +52,7 @@ from pynvmf.target.quiesce import wait_resumed
 
 if TYPE_CHECKING:
     from pynvmf.target.controller import Controller
+    from pynvmf.target.fused import WriteGate
     from pynvmf.target.qos_gate import QosGate
     from pynvmf.target.queue import TargetQueue
     from pynvmf.target.subsystem import Namespace
@@ -113,6 +114,31 @@ IO_COMMANDS: dict[int, IoCommand] = {
 }
 
 
+@final
+class FastNamespace:
+    """What IoHandler.submit's fast path needs of a namespace that may take it: its
+    device's InPlace and the namespace's WriteGate, read natively (compiled) where the
+    namespace's and its device's attributes were four generic lookups a command."""
+
+    __slots__ = ("gate", "inplace", "ns")
+
+    def __init__(self, ns: Namespace, inplace: InPlace) -> None:
+        self.ns = ns
+        self.inplace = inplace
+        self.gate = ns.gate
+
+
+def fast_namespace(ns: Namespace) -> FastNamespace | None:
+    """The fast path's entry for `ns` as it is now, or None where its Reads, Writes and
+    Copies must take the general path: a namespace with rate limits (which waits its
+    turn there) or on a device that does no I/O in place. The one rule; the Subsystem
+    applies it whenever one of these may have changed (Subsystem.refresh_io_paths)."""
+    if ns.qos is not None:
+        return None
+    inplace: InPlace | None = getattr(ns.device, "inplace", None)
+    return None if inplace is None else FastNamespace(ns, inplace)
+
+
 class IoHandler:
     """Executes I/O commands for one queue of one controller."""
 
@@ -120,6 +146,9 @@ class IoHandler:
         self.ctrl = ctrl
         self.queue = queue
         self.namespaces = ctrl.namespaces
+        # The namespaces of that view that may take the fast path now, by NSID (kept in
+        # place by Subsystem.refresh_io_paths).
+        self.fast = ctrl.io_paths
         self.stats = ctrl.subsystem.stats
         # This host's counts of completed commands in this subsystem (command_counts.py),
         # and their per-namespace lists, looked up by NSID on the hot path.
@@ -171,24 +200,23 @@ class IoHandler:
             and not self.quiesced
             and not self.ana.any_blocked
         ):
-            ns = self.namespaces.get(sqe.nsid)
-            # A namespace with rate limits takes the general path, which waits its turn.
-            if ns is not None and ns.qos is None:
-                inplace: InPlace | None = getattr(ns.device, "inplace", None)
+            # Absent: no such namespace, rate limits (the general path waits its turn),
+            # or a device that does no I/O in place.
+            fast = self.fast.get(sqe.nsid)
+            if fast is not None:
+                inplace = fast.inplace
                 try:
-                    if inplace is None:
-                        pass
-                    elif opcode == _READ:
+                    if opcode == _READ:
                         if self._read_now(req, inplace):
                             return
                     elif opcode == _COPY:
-                        if self._copy_now(req, ns, inplace):
+                        if self._copy_now(req, fast.gate, inplace):
                             return
                     else:
                         data = req.data
                         if (
                             type(data) is _MEMORYVIEW
-                            and not ns.gate.closed
+                            and not fast.gate.closed
                             and inplace.write_now(
                                 sqe.cdw10 | sqe.cdw11 << 32, (sqe.cdw12 & 0xFFFF) + 1, data
                             )
@@ -250,7 +278,7 @@ class IoHandler:
         self.queue.conn.complete(req, 0, 0, data)
         return True
 
-    def _copy_now(self, req: Request, ns: Namespace, inplace: InPlace) -> bool:
+    def _copy_now(self, req: Request, gate: WriteGate, inplace: InPlace) -> bool:
         """A Copy of one range (formats 0h/1h, its descriptor in the capsule) that the copy
         planner can do at once (`copy_one_range_now`: a memory namespace), with copy()'s
         checks for it and no coroutine. False, having done nothing, for anything else:
@@ -264,7 +292,7 @@ class IoHandler:
             or desfmt > 1
             or type(data) is not memoryview
             or req.length != _ONE_DESCRIPTOR_SIZE[desfmt]
-            or ns.gate.closed
+            or gate.closed
         ):
             return False
         slba, nlb = _SLBA_NLB.unpack_from(data)

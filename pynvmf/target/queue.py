@@ -177,7 +177,9 @@ class TargetQueue:
         opcode = req.sqe.opcode
         io = self.io
         if io is not None:
-            io.ctrl.traffic = True
+            owner = io.ctrl
+            if not owner.traffic:  # a test: setting it every command cost twice as much
+                owner.traffic = True
             fused = self.fused
             if req.sqe.flags & FUSE_MASK or fused.first is not None:
                 _own_data(req)  # a fused command may wait for its partner

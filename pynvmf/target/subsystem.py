@@ -14,6 +14,7 @@ from pynvmf.spec.opcodes import DISCOVERY_NQN
 from pynvmf.target.ana import DEFAULT_GROUP, AnaGroups
 from pynvmf.target.command_counts import IoStats
 from pynvmf.target.fused import WriteGate
+from pynvmf.target.io import FastNamespace, fast_namespace
 from pynvmf.target.reservations import NamespaceReservation
 from pynvmf.tcp.psk import ConfiguredPsk
 
@@ -204,7 +205,34 @@ class Subsystem:
             else:
                 view[nsid] = now
             changed.append(ctrl)
+        self.refresh_io_paths(nsid)
         return changed
+
+    @staticmethod
+    def io_paths_of(view: dict[int, Namespace]) -> dict[int, FastNamespace]:
+        """The namespaces of a controller's `view` whose Reads, Writes and Copies may take
+        the I/O fast path now (target/io.py fast_namespace), by NSID."""
+        paths = {}
+        for nsid, ns in view.items():
+            entry = fast_namespace(ns)
+            if entry is not None:
+                paths[nsid] = entry
+        return paths
+
+    def refresh_io_paths(self, nsid: int) -> None:
+        """Bring every controller's fast-path entry for NSID `nsid` in line with its view
+        and with the namespace as it is now, in place (the I/O path holds each table).
+        The Target calls it whenever what fast_namespace decides by may have changed:
+        the namespace added, removed, attached or detached (refresh_views), its rate
+        limits set or removed, its device resized."""
+        ns = self.namespaces.get(nsid)
+        entry = fast_namespace(ns) if ns is not None else None
+        for ctrl in self.controllers.values():
+            paths = ctrl.io_paths
+            if entry is not None and ctrl.namespaces.get(nsid) is ns:
+                paths[nsid] = entry
+            else:
+                paths.pop(nsid, None)
 
     def allocate_cntlid(self) -> int | None:
         low, high = self.cntlid_min, self.cntlid_max

@@ -640,6 +640,11 @@ class Target:
                 raise
             except (ValueError, OSError) as exc:
                 raise ChangeError("name" if size_bytes is None else "size", str(exc)) from exc
+            finally:
+                # The device may have mapped its storage again (a memory device's InPlace
+                # is then another), whatever the outcome.
+                for subsystem, ns in self.device_users(name):
+                    subsystem.refresh_io_paths(ns.nsid)
         if num_blocks == before:
             return num_blocks  # as SPDK: no size change, no event and no notification
         users = self.device_users(name)
@@ -740,8 +745,9 @@ class Target:
             gate.set_limits(limits)
         elif gate is not None or limits.any:
             entry.qos = self.qos_gate(limits) if limits.any else None
-            for _subsystem, ns in self.device_users(name):
+            for subsystem, ns in self.device_users(name):
                 ns.qos = entry.qos
+                subsystem.refresh_io_paths(ns.nsid)  # limited: the general path waits
             try:
                 await self.qos_changed(name)
             finally:

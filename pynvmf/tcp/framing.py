@@ -64,6 +64,18 @@ _DIGEST_LEN: Final = P.DIGEST_LEN
 _DIGEST_FLAGS: Final = P.FLAG_HDGST | P.FLAG_DDGST
 _CAPSULE_CMD: Final = int(P.PduType.CAPSULE_CMD)
 _EXPECTED_HLEN: Final = P.EXPECTED_HLEN
+# A PDU type's HLEN by type (a tuple index, compiled, where a set and a dict were two
+# hashed lookups a PDU), -1 for a type the reader does not accept now (PduReader's
+# accepted_types) or NVMe/TCP does not define.
+_NOT_ACCEPTED: Final = -1
+
+
+def _hlen_by_type(accepted: frozenset[int]) -> tuple[int, ...]:
+    return tuple(
+        _EXPECTED_HLEN.get(t, _NOT_ACCEPTED) if t in accepted else _NOT_ACCEPTED for t in range(256)
+    )
+
+
 # The target's two per-command PDUs, framed by PduWriter.c2h_data / capsule_resp.
 _PACK_DATA_HEADER: Final = P.DATA_HEADER.pack
 _PACK_CAPSULE_RESP: Final = P.CAPSULE_RESP.pack
@@ -122,7 +134,8 @@ class PduReader:
         self.on_capsule: Callable[[int, int, memoryview], None] | None = None
         self._on_fatal = on_fatal
         self._on_ddgst_error = on_data_digest_error
-        self.accepted_types = accepted_types
+        self._accepted_types = accepted_types
+        self._hlen_of = _hlen_by_type(accepted_types)
         self.max_pdu_len = max_pdu_len
         self.hdgst = False
         self.ddgst = False
@@ -184,6 +197,16 @@ class PduReader:
 
     # -- BufferedProtocol-style input -------------------------------------------
 
+    @property
+    def accepted_types(self) -> frozenset[int]:
+        """The PDU types this end takes now (any other is a fatal error)."""
+        return self._accepted_types
+
+    @accepted_types.setter
+    def accepted_types(self, types: frozenset[int]) -> None:
+        self._accepted_types = types
+        self._hlen_of = _hlen_by_type(types)
+
     def get_buffer(self, sizehint: int = -1) -> memoryview:
         if self._end == len(self._buf):
             self._compact()
@@ -234,9 +257,10 @@ class PduReader:
             plen: int
             pdu_type, flags, hlen, pdo, plen = unpack(buf, start)
             fes = -1
-            if pdu_type not in self.accepted_types:
+            expected_hlen: int = self._hlen_of[pdu_type]
+            if expected_hlen == _NOT_ACCEPTED:
                 fes, fei = P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_TYPE
-            elif hlen != _EXPECTED_HLEN[pdu_type]:
+            elif hlen != expected_hlen:
                 fes, fei = P.FatalError.INVALID_HEADER_FIELD, P.OFFSET_HLEN
             else:
                 hdgst = self.hdgst and not (1 << pdu_type) & _NO_DIGEST_TYPES

@@ -341,8 +341,9 @@ class Worker:
         # finds it then.)
         subsystem = self.target.subsystems.get(nqn) if self.target is not None else None
         ns = subsystem.namespaces.get(nsid) if subsystem is not None else None
-        if ns is not None:
+        if subsystem is not None and ns is not None:
             ns.qos = gate
+            subsystem.refresh_io_paths(nsid)  # limited: the general path waits its turn
 
     def _qos_gone(self, nqn: str, nsid: int) -> None:
         gate = self.qos.pop((nqn, nsid), None)
@@ -364,11 +365,14 @@ class Worker:
         assert self.target is not None
         subsystem = self.target.subsystems.get(nqn)
         ns = subsystem.namespaces.get(nsid) if subsystem is not None else None
-        if ns is None:
+        if subsystem is None or ns is None:
             return 0
         device = ns.device
         if isinstance(device, Resizable):
-            return await device.rescan()
+            try:
+                return await device.rescan()
+            finally:
+                subsystem.refresh_io_paths(nsid)  # mapped again: another InPlace
         return device.capabilities.num_blocks
 
     async def _namespace_shrinking(self, nqn: str, nsid: int, size_bytes: int) -> int:
@@ -384,7 +388,10 @@ class Worker:
         if not isinstance(device, Shrinkable):
             return device.capabilities.num_blocks
         async with quiesced(subsystem, nsid):
-            return await device.serve_only(size_bytes)
+            try:
+                return await device.serve_only(size_bytes)
+            finally:
+                subsystem.refresh_io_paths(nsid)  # mapped again: another InPlace
 
     async def _subsystem_gone(self, nqn: str) -> None:
         assert self.target is not None
