@@ -54,6 +54,7 @@ SERIAL_MODULES: dict[str, str] = {
     "tests/protocol/test_qos.py": "hosts under a limit reach its rate within 5%",
     "tests/protocol/test_log_methods.py": "what the workers log before a level changes",
     "tests/protocol/test_bench_cli.py": "a job's mean rate against its overall rate",
+    "tests/unit/test_bench_loadgen.py": "rates sampled from a device timed by the clock",
 }
 
 
