@@ -55,6 +55,8 @@ REPO = Path(__file__).resolve().parents[2]
 CONTRIB = REPO / "contrib" / "blktests"
 PATCH = CONTRIB / "blktests-target-control.patch"
 NOTES = Path(__file__).resolve().parent / "notes.json"
+# The "why" column per transport: over RDMA the tests' reasons differ (TLS is TCP's).
+NOTES_BY_TRTYPE = {"tcp": NOTES, "rdma": NOTES.with_name("notes-rdma.json")}
 TARGETS = ("nvmet", "nvmet-control", "pynvmf")
 TRTYPES = ("tcp", "rdma")
 GUEST_TREE = "/tmp/blktests"
@@ -343,8 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(REPO / "build" / "blktests"))
     ap.add_argument(
         "--notes",
-        default=str(NOTES),
-        help="JSON: test -> why, the table's last column (default: the one docs/blktests.md's has)",
+        default="",
+        help="JSON: test -> why, the table's last column (default: the one docs/blktests.md's"
+        " table for --trtype has)",
     )
     ap.add_argument(
         "--render",
@@ -354,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
         help="write the table of earlier runs (the JSON files --out left) and stop",
     )
     args = ap.parse_args(argv)
-    notes = json.loads(Path(args.notes).read_text()) if Path(args.notes).is_file() else {}
+    notes_file = Path(args.notes or NOTES_BY_TRTYPE[args.trtype])
+    notes = json.loads(notes_file.read_text()) if notes_file.is_file() else {}
     if args.render:
         print(render([Path(d) for d in args.render], notes))
         return 0

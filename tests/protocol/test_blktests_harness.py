@@ -4,6 +4,7 @@ it writes. The run itself takes hours under TCG and is not part of `make test`."
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -77,6 +78,15 @@ def test_over_rdma_every_target_is_in_the_guest_on_soft_roce() -> None:
     assert "PYNVMF_LISTEN" not in pyn
     text = R._config("pynvmf", settings, pyn)
     assert "export PYNVMF_TRTYPE=rdma" in text and "NVMET_TRTYPES=rdma" in text
+
+
+def test_each_transport_has_its_notes() -> None:
+    # The "why" column of docs/blktests.md's tables, one file per transport, each JSON
+    # mapping test names to text.
+    assert set(R.NOTES_BY_TRTYPE) == set(R.TRTYPES)
+    for path in R.NOTES_BY_TRTYPE.values():
+        notes = json.loads(path.read_text())
+        assert all(k.startswith("nvme/") and isinstance(v, str) for k, v in notes.items())
 
 
 def test_the_trtype_option_takes_tcp_or_rdma_only(tmp_path: Path) -> None:
