@@ -54,6 +54,8 @@ CONFIG_OPTIONS = (
 TLS_OFF = "none"
 TLS_OPTIONAL = "not-required"
 TLS_REQUIRED = "required"
+# The transports the scripts set a target up on (config --show-trtype answers one).
+TRTYPES = ("tcp", "rdma")
 
 
 class Failure(Exception):
@@ -97,6 +99,14 @@ def parse_size(text: str, what: str, block_size: int) -> int:
     if size < block_size or size % block_size:
         raise Failure(f"{what}: {text!r} is not a whole number of {block_size}-byte blocks")
     return size
+
+
+def trtype_from(name: str, environ: Mapping[str, str]) -> str:
+    """The transport environment variable `name` names: tcp when unset."""
+    value = (environ.get(name) or "tcp").lower()
+    if value not in TRTYPES:
+        raise Failure(f"{name}: {value!r} is not one of {', '.join(TRTYPES)}")
+    return value
 
 
 def print_config(args: argparse.Namespace, values: Mapping[str, Callable[[], str]]) -> None:

@@ -214,6 +214,14 @@ class RdmaListener:
             queue.conn.close("port closing")
             # The DISCONNECTED event would come on the channel no longer read.
             queue.disconnected()
+        # The listener's own CM IDs, then their channel: the bound listen_id holds the
+        # address and port until destroyed (a port re-opened on them, as blktests'
+        # control script does per test, gets EADDRINUSE otherwise).
+        for obj in (self.bare_id, self.listen_id, self.channel):
+            try:
+                obj.close()
+            except Exception as exc:
+                log.warning("RDMA listener on %s: closing %s: %s", self.port, obj, exc)
         self.closed.set()
 
     async def wait_closed(self) -> None:

@@ -7,7 +7,8 @@ contrib/blktests/blktests-target-control.patch (unless --no-patch: it makes blkt
 TLS settings and host key, hash and DH group changes to NVME_TARGET_CONTROL, which
 master writes to the local nvmet's configfs only), builds its helper programs here
 (static), boots one guest (the newest kernel peer blktests.guest knows, or --peer) and
-runs each test of the group with NVMET_TRTYPES=tcp against each target in turn:
+runs each test of the group with NVMET_TRTYPES=tcp (or, with --trtype rdma, over
+soft-RoCE in the guest: tests/blktests/rdma.py) against each target in turn:
 
 - ``nvmet``: blktests' own default, the guest kernel's nvmet on 127.0.0.1, configured by
   blktests itself through configfs;
@@ -41,6 +42,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tests.blktests import rdma
 from tests.blktests.guest import PEERS
 from tests.support.guest import Guest
 from tests.support.guest_assets import TLSHD_CONF
@@ -53,7 +55,10 @@ REPO = Path(__file__).resolve().parents[2]
 CONTRIB = REPO / "contrib" / "blktests"
 PATCH = CONTRIB / "blktests-target-control.patch"
 NOTES = Path(__file__).resolve().parent / "notes.json"
+# The "why" column per transport: over RDMA the tests' reasons differ (TLS is TCP's).
+NOTES_BY_TRTYPE = {"tcp": NOTES, "rdma": NOTES.with_name("notes-rdma.json")}
 TARGETS = ("nvmet", "nvmet-control", "pynvmf")
+TRTYPES = ("tcp", "rdma")
 GUEST_TREE = "/tmp/blktests"
 GUEST_CONTROL = "/opt/blktests-control"
 
@@ -82,6 +87,11 @@ CONFIG_COMMON = {
     # --blkdev file get a file from nvmet either way.
     "NVMET_BLKDEV_TYPES": "device",
 }
+
+
+def trtype_settings(trtype: str) -> dict[str, str]:
+    """blktests' settings for a transport, on top of CONFIG_COMMON."""
+    return dict(rdma.SETTINGS) if trtype == "rdma" else {}
 
 
 @dataclass
@@ -167,6 +177,26 @@ def _tarball(files: dict[str, Path | bytes]) -> bytes:
 
 
 # -- the guest side -------------------------------------------------------------------------
+
+
+def target_exports(
+    target: str, trtype: str, img_size: str, machine_rpc: str = "", nvme_port: int = 0
+) -> dict[str, str]:
+    """What a target's control script is told. Over TCP pynvmf runs on this machine
+    (its RPC at machine_rpc as the guest reaches it, listening on 127.0.0.1:nvme_port);
+    over RDMA, in the guest (rdma.exports)."""
+    if trtype == "rdma":
+        return rdma.exports(target, img_size)
+    if target == "pynvmf":
+        return {
+            "PYNVMF_RPC": machine_rpc,
+            "PYNVMF_TRSVCID": str(nvme_port),
+            "PYNVMF_LISTEN": f"127.0.0.1:{nvme_port}",
+            "NVME_IMG_SIZE": img_size,
+        }
+    if target == "nvmet-control":
+        return {"NVME_IMG_SIZE": img_size}
+    return {}
 
 
 def _config(target: str, settings: dict[str, str], exports: dict[str, str]) -> str:
@@ -301,6 +331,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer", default="", help=f"one of {', '.join(PEERS)} (default: newest)")
     ap.add_argument("--targets", default=",".join(TARGETS))
     ap.add_argument("--tests", default="nvme", help="groups and tests, comma-separated")
+    ap.add_argument(
+        "--trtype",
+        choices=TRTYPES,
+        default="tcp",
+        help="NVMET_TRTYPES: rdma runs every target in the guest, over soft-RoCE",
+    )
     ap.add_argument("--test-timeout", type=float, default=900)
     ap.add_argument("--img-size", default="1G", help="blktests' NVME_IMG_SIZE")
     ap.add_argument("--timeout", default="30", help="blktests' TIMEOUT (timed tests' fio)")
@@ -309,8 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(REPO / "build" / "blktests"))
     ap.add_argument(
         "--notes",
-        default=str(NOTES),
-        help="JSON: test -> why, the table's last column (default: the one docs/blktests.md's has)",
+        default="",
+        help="JSON: test -> why, the table's last column (default: the one docs/blktests.md's"
+        " table for --trtype has)",
     )
     ap.add_argument(
         "--render",
@@ -320,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
         help="write the table of earlier runs (the JSON files --out left) and stop",
     )
     args = ap.parse_args(argv)
-    notes = json.loads(Path(args.notes).read_text()) if Path(args.notes).is_file() else {}
+    notes_file = Path(args.notes or NOTES_BY_TRTYPE[args.trtype])
+    notes = json.loads(notes_file.read_text()) if notes_file.is_file() else {}
     if args.render:
         print(render([Path(d) for d in args.render], notes))
         return 0
@@ -356,13 +394,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         rpc_port, nvme_port = free_tcp_port(), free_tcp_port()
         target: TargetProcess | None = None
-        if "pynvmf" in targets:
+        if "pynvmf" in targets and args.trtype == "tcp":
             target = TargetProcess(
                 None,
                 work,
                 ["--empty", "--rpc-listen", f"127.0.0.1:{rpc_port}", *args.target_args.split()],
             )
             target.start()
+        settings = {
+            "NVME_IMG_SIZE": args.img_size,
+            "TIMEOUT": args.timeout,
+            **trtype_settings(args.trtype),
+        }
         meta = {
             "date": time.strftime("%Y-%m-%d"),
             "pynvmf_commit": _git(REPO, "rev-parse", "--short", "HEAD"),
@@ -371,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             "patched": not args.no_patch,
             "peer": peer.name,
             "command": "make blktests " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
-            "settings": {"NVME_IMG_SIZE": args.img_size, "TIMEOUT": args.timeout},
+            "settings": settings,
         }
         runs: list[Run] = []
         try:
@@ -400,20 +443,28 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 meta["kernel"] = guest.run("uname -r").output.strip()
                 meta["nvme_cli"] = guest.run("nvme version | head -2 | tr '\\n' ' '").output.strip()
-                settings = {"NVME_IMG_SIZE": args.img_size, "TIMEOUT": args.timeout}
+                if args.trtype == "rdma":
+                    rdma.prepare(guest)
                 for name in targets:
-                    exports: dict[str, str] = {}
-                    if name == "pynvmf":
-                        exports = {
-                            "PYNVMF_RPC": f"{guest.host_address}:{rpc_port}",
-                            "PYNVMF_TRSVCID": str(nvme_port),
-                            "PYNVMF_LISTEN": f"127.0.0.1:{nvme_port}",
-                            "NVME_IMG_SIZE": args.img_size,
-                        }
-                    elif name == "nvmet-control":
-                        exports = {"NVME_IMG_SIZE": args.img_size}
+                    exports = target_exports(
+                        name,
+                        args.trtype,
+                        args.img_size,
+                        f"{guest.host_address}:{rpc_port}",
+                        nvme_port,
+                    )
+                    if args.trtype == "rdma" and name != "nvmet":
+                        rdma.ensure_soft_roce(guest)
+                    if args.trtype == "rdma" and name == "pynvmf":
+                        rdma.start_target(guest, args.target_args.split())
                     config = _config(name, settings, exports)
-                    run = run_target(guest, name, tests, config, args.test_timeout, device_tests)
+                    try:
+                        run = run_target(
+                            guest, name, tests, config, args.test_timeout, device_tests
+                        )
+                    finally:
+                        if args.trtype == "rdma" and name == "pynvmf":
+                            (out / "pynvmf-target.log").write_text(rdma.stop_target(guest))
                     runs.append(run)
                     (out / f"{name}.json").write_text(
                         json.dumps(

@@ -11,7 +11,8 @@ identical, and disconnects; fio verifies (crc32c) 4 KiB and 16 KiB writes (in-ca
 64 KiB writes (RDMA READ) and 1 MiB transfers, across a disconnect and reconnect; ten
 connect/disconnect cycles leave the target holding no CM ID and no more descriptors; an
 rdma listener added over SPDK's RPCs (with an RDMA transport of 8 KiB in-capsule data) is
-discovered, connected to, listed and removed; pynvmf logs no error.
+discovered, connected to, listed, removed and added again on the same port; pynvmf logs
+no error.
 """
 
 from __future__ import annotations
@@ -248,6 +249,12 @@ def test_an_rdma_listener_added_over_spdks_rpcs(guest: Guest, target: None) -> N
         ("nvmf_subsystem_get_listeners", {"nqn": NQN}),
     )
     assert [entry["address"]["trsvcid"] for entry in listeners] == [str(PORT)]
+    # The removed listener let go of its address and port: a listener added there again
+    # (blktests' control script does so for every test) opens and answers.
+    _rpc(guest, ("nvmf_subsystem_add_listener", {"nqn": NQN, "listen_address": where}))
+    out = guest.run(f"nvme discover -t rdma -a {ADDRESS} -s {port}", timeout=120).output
+    assert f"trsvcid: {port}" in out, out
+    _rpc(guest, ("nvmf_subsystem_remove_listener", {"nqn": NQN, "listen_address": where}))
     assert not re.search(r"\b(ERROR|Traceback|exception)\b", _log(guest))
 
 

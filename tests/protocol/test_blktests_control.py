@@ -14,11 +14,13 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pynvmf.auth import DhchapKey
 from pynvmf.host import NvmeAuthenticationError, NvmeError, connect
+from pynvmf.rpc.client import RpcClient
 from pynvmf.rpc.server import RpcServer, control_plane
 from pynvmf.target.target import Target
 from pynvmf.tcp.psk import ConfiguredPsk
@@ -328,3 +330,52 @@ async def test_both_scripts_take_every_option_blktests_passes(served: Served, sc
     assert status == 2 and "unrecognized arguments" in err
     status, out, _err = await control(served, "config", "--show-trtype", script=script)
     assert (status, out) == (0, "tcp\n")
+
+
+@pytest.mark.parametrize(
+    ("script", "env"),
+    [
+        (SCRIPT, {"PYNVMF_TRTYPE": "rdma", "PYNVMF_TRADDR": "10.0.2.15"}),
+        (NVMET_SCRIPT, {"NVMET_TRTYPE": "rdma", "NVMET_TRADDR": "10.0.2.15"}),
+    ],
+    ids=["nvme-target-control", "nvmet-target-control"],
+)
+async def test_over_rdma_the_scripts_answer_rdma_and_the_soft_roce_address(
+    served: Served, script: Path, env: dict[str, str]
+) -> None:
+    # blktests takes NVMET_TRTYPES and the address it connects to from config.
+    served.env.update(env)
+    status, out, err = await control(
+        served, "config", "--show-trtype", "--show-traddr", script=script
+    )
+    assert (status, out, err) == (0, "rdma\n10.0.2.15\n", "")
+    # A transport neither script sets a target up on: the variable is named.
+    served.env.update({k: "fc" for k in env if k.endswith("TRTYPE")})
+    status, out, err = await control(served, "config", "--show-trtype", script=script)
+    assert status == 1 and out == "" and "TRTYPE: 'fc'" in err
+
+
+def _rpc(served: Served, method: str, **params: object) -> Any:
+    """One call to the target's RPC, as the scripts make it (blocking: run in a thread)."""
+    with RpcClient(served.env["PYNVMF_RPC"]) as rpc:
+        return rpc.call(method, **params)
+
+
+async def test_setup_over_rdma_makes_the_rdma_transport_and_an_rdma_listener(
+    served: Served,
+) -> None:
+    served.env.update({"PYNVMF_TRTYPE": "rdma", "PYNVMF_TRADDR": "192.0.2.1"})
+    # TLS is NVMe/TCP's: refused before anything is made.
+    status, _out, err = await control(served, *SETUP, "--tls")
+    assert status == 1 and "TLS" in err and not served.target.subsystems
+    # This machine has no RDMA device on that address (nor soft-RoCE): the rdma listener
+    # the script asks for cannot open, and the subsystem made on the way goes. What it
+    # asked for is what a guest with soft-RoCE serves (tests/blktests/rdma.py).
+    status, _out, err = await control(served, *SETUP)
+    assert status == 1 and "listen_address" in err, err
+    assert not served.target.subsystems and not served.target.block_devices
+    transports = await asyncio.to_thread(_rpc, served, "nvmf_get_transports", trtype="RDMA")
+    assert [t["trtype"] for t in transports] == ["RDMA"]
+    # A second setup finds the transport there (SPDK's create refuses a second one).
+    status, _out, err = await control(served, *SETUP)
+    assert status == 1 and "already exists" not in err and "listen_address" in err, err

@@ -4,6 +4,7 @@ it writes. The run itself takes hours under TCG and is not part of `make test`."
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.blktests import rdma
 from tests.blktests import run as R
 from tests.blktests.guest import PACKAGES, PEERS
 
@@ -45,6 +47,52 @@ def test_config_per_target() -> None:
     pyn = R._config("pynvmf", settings, {"PYNVMF_RPC": "10.0.2.2:5260"})
     assert f"NVME_TARGET_CONTROL={R.GUEST_CONTROL}/nvme-target-control" in pyn
     assert "export PYNVMF_RPC=10.0.2.2:5260" in pyn
+
+
+def test_tcp_is_the_default_and_its_settings_do_not_change() -> None:
+    assert R.trtype_settings("tcp") == {}
+    pyn = R.target_exports("pynvmf", "tcp", "1G", "10.0.2.2:5260", 4433)
+    assert pyn == {
+        "PYNVMF_RPC": "10.0.2.2:5260",
+        "PYNVMF_TRSVCID": "4433",
+        "PYNVMF_LISTEN": "127.0.0.1:4433",
+        "NVME_IMG_SIZE": "1G",
+    }
+    assert R.target_exports("nvmet-control", "tcp", "1G") == {"NVME_IMG_SIZE": "1G"}
+    assert R.target_exports("nvmet", "tcp", "1G") == {}
+
+
+def test_over_rdma_every_target_is_in_the_guest_on_soft_roce() -> None:
+    settings = {"NVME_IMG_SIZE": "1G", **R.trtype_settings("rdma")}
+    # blktests' own nvmet: rdma, with rdma_rxe (the soft-RoCE the other columns use).
+    nvmet = R._config("nvmet", settings, R.target_exports("nvmet", "rdma", "1G"))
+    assert "NVMET_TRTYPES=rdma" in nvmet and "NVMET_TRTYPES=tcp" not in nvmet
+    assert "USE_RXE=1" in nvmet and "export" not in nvmet
+    # nvmet through its control script: an rdma port on the guest's soft-RoCE address.
+    ctl = R.target_exports("nvmet-control", "rdma", "1G")
+    assert ctl["NVMET_TRTYPE"] == "rdma" and ctl["NVMET_TRADDR"] == rdma.ADDRESS
+    # pynvmf in the guest: its RPC on the guest's loopback, its listener on soft-RoCE.
+    pyn = R.target_exports("pynvmf", "rdma", "1G", "10.0.2.2:5260", 4433)
+    assert pyn["PYNVMF_TRTYPE"] == "rdma" and pyn["PYNVMF_RPC"] == rdma.RPC
+    assert pyn["PYNVMF_RPC"].startswith("127.0.0.1:") and pyn["PYNVMF_TRADDR"] == rdma.ADDRESS
+    assert "PYNVMF_LISTEN" not in pyn
+    text = R._config("pynvmf", settings, pyn)
+    assert "export PYNVMF_TRTYPE=rdma" in text and "NVMET_TRTYPES=rdma" in text
+
+
+def test_each_transport_has_its_notes() -> None:
+    # The "why" column of docs/blktests.md's tables, one file per transport, each JSON
+    # mapping test names to text.
+    assert set(R.NOTES_BY_TRTYPE) == set(R.TRTYPES)
+    for path in R.NOTES_BY_TRTYPE.values():
+        notes = json.loads(path.read_text())
+        assert all(k.startswith("nvme/") and isinstance(v, str) for k, v in notes.items())
+
+
+def test_the_trtype_option_takes_tcp_or_rdma_only(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as exc:
+        R.main(["--blktests-dir", str(tmp_path), "--trtype", "fc"])
+    assert exc.value.code == 2
 
 
 def test_results_are_read_from_blktests_records_and_output() -> None:
