@@ -224,6 +224,7 @@ async def _bench(
             args.nqn,
             queues=args.numjobs,
             queue_depth=depth,
+            trtype=args.transport,
             **connect_arguments(args, identity),
         )
     except NvmeError as exc:

@@ -312,7 +312,6 @@ def connect_arguments(args: argparse.Namespace, identity: CommandIdentity) -> di
     """connect()'s keyword arguments from the options of host_identity_options and
     connect_options, for the host identity `identity` (host_identity(args))."""
     return {
-        "trtype": args.transport,
         "hostnqn": identity.hostnqn,
         "hostid": identity.hostid,
         "header_digest": args.hdr_digest,

@@ -207,6 +207,7 @@ async def _open(args: argparse.Namespace, identity: CommandIdentity, *, queues: 
             args.trsvcid,
             args.nqn,
             queues=queues,
+            trtype=args.transport,
             **connect_arguments(args, identity),
         )
     except NvmeError as exc:
