@@ -3,19 +3,20 @@ fail its data digest, or any block of a Read arrive torn (part of one Write, par
 another)?
 
     python benchmarks/overlap.py [--seconds 60] [--size 16M] [--cores 1,2] [--busy 2]
-        [--spdk DIR] [--tree LABEL=DIR]... [--out FILE]
+        [--spdk DIR] [--tree LABEL=DIR]... [--io-size 4K] [--out FILE]
 
 For each tree (this checkout by default; `--tree` adds others, e.g. a copy in which
 `make compiled` built the hot modules) and each `--cores` value, a `pynvmf target
 --memory SIZE` is started, `--busy` CPU-bound loops run beside it, and:
 
 - SPDK's perf tool, when `--spdk` names its build (the folder holding bin/), runs
-  `spdk_nvme_perf -q 128 -o 4096 -w randrw -M 50 -H -I -P 4 -t SECONDS` (header and
+  `spdk_nvme_perf -q 128 -o IO_SIZE -w randrw -M 50 -H -I -P 4 -t SECONDS` (header and
   data digests, four queues, every block of the namespace in play); its log lines naming
   a data digest error are counted;
 - a verifying client (pynvmf's host library, digests on) runs as many seconds: four
-  controllers with 32 commands in flight each, half 4 KiB Writes whose every 512-byte
-  block is one 16-byte stamp (writer, sequence) repeated, half 4 KiB Reads that check
+  controllers with 32 commands in flight each, half Writes of `--io-size` (4 KiB by
+  default) whose every 512-byte
+  block is one 16-byte stamp (writer, sequence) repeated, half Reads of that size that check
   each block is one stamp throughout. A Read of a block that a Write was changing must
   return it wholly old or wholly new (AWUN 0: one block is atomic).
 
@@ -51,6 +52,7 @@ from tests.support.ports import free_tcp_port  # noqa: E402
 NQN = "nqn.2024-11.dev.pynvmf:overlap"
 BLOCK = 512
 IO = 4096
+READ = IO
 STAMP = struct.Struct("<QQ")
 _DIGEST_ERROR = re.compile(r"data digest error", re.I)
 _TOTAL = re.compile(r"^Total\s*:\s*([\d.]+)", re.M)
@@ -132,10 +134,10 @@ async def verify(port: int, size: int, seconds: float, controllers: int, depth: 
         async def worker(ns_index: int, slot: int) -> None:
             ns = ctrls[ns_index].namespace(1)
             rng = random.Random(ns_index * 1000 + slot)
-            buf = bytearray(IO)
+            buf = bytearray(READ)
             writer = ns_index * 1000 + slot + 1
             while time.monotonic() < deadline:
-                lba = rng.randrange(0, blocks - IO // BLOCK + 1)
+                lba = rng.randrange(0, blocks - max(IO, READ) // BLOCK + 1)
                 try:
                     if rng.random() < 0.5:
                         await ns.write(lba, _stamped(writer, next(seq)))
@@ -148,7 +150,7 @@ async def verify(port: int, size: int, seconds: float, controllers: int, depth: 
                         result.examples.append(f"LBA {lba}: {exc!r}")
                     continue
                 result.reads += 1
-                for i in range(0, IO, BLOCK):
+                for i in range(0, READ, BLOCK):
                     block = buf[i : i + BLOCK]
                     if block != block[: STAMP.size] * (BLOCK // STAMP.size):
                         result.torn += 1
@@ -163,6 +165,7 @@ async def verify(port: int, size: int, seconds: float, controllers: int, depth: 
 
 
 def main() -> int:
+    global IO
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--size", type=parse_size, default=16 << 20)
@@ -173,7 +176,23 @@ def main() -> int:
     parser.add_argument("--controllers", type=int, default=4)
     parser.add_argument("--depth", type=int, default=32)
     parser.add_argument("--out", type=Path, help="also write the table here")
+    parser.add_argument(
+        "--io-size",
+        type=parse_size,
+        default=IO,
+        help="bytes per Read and Write (above 16K, Reads are lent views: block/inplace.py)",
+    )
+    parser.add_argument(
+        "--read-size",
+        type=parse_size,
+        default=0,
+        help="the client's Reads only (default --io-size): large Reads beside in-capsule "
+        "Writes meet them in one batch",
+    )
     args = parser.parse_args()
+    IO = args.io_size
+    global READ
+    READ = args.read_size or IO
     trees = [("this tree", REPO)] + [
         (label, Path(where)) for label, _, where in (t.partition("=") for t in args.tree)
     ]

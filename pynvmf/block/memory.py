@@ -11,7 +11,7 @@ caller may drive one synchronously with `coro.send(None)`, which raises
 StopIteration on completion, instead of a round trip through the event loop.
 The target's hot path goes further: `read_now` and `write_now` are plain methods
 that do a whole Read or Write at once (block/inplace.py: a read's data is a copy taken
-at once, never a view the socket would read later).
+at once, or a view lent to a consumer that copies it when this memory is about to change).
 """
 
 from __future__ import annotations
@@ -266,6 +266,7 @@ class MemoryDevice:
         end = off + n
         if lba < 0 or end > self._size:
             check_range(self._caps, lba, n >> self._shift)
+        self._changing()
         # mmap slice assignment takes any contiguous buffer and does one memcpy.
         locks = self._locks
         if locks is None:
@@ -327,7 +328,14 @@ class MemoryDevice:
 
     # -- internals ---------------------------------------------------------------
 
+    def _changing(self) -> None:
+        """The memory is about to change: views of it lent (InPlace.lend_now) are copied."""
+        inplace = self.inplace
+        if inplace is not None and inplace.loans:
+            inplace.changing()
+
     def _zero_held(self, off: int, end: int) -> None:
+        self._changing()
         locks = self._locks
         if locks is None or end <= off:
             self._zero(off, end)

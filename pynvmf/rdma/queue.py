@@ -27,6 +27,7 @@ import struct
 from collections.abc import Callable
 from typing import Final, Protocol
 
+from pynvmf.block.inplace import Loans
 from pynvmf.logs import ContextLog
 from pynvmf.rdma import sgl
 from pynvmf.rdma.counters import RdmaCounters, RdmaQueueTally
@@ -133,6 +134,8 @@ class RdmaConnection(QueueTransport):
         self.max_transfer = max_transfer
         self.receive_size = receive_size(in_capsule_size)
         self.closing = False
+        # Read data goes out from registered buffers (a copy of its own).
+        self.loans: Loans | None = None
         self.close_reason = ""
         self._on_command: Callable[[Request], None] = _unattached
         self._on_refused: Callable[[Request], None] = _ignore_request

@@ -248,8 +248,9 @@ class IoHandler:
 
     def _read_now(self, req: Request, inplace: InPlace) -> bool:
         """A Read of at most READ_CHUNK done at once (its data a copy of the device's
-        memory, charged to the connection's budget above UNCHARGED_READ as any read
-        buffer is). False, having done nothing, for anything else: read() decides."""
+        memory, or above UNCHARGED_READ a view lent where the transport takes one;
+        charged to the connection's budget above UNCHARGED_READ as any read buffer is).
+        False, having done nothing, for anything else: read() decides."""
         length = req.length
         charge = 0
         if length > _UNCHARGED_READ:
@@ -257,7 +258,17 @@ class IoHandler:
                 return False
             charge = length
         sqe = req.sqe
-        data = inplace.read_now(sqe.cdw10 | sqe.cdw11 << 32, (sqe.cdw12 & 0xFFFF) + 1, length)
+        lba = sqe.cdw10 | sqe.cdw11 << 32
+        nblocks = (sqe.cdw12 & 0xFFFF) + 1
+        data: memoryview | bytes | None = None
+        if charge:
+            # Large: a view lent to the transport, where it takes one, saves the memcpy
+            # (block/inplace.py).
+            loans = self.queue.conn.loans
+            if loans is not None:
+                data = inplace.lend_now(lba, nblocks, length, loans)
+        if data is None:
+            data = inplace.read_now(lba, nblocks, length)
         if data is None:
             if charge:
                 self.budget.give(charge)

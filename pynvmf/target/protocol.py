@@ -101,6 +101,8 @@ class TargetProtocol(ConnectionGlue[TargetConnection]):
             queue.peer_address = (peer[0], peer[1])
         self.logger().debug("connection from %s on %s", peer, self.port)
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
+        if not self.port.offers_tls:
+            self._lend_views(self.conn.lend_views())
         self.port.connections.add(self)
         recorder = self.target.recorder
         if recorder is not None:

@@ -34,6 +34,8 @@ from pynvmf.compiled import trait
 from pynvmf.spec.command import Sqe
 
 if TYPE_CHECKING:
+    from pynvmf.block.inplace import Loans
+
     # The NVMe layer's, for the type of Request.latency alone (set and read there).
     from pynvmf.target.command_counts import Histogram
 
@@ -149,6 +151,11 @@ class QueueTransport:
 
     # True once the queue's connection is closing: nothing more goes out.
     closing: bool
+    # Where a Read's data may be a view of a memory namespace instead of a copy: the
+    # record of what this connection's output holds (block/inplace.py), on a transport
+    # that hands its output to the kernel before anything else runs and copies what the
+    # device recalls; None where it copies.
+    loans: Loans | None
 
     def attach(self, queue: NvmeQueue) -> None:
         """The NVMe layer's queue above this transport, once, before any command."""

@@ -12,8 +12,10 @@ submissions and their futures on the host (host/queue.py).
 from __future__ import annotations
 
 import asyncio
-from typing import Generic, Protocol, TypeVar, cast
+import os
+from typing import Final, Generic, Protocol, TypeVar, cast
 
+from pynvmf.block.inplace import Loans
 from pynvmf.compiled import mypyc_attr
 from pynvmf.tcp.framing import Buffer, PduReader
 from pynvmf.tls.channel import COUNTERS, SecureChannel, TlsCounters, kernel_record_error
@@ -53,6 +55,10 @@ class ConnectionGlue(asyncio.BufferedProtocol, Generic[ConnT]):
         # The secure channel (TLS 1.3 with a PSK), on a connection that has one.
         self.tls: SecureChannel | None = None
         self._flush_scheduled = False
+        # Where output may hold views of memory (lend_views): their record, and the socket
+        # they go to directly.
+        self._loans: Loans | None = None
+        self._fd = -1
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
@@ -130,8 +136,11 @@ class ConnectionGlue(asyncio.BufferedProtocol, Generic[ConnT]):
         out = conn.take_output()
         tls = self.tls
         if out:
+            loans = self._loans
             if tls is not None:
                 tls.write(out)
+            elif loans is not None and loans.lenders:
+                self._write_lent(out, transport, loans)
             else:
                 transport.writelines(out)
             self._output_sent(out, transport)
@@ -139,6 +148,28 @@ class ConnectionGlue(asyncio.BufferedProtocol, Generic[ConnT]):
             if tls is not None:
                 tls.close()
             transport.close()
+
+    def _lend_views(self, loans: Loans) -> None:
+        """The connection's output may hold views of memory namespaces lent to `loans`
+        (block/inplace.py), on a connection without TLS: such output goes to the socket
+        itself, at once, and what the socket does not take is copied, so no view is read
+        after the flush."""
+        assert self.transport is not None and self.tls is None
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            self._fd = sock.fileno()
+            self._loans = loans
+
+    def _write_lent(self, out: list[Buffer], transport: asyncio.Transport, loans: Loans) -> None:
+        rest: list[Buffer]
+        if transport.get_write_buffer_size():
+            # Queued output would be passed: it all goes through the transport, copied.
+            rest = [bytes(b) if type(b) is memoryview else b for b in out]
+        else:
+            rest = write_at_once(self._fd, out)
+        loans.returned()
+        if rest:
+            transport.writelines(rest)
 
     def _output_sent(self, out: list[Buffer], transport: asyncio.Transport) -> None:
         """`out` has been handed to the socket (or the TLS channel)."""
@@ -152,3 +183,37 @@ class ConnectionGlue(asyncio.BufferedProtocol, Generic[ConnT]):
         self.conn.close(reason)
         if self.transport is not None:
             self.transport.abort()
+
+
+# The most buffers one writev takes (Linux: 1024).
+_IOV_MAX: Final = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024
+
+
+def write_at_once(fd: int, out: list[Buffer]) -> list[Buffer]:
+    """Hand `out` to the non-blocking socket `fd` now, with no transport in between (its
+    buffer must be empty: the bytes would pass it otherwise). What the socket did not
+    take comes back, in order, for the transport to send next: copies, so that no view
+    in `out` is read after this returns. An error other than a full socket is left for
+    the transport's next write to meet."""
+    sizes = [b.nbytes if type(b) is memoryview else len(b) for b in out]
+    taken = 0
+    try:
+        for start in range(0, len(out), _IOV_MAX):
+            end = start + _IOV_MAX
+            n = os.writev(fd, out[start:end])
+            taken += n
+            if n < sum(sizes[start:end]):
+                break
+    except OSError:
+        pass
+    rest: list[Buffer] = []
+    for buf, size in zip(out, sizes, strict=True):
+        if taken >= size:
+            taken -= size
+            continue
+        if taken or type(buf) is memoryview:
+            rest.append(bytes(memoryview(buf)[taken:]))
+            taken = 0
+        else:
+            rest.append(buf)
+    return rest

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from pynvmf.block.inplace import Loans
 from pynvmf.logs import ContextLog
 from pynvmf.spec import pdu as P
 from pynvmf.spec.command import (
@@ -154,6 +155,8 @@ class TargetConnection(PduConnection, QueueTransport):
         )
         self.established = False
         self.closing = False
+        # None: a Read's data is always a copy (lend_views).
+        self.loans: Loans | None = None
         self.close_reason = ""
         self.hpda = 0
         self.hdgst = False
@@ -185,6 +188,21 @@ class TargetConnection(PduConnection, QueueTransport):
         self._pdu_at = 0
         # Timed commands completed since the last flush, in order.
         self.timed: list[Request] = []
+
+    def lend_views(self) -> Loans:
+        """A Read's data may be a view of a memory namespace from now on (block/inplace.py),
+        recalled into copies while it waits in the outbox if the memory is about to change:
+        the glue hands each take_output's buffers to the kernel at once, copying what the
+        kernel does not take, and returns the loans (no TLS channel holds them)."""
+        if self.loans is None:
+            self.loans = Loans(self._copy_lent_views)
+        return self.loans
+
+    def _copy_lent_views(self) -> None:
+        out = self.outbox
+        for i, buf in enumerate(out):
+            if type(buf) is _MEMORYVIEW:
+                out[i] = bytes(buf)
 
     def attach(self, queue: NvmeQueue) -> None:
         """The NVMe layer's queue above this connection, once, before any input."""
@@ -664,6 +682,9 @@ class TargetConnection(PduConnection, QueueTransport):
         self._inflight.clear()
         self._r2t.clear()
         self.output_drained()
+        if self.loans is not None:
+            self.loans.returned()
+            self.loans = None
 
     def pending_requests(self) -> list[Request]:
         return list(self._inflight.values())

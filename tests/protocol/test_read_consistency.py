@@ -77,6 +77,70 @@ async def test_a_write_behind_a_read_of_the_same_blocks_does_not_change_what_is_
     assert (await io.read(1, 0, 8, BLOCK)).data == new
 
 
+# Reads above 16 KiB are lent as views of the namespace's memory (block/inplace.py)
+# where the transport hands its output to the socket at once: the namespace of 4 KiB
+# blocks, 16 blocks read (64 KiB), one block in its middle changed in the same batch.
+LARGE_NSID = 2
+LARGE_BLOCK = 4096
+LARGE_READ = 16
+CHANGED_LBA = 7
+
+
+def _changing_command(how: str, io: RawQueue) -> tuple[bytes, bytes]:
+    """An SQE (and its in-capsule data) that changes block CHANGED_LBA of LARGE_NSID."""
+    if how == "write":
+        data = _stamped(2, 2, LARGE_BLOCK // BLOCK)
+        sqe = rw_sqe(
+            IoOpcode.WRITE, io.next_cid(), LARGE_NSID, CHANGED_LBA, 1, len(data), inline=True
+        )
+        return sqe, data
+    if how == "zeroes":
+        return rw_sqe(IoOpcode.WRITE_ZEROES, io.next_cid(), LARGE_NSID, CHANGED_LBA, 1, 0), b""
+    raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", ["write", "zeroes"])
+async def test_a_large_read_lent_as_a_view_is_copied_before_its_blocks_change(
+    raw_target: RawTarget, how: str
+) -> None:
+    admin = await raw_target.admin()
+    io = await _digest_queue(raw_target, admin, 1, RAW_SUBNQN)
+    old = _stamped(1, 1, LARGE_READ * LARGE_BLOCK // BLOCK)
+    assert (await io.write(LARGE_NSID, 0, old, LARGE_BLOCK)).status == 0
+    read_sqe = rw_sqe(IoOpcode.READ, io.next_cid(), LARGE_NSID, 0, LARGE_READ, len(old))
+    read = io.submit_nowait(read_sqe, read_len=len(old), wire=b"")
+    change_sqe, change_data = _changing_command(how, io)
+    change = io.submit_nowait(change_sqe, change_data, wire=b"")
+    io.send(io.capsule(read_sqe) + io.capsule(change_sqe, change_data))
+    done_read, done_change = await asyncio.wait_for(asyncio.gather(read, change), 10)
+    assert done_read.status == 0 and done_change.status == 0
+    assert done_read.data == old
+    after = (await io.read(LARGE_NSID, 0, LARGE_READ, LARGE_BLOCK)).data
+    changed = slice(CHANGED_LBA * LARGE_BLOCK, (CHANGED_LBA + 1) * LARGE_BLOCK)
+    assert after[changed] != old[changed]
+    assert after[: changed.start] == old[: changed.start]
+
+
+async def test_a_large_read_is_lent_and_recalled_once(raw_target: RawTarget) -> None:
+    """The tests above prove something only if the Read was lent: the connection's loans
+    count it, and the recall the Write made."""
+    admin = await raw_target.admin()
+    io = await _digest_queue(raw_target, admin, 1, RAW_SUBNQN)
+    (protocol,) = [p for p in raw_target.port.connections if p.queue and p.queue.qid == 1]
+    loans = protocol.conn.loans
+    assert loans is not None
+    size = LARGE_READ * LARGE_BLOCK
+    assert (await io.read(LARGE_NSID, 0, LARGE_READ, LARGE_BLOCK)).status == 0
+    assert (loans.lent, loans.recalled) == (1, 0)
+    read_sqe = rw_sqe(IoOpcode.READ, io.next_cid(), LARGE_NSID, 0, LARGE_READ, size)
+    read = io.submit_nowait(read_sqe, read_len=size, wire=b"")
+    change_sqe, change_data = _changing_command("write", io)
+    change = io.submit_nowait(change_sqe, change_data, wire=b"")
+    io.send(io.capsule(read_sqe) + io.capsule(change_sqe, change_data))
+    await asyncio.wait_for(asyncio.gather(read, change), 10)
+    assert (loans.lent, loans.recalled, loans.lenders) == (2, 1, [])
+
+
 @pytest.fixture
 async def two_workers() -> AsyncIterator[RawTarget]:
     target = MultiCoreTarget(2, ports=[Port("127.0.0.1", 0)])
