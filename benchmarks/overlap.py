@@ -165,7 +165,7 @@ async def verify(port: int, size: int, seconds: float, controllers: int, depth: 
 
 
 def main() -> int:
-    global IO
+    global IO, READ
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--size", type=parse_size, default=16 << 20)
@@ -191,7 +191,6 @@ def main() -> int:
     )
     args = parser.parse_args()
     IO = args.io_size
-    global READ
     READ = args.read_size or IO
     trees = [("this tree", REPO)] + [
         (label, Path(where)) for label, _, where in (t.partition("=") for t in args.tree)
